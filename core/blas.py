@@ -1,0 +1,85 @@
+"""Which BLAS MLX uses on a Linux CPU, and how to switch to Debian's OpenBLAS.
+
+The mlx[cpu] wheel bundles a reference BLAS (about 8 GFLOP/s float32 on this kind of
+machine); preloading Debian's libopenblas makes the same matmul ~25x faster. The loader
+only honours LD_PRELOAD at exec time, so `reexec_with_openblas` restarts the current
+process with it set. Measuring is `matmul_gflops`. Nothing here applies on macOS,
+where MLX runs on the GPU.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import time
+import warnings
+
+REEXEC_MARK = "RADIXCHAT_BLAS_REEXEC"
+_CANDIDATES = (
+    "/usr/lib/*-linux-gnu/libopenblas.so.0",
+    "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib64/libopenblas.so.0",
+)
+
+
+def find_openblas() -> str | None:
+    for pattern in _CANDIDATES:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[0]
+    return None
+
+
+def active_blas() -> str:
+    """Name the BLAS this process has mapped: 'openblas', 'bundled' or 'metal'."""
+    if sys.platform == "darwin":
+        return "metal"
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return "unknown"
+    return "openblas" if "libopenblas" in maps else "bundled"
+
+
+def reexec_with_openblas(mode: str = "auto") -> None:
+    """Restart this process with OpenBLAS preloaded, when on Linux and asked for.
+
+    Returns (does nothing) when not on Linux, when mode is 'bundled', when it is already
+    preloaded, or when the library is missing (with a warning; mode 'openblas' then exits).
+    """
+    if not sys.platform.startswith("linux") or mode == "bundled":
+        return
+    preload = os.environ.get("LD_PRELOAD", "")
+    if "libopenblas" in preload or os.environ.get(REEXEC_MARK):
+        return
+    lib = find_openblas()
+    if lib is None:
+        msg = ("OpenBLAS not found (apt-get install libopenblas0-pthread); "
+               "MLX falls back to its bundled BLAS, about 25x slower on the CPU")
+        if mode == "openblas":
+            sys.exit(f"radixchat: {msg}")
+        warnings.warn(msg, stacklevel=2)
+        return
+    env = dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib, **{REEXEC_MARK: "1"})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def matmul_gflops(n: int = 512, repeats: int = 5) -> float:
+    """Median float32 matmul throughput in GFLOP/s on MLX's default device."""
+    import mlx.core as mx
+
+    mx.random.seed(0)
+    a = mx.random.normal((n, n))
+    b = mx.random.normal((n, n))
+    mx.eval(a @ b)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(a @ b)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return 2 * n**3 / times[len(times) // 2] / 1e9

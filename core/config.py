@@ -1,0 +1,68 @@
+"""Settings: one pydantic-settings model, read from RADIXCHAT_* variables and CLI flags.
+
+This module only describes and validates settings. Parsing flags is the CLI's job
+(webui/cli.py), which passes them here as keyword overrides; turning a validation
+error into a one-line message is `settings_error_line`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ASSETS = REPO_ROOT / "assets"
+BUNDLED_MODEL = ASSETS / "model"
+
+
+def default_data_dir() -> Path:
+    """Per-user data folder (XDG on Linux, Application Support on macOS), never the repo."""
+    if os.uname().sysname == "Darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "radixchat"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RADIXCHAT_", extra="forbid", validate_default=True)
+
+    model: str = Field(str(BUNDLED_MODEL), description="Local mlx-lm model folder or a hub id")
+    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 serves the LAN")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port")
+    db: Path = Field(default_factory=lambda: default_data_dir() / "radixchat.db", description="SQLite file")
+    cache_bytes: int = Field(1 << 30, ge=0, description="Prefix cache byte budget (live tokens)")
+    prefix_cache: bool = Field(True, description="Share a radix prefix KV cache across requests")
+    max_batch: int = Field(16, ge=1, le=1024, description="Most sequences decoding at once")
+    max_prefill_batch: int = Field(4, ge=1, le=1024, description="Most prompts prefilled together")
+    prefill_step: int = Field(512, ge=16, description="Prompt tokens per prefill step")
+    max_queue: int = Field(256, ge=1, description="Most requests waiting or running before new ones are refused")
+    max_tokens: int = Field(256, ge=1, description="Default reply length in tokens")
+    context_length: int | None = Field(None, ge=16, description="Override the model's context length")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="Weights dtype; auto = float32 on CPU (no fast half-precision BLAS there)"
+    )
+    blas: Literal["auto", "openblas", "bundled"] = Field(
+        "auto", description="Linux CPU BLAS: auto preloads Debian's OpenBLAS when present"
+    )
+    no_auth: bool = Field(False, description="Serve without sign-in or API keys")
+    allow_open_lan: bool = Field(False, description="Permit --no-auth on a non-loopback host")
+
+    @model_validator(mode="after")
+    def _prefill_within_batch(self) -> "Settings":
+        if self.max_prefill_batch > self.max_batch:
+            raise ValueError("max_prefill_batch must not exceed max_batch")
+        return self
+
+
+def settings_error_line(err: ValidationError) -> str:
+    """One line naming each bad setting, for start-up refusals (never a traceback)."""
+    parts = []
+    for e in err.errors():
+        name = ".".join(str(p) for p in e["loc"]) or "settings"
+        parts.append(f"{name}: {e['msg']}")
+    return "invalid setting: " + "; ".join(parts)

@@ -1,0 +1,326 @@
+"""The inference engine: one thread that owns the model and every MLX operation.
+
+Callers `submit` a ChatRequest from any thread (or from asyncio) and get a
+RequestHandle that streams events. Validation and chat templating happen in the
+caller's thread, so a bad request never reaches the engine. The engine thread drains a
+command queue (submit, cancel), then advances mlx-lm's BatchGenerator by one step:
+continuous batching, so a new request joins the running batch at the next step and a
+finished one leaves it. An error in one request ends that request alone; an error in a
+whole batch step fails the requests of that step and the engine goes on with a fresh
+generator.
+
+Left to others: HTTP (webui/), persistence (core/store), the prefix cache (core/radix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .config import Settings
+from .handle import RequestHandle
+from .requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
+                       TextDelta, Usage)
+from .textstream import TextStream
+
+log = logging.getLogger("radixchat.engine")
+
+
+@dataclass
+class _Active:
+    """Engine-thread state of one request."""
+    handle: RequestHandle
+    prompt: list[int]
+    sampling: Sampling
+    max_tokens: int
+    t_submit: float
+    uid: int | None = None
+    stream: TextStream | None = None
+    error: BaseException | None = None  # set by a guarded sampler
+    generated: int = 0
+    t_admitted: float | None = None
+    t_first: float | None = None
+    t_last: float | None = None
+    done: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def usage(self) -> Usage:
+        now = time.perf_counter()
+        start = self.t_admitted or now
+        decode_s = (self.t_last - self.t_first) if self.t_first and self.t_last else 0.0
+        return Usage(
+            prompt_tokens=len(self.prompt),
+            cached_tokens=0,
+            generated_tokens=self.generated,
+            queue_ms=(start - self.t_submit) * 1e3,
+            ttft_ms=(self.t_first - self.t_submit) * 1e3 if self.t_first else None,
+            total_ms=(now - self.t_submit) * 1e3,
+            decode_tps=(self.generated - 1) / decode_s if decode_s > 0 else 0.0,
+        )
+
+
+class Engine:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.loaded = None  # LoadedModel once started
+        self._cmds: queue.SimpleQueue = queue.SimpleQueue()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # guards _inflight and the tokenizer
+        self._inflight = 0
+        self._active: dict[str, _Active] = {}  # engine thread only
+        self._by_uid: dict[int, _Active] = {}  # engine thread only
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name="radixchat-engine", daemon=True)
+        self.steps = 0
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> "Engine":
+        """Start the engine thread, load the model there, and wait until it is ready."""
+        self._thread.start()
+        self._ready.wait(timeout)
+        if self._load_error is not None:
+            raise self._load_error
+        if not self._ready.is_set():
+            raise TimeoutError("model did not load in time")
+        return self
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._cmds.put(("wake", None))
+        self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self._ready.is_set() and not self._stopping
+
+    def stats(self) -> dict:
+        return {"alive": self.alive, "inflight": self._inflight, "active": len(self._active),
+                "steps": self.steps}
+
+    # ---- caller side (any thread) ------------------------------------------------------
+
+    def submit(self, request: ChatRequest) -> RequestHandle:
+        """Validate, template and queue a chat request. Raises RequestError when refused."""
+        if not isinstance(request, ChatRequest):
+            raise TypeError("submit takes a ChatRequest")
+        messages = [m.model_dump() for m in request.messages]
+        with self._lock:
+            try:
+                prompt = self.loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            except Exception as e:  # a template may reject an order of roles
+                raise RequestError(f"the model's chat template rejected these messages: {e}") from e
+        return self.submit_tokens(list(prompt), request.sampling)
+
+    def submit_tokens(self, prompt: list[int], sampling: Sampling) -> RequestHandle:
+        """Queue an already tokenized prompt (used by plain completions)."""
+        if not self._ready.is_set() or self._stopping:
+            raise RequestError("the engine is not running", 503, "engine_unavailable")
+        ctx = self.loaded.context_length
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        if len(prompt) >= ctx:
+            raise RequestError(
+                f"the prompt is {len(prompt)} tokens but the model's context is {ctx} tokens",
+                413, "context_length_exceeded")
+        max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
+        with self._lock:
+            if self._inflight >= self.settings.max_queue:
+                raise QueueFull(self._inflight)
+            self._inflight += 1
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        rid = f"req-{next(self._ids)}"
+        handle = RequestHandle(rid, len(prompt), self.cancel, loop)
+        self._cmds.put(("submit", _Active(handle, prompt, sampling, max_tokens, time.perf_counter())))
+        return handle
+
+    def cancel(self, rid: str) -> None:
+        self._cmds.put(("cancel", rid))
+
+    # ---- engine thread -----------------------------------------------------------------
+
+    def _main(self) -> None:
+        from .model import load_model
+
+        try:
+            s = self.settings
+            self.loaded = load_model(s.model, s.dtype, s.context_length)
+            import mlx.core as mx
+            # a stream of this thread's own, so a later engine in the same process
+            # never touches one that was cleared (see the end of this method)
+            self._mx_stream = mx.new_stream(mx.default_device())
+            self._gen = self._new_generator()
+        except BaseException as e:  # reported to start()
+            self._load_error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        while not self._stopping:
+            try:
+                self._drain_commands(block=not self._active)
+                if self._active:
+                    self._step()
+            except Exception as e:  # never let the loop die: fail what is running, go on
+                log.exception("engine loop failed; failing its requests and resetting the batch")
+                self._fail_all(f"engine error: {e}")
+                self._gen = self._new_generator()
+        self._fail_all("the engine stopped", queued=True)
+        self._gen = None
+        # A thread that exits while owning MLX streams leaves them to be torn down at
+        # process exit, which aborts ("terminate called without an active exception").
+        import mlx.core as mx
+        mx.synchronize(self._mx_stream)
+        mx.clear_streams()
+
+    def _new_generator(self):
+        from mlx_lm.generate import BatchGenerator
+
+        s, tok = self.settings, self.loaded.tokenizer
+        return BatchGenerator(
+            self.loaded.model,
+            max_tokens=s.max_tokens,
+            stop_tokens=[[t] for t in sorted(tok.eos_token_ids)],
+            completion_batch_size=s.max_batch,
+            prefill_batch_size=s.max_prefill_batch,
+            prefill_step_size=s.prefill_step,
+            stream=self._mx_stream,
+        )
+
+    def _drain_commands(self, block: bool) -> None:
+        new: list[_Active] = []
+        cmd = self._cmds.get() if block else None
+        while True:
+            if cmd is not None:
+                kind, arg = cmd
+                if kind == "submit":
+                    self._active[arg.handle.id] = arg
+                    new.append(arg)
+                elif kind == "cancel" and arg in self._active:
+                    self._finish(self._active[arg], "cancelled")
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                break
+        new = [a for a in new if not a.done]
+        if new:
+            self._admit(new)
+
+    def _admit(self, new: list[_Active]) -> None:
+        from .sampling import make_request_sampler
+
+        samplers = []
+        for a in new:
+            a.stream = TextStream(self.loaded.tokenizer.detokenizer, a.sampling.stop)
+            samplers.append(self._guard(a, make_request_sampler(a.sampling)))
+        uids = self._gen.insert([a.prompt for a in new], max_tokens=[a.max_tokens for a in new],
+                                samplers=samplers)
+        for a, uid in zip(new, uids):
+            a.uid = uid
+            self._by_uid[uid] = a
+
+    @staticmethod
+    def _guard(a: _Active, sampler):
+        """Wrap a request's sampler so its failure ends that request, not the batch."""
+        if sampler is None:
+            return None
+
+        def guarded(logprobs):
+            import mlx.core as mx
+            try:
+                return sampler(logprobs)
+            except Exception as e:
+                a.error = e
+                return mx.argmax(logprobs, axis=-1)
+
+        return guarded
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        prompt_resps, gen_resps = self._gen.next()
+        self.steps += 1
+        now = time.perf_counter()
+        for r in prompt_resps:
+            a = self._by_uid.get(r.uid)
+            if a is not None and a.t_admitted is None:
+                a.t_admitted = t0
+        for r in gen_resps:
+            a = self._by_uid.get(r.uid)
+            if a is None or a.done:
+                continue
+            try:
+                self._on_token(a, r.token, r.finish_reason, now)
+            except Exception as e:
+                log.exception("request %s failed", a.handle.id)
+                self._fail(a, f"{type(e).__name__}: {e}")
+
+    def _on_token(self, a: _Active, token: int, finish_reason: str | None, now: float) -> None:
+        if a.error is not None:
+            raise a.error
+        if a.t_admitted is None:
+            a.t_admitted = now
+        a.t_first = a.t_first or now
+        a.t_last = now
+        a.generated += 1
+        is_eos = finish_reason == "stop" and token in self.loaded.tokenizer.eos_token_ids
+        if not is_eos:
+            delta = a.stream.add(token)
+            if delta:
+                a.handle._push(TextDelta(delta))
+        # the generator has already dropped a sequence it reported finished
+        in_batch = finish_reason is None
+        if a.stream.stopped:
+            self._finish(a, "stop", in_batch)
+        elif finish_reason is not None:
+            self._finish(a, "stop" if finish_reason == "stop" else "length", in_batch)
+
+    def _finish(self, a: _Active, reason: str, in_batch: bool = True) -> None:
+        """End a request: leave the batch (if still in it), flush text, send Finished."""
+        self._release(a, in_batch)
+        tail = a.stream.finish() if a.stream is not None else ""
+        if tail:
+            a.handle._push(TextDelta(tail))
+        text = a.stream.text if a.stream is not None else ""
+        a.handle._push(Finished(text=text, finish_reason=reason, usage=a.usage()))
+
+    def _fail(self, a: _Active, message: str) -> None:
+        self._release(a, in_batch=True)
+        a.handle._push(Failed(message=message, usage=a.usage()))
+
+    def _release(self, a: _Active, in_batch: bool) -> None:
+        a.done = True
+        self._active.pop(a.handle.id, None)
+        if a.uid is not None:
+            self._by_uid.pop(a.uid, None)
+            if in_batch:
+                self._gen.remove([a.uid])
+        with self._lock:
+            self._inflight -= 1
+
+    def _fail_all(self, message: str, queued: bool = False) -> None:
+        """Fail every running request (and, when stopping, every queued one)."""
+        for a in list(self._active.values()):
+            a.done = True
+            self._active.pop(a.handle.id, None)
+            with self._lock:
+                self._inflight -= 1
+            a.handle._push(Failed(message=message, usage=a.usage()))
+        self._by_uid.clear()
+        while queued:
+            try:
+                kind, arg = self._cmds.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                with self._lock:
+                    self._inflight -= 1
+                arg.handle._push(Failed(message=message))

@@ -1,0 +1,68 @@
+"""The caller's side of one request: a stream of events, readable from threads or asyncio.
+
+The engine thread pushes events; callers iterate (`for ev in handle` or
+`async for ev in handle`) until the final `Finished` or `Failed`. Nothing here runs MLX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from typing import Callable
+
+from .requests import Event, Failed, Finished, TextDelta
+
+
+class RequestHandle:
+    def __init__(self, rid: str, prompt_tokens: int, cancel: Callable[[str], None],
+                 loop: asyncio.AbstractEventLoop | None):
+        self.id = rid
+        self.prompt_tokens = prompt_tokens
+        self._cancel = cancel
+        self._loop = loop
+        self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._async: asyncio.Queue[Event] | None = asyncio.Queue() if loop else None
+        self.final: Finished | Failed | None = None
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this request at its next step (idempotent)."""
+        if self.final is None:
+            self._cancel(self.id)
+
+    # engine side
+    def _push(self, ev: Event) -> None:
+        if isinstance(ev, (Finished, Failed)):
+            self.final = ev
+        if self._async is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._async.put_nowait, ev)
+            except RuntimeError:  # the caller's loop is gone: nobody is listening
+                pass
+        else:
+            self._sync.put(ev)
+
+    # caller side
+    def __iter__(self):
+        if self._async is not None:
+            raise TypeError("this handle was created inside an event loop: use `async for`")
+        while True:
+            ev = self._sync.get()
+            yield ev
+            if not isinstance(ev, TextDelta):
+                return
+
+    async def __aiter__(self):
+        if self._async is None:
+            raise TypeError("this handle was created outside an event loop: use `for`")
+        while True:
+            ev = await self._async.get()
+            yield ev
+            if not isinstance(ev, TextDelta):
+                return
+
+    def result(self) -> Finished | Failed:
+        """Block until the request ends; returns the final event (its text is the whole reply)."""
+        for ev in self:
+            if not isinstance(ev, TextDelta):
+                return ev
+        raise AssertionError("unreachable")

@@ -1,0 +1,69 @@
+"""Load a chat model with mlx-lm and describe it.
+
+`load_model` takes a local mlx-lm folder or a hub id (hub ids need the network the first
+time; tests only ever pass local folders). On the CPU it casts floating weights to
+float32, since half precision gets no BLAS there. Running the model is the engine's job.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    model_id: str
+    context_length: int
+    num_params: int
+    dtype: str
+    num_layers: int
+
+
+def _context_length(config: dict) -> int:
+    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length", "sliding_window"):
+        val = config.get(key) or config.get("text_config", {}).get(key)
+        if isinstance(val, int) and val > 0:
+            return val
+    return 4096
+
+
+def _target_dtype(requested: str) -> mx.Dtype | None:
+    if requested != "auto":
+        return _DTYPES[requested]
+    on_gpu = sys.platform == "darwin" and mx.default_device() == mx.gpu
+    return None if on_gpu else mx.float32
+
+
+def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None = None) -> LoadedModel:
+    from mlx_lm import load
+
+    model, tokenizer, config = load(path_or_id, return_config=True)
+    target = _target_dtype(dtype)
+    if target is not None:
+        cast = lambda a: a.astype(target) if mx.issubdtype(a.dtype, mx.floating) else a  # noqa: E731
+        model.update(tree_map(cast, model.parameters()))
+    mx.eval(model.parameters())
+    params = tree_flatten(model.parameters())
+    num_params = sum(v.size for _, v in params)
+    first_float = next((v.dtype for _, v in params if mx.issubdtype(v.dtype, mx.floating)), mx.float32)
+    model_id = Path(path_or_id).name if Path(path_or_id).exists() else path_or_id
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        model_id=model_id,
+        context_length=context_length or _context_length(config),
+        num_params=num_params,
+        dtype=str(first_float).removeprefix("mlx.core."),
+        num_layers=len(getattr(model, "layers", [])),
+    )

@@ -1,0 +1,101 @@
+"""What a client asks the engine for, and what the engine sends back.
+
+Requests are pydantic models validated in the caller's thread, so a bad request is
+refused before it reaches the engine. Events are plain dataclasses pushed by the engine
+thread: `TextDelta`s while generating, then exactly one `Finished` or `Failed`.
+
+Seeds: a request with a seed samples from its own PRNG stream, so the same seed, prompt,
+parameters and model give the same tokens whether the request ran alone or batched,
+unless batching changes a logit by a rounding error at a near-tie (the batched matmul
+may sum in another order). Greedy decoding (temperature 0) ignores the seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; `status` is the HTTP status a server should use."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request"):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+
+class QueueFull(RequestError):
+    def __init__(self, depth: int):
+        super().__init__(f"server busy: {depth} requests already queued, retry shortly", 429, "queue_full")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    temperature: float = Field(0.0, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_tokens: int | None = Field(None, gt=0)
+    stop: list[str] = Field(default_factory=list, max_length=8)
+    seed: int | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _nonempty_stops(cls, v: list[str]) -> list[str]:
+        if any(s == "" for s in v):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    messages: list[ChatMessage] = Field(min_length=1)
+    sampling: Sampling = Field(default_factory=Sampling)
+
+    @field_validator("messages")
+    @classmethod
+    def _ends_with_user(cls, v: list[ChatMessage]) -> list[ChatMessage]:
+        if v[-1].role == "assistant":
+            raise ValueError("the last message must come from the user or system, not the assistant")
+        return v
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    queue_ms: float = 0.0
+    ttft_ms: float | None = None
+    total_ms: float = 0.0
+    decode_tps: float = 0.0
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class Finished:
+    text: str
+    finish_reason: Literal["stop", "length", "cancelled"]
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass
+class Failed:
+    message: str
+    usage: Usage = field(default_factory=Usage)
+
+
+Event = TextDelta | Finished | Failed

@@ -1,0 +1,35 @@
+"""Per-request samplers with their own PRNG stream (so a seed survives batching).
+
+mlx-lm's `make_sampler` draws from MLX's global random state, which every request in a
+batch shares; here each request carries its own key, split once per step. The top-p and
+top-k filters are mlx-lm's. Greedy requests get `None`, so BatchGenerator samples a
+batch of them in one call with its own argmax sampler.
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_k, apply_top_p
+
+from .requests import Sampling
+
+
+def make_request_sampler(s: Sampling):
+    """Return a sampler `logprobs (1, V) -> token (1,)`, or None for greedy."""
+    if s.temperature == 0:
+        return None
+    state = {"key": mx.random.key(s.seed if s.seed is not None else random.getrandbits(63))}
+    inv_temp = 1.0 / s.temperature
+
+    def sample(logprobs: mx.array) -> mx.array:
+        if 0 < s.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, s.top_p)
+        if s.top_k > 0:
+            logprobs = apply_top_k(logprobs, s.top_k)
+        keys = mx.random.split(state["key"])
+        state["key"] = keys[0]
+        return mx.random.categorical(logprobs * inv_temp, key=keys[1])
+
+    return sample

@@ -1,0 +1,31 @@
+"""Shared fixtures: a tiny random model on disk and an engine serving it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tinymodel import build_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_model_dir):
+    from core.config import Settings
+    from core.engine import Engine
+
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=8, max_prefill_batch=4,
+                          max_tokens=24, max_queue=64)).start(timeout=120)
+    yield eng
+    eng.stop()

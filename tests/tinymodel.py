@@ -1,0 +1,67 @@
+"""Build a tiny random llama-style chat model in mlx-lm's format, for tests.
+
+Fixed seed, no downloads: a byte-level BPE tokenizer trained on a few sentences with the
+`tokenizers` library, a ChatML-like template, and random weights scaled so that greedy
+decoding has clear winners (few floating-point near-ties).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIALS = ["<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|pad|>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Python lists are mutable sequences; tuples are immutable.",
+    "A dictionary maps keys to values. Use dict.get for defaults.",
+    "def main():\n    print('hello world')\n",
+    "Generators yield values lazily, one at a time, with the yield statement.",
+] * 20
+
+
+def build_tokenizer(out: Path, vocab_size: int = 400) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|end|>", "pad_token": "<|pad|>",
+        "chat_template": TEMPLATE, "model_max_length": 4096,
+    }))
+    return tok.get_vocab_size()
+
+
+def build_tiny_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
+                     context: int = 512) -> Path:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(out)
+    config = {
+        "model_type": "llama", "hidden_size": dim, "num_hidden_layers": layers,
+        "intermediate_size": dim * 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": vocab, "max_position_embeddings": context,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "float32",
+    }
+    (out / "config.json").write_text(json.dumps(config))
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    # larger scales give peaked logits, so greedy near-ties are rare
+    model.model.embed_tokens.weight = mx.random.normal((vocab, dim))
+    model.lm_head.weight = mx.random.normal((vocab, dim)) * 0.5
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    return out
