@@ -15,6 +15,7 @@ Left to others: HTTP (webui/), persistence (core/store), the prefix cache (core/
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import queue
@@ -85,14 +86,19 @@ class Engine:
     def start(self, timeout: float | None = None) -> "Engine":
         """Start the engine thread, load the model there, and wait until it is ready."""
         self._thread.start()
+        atexit.register(self.stop)
         self._ready.wait(timeout)
         if self._load_error is not None:
+            self._thread.join()  # let it release its MLX streams before anyone exits
             raise self._load_error
         if not self._ready.is_set():
             raise TimeoutError("model did not load in time")
         return self
 
     def stop(self) -> None:
+        """Fail whatever is queued or running, end the thread and free its MLX streams."""
+        if not self._thread.is_alive():
+            return
         self._stopping = True
         self._cmds.put(("wake", None))
         self._thread.join(timeout=30)
@@ -150,21 +156,32 @@ class Engine:
     # ---- engine thread -----------------------------------------------------------------
 
     def _main(self) -> None:
+        import mlx.core as mx
+
         from .model import load_model
 
         try:
-            s = self.settings
-            self.loaded = load_model(s.model, s.dtype, s.context_length)
-            import mlx.core as mx
-            # a stream of this thread's own, so a later engine in the same process
-            # never touches one that was cleared (see the end of this method)
-            self._mx_stream = mx.new_stream(mx.default_device())
-            self._gen = self._new_generator()
-        except BaseException as e:  # reported to start()
-            self._load_error = e
-            self._ready.set()
-            return
-        self._ready.set()
+            try:
+                s = self.settings
+                self.loaded = load_model(s.model, s.dtype, s.context_length)
+                # a stream of this thread's own, so a later engine in the same process
+                # never touches one that was cleared (see below)
+                self._mx_stream = mx.new_stream(mx.default_device())
+                self._gen = self._new_generator()
+            except BaseException as e:  # reported to start()
+                self._load_error = e
+                return
+            finally:
+                self._ready.set()
+            self._loop()
+        finally:
+            self._gen = None
+            # A thread that exits while owning MLX streams leaves them to be torn down at
+            # process exit, which aborts ("terminate called without an active exception").
+            mx.synchronize()
+            mx.clear_streams()
+
+    def _loop(self) -> None:
         while not self._stopping:
             try:
                 self._drain_commands(block=not self._active)
@@ -175,12 +192,6 @@ class Engine:
                 self._fail_all(f"engine error: {e}")
                 self._gen = self._new_generator()
         self._fail_all("the engine stopped", queued=True)
-        self._gen = None
-        # A thread that exits while owning MLX streams leaves them to be torn down at
-        # process exit, which aborts ("terminate called without an active exception").
-        import mlx.core as mx
-        mx.synchronize(self._mx_stream)
-        mx.clear_streams()
 
     def _new_generator(self):
         from mlx_lm.generate import BatchGenerator

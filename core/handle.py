@@ -62,6 +62,8 @@ class RequestHandle:
 
     def result(self) -> Finished | Failed:
         """Block until the request ends; returns the final event (its text is the whole reply)."""
+        if self.final is not None and self._sync.empty():
+            return self.final
         for ev in self:
             if not isinstance(ev, TextDelta):
                 return ev

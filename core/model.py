@@ -48,6 +48,11 @@ def _target_dtype(requested: str) -> mx.Dtype | None:
 def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None = None) -> LoadedModel:
     from mlx_lm import load
 
+    local = Path(path_or_id).expanduser()
+    if path_or_id.startswith(("/", ".", "~")) or path_or_id.count("/") > 1:
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"no mlx-lm model folder (with config.json) at {local}")
+        path_or_id = str(local)
     model, tokenizer, config = load(path_or_id, return_config=True)
     target = _target_dtype(dtype)
     if target is not None:

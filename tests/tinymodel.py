@@ -62,6 +62,9 @@ def build_tiny_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
     # larger scales give peaked logits, so greedy near-ties are rare
     model.model.embed_tokens.weight = mx.random.normal((vocab, dim))
     model.lm_head.weight = mx.random.normal((vocab, dim)) * 0.5
+    # stronger values make the reply depend on the whole prompt, not just its last token
+    for layer in model.model.layers:
+        layer.self_attn.v_proj.weight = layer.self_attn.v_proj.weight * 2
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     return out

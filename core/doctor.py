@@ -1,0 +1,87 @@
+"""`radixchat doctor`: what this machine gives MLX, and what the configured model is.
+
+Reports platform, versions, MLX's device, which BLAS is mapped, float32 matmul GFLOP/s
+with the active BLAS and (on Linux) with the other one, measured in a child process since
+a preload only takes effect at exec. Then, unless told not to, loads the model and times a
+short prefill and decode. Printing is the CLI's job.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from typing import Iterator
+
+from .blas import REEXEC_MARK, active_blas, find_openblas, matmul_gflops
+from .config import Settings
+
+_CHILD = "from core.blas import matmul_gflops; print(matmul_gflops())"
+
+
+def _other_blas_gflops(current: str) -> tuple[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env[REEXEC_MARK] = "1"
+    if current == "openblas":
+        other = "bundled"
+    else:
+        lib = find_openblas()
+        if lib is None:
+            return "openblas", "not installed (apt-get install libopenblas0-pthread)"
+        other, env["LD_PRELOAD"] = "openblas", lib
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        return other, f"failed: {out.stderr.strip().splitlines()[-1:]}"
+    return other, f"{float(out.stdout):.1f}"
+
+
+def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
+    import mlx.core as mx
+
+    yield "platform", f"{platform.system()} {platform.machine()} ({os.cpu_count()} cpus)"
+    yield "python", platform.python_version()
+    yield "mlx / mlx-lm", f"{version('mlx')} / {version('mlx-lm')}"
+    yield "mlx device", str(mx.default_device())
+    blas = active_blas()
+    yield "blas", blas + (f" ({os.environ.get('LD_PRELOAD')})" if blas == "openblas" else "")
+    yield f"matmul gflops ({blas})", f"{matmul_gflops():.1f}"
+    if sys.platform.startswith("linux"):
+        other, figure = _other_blas_gflops(blas)
+        yield f"matmul gflops ({other})", figure
+    if not load:
+        return
+    from .model import load_model
+
+    t0 = time.perf_counter()
+    m = load_model(settings.model, settings.dtype, settings.context_length)
+    yield "model", settings.model
+    yield "model load", f"{time.perf_counter() - t0:.1f} s"
+    yield "parameters", f"{m.num_params / 1e6:.2f}M, {m.dtype}, {m.num_layers} layers"
+    yield "context length", str(m.context_length)
+    yield "eos tokens", str(sorted(m.tokenizer.eos_token_ids))
+    yield from _speed(m)
+
+
+def _speed(m) -> Iterator[tuple[str, str]]:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    n = min(256, m.context_length // 2)
+    tokens = mx.array([[i % 100 + 10 for i in range(n)]])
+    cache = make_prompt_cache(m.model)
+    t0 = time.perf_counter()
+    logits = m.model(tokens, cache=cache)
+    mx.eval(logits)
+    yield "prefill", f"{n / (time.perf_counter() - t0):.0f} tok/s ({n} tokens)"
+    y = mx.argmax(logits[:, -1:], axis=-1)
+    t0 = time.perf_counter()
+    steps = 32
+    for _ in range(steps):
+        y = mx.argmax(m.model(y, cache=cache)[:, -1:], axis=-1)
+        mx.eval(y)
+    yield "decode (1 stream)", f"{steps / (time.perf_counter() - t0):.0f} tok/s"

@@ -1,0 +1,187 @@
+"""The engine on a tiny random model: batching, cancel, bad requests, failure isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from core.requests import ChatRequest, Failed, Finished, RequestError, TextDelta
+
+WORDS = ["lists", "tuples", "dicts", "sets", "generators", "classes", "modules", "strings"]
+
+
+def chat(word: str, **sampling) -> ChatRequest:
+    return ChatRequest(messages=[
+        {"role": "system", "content": "You answer questions about Python."},
+        {"role": "user", "content": f"Tell me about {word}"},
+    ], sampling=sampling)
+
+
+def run_alone(engine, req) -> Finished:
+    final = engine.submit(req).result()
+    assert isinstance(final, Finished), final
+    return final
+
+
+def test_eight_threads_at_once_match_alone(engine):
+    alone = [run_alone(engine, chat(w)).text for w in WORDS]
+    steps_alone = engine.steps
+
+    results: dict[int, Finished] = {}
+    barrier = threading.Barrier(len(WORDS))
+
+    def worker(i):
+        barrier.wait()
+        results[i] = engine.submit(chat(WORDS[i])).result()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(WORDS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    batched_steps = engine.steps - steps_alone
+
+    assert sorted(results) == list(range(len(WORDS)))
+    assert all(isinstance(r, Finished) for r in results.values())
+    assert [results[i].text for i in range(len(WORDS))] == alone
+    assert len(set(alone)) > 1, "each prompt should get its own answer"
+    # they really shared steps: alone took ~one step per token, batched far fewer in all
+    assert batched_steps < steps_alone / 2, (batched_steps, steps_alone)
+
+
+def test_usage_and_timings_are_reported(engine):
+    final = run_alone(engine, chat("lists", max_tokens=10))
+    u = final.usage
+    assert final.finish_reason == "length"
+    assert u.generated_tokens == 10 and u.prompt_tokens > 10 and u.cached_tokens == 0
+    assert u.ttft_ms is not None and 0 < u.ttft_ms <= u.total_ms
+    assert u.queue_ms >= 0 and u.decode_tps > 0
+
+
+def test_deltas_add_up_to_final_text(engine):
+    events = list(engine.submit(chat("sets", max_tokens=16)))
+    deltas = [e.text for e in events if isinstance(e, TextDelta)]
+    assert isinstance(events[-1], Finished)
+    assert len(deltas) >= 2 and "".join(deltas) == events[-1].text
+
+
+def test_stop_string_ends_request(engine):
+    full = run_alone(engine, chat("tuples", max_tokens=20)).text
+    stop = full[5:8]
+    assert stop.strip(), "need a non-blank stop string from the reply"
+    final = run_alone(engine, chat("tuples", max_tokens=20, stop=[stop]))
+    assert final.finish_reason == "stop"
+    assert final.text == full[: full.index(stop)]
+
+
+def test_cancel_mid_generation_frees_the_slot(engine):
+    handle = engine.submit(chat("classes", max_tokens=400))
+    seen = 0
+    for ev in handle:
+        if isinstance(ev, TextDelta):
+            seen += 1
+            if seen == 3:
+                steps_at_cancel = engine.steps
+                handle.cancel()
+        else:
+            final = ev
+            break
+    assert isinstance(final, Finished) and final.finish_reason == "cancelled"
+    assert final.usage.generated_tokens < 400
+    assert engine.steps - steps_at_cancel <= 5, "cancel should land within a few steps"
+    assert engine.stats()["active"] == 0 and engine.stats()["inflight"] == 0
+    assert run_alone(engine, chat("modules", max_tokens=5)).usage.generated_tokens == 5
+
+
+@pytest.mark.parametrize("make, status, words", [
+    (lambda: ChatRequest(messages=[]), None, "at least 1"),
+    (lambda: ChatRequest(messages=[{"role": "robot", "content": "hi"}]), None, "role"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                         sampling={"max_tokens": 0}), None, "greater than 0"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                         sampling={"max_tokens": -5}), None, "greater than 0"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                         sampling={"temperature": -1}), None, "temperature"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                         sampling={"stop": [""]}), None, "stop"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "lists " * 2000}]), 413, "context"),
+])
+def test_bad_requests_are_refused_and_engine_goes_on(engine, make, status, words):
+    with pytest.raises((RequestError, ValueError)) as info:
+        engine.submit(make())
+    assert words in str(info.value)
+    if status is not None:
+        assert isinstance(info.value, RequestError) and info.value.status == status
+    assert engine.stats()["inflight"] == 0
+    assert run_alone(engine, chat("lists", max_tokens=4)).usage.generated_tokens == 4
+
+
+def test_failing_request_fails_alone(engine, monkeypatch):
+    import core.sampling
+
+    real = core.sampling.make_request_sampler
+
+    def faulty(s):
+        if s.seed == 666:
+            def boom(logprobs):
+                raise RuntimeError("sampler exploded")
+            return boom
+        return real(s)
+
+    monkeypatch.setattr(core.sampling, "make_request_sampler", faulty)
+    expected = [run_alone(engine, chat(w, max_tokens=12)).text for w in WORDS[:3]]
+    handles = [engine.submit(chat(w, max_tokens=12)) for w in WORDS[:3]]
+    bad = engine.submit(chat("sets", max_tokens=12, temperature=1.0, seed=666))
+    results = [h.result() for h in handles]
+    failed = bad.result()
+    assert isinstance(failed, Failed) and "sampler exploded" in failed.message
+    assert [r.text for r in results] == expected
+
+
+def test_batch_step_failure_fails_running_requests_then_recovers(engine, monkeypatch):
+    gen_cls = type(engine._gen)
+    real_next = gen_cls.next
+    calls = {"n": 0}
+
+    def flaky(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated MLX failure")
+        return real_next(self)
+
+    monkeypatch.setattr(gen_cls, "next", flaky)
+    final = engine.submit(chat("lists", max_tokens=50)).result()
+    assert isinstance(final, Failed) and "simulated MLX failure" in final.message
+    assert engine.alive
+    assert run_alone(engine, chat("lists", max_tokens=6)).usage.generated_tokens == 6
+
+
+def test_seed_gives_same_sample_alone_and_batched(engine):
+    req = lambda: chat("generators", max_tokens=16, temperature=1.0, seed=1234)  # noqa: E731
+    alone = run_alone(engine, req()).text
+    others = [engine.submit(chat(w, max_tokens=16, temperature=1.0)) for w in WORDS[:4]]
+    batched = engine.submit(req())
+    assert batched.result().text == alone
+    for h in others:
+        h.result()
+
+
+def test_asyncio_callers_stream_and_cancel(engine):
+    async def main():
+        texts = []
+        for w in WORDS[:2]:
+            h = engine.submit(chat(w, max_tokens=8))
+            async for ev in h:
+                pass
+            texts.append(ev.text)
+        h = engine.submit(chat("dicts", max_tokens=300))
+        async for ev in h:
+            if isinstance(ev, TextDelta):
+                h.cancel()
+        return texts, ev
+
+    texts, last = asyncio.run(main())
+    assert texts == [run_alone(engine, chat(w, max_tokens=8)).text for w in WORDS[:2]]
+    assert isinstance(last, Finished) and last.finish_reason == "cancelled"

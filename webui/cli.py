@@ -1,0 +1,133 @@
+"""The `radixchat` command: serve, ask, doctor.
+
+Flags for `serve` and `ask` are made from the fields of core.config.Settings, so every
+setting has a flag (`--max-batch 8`) and a variable (`RADIXCHAT_MAX_BATCH=8`); flags win.
+A bad value stops start-up with one line naming the setting. On Linux the process
+re-executes itself once with Debian's OpenBLAS preloaded (core.blas). The commands only
+glue parts together: the engine is core.engine, the HTTP app is webui.server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from pydantic import ValidationError
+
+from core.config import Settings, settings_error_line
+
+
+def _add_settings_flags(p: argparse.ArgumentParser) -> None:
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                           default=argparse.SUPPRESS, help=field.description)
+        else:
+            p.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=field.description)
+
+
+def load_settings(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        sys.exit(f"radixchat: {settings_error_line(e)}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixchat", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the engine and serve HTTP")
+    _add_settings_flags(serve)
+    ask = sub.add_parser("ask", help="one prompt from the terminal, streamed, with timings")
+    ask.add_argument("prompt")
+    ask.add_argument("--system", default=None, help="system prompt")
+    ask.add_argument("--temperature", type=float, default=0.0)
+    ask.add_argument("--seed", type=int, default=None)
+    ask.add_argument("--max-new-tokens", type=int, default=None, help="reply length (default: --max-tokens)")
+    _add_settings_flags(ask)
+    doctor = sub.add_parser("doctor", help="platform, MLX device, BLAS speed, model info")
+    doctor.add_argument("--no-model", action="store_true", help="skip loading the model")
+    _add_settings_flags(doctor)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    settings = load_settings(args)
+    from core.blas import reexec_with_openblas
+
+    if argv is None:  # only a real command line can be re-executed
+        reexec_with_openblas(settings.blas)
+    {"serve": cmd_serve, "ask": cmd_ask, "doctor": cmd_doctor}[args.command](args, settings)
+
+
+def _start_engine(settings: Settings):
+    from core.engine import Engine
+
+    try:
+        return Engine(settings).start()
+    except Exception as e:
+        sys.exit(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}")
+
+
+def cmd_serve(args, settings: Settings) -> None:
+    import uvicorn
+
+    from webui.server import build_app
+
+    engine = _start_engine(settings)
+    m = engine.loaded
+    print(f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
+          f"context {m.context_length}) on http://{settings.host}:{settings.port}", flush=True)
+    try:
+        uvicorn.run(build_app(engine, settings), host=settings.host, port=settings.port,
+                    log_level="warning")
+    finally:
+        engine.stop()
+
+
+def cmd_ask(args, settings: Settings) -> None:
+    from core.requests import ChatRequest, Failed, RequestError, TextDelta
+
+    messages = ([{"role": "system", "content": args.system}] if args.system else [])
+    messages.append({"role": "user", "content": args.prompt})
+    try:
+        req = ChatRequest(messages=messages, sampling={
+            "temperature": args.temperature, "seed": args.seed, "max_tokens": args.max_new_tokens})
+    except ValidationError as e:
+        sys.exit(f"radixchat: {settings_error_line(e).removeprefix('invalid setting: ')}")
+    engine = _start_engine(settings)
+    try:
+        try:
+            handle = engine.submit(req)
+        except RequestError as e:
+            sys.exit(f"radixchat: {e.message}")
+        for ev in handle:
+            if isinstance(ev, TextDelta):
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+        print()
+        if isinstance(ev, Failed):
+            sys.exit(f"radixchat: {ev.message}")
+        u = ev.usage
+        print(f"[{ev.finish_reason}] prompt {u.prompt_tokens} tok (cached {u.cached_tokens}), "
+              f"generated {u.generated_tokens} tok, queue {u.queue_ms:.0f} ms, "
+              f"first token {u.ttft_ms or 0:.0f} ms, decode {u.decode_tps:.1f} tok/s, "
+              f"total {u.total_ms:.0f} ms", file=sys.stderr)
+    finally:
+        engine.stop()
+
+
+def cmd_doctor(args, settings: Settings) -> None:
+    from core.doctor import report
+
+    t0 = time.perf_counter()
+    for key, value in report(settings, load=not args.no_model):
+        print(f"{key:<24} {value}")
+    print(f"{'doctor took':<24} {time.perf_counter() - t0:.1f} s")
