@@ -12,12 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tinymodel import build_tiny_model  # noqa: E402
+from loadtests.randmodel import build_random_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return build_random_model(tmp_path_factory.mktemp("tiny") / "tiny-random")
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
-"""Build a tiny random llama-style chat model in mlx-lm's format, for tests.
+"""Build a random-weight llama-style chat model in mlx-lm's format, for tests and benchmarks.
 
 Fixed seed, no downloads: a byte-level BPE tokenizer trained on a few sentences with the
 `tokenizers` library, a ChatML-like template, and random weights scaled so that greedy
-decoding has clear winners (few floating-point near-ties).
+decoding has clear winners (few floating-point near-ties). Tests use a tiny one; the
+benchmarks a larger one where prefill costs more. `python -m loadtests.randmodel OUT`
+builds one from the command line.
 """
 
 from __future__ import annotations
@@ -42,17 +44,18 @@ def build_tokenizer(out: Path, vocab_size: int = 400) -> int:
     return tok.get_vocab_size()
 
 
-def build_tiny_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
-                     context: int = 512) -> Path:
+def build_random_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
+                       context: int = 512, vocab_size: int = 400) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab = build_tokenizer(out)
+    vocab = build_tokenizer(out, vocab_size)
     config = {
         "model_type": "llama", "hidden_size": dim, "num_hidden_layers": layers,
-        "intermediate_size": dim * 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": dim * 2 if dim <= 128 else dim * 8 // 3,
+        "num_attention_heads": max(4, dim // 64), "num_key_value_heads": max(2, dim // 128),
         "rms_norm_eps": 1e-5, "vocab_size": vocab, "max_position_embeddings": context,
         "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "float32",
     }
@@ -68,3 +71,16 @@ def build_tiny_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description="build a random-weight chat model")
+    p.add_argument("out", type=Path)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    print(build_random_model(a.out, a.seed, a.dim, a.layers, a.context))

@@ -1,0 +1,90 @@
+"""The `radixchat` command as a user runs it: real subprocesses, a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
+
+
+def run(*args, env=None, timeout=120):
+    return subprocess.run([RADIXCHAT, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, env, name", [
+    (["serve", "--port", "abc"], {}, "port"),
+    (["serve", "--max-batch", "0"], {}, "max_batch"),
+    (["serve"], {"RADIXCHAT_CACHE_BYTES": "-1"}, "cache_bytes"),
+    (["ask", "hi", "--dtype", "float8"], {}, "dtype"),
+])
+def test_invalid_setting_is_one_line_naming_it(args, env, name):
+    out = run(*args, env=env)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and "Traceback" not in out.stderr, out.stderr
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    out = run("ask", "hi", "--model", str(tmp_path / "nothing"))
+    assert out.returncode != 0 and "no mlx-lm model folder" in out.stderr
+    assert "Traceback" not in out.stderr and "terminate called" not in out.stderr
+
+
+def test_ask_streams_reply_and_timings(tiny_model_dir):
+    out = run("ask", "What is a list?", "--model", str(tiny_model_dir), "--max-new-tokens", "7")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    assert "[length]" in out.stderr and "generated 7 tok" in out.stderr
+    assert "first token" in out.stderr and "tok/s" in out.stderr
+
+
+def test_doctor_reports_blas_and_model(tiny_model_dir):
+    out = run("doctor", "--model", str(tiny_model_dir))
+    assert out.returncode == 0, out.stderr
+    assert "matmul gflops" in out.stdout and "parameters" in out.stdout
+    if sys.platform.startswith("linux"):
+        assert "blas" in out.stdout
+        # both BLAS figures are printed, one per line
+        assert out.stdout.count("matmul gflops") == 2
+
+
+def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--port", str(port),
+                             "--db", str(tmp_path / "t.db")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        body = None
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    body = json.load(r)
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.3)
+        assert body is not None
+        assert body["engine_alive"] and body["model_loaded"] and body["queue_depth"] == 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "terminate called" not in out
