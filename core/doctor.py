@@ -53,6 +53,10 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     if sys.platform.startswith("linux"):
         other, figure = _other_blas_gflops(blas)
         yield f"matmul gflops ({other})", figure
+    from .offset_guard import ensure_offset_semantics
+
+    for cls, verdict in ensure_offset_semantics().items():
+        yield f"{cls}.offset", f"{verdict} (captured offsets keep their value)"
     if not load:
         return
     from .model import load_model

@@ -80,6 +80,7 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="radixchat-engine", daemon=True)
         self.steps = 0
+        self.offset_report: dict[str, str] = {}  # core.offset_guard's verdict per cache class
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -163,6 +164,9 @@ class Engine:
         try:
             try:
                 s = self.settings
+                from .offset_guard import ensure_offset_semantics
+
+                self.offset_report = ensure_offset_semantics()
                 self.loaded = load_model(s.model, s.dtype, s.context_length)
                 # a stream of this thread's own, so a later engine in the same process
                 # never touches one that was cleared (see below)

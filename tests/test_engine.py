@@ -51,6 +51,10 @@ def test_eight_threads_at_once_match_alone(engine):
     assert batched_steps < steps_alone / 2, (batched_steps, steps_alone)
 
 
+def test_engine_checked_offset_semantics_at_start(engine):
+    assert engine.offset_report == {"BatchKVCache": "ok", "BatchRotatingKVCache": "ok"}
+
+
 def test_usage_and_timings_are_reported(engine):
     final = run_alone(engine, chat("lists", max_tokens=10))
     u = final.usage

@@ -1,0 +1,84 @@
+"""Benchmark: aggregate decode tokens/s with N concurrent streams against 1 stream.
+
+Runs the engine in-process on one model (the bundled one by default, or a random-weight
+llama built with a fixed seed) and, for each concurrency, submits that many requests at
+once and measures generated tokens over wall time, from the first token to the last.
+Prints a table and the ratio to one stream (goal for 8 streams: >= 4x). Medians of
+--repeats runs. On Linux it first re-executes itself with OpenBLAS (core.blas).
+
+    python -m loadtests.bench_batching [--model PATH | --random-dim 512 --random-layers 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from core.blas import active_blas, reexec_with_openblas
+from core.config import BUNDLED_MODEL, Settings
+from core.requests import ChatRequest
+
+
+def one_round(engine, n: int, max_tokens: int, temperature: float = 0.0) -> tuple[float, int]:
+    """Submit n requests at once; return (aggregate decode tok/s, tokens generated)."""
+    reqs = [ChatRequest(messages=[{"role": "user", "content": f"Explain Python topic number {i}."}],
+                        sampling={"max_tokens": max_tokens, "temperature": temperature, "seed": i})
+            for i in range(n)]
+    handles = [engine.submit(r) for r in reqs]
+    finals = [h.result() for h in handles]
+    firsts = [f.usage.ttft_ms for f in finals]
+    ends = [f.usage.total_ms for f in finals]
+    tokens = sum(f.usage.generated_tokens - 1 for f in finals)  # the first token is prefill's
+    span_s = (max(ends) - min(firsts)) / 1e3
+    return tokens / span_s, tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="model folder (default: bundled, else random)")
+    p.add_argument("--random-dim", type=int, default=0, help="use a random model of this width")
+    p.add_argument("--random-layers", type=int, default=8)
+    p.add_argument("--streams", default="1,2,4,8")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 samples a batch in one argmax; above 0 each request samples on its own")
+    args = p.parse_args()
+    reexec_with_openblas("auto")
+
+    from core.engine import Engine
+
+    model = args.model
+    if args.random_dim or (model is None and not (BUNDLED_MODEL / "config.json").exists()):
+        from loadtests.randmodel import build_random_model
+
+        dim = args.random_dim or 512
+        model = str(build_random_model(Path(tempfile.mkdtemp()) / f"random-{dim}x{args.random_layers}",
+                                       dim=dim, layers=args.random_layers, context=2048,
+                                       vocab_size=2048))
+    model = model or str(BUNDLED_MODEL)
+    streams = [int(s) for s in args.streams.split(",")]
+    engine = Engine(Settings(model=model, max_batch=max(streams), max_prefill_batch=max(streams),
+                             max_tokens=args.max_tokens)).start()
+    m = engine.loaded
+    print(f"model {model}: {m.num_params / 1e6:.1f}M params, {m.dtype}; blas {active_blas()}")
+    # ignore_eos is not a request option: a random model rarely stops early, and a trained
+    # one is asked open questions; the tokens actually generated are what is counted
+    one_round(engine, 2, 8)  # warm-up
+    rows = []
+    for n in streams:
+        runs = [one_round(engine, n, args.max_tokens, args.temperature) for _ in range(args.repeats)]
+        tps = statistics.median(r[0] for r in runs)
+        rows.append((n, tps, statistics.median(r[1] for r in runs)))
+    base = rows[0][1]
+    print(f"{'streams':>8} {'tokens':>8} {'agg tok/s':>10} {'per stream':>11} {'vs 1':>6}")
+    for n, tps, tokens in rows:
+        print(f"{n:>8} {tokens:>8.0f} {tps:>10.1f} {tps / n:>11.1f} {tps / base:>5.2f}x")
+    engine.stop()
+
+
+if __name__ == "__main__":
+    main()
