@@ -130,4 +130,4 @@ def cmd_doctor(args, settings: Settings) -> None:
     t0 = time.perf_counter()
     for key, value in report(settings, load=not args.no_model):
         print(f"{key:<28} {value}")
-    print(f"{"doctor took":<28} {time.perf_counter() - t0:.1f} s")
+    print(f"{'doctor took':<28} {time.perf_counter() - t0:.1f} s")
