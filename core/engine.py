@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .config import Settings
 from .handle import RequestHandle
@@ -48,7 +48,8 @@ class _Active:
     t_first: float | None = None
     t_last: float | None = None
     done: bool = False
-    extra: dict = field(default_factory=dict)
+    match: object = None  # the prefix-cache match this request holds a lock on
+    cached: int = 0  # prompt tokens restored from the prefix cache
 
     def usage(self) -> Usage:
         now = time.perf_counter()
@@ -56,7 +57,7 @@ class _Active:
         decode_s = (self.t_last - self.t_first) if self.t_first and self.t_last else 0.0
         return Usage(
             prompt_tokens=len(self.prompt),
-            cached_tokens=0,
+            cached_tokens=self.cached,
             generated_tokens=self.generated,
             queue_ms=(start - self.t_submit) * 1e3,
             ttft_ms=(self.t_first - self.t_submit) * 1e3 if self.t_first else None,
@@ -81,6 +82,7 @@ class Engine:
         self._thread = threading.Thread(target=self._main, name="radixchat-engine", daemon=True)
         self.steps = 0
         self.offset_report: dict[str, str] = {}  # core.offset_guard's verdict per cache class
+        self.prefix = None  # core.kvstore.PrefixStore when the prefix cache is on
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -109,8 +111,9 @@ class Engine:
         return self._thread.is_alive() and self._ready.is_set() and not self._stopping
 
     def stats(self) -> dict:
+        """Counters for /health and /metrics; safe to call from any thread (reads only)."""
         return {"alive": self.alive, "inflight": self._inflight, "active": len(self._active),
-                "steps": self.steps}
+                "steps": self.steps, "prefix_cache": self.prefix.tree.summary() if self.prefix else None}
 
     # ---- caller side (any thread) ------------------------------------------------------
 
@@ -168,6 +171,10 @@ class Engine:
 
                 self.offset_report = ensure_offset_semantics()
                 self.loaded = load_model(s.model, s.dtype, s.context_length)
+                if s.prefix_cache:
+                    from .kvstore import PrefixStore
+
+                    self.prefix = PrefixStore(self.loaded.model, s.cache_bytes)
                 # a stream of this thread's own, so a later engine in the same process
                 # never touches one that was cleared (see below)
                 self._mx_stream = mx.new_stream(mx.default_device())
@@ -221,7 +228,12 @@ class Engine:
                     self._active[arg.handle.id] = arg
                     new.append(arg)
                 elif kind == "cancel" and arg in self._active:
-                    self._finish(self._active[arg], "cancelled")
+                    a = self._active[arg]
+                    if a.uid is None:  # not admitted yet: nothing computed, nothing to cache
+                        self._release(a)
+                        a.handle._push(Finished("", "cancelled", a.usage()))
+                    else:
+                        self._finish(a, "cancelled")
             try:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
@@ -233,12 +245,19 @@ class Engine:
     def _admit(self, new: list[_Active]) -> None:
         from .sampling import make_request_sampler
 
-        samplers = []
+        samplers, prompts, caches, prefixes = [], [], [], []
         for a in new:
             a.stream = TextStream(self.loaded.tokenizer.detokenizer, a.sampling.stop)
             samplers.append(self._guard(a, make_request_sampler(a.sampling)))
-        uids = self._gen.insert([a.prompt for a in new], max_tokens=[a.max_tokens for a in new],
-                                samplers=samplers)
+            restored = None
+            if self.prefix is not None:
+                a.match, restored = self.prefix.lookup(a.prompt)
+                a.cached = a.match.length
+            prompts.append(a.prompt[a.cached:])
+            caches.append(restored)
+            prefixes.append(a.prompt[: a.cached])
+        uids = self._gen.insert(prompts, max_tokens=[a.max_tokens for a in new], caches=caches,
+                                all_tokens=prefixes, samplers=samplers)
         for a, uid in zip(new, uids):
             a.uid = uid
             self._by_uid[uid] = a
@@ -268,17 +287,22 @@ class Engine:
             a = self._by_uid.get(r.uid)
             if a is not None and a.t_admitted is None:
                 a.t_admitted = t0
+            if a is not None and r.end_of_prompt and self.prefix is not None:
+                # share a fresh prompt with requests that arrive while this one decodes
+                for caches, tokens in self._gen.extract_cache([r.uid]).values():
+                    self._store(tokens, caches)
         for r in gen_resps:
             a = self._by_uid.get(r.uid)
             if a is None or a.done:
                 continue
             try:
-                self._on_token(a, r.token, r.finish_reason, now)
+                self._on_token(a, r, now)
             except Exception as e:
                 log.exception("request %s failed", a.handle.id)
                 self._fail(a, f"{type(e).__name__}: {e}")
 
-    def _on_token(self, a: _Active, token: int, finish_reason: str | None, now: float) -> None:
+    def _on_token(self, a: _Active, r, now: float) -> None:
+        token, finish_reason = r.token, r.finish_reason
         if a.error is not None:
             raise a.error
         if a.t_admitted is None:
@@ -291,43 +315,56 @@ class Engine:
             delta = a.stream.add(token)
             if delta:
                 a.handle._push(TextDelta(delta))
-        # the generator has already dropped a sequence it reported finished
-        in_batch = finish_reason is None
-        if a.stream.stopped:
-            self._finish(a, "stop", in_batch)
-        elif finish_reason is not None:
-            self._finish(a, "stop" if finish_reason == "stop" else "length", in_batch)
+        if finish_reason is not None:  # the generator has already dropped it
+            self._finish(a, "stop" if a.stream.stopped or finish_reason == "stop" else "length",
+                         final=(r.prompt_cache, r.all_tokens))
+        elif a.stream.stopped:
+            self._finish(a, "stop")
 
-    def _finish(self, a: _Active, reason: str, in_batch: bool = True) -> None:
-        """End a request: leave the batch (if still in it), flush text, send Finished."""
-        self._release(a, in_batch)
-        tail = a.stream.finish() if a.stream is not None else ""
+    def _finish(self, a: _Active, reason: str, final=None) -> None:
+        """End a request: leave the batch, cache what it computed, flush text, send Finished.
+
+        `final` is (caches, tokens) when the generator already removed the sequence.
+        """
+        if final is None and a.uid is not None:
+            final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
+        if final is not None and final[0] is not None:
+            self._store(final[1], final[0])
+        self._release(a)  # before the reply ends, so a client that saw it sees the slot free
+        tail = a.stream.finish()
         if tail:
             a.handle._push(TextDelta(tail))
-        text = a.stream.text if a.stream is not None else ""
-        a.handle._push(Finished(text=text, finish_reason=reason, usage=a.usage()))
+        a.handle._push(Finished(text=a.stream.text, finish_reason=reason, usage=a.usage()))
 
     def _fail(self, a: _Active, message: str) -> None:
-        self._release(a, in_batch=True)
+        if a.uid is not None:
+            self._gen.remove([a.uid])
+        self._release(a)
         a.handle._push(Failed(message=message, usage=a.usage()))
 
-    def _release(self, a: _Active, in_batch: bool) -> None:
+    def _release(self, a: _Active) -> None:
+        """Forget a request that has left the batch, and drop its prefix-cache lock."""
         a.done = True
         self._active.pop(a.handle.id, None)
-        if a.uid is not None:
-            self._by_uid.pop(a.uid, None)
-            if in_batch:
-                self._gen.remove([a.uid])
+        self._by_uid.pop(a.uid, None)
+        if self.prefix is not None:
+            self.prefix.release(a.match)
+            a.match = None
         with self._lock:
             self._inflight -= 1
+
+    def _store(self, tokens: list[int], caches) -> None:
+        if self.prefix is None:
+            return
+        # the running batch shares the budget with the tree
+        live = sum(len(a.prompt) + a.generated for a in self._active.values())
+        self.prefix.tree.reserved = live * self.prefix.bytes_per_token
+        self.prefix.store(list(tokens), caches)
 
     def _fail_all(self, message: str, queued: bool = False) -> None:
         """Fail every running request (and, when stopping, every queued one)."""
         for a in list(self._active.values()):
-            a.done = True
-            self._active.pop(a.handle.id, None)
-            with self._lock:
-                self._inflight -= 1
+            self._release(a)
             a.handle._push(Failed(message=message, usage=a.usage()))
         self._by_uid.clear()
         while queued:

@@ -56,12 +56,17 @@ def test_engine_checked_offset_semantics_at_start(engine):
 
 
 def test_usage_and_timings_are_reported(engine):
-    final = run_alone(engine, chat("lists", max_tokens=10))
+    req = ChatRequest(messages=[{"role": "user", "content": "a question never asked before"}],
+                      sampling={"max_tokens": 10})
+    final = run_alone(engine, req)
     u = final.usage
     assert final.finish_reason == "length"
-    assert u.generated_tokens == 10 and u.prompt_tokens > 10 and u.cached_tokens == 0
+    assert u.generated_tokens == 10 and u.prompt_tokens > 5 and u.cached_tokens == 0
     assert u.ttft_ms is not None and 0 < u.ttft_ms <= u.total_ms
     assert u.queue_ms >= 0 and u.decode_tps > 0
+    again = run_alone(engine, req)
+    assert again.usage.cached_tokens == u.prompt_tokens - 1  # all but the last prompt token
+    assert again.text == final.text
 
 
 def test_deltas_add_up_to_final_text(engine):

@@ -1,0 +1,135 @@
+"""MLX side of the prefix cache: K/V segments, snapshots, and the PrefixStore the engine uses.
+
+A `KVSegment` holds, for each trimmable layer (mlx-lm `KVCache`), an own copy of the K/V
+of a run of tokens: shape (1, heads, n, dim), exactly n long. A `Snapshot` holds the
+whole state of every other layer (SSM `ArraysCache`, `RotatingKVCache`, ...) at one
+position. Copies are made with `mx.contiguous`, because a plain slice keeps its source
+buffer alive (a stale tail the tree must never hold; see shared/seeds/000).
+
+`PrefixStore.lookup` restores per-layer caches whose arrays are exactly the matched
+length (the physical trim by construction: nothing is ever trimmed by moving an offset).
+`PrefixStore.store` inserts a finished or prefilled sequence. The tree logic is core.radix.
+Runs MLX: engine thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from .radix import Match, RadixCache
+
+log = logging.getLogger("radixchat.prefix")
+
+
+def _own(a):
+    return mx.contiguous(a) if isinstance(a, mx.array) else a
+
+
+def _nbytes(x) -> int:
+    if isinstance(x, mx.array):
+        return x.nbytes
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(v) for v in x)
+    return 0
+
+
+def _copy_state(x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_copy_state(v) for v in x)
+    return _own(x)
+
+
+class KVSegment:
+    __slots__ = ("layers", "n", "nbytes")
+
+    def __init__(self, layers: list[tuple[mx.array, mx.array] | None], n: int):
+        self.layers = layers
+        self.n = n
+        self.nbytes = sum(k.nbytes + v.nbytes for k, v in filter(None, layers))
+
+    @classmethod
+    def from_caches(cls, caches, trimmable: list[bool], start: int, end: int) -> "KVSegment":
+        layers = [(_own(c.keys[..., start:end, :]), _own(c.values[..., start:end, :])) if t else None
+                  for c, t in zip(caches, trimmable)]
+        mx.eval([kv for kv in layers if kv is not None])
+        return cls(layers, end - start)
+
+    def split(self, k: int) -> tuple["KVSegment", "KVSegment"]:
+        def part(s, e):
+            return [(_own(kv[0][..., s:e, :]), _own(kv[1][..., s:e, :])) if kv else None
+                    for kv in self.layers]
+        left, right = part(0, k), part(k, self.n)
+        mx.eval([kv for kv in left + right if kv is not None])
+        return KVSegment(left, k), KVSegment(right, self.n - k)
+
+
+class Snapshot:
+    """The full state of the non-trimmable layers at one token position."""
+    __slots__ = ("layers", "nbytes")
+
+    def __init__(self, caches, trimmable: list[bool]):
+        self.layers = [None if t else (type(c), _copy_state(c.state)) for c, t in zip(caches, trimmable)]
+        mx.eval([s for s in self.layers if s is not None])
+        self.nbytes = sum(_nbytes(s[1]) for s in self.layers if s is not None)
+
+    def restore(self, i: int):
+        cls, state = self.layers[i]
+        obj = cls.__new__(cls)
+        obj.state = state  # arrays are shared read-only: merge copies them into the batch
+        return obj
+
+
+class PrefixStore:
+    def __init__(self, model, budget_bytes: int):
+        self.tree = RadixCache(budget_bytes)
+        self.trimmable = [type(c) is KVCache for c in make_prompt_cache(model)]
+        self.hybrid = not all(self.trimmable)
+        self.bytes_per_token = 0  # K/V bytes of one token over all trimmable layers, once known
+
+    def lookup(self, prompt: list[int]) -> tuple[Match, list | None]:
+        """Match `prompt` (always leaving its last token to prefill), restore and lock."""
+        m = self.tree.match(prompt[:-1], need_snapshot=self.hybrid)
+        if m.length == 0:
+            return m, None
+        caches = self.tree.timed_restore(lambda: self._restore(m))
+        self.tree.lock(m.node)
+        return m, caches
+
+    def release(self, m: Match | None) -> None:
+        if m is not None and m.node is not None:
+            self.tree.unlock(m.node)
+
+    def store(self, tokens: list[int], caches) -> bool:
+        """Insert `tokens` whose K/V (and states) are in `caches` (one request's, batch 1)."""
+        live = [c.offset for c, t in zip(caches, self.trimmable) if t]
+        if any(n != len(tokens) for n in live) or not tokens:
+            log.warning("not caching a sequence of %d tokens whose cache holds %s", len(tokens), live[:1])
+            return False
+        if not self.bytes_per_token:
+            self.bytes_per_token = sum(2 * c.keys[..., :1, :].nbytes
+                                       for c, t in zip(caches, self.trimmable) if t)
+        snapshot = Snapshot(caches, self.trimmable) if self.hybrid else None
+        self.tree.insert(tokens, lambda s, e: KVSegment.from_caches(caches, self.trimmable, s, e),
+                         snapshot)
+        return True
+
+    def _restore(self, m: Match) -> list:
+        segs = self.tree.segments(m)
+        out = []
+        for i, trim in enumerate(self.trimmable):
+            if not trim:
+                out.append(m.node.snapshot.restore(i))
+                continue
+            ks = [s.layers[i][0][..., :k, :] for s, k in segs]
+            vs = [s.layers[i][1][..., :k, :] for s, k in segs]
+            c = KVCache()
+            c.keys = mx.concatenate(ks, axis=2) if len(ks) > 1 else ks[0]
+            c.values = mx.concatenate(vs, axis=2) if len(vs) > 1 else vs[0]
+            c.offset = m.length
+            assert c.keys.shape[2] == c.offset, "restored cache must hold exactly its live tokens"
+            out.append(c)
+        mx.eval([c.state for c in out])
+        return out
