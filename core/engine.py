@@ -40,6 +40,7 @@ class _Active:
     sampling: Sampling
     max_tokens: int
     t_submit: float
+    boundaries: list[int]  # message ends inside the prompt (hybrid models only)
     uid: int | None = None
     stream: TextStream | None = None
     error: BaseException | None = None  # set by a guarded sampler
@@ -122,14 +123,24 @@ class Engine:
         if not isinstance(request, ChatRequest):
             raise TypeError("submit takes a ChatRequest")
         messages = [m.model_dump() for m in request.messages]
+        tok = self.loaded.tokenizer
         with self._lock:
             try:
-                prompt = self.loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True))
+                boundaries = []
+                if self.prefix is not None and self.prefix.hybrid:
+                    # message ends, where non-trimmable layers get snapshots (a system
+                    # prompt shared by many conversations ends at the first one)
+                    for k in range(1, len(messages)):
+                        head = tok.apply_chat_template(messages[:k])
+                        if prompt[: len(head)] == list(head):
+                            boundaries.append(len(head))
             except Exception as e:  # a template may reject an order of roles
                 raise RequestError(f"the model's chat template rejected these messages: {e}") from e
-        return self.submit_tokens(list(prompt), request.sampling)
+        return self.submit_tokens(prompt, request.sampling, boundaries)
 
-    def submit_tokens(self, prompt: list[int], sampling: Sampling) -> RequestHandle:
+    def submit_tokens(self, prompt: list[int], sampling: Sampling,
+                      boundaries: list[int] | None = None) -> RequestHandle:
         """Queue an already tokenized prompt (used by plain completions)."""
         if not self._ready.is_set() or self._stopping:
             raise RequestError("the engine is not running", 503, "engine_unavailable")
@@ -151,7 +162,8 @@ class Engine:
             loop = None
         rid = f"req-{next(self._ids)}"
         handle = RequestHandle(rid, len(prompt), self.cancel, loop)
-        self._cmds.put(("submit", _Active(handle, prompt, sampling, max_tokens, time.perf_counter())))
+        self._cmds.put(("submit", _Active(handle, prompt, sampling, max_tokens, time.perf_counter(),
+                                          boundaries=boundaries or [])))
         return handle
 
     def cancel(self, rid: str) -> None:
@@ -253,11 +265,13 @@ class Engine:
             if self.prefix is not None:
                 a.match, restored = self.prefix.lookup(a.prompt)
                 a.cached = a.match.length
-            prompts.append(a.prompt[a.cached:])
+            cuts = [a.cached] + [b for b in a.boundaries if a.cached < b < len(a.prompt)]
+            prompts.append([a.prompt[i:j] for i, j in zip(cuts, cuts[1:] + [len(a.prompt)])])
             caches.append(restored)
             prefixes.append(a.prompt[: a.cached])
-        uids = self._gen.insert(prompts, max_tokens=[a.max_tokens for a in new], caches=caches,
-                                all_tokens=prefixes, samplers=samplers)
+        # segments make the generator pause at message ends, so snapshots can be taken there
+        uids = self._gen.insert_segments(prompts, max_tokens=[a.max_tokens for a in new],
+                                         caches=caches, all_tokens=prefixes, samplers=samplers)
         for a, uid in zip(new, uids):
             a.uid = uid
             self._by_uid[uid] = a
@@ -287,8 +301,11 @@ class Engine:
             a = self._by_uid.get(r.uid)
             if a is not None and a.t_admitted is None:
                 a.t_admitted = t0
-            if a is not None and r.end_of_prompt and self.prefix is not None:
-                # share a fresh prompt with requests that arrive while this one decodes
+            if a is None or self.prefix is None:
+                continue
+            # Share a fresh prompt with requests that arrive while this one decodes. A hybrid
+            # model also needs a snapshot at every message end and just before the last token.
+            if r.end_of_prompt or (r.end_of_segment and self.prefix.hybrid):
                 for caches, tokens in self._gen.extract_cache([r.uid]).values():
                     self._store(tokens, caches)
         for r in gen_resps:
@@ -350,6 +367,8 @@ class Engine:
         if self.prefix is not None:
             self.prefix.release(a.match)
             a.match = None
+            if not self._active:
+                self.prefix.tree.reserved = 0
         with self._lock:
             self._inflight -= 1
 

@@ -123,7 +123,8 @@ class RadixCache:
         """Store `tokens`; `make_seg(start, end)` supplies the segment of a new edge.
 
         Splits a node where `tokens` leaves its edge. Attaches `snapshot` (if given) to
-        the node ending at len(tokens). Then evicts to fit the budget. Returns that node.
+        the node ending at len(tokens). Then evicts to fit the budget (older entries first,
+        the new one last). Returns that node, which may have been evicted if nothing else could.
         """
         node, i = self.root, 0
         while i < len(tokens):
@@ -145,9 +146,10 @@ class RadixCache:
                 self.bytes -= node.snapshot.nbytes
             node.snapshot = snapshot
             self.bytes += snapshot.nbytes
-        self.lock(node)  # a fresh insert must survive its own fit
+        self.lock(node)  # evict older entries first...
         self.fit()
         self.unlock(node)
+        self.fit()  # ...and the new one too if it still does not fit
         return node
 
     def lock(self, node: Node | None) -> None:

@@ -44,30 +44,55 @@ def build_tokenizer(out: Path, vocab_size: int = 400) -> int:
     return tok.get_vocab_size()
 
 
-def build_random_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
-                       context: int = 512, vocab_size: int = 400) -> Path:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
-
-    out.mkdir(parents=True, exist_ok=True)
-    vocab = build_tokenizer(out, vocab_size)
-    config = {
+def _llama(dim: int, layers: int, vocab: int, context: int) -> dict:
+    return {
         "model_type": "llama", "hidden_size": dim, "num_hidden_layers": layers,
         "intermediate_size": dim * 2 if dim <= 128 else dim * 8 // 3,
         "num_attention_heads": max(4, dim // 64), "num_key_value_heads": max(2, dim // 128),
         "rms_norm_eps": 1e-5, "vocab_size": vocab, "max_position_embeddings": context,
         "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "float32",
     }
+
+
+def _lfm2(dim: int, layers: int, vocab: int, context: int) -> dict:
+    """A hybrid: short-convolution layers (ArraysCache, not trimmable) and attention layers."""
+    return {
+        "model_type": "lfm2", "hidden_size": dim, "num_hidden_layers": layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": context,
+        "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3, "block_dim": dim,
+        "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False,
+        "intermediate_size": dim * 2, "full_attn_idxs": list(range(1, layers, 2)),
+        "vocab_size": vocab, "torch_dtype": "float32",
+    }
+
+
+def build_random_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
+                       context: int = 512, vocab_size: int = 400, arch: str = "llama") -> Path:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(out, vocab_size)
+    config = {"llama": _llama, "lfm2": _lfm2}[arch](dim, layers, vocab, context)
     (out / "config.json").write_text(json.dumps(config))
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
-    # larger scales give peaked logits, so greedy near-ties are rare
-    model.model.embed_tokens.weight = mx.random.normal((vocab, dim))
-    model.lm_head.weight = mx.random.normal((vocab, dim)) * 0.5
-    # stronger values make the reply depend on the whole prompt, not just its last token
-    for layer in model.model.layers:
-        layer.self_attn.v_proj.weight = layer.self_attn.v_proj.weight * 2
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    # Scales chosen so greedy decoding has clear winners (few float near-ties) and the
+    # reply depends on the whole prompt, not just its last token.
+    if arch == "llama":
+        model.model.embed_tokens.weight = mx.random.normal((vocab, dim))
+        model.lm_head.weight = mx.random.normal((vocab, dim)) * 0.5
+        for layer in model.model.layers:
+            layer.self_attn.v_proj.weight = layer.self_attn.v_proj.weight * 2
+    else:
+        model.model.embed_tokens.weight = mx.random.normal((vocab, dim)) * 0.3
+        for layer in model.model.layers:
+            if layer.is_attention_layer:
+                layer.self_attn.v_proj.weight = layer.self_attn.v_proj.weight * 4
+            else:
+                layer.conv.in_proj.weight = layer.conv.in_proj.weight * 4
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     return out
@@ -82,5 +107,6 @@ if __name__ == "__main__":
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", choices=["llama", "lfm2"], default="llama")
     a = p.parse_args()
-    print(build_random_model(a.out, a.seed, a.dim, a.layers, a.context))
+    print(build_random_model(a.out, a.seed, a.dim, a.layers, a.context, arch=a.arch))

@@ -29,3 +29,8 @@ def engine(tiny_model_dir):
                           max_tokens=24, max_queue=64)).start(timeout=120)
     yield eng
     eng.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_dir(tmp_path_factory) -> Path:
+    return build_random_model(tmp_path_factory.mktemp("hybrid") / "tiny-hybrid", layers=4, arch="lfm2")

@@ -1,0 +1,216 @@
+"""The prefix cache with real K/V: physical trim, byte accounting, and transparency."""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+from mlx_lm.models.cache import make_prompt_cache
+
+from core.config import Settings
+from core.engine import Engine
+from core.kvstore import PrefixStore
+from core.requests import ChatRequest, Finished
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    model, tok = load(str(tiny_model_dir))
+    return model, tok
+
+
+def prefill(model, tokens, cache=None):
+    cache = cache if cache is not None else make_prompt_cache(model)
+    logits = model(mx.array([tokens]), cache=cache)
+    mx.eval(logits, [c.state for c in cache])
+    return logits, cache
+
+
+def test_seed_crash_trim_is_physical(tiny):
+    """shared/seeds/000: restore 292 tokens, shorten to 97, append a short suffix."""
+    model, _ = tiny
+    rng = random.Random(0)
+    seq = [rng.randrange(5, 390) for _ in range(292)]
+    suffix = [rng.randrange(5, 390) for _ in range(6)]
+    _, full = prefill(model, seq)
+
+    # mlx-lm's own trim only moves the offset: the stale tail stays (the hazard)
+    plain = make_prompt_cache(model)
+    for c, f in zip(plain, full):
+        c.keys, c.values, c.offset = f.keys[..., :292, :], f.values[..., :292, :], 292
+    for c in plain:
+        c.trim(292 - 97)
+    assert all(c.offset == 97 and c.keys.shape[2] == 292 for c in plain)
+
+    # the project's path: match 97 tokens, restore exactly 97, then prefill the suffix
+    store = PrefixStore(model, budget_bytes=1 << 30)
+    assert store.store(seq, full)
+    m, restored = store.lookup(seq[:97] + suffix)
+    assert m.length == 97
+    assert all(c.keys.shape[2] == c.offset == 97 for c in restored)
+    logits, after = prefill(model, suffix, restored)
+    assert all(c.offset == 97 + len(suffix) for c in after)
+    assert all(c.keys[..., : c.offset, :].shape[2] == 97 + len(suffix) for c in after)
+    fresh, _ = prefill(model, seq[:97] + suffix)
+    assert mx.allclose(logits[0, -1], fresh[0, -1], atol=1e-4, rtol=1e-4).item()
+    store.release(m)
+
+
+def test_tree_holds_live_tokens_only_and_pins_no_buffer(tiny):
+    model, _ = tiny
+    gc.collect()
+    base = mx.get_active_memory()
+    store = PrefixStore(model, budget_bytes=1 << 30)
+    rng = random.Random(1)
+    for n in (292, 37, 150):
+        seq = [rng.randrange(5, 390) for _ in range(n)]
+        logits, cache = prefill(model, seq)  # KVCache buffers grow in steps of 256: capacity > n
+        assert cache[0].keys.shape[2] > n
+        store.store(seq, cache)
+        del cache, logits
+    gc.collect()
+    tree = store.tree
+    tree.check()
+    assert tree.bytes == tree.tokens * store.bytes_per_token
+    held = mx.get_active_memory() - base
+    # what MLX still holds is the tree's live bytes, not the prefill buffers' capacity
+    assert held <= tree.bytes * 1.05 + 65536, (held, tree.bytes)
+
+
+def engine_for(model_dir, prefix: bool, **kw) -> Engine:
+    return Engine(Settings(model=str(model_dir), prefix_cache=prefix, max_batch=8,
+                           max_prefill_batch=4, max_tokens=12, **kw)).start(timeout=120)
+
+
+SYSTEMS = [f"You are assistant {i}. " + " ".join(["Answer about Python lists and dicts."] * (i + 2))
+           for i in range(4)]
+QUESTIONS = ["What is a list?", "How do dicts work?", "Explain generators.", "What is a tuple?",
+             "Why use sets?", "What does yield do?"]
+
+
+def conversations(seed: int, users: int, turns: int):
+    rng = random.Random(seed)
+    return [(rng.randrange(4), [rng.choice(QUESTIONS) for _ in range(turns)]) for _ in range(users)]
+
+
+def run_users(engine, plan, seed: int) -> dict:
+    """Each user holds a multi-turn conversation; users run concurrently, shuffled start."""
+    answers, cached = {}, {}
+    order = list(range(len(plan)))
+    random.Random(seed).shuffle(order)
+    barrier = threading.Barrier(len(plan))
+
+    def user(u):
+        system, questions = plan[u]
+        msgs = [{"role": "system", "content": SYSTEMS[system]}]
+        barrier.wait()
+        for t, q in enumerate(questions):
+            msgs.append({"role": "user", "content": q})
+            final = engine.submit(ChatRequest(messages=msgs)).result()
+            assert isinstance(final, Finished), final
+            answers[u, t] = final.text
+            cached[u, t] = final.usage.cached_tokens
+            msgs.append({"role": "assistant", "content": final.text})
+
+    threads = [threading.Thread(target=user, args=(u,)) for u in order]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(300)
+    assert len(answers) == sum(len(q) for _, q in plan)
+    return answers, cached
+
+
+@pytest.mark.parametrize("kind", ["plain", "hybrid"])
+def test_cache_is_transparent(kind, tiny_model_dir, tiny_hybrid_dir):
+    model_dir = tiny_model_dir if kind == "plain" else tiny_hybrid_dir
+    plan = conversations(seed=7, users=6, turns=3)
+    off = engine_for(model_dir, prefix=False)
+    try:
+        expected, no_hits = run_users(off, plan, seed=1)
+    finally:
+        off.stop()
+    assert not any(no_hits.values())
+    on = engine_for(model_dir, prefix=True)
+    try:
+        got, hits = run_users(on, plan, seed=2)
+        got_again, hits_again = run_users(on, plan, seed=3)  # a warm cache, other order
+        summary = on.prefix.tree.summary()
+    finally:
+        on.stop()
+    assert got == expected and got_again == expected
+    later_turns = [hits[k] for k in hits if k[1] > 0]
+    assert sum(1 for h in later_turns if h > 0) == len(later_turns), "every later turn should hit"
+    assert all(h > 0 for h in hits_again.values())
+    assert summary["hits"] > 0 and summary["hit_tokens"] > 0
+    if kind == "hybrid":
+        assert on.prefix.hybrid
+
+
+def test_fifty_conversations_share_one_system_prompt(tiny_model_dir):
+    eng = engine_for(tiny_model_dir, prefix=True, context_length=512)
+    try:
+        tok = eng.loaded.tokenizer
+        system, sys_tokens = "", 0
+        while sys_tokens < 300:  # a 300-token system prompt in this tiny tokenizer
+            system += f"Rule {sys_tokens}: Python lists are mutable sequences. "
+            sys_tokens = len(tok.apply_chat_template([{"role": "system", "content": system}]))
+        assert 300 <= sys_tokens <= 340
+        first = eng.submit(ChatRequest(messages=[{"role": "system", "content": system},
+                                                 {"role": "user", "content": "question 0"}])).result()
+        bytes_one = eng.prefix.tree.bytes
+        handles = [eng.submit(ChatRequest(messages=[{"role": "system", "content": system},
+                                                    {"role": "user", "content": f"question {i}"}]))
+                   for i in range(1, 50)]
+        finals = [h.result() for h in handles]
+        tree = eng.prefix.tree
+        per_token = eng.prefix.bytes_per_token
+        growth = tree.bytes - bytes_one
+    finally:
+        eng.stop()
+    assert first.usage.cached_tokens == 0
+    assert all(f.usage.cached_tokens >= sys_tokens for f in finals[8:])  # after the first batch
+    # each conversation adds only its own tail: question, answer, a few template tokens
+    per_conv = max(f.usage.prompt_tokens - sys_tokens + f.usage.generated_tokens for f in finals)
+    assert growth <= 49 * per_conv * per_token
+    assert growth < 49 * sys_tokens * per_token / 5
+
+
+def test_long_random_workload_stays_in_budget_and_leaks_no_lock(tiny_model_dir):
+    budget = 96 * 1024
+    eng = engine_for(tiny_model_dir, prefix=True, cache_bytes=budget)
+    rng = random.Random(11)
+    words = ["lists", "dicts", "sets", "tuples", "yield", "class", "import", "async"]
+
+    def worker(seed):
+        r = random.Random(seed)
+        for _ in range(10):
+            msgs = [{"role": "system", "content": SYSTEMS[r.randrange(4)]},
+                    {"role": "user", "content": " ".join(r.choice(words) for _ in range(r.randrange(1, 30)))}]
+            h = eng.submit(ChatRequest(messages=msgs, sampling={"max_tokens": r.randrange(1, 20)}))
+            if r.random() < 0.2:
+                h.cancel()
+            assert h.result() is not None
+
+    try:
+        threads = [threading.Thread(target=worker, args=(rng.random(),)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        tree = eng.prefix.tree
+        assert eng.stats()["inflight"] == 0
+        tree.check()
+        assert tree.bytes <= budget
+        assert tree.stats.evictions > 0, "the workload should have exceeded the budget"
+        stack = list(tree.root.children.values())
+        while stack:
+            n = stack.pop()
+            assert n.lock_ref == 0, "a lock leaked"
+            stack.extend(n.children.values())
+    finally:
+        eng.stop()

@@ -1,0 +1,127 @@
+"""The radix tree alone (simulated segments, no model), against a brute-force model."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.radix import RadixCache
+
+BPT = 10  # simulated bytes per token
+
+
+class SimSeg:
+    """A simulated segment: remembers which tokens of which sequence it covers."""
+
+    def __init__(self, tokens):
+        self.tokens = tuple(tokens)
+        self.nbytes = BPT * len(self.tokens)
+
+    def split(self, k):
+        return SimSeg(self.tokens[:k]), SimSeg(self.tokens[k:])
+
+
+def insert(tree, tokens, snapshot=None):
+    return tree.insert(tokens, lambda s, e: SimSeg(tokens[s:e]), snapshot)
+
+
+class Snap:
+    nbytes = 7
+
+
+def live_sequences(tree):
+    """Every root-to-node token sequence stored in the tree."""
+    out, stack = set(), [((), tree.root)]
+    while stack:
+        prefix, node = stack.pop()
+        for child in node.children.values():
+            seq = prefix + child.key
+            assert child.seg.tokens == child.key  # the segment covers exactly its edge
+            out.add(seq)
+            stack.append((seq, child))
+    return out
+
+
+def lcp(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_split_and_match_partial():
+    t = RadixCache(10**9)
+    insert(t, [1, 2, 3, 4, 5])
+    insert(t, [1, 2, 9])
+    t.check()
+    assert t.nodes == 3 and t.tokens == 6 and t.bytes == 6 * BPT
+    m = t.match([1, 2, 3, 7])
+    assert m.length == 3 and m.path_lengths == [2, 1]
+    assert [seg.tokens[:k] for seg, k in t.segments(m)] == [(1, 2), (3,)]
+
+
+def test_snapshot_match_backs_off_to_snapshot_boundary():
+    t = RadixCache(10**9)
+    insert(t, [1, 2, 3], snapshot=Snap())
+    insert(t, [1, 2, 3, 4, 5, 6], snapshot=Snap())
+    assert t.match([1, 2, 3, 4, 5, 6, 7], need_snapshot=True).length == 6
+    assert t.match([1, 2, 3, 4, 5, 9], need_snapshot=True).length == 3  # mid-node: back off
+    assert t.match([1, 2, 8], need_snapshot=True).length == 0
+    assert t.match([1, 2, 3, 4, 5, 9]).length == 5  # trimmable layers can stop anywhere
+
+
+def test_locked_path_survives_eviction_and_unlock_frees_it():
+    t = RadixCache(budget_bytes=8 * BPT)
+    insert(t, [1, 2, 3, 4])
+    m = t.match([1, 2, 3, 4])
+    t.lock(m.node)
+    insert(t, [5, 6, 7, 8, 9, 10])  # over budget, but [1..4] is locked
+    assert t.match([1, 2, 3, 4]).length == 4
+    assert t.bytes <= t.budget or all(n.lock_ref for n in t._leaves())
+    t.unlock(m.node)
+    insert(t, [11, 12, 13, 14, 15])
+    t.check()
+    assert t.bytes <= t.budget
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), st.lists(st.integers(0, 3), min_size=1, max_size=12)),
+        st.tuples(st.just("match"), st.lists(st.integers(0, 3), min_size=0, max_size=12)),
+        st.tuples(st.just("lock"), st.lists(st.integers(0, 3), min_size=1, max_size=12)),
+        st.tuples(st.just("unlock"), st.integers(0, 10)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=ops, budget_tokens=st.integers(4, 40))
+def test_tree_against_brute_force(ops, budget_tokens):
+    t = RadixCache(budget_tokens * BPT)
+    locks = []  # (node, sequence it protects)
+    for op, arg in ops:
+        if op == "insert":
+            insert(t, arg)
+        elif op == "match":
+            m = t.match(arg)
+            # the match is the longest common prefix with any stored sequence
+            assert m.length == max((lcp(arg, s) for s in live_sequences(t)), default=0)
+        elif op == "lock":
+            m = t.match(arg)
+            if m.node is not None:
+                t.lock(m.node)
+                locks.append((m.node, arg[: m.length]))
+        elif op == "unlock" and locks:
+            node, _ = locks.pop(arg % len(locks))
+            t.unlock(node)
+        t.check()  # bytes == sum of live segments, lock_ref monotone up the tree
+        seqs = live_sequences(t)
+        for _, protected in locks:  # a locked path is never evicted
+            assert not protected or tuple(protected) in seqs or any(
+                s[: len(protected)] == tuple(protected) for s in seqs)
+        unlocked_leaves = [n for n in t._leaves() if n.lock_ref == 0]
+        assert t.bytes <= t.budget or not unlocked_leaves
+    for node, _ in locks:
+        t.unlock(node)
+    assert all(n.lock_ref == 0 for n in t._leaves()), "a lock leaked"
