@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
-import time
-from pathlib import Path
 
 from core.blas import active_blas, reexec_with_openblas
-from core.config import BUNDLED_MODEL, Settings
+from core.config import Settings
 from core.requests import ChatRequest
+from loadtests.benchmodel import add_model_args, resolve_model
 
 
 def one_round(engine, n: int, max_tokens: int, temperature: float = 0.0) -> tuple[float, int]:
@@ -38,9 +36,7 @@ def one_round(engine, n: int, max_tokens: int, temperature: float = 0.0) -> tupl
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None, help="model folder (default: bundled, else random)")
-    p.add_argument("--random-dim", type=int, default=0, help="use a random model of this width")
-    p.add_argument("--random-layers", type=int, default=8)
+    add_model_args(p)
     p.add_argument("--streams", default="1,2,4,8")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
@@ -51,15 +47,7 @@ def main() -> None:
 
     from core.engine import Engine
 
-    model = args.model
-    if args.random_dim or (model is None and not (BUNDLED_MODEL / "config.json").exists()):
-        from loadtests.randmodel import build_random_model
-
-        dim = args.random_dim or 512
-        model = str(build_random_model(Path(tempfile.mkdtemp()) / f"random-{dim}x{args.random_layers}",
-                                       dim=dim, layers=args.random_layers, context=2048,
-                                       vocab_size=2048))
-    model = model or str(BUNDLED_MODEL)
+    model = resolve_model(args)
     streams = [int(s) for s in args.streams.split(",")]
     engine = Engine(Settings(model=model, max_batch=max(streams), max_prefill_batch=max(streams),
                              max_tokens=args.max_tokens)).start()

@@ -1,0 +1,190 @@
+"""Benchmark the prefix cache: prefill saved, restore cost, bytes per cached token.
+
+Prints, side by side in one run on one model:
+  A. the seed scenario (4 system prompts x 30 questions from assets/prompts.json, 7
+     concurrent users, 2-4 turns each, greedy) through the engine with the cache on and
+     off: prompt tokens, prefill tokens computed, and the ideal (every prefix an earlier
+     finished request had seen reused);
+  B. the restore time of a P-token prefix (one node, and a path of P/64 nodes) against a
+     fresh prefill of the same P tokens (goal <= 5%);
+  C. cache bytes per distinct cached token, radix tree vs mlx-lm's LRUPromptCache fed the
+     same finished conversations (goal <= 0.5x).
+
+    python -m loadtests.bench_prefix [--model PATH | --random-dim 512 --random-layers 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import threading
+import time
+
+from core.blas import active_blas, reexec_with_openblas
+from core.config import ASSETS, Settings
+from core.requests import ChatRequest
+from loadtests.benchmodel import add_model_args, resolve_model
+
+
+def load_scenario():
+    data = json.loads((ASSETS / "prompts.json").read_text())
+    return [s["text"] for s in data["system_prompts"]], data["questions"]
+
+
+def lcp(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def run_scenario(engine, systems, questions, users: int, seed: int, max_tokens: int):
+    """7 users in threads; returns one record per request."""
+    tok = engine.loaded.tokenizer
+    records, lock = [], threading.Lock()
+    rng = random.Random(seed)
+    plans = [(rng.randrange(len(systems)), rng.sample(questions, rng.randint(2, 4))) for _ in range(users)]
+
+    def user(system, qs):
+        msgs = [{"role": "system", "content": systems[system]}]
+        for q in qs:
+            msgs.append({"role": "user", "content": q})
+            prompt = tok.apply_chat_template(msgs, add_generation_prompt=True)
+            t0 = time.perf_counter()
+            final = engine.submit(ChatRequest(messages=msgs, sampling={"max_tokens": max_tokens})).result()
+            msgs.append({"role": "assistant", "content": final.text})
+            seen = tok.apply_chat_template(msgs)
+            with lock:
+                records.append({"prompt": prompt, "seen": seen, "t_submit": t0,
+                                "t_done": time.perf_counter(), "usage": final.usage})
+
+    threads = [threading.Thread(target=user, args=p) for p in plans]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return records
+
+
+def ideal_cached(records) -> int:
+    total = 0
+    for r in records:
+        earlier = [o["seen"] for o in records if o["t_done"] < r["t_submit"]]
+        total += max((lcp(r["prompt"][:-1], s) for s in earlier), default=0)
+    return total
+
+
+def part_a(args, model_path, systems, questions):
+    from core.engine import Engine
+
+    print("\nA. seed scenario: 7 users, 4 system prompts x 30 questions, 2-4 turns, greedy")
+    print(f"{'cache':>6} {'requests':>9} {'prompt tok':>11} {'prefilled':>10} {'ideal prefill':>14} "
+          f"{'prefilled/prompt':>17} {'wall s':>7}")
+    out = {}
+    for on in (False, True):
+        eng = Engine(Settings(model=model_path, prefix_cache=on, max_batch=16)).start()
+        t0 = time.perf_counter()
+        recs = run_scenario(eng, systems, questions, args.users, args.seed, args.max_tokens)
+        wall = time.perf_counter() - t0
+        prompt = sum(r["usage"].prompt_tokens for r in recs)
+        cached = sum(r["usage"].cached_tokens for r in recs)
+        ideal = prompt - ideal_cached(recs)
+        print(f"{'on' if on else 'off':>6} {len(recs):>9} {prompt:>11} {prompt - cached:>10} {ideal:>14} "
+              f"{(prompt - cached) / prompt:>17.3f} {wall:>7.1f}")
+        out[on] = recs
+        eng.stop()
+    return out[True]
+
+
+def part_b(model, sizes):
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from core.kvstore import KVSegment, PrefixStore
+
+    print("\nB. restore of a P-token prefix vs prefill of the same P tokens (medians of 5)")
+    print(f"{'P':>6} {'prefill ms':>11} {'restore 1 node ms':>18} {'ratio':>7} "
+          f"{'restore P/64 nodes ms':>22} {'ratio':>7}")
+    rng = random.Random(0)
+    for p in sizes:
+        tokens = [rng.randrange(10, 1000) for _ in range(p)]
+
+        def prefill():
+            cache = make_prompt_cache(model)
+            t0 = time.perf_counter()
+            mx.eval(model(mx.array([tokens]), cache=cache), [c.state for c in cache])
+            return time.perf_counter() - t0, cache
+
+        times = []
+        for _ in range(5):
+            dt, cache = prefill()
+            times.append(dt)
+        pre = statistics.median(times)
+        row = [p, pre * 1e3]
+        for step in (p, 64):
+            store = PrefixStore(model, 1 << 40)
+            for end in range(step, p + 1, step):  # one node per step tokens
+                store.tree.insert(tokens[:end], lambda s, e: KVSegment.from_caches(
+                    cache, store.trimmable, s, e))
+            rs = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                m, restored = store.lookup(tokens + [1])
+                rs.append(time.perf_counter() - t0)
+                assert m.length == p and restored[0].keys.shape[2] == p
+                store.release(m)
+            row += [statistics.median(rs) * 1e3, statistics.median(rs) / pre]
+        print(f"{row[0]:>6} {row[1]:>11.1f} {row[2]:>18.2f} {row[3]:>6.1%} {row[4]:>22.2f} {row[5]:>6.1%}")
+
+
+def part_c(model, records):
+    import mlx.core as mx
+    from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
+
+    from core.kvstore import PrefixStore
+
+    print("\nC. cache bytes per distinct cached token, same finished conversations fed to both")
+    radix = PrefixStore(model, 1 << 40)
+    lru = LRUPromptCache(max_size=10**6)
+    trie: set[tuple] = set()
+    for r in sorted(records, key=lambda r: r["t_done"]):
+        seq = list(r["seen"])
+        cache = make_prompt_cache(model)
+        mx.eval(model(mx.array([seq]), cache=cache), [c.state for c in cache])
+        radix.store(seq, cache)
+        lru.insert_cache("m", seq, cache)  # what mlx_lm.server does after each request
+        trie.update(tuple(seq[:i]) for i in range(1, len(seq) + 1))
+    distinct = len(trie)
+    rb, lb = radix.tree.bytes, lru.nbytes
+    print(f"{'cache':>22} {'bytes':>12} {'bytes/token':>12}")
+    print(f"{'radix (radixchat)':>22} {rb:>12} {rb / distinct:>12.0f}")
+    print(f"{'LRUPromptCache':>22} {lb:>12} {lb / distinct:>12.0f}")
+    print(f"radix / LRU: {rb / lb:.3f}x  ({distinct} distinct prefix tokens, {len(records)} conversations)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(p)
+    p.add_argument("--users", type=int, default=7)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sizes", default="256,1024")
+    args = p.parse_args()
+    reexec_with_openblas("auto")
+    from core.model import load_model
+
+    model_path = resolve_model(args)
+    systems, questions = load_scenario()
+    loaded = load_model(model_path)
+    print(f"model {model_path}: {loaded.num_params / 1e6:.1f}M params, {loaded.dtype}, "
+          f"context {loaded.context_length}; blas {active_blas()}")
+    records = part_a(args, model_path, systems, questions)
+    sizes = [s for s in map(int, args.sizes.split(",")) if s < loaded.context_length]
+    part_b(loaded.model, sizes)
+    part_c(loaded.model, records)
+
+
+if __name__ == "__main__":
+    main()
