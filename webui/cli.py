@@ -1,10 +1,11 @@
-"""The `radixchat` command: serve, ask, doctor.
+"""The `radixchat` command: serve, ask, doctor, and the admin commands users, keys, export.
 
 Flags for `serve` and `ask` are made from the fields of core.config.Settings, so every
 setting has a flag (`--max-batch 8`) and a variable (`RADIXCHAT_MAX_BATCH=8`); flags win.
 A bad value stops start-up with one line naming the setting. On Linux the process
 re-executes itself once with Debian's OpenBLAS preloaded (core.blas). The commands only
-glue parts together: the engine is core.engine, the HTTP app is webui.server.
+glue parts together: the engine is core.engine, the HTTP app is webui.server, the admin
+commands (no MLX, no re-exec) are webui.cli_admin.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pydantic import ValidationError
 
 from core.config import Settings, settings_error_line
+from webui.cli_admin import add_admin_commands, run_admin
 
 
 def _add_settings_flags(p: argparse.ArgumentParser) -> None:
@@ -52,11 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="platform, MLX device, BLAS speed, model info")
     doctor.add_argument("--no-model", action="store_true", help="skip loading the model")
     _add_settings_flags(doctor)
+    add_admin_commands(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if hasattr(args, "admin"):  # store-only commands: no settings flags, MLX or OpenBLAS re-exec
+        sys.exit(run_admin(args))
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     settings = load_settings(args)

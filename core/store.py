@@ -1,0 +1,609 @@
+"""The session store: users, API keys, conversations, messages and request metrics in SQLite.
+
+`Store(path)` is safe to share between threads; SQLite connections are not, so each thread
+gets its own connection (WAL mode, so readers never wait for the writer) and every
+read-then-write runs in `BEGIN IMMEDIATE`, which takes the write lock before reading, so two
+threads can't both decide from the same stale read. Writers of one process take turns in
+arrival order before that. Commits are `synchronous=FULL`: a returned write survives a
+killed process and a power cut.
+
+Metrics from the engine thread go through `record_request_async`, which only puts the
+record on a queue; one writer thread commits queued records in batches. `flush()` waits
+for what was queued before it (tests, shutdown). Queued records are not acknowledged
+writes: a crash may lose them, never a row that a synchronous call returned.
+
+Isolation: every read or change of a conversation or message takes the requesting user,
+and a conversation of someone else is `NotFound`, exactly like one that does not exist.
+
+Not here: the schema and migrations (core.store_schema), hashing (core.auth), export and
+dashboard formatting (core.store_report), sessions, cookies and HTTP (webui). No MLX.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import queue
+import re
+import sqlite3
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlite_utils import Database
+
+from core import auth, store_report, store_schema
+from core.store_report import StatsBucket
+from core.store_types import (  # noqa: F401  (re-exported: callers import from core.store only)
+    DEFAULT_TITLE, MAX_ERROR_CHARS, MAX_LABEL_CHARS, MAX_LIST, MAX_MESSAGE_CHARS, MAX_MODEL_CHARS,
+    MAX_NAME_CHARS, MAX_PASSWORD_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS, MIN_PASSWORD_CHARS,
+    NAME_RULE, ROLES, AlreadyExists, ApiKey,
+    AuthFailed, Conversation, Invalid, Message, NotFound, RequestRecord, StoreError, User, as_id,
+    check_name, check_password, check_text, clean_title, is_valid_name, user_id)
+
+log = logging.getLogger("radixchat.store")
+
+ASYNC_QUEUE_MAX = 10_000  # past this, metrics are dropped (and counted) rather than block the engine
+_ASYNC_BATCH = 256
+_TOUCH_EVERY_S = 60.0  # how stale a key's last_used may get: saves a write per API call
+
+
+class _Touch:
+    """Queued note that an API key was just used."""
+
+    __slots__ = ("key_id", "when")
+
+    def __init__(self, key_id: int, when: float):
+        self.key_id, self.when = key_id, when
+
+
+_STOP = object()
+
+
+class _FairLock:
+    """A first-come-first-served lock for this process's writers. Without it, threads wait
+    for SQLite's write lock in its busy handler, which sleeps and retries: a thread that
+    writes in a loop takes the lock again and again while the others sleep (measured: one
+    writer got 20x the commits of another). Ownership is handed to the oldest waiter."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiters: collections.deque[threading.Event] = collections.deque()
+        self._held = False
+
+    def acquire(self, timeout: float) -> bool:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return True
+            turn = threading.Event()
+            self._waiters.append(turn)
+        if turn.wait(timeout):
+            return True
+        with self._mutex:
+            if turn.is_set():  # handed over just as the wait timed out
+                return True
+            self._waiters.remove(turn)
+            return False
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().set()  # still held: now by the oldest waiter
+            else:
+                self._held = False
+
+
+class _Connection(sqlite3.Connection):
+    """Only so that connections can be weakly referenced: `close()` finds every thread's."""
+
+
+class Store:
+    def __init__(self, path: str | Path, *, scrypt: auth.ScryptCost = auth.DEFAULT_SCRYPT,
+                 timeout_s: float = 30.0, synchronous: str = "FULL"):
+        """Open (creating, or migrating forward) the database at `path`.
+
+        `scrypt` is the password-hash cost for new hashes; tests pass a cheap one.
+        `timeout_s` is how long a write waits for another writer's lock before failing.
+        """
+        self.path = Path(path).expanduser()
+        self._scrypt = scrypt
+        self._timeout_s = timeout_s
+        if synchronous not in ("FULL", "NORMAL", "EXTRA"):
+            raise ValueError(f"synchronous must be FULL, NORMAL or EXTRA, not {synchronous!r}")
+        self._synchronous = synchronous
+        self._local = threading.local()
+        self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self._closed = False
+        self._stopping = False  # set first by close(): no new async work from then on
+        self._queue: queue.Queue = queue.Queue(ASYNC_QUEUE_MAX)
+        self._writer: threading.Thread | None = None
+        self._writer_lock = threading.Lock()
+        self._write_turn = _FairLock()
+        self.dropped = 0  # async records refused because the queue was full or the store closed
+        self.async_errors = 0  # async records that failed to write
+
+        new = not self.path.exists()
+        if new:
+            # the folder and file hold password hashes: owner-only, like ssh keys
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.path.touch(mode=0o600)
+        conn = self._db().conn
+        try:
+            found = store_schema.version(conn)
+            if found > store_schema.LATEST:
+                raise StoreError(f"{self.path} has schema version {found}, newer than this radixchat "
+                                 f"knows ({store_schema.LATEST}); upgrade radixchat")
+            self.migrated_from, _ = store_schema.migrate(conn)
+        except (sqlite3.Error, StoreError) as e:
+            self.close()
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(f"cannot open {self.path}: {e}") from e
+
+    # ---- connections and transactions ----
+
+    def _db(self) -> Database:
+        if self._closed:
+            raise StoreError("the store is closed")
+        db = getattr(self._local, "db", None)
+        if db is None:
+            try:
+                # check_same_thread=False only so close() may close it from another thread;
+                # the thread-local is what keeps each connection to one thread.
+                conn = sqlite3.connect(self.path, timeout=self._timeout_s, isolation_level=None,
+                                       check_same_thread=False, factory=_Connection)
+                conn.execute("PRAGMA foreign_keys=ON")
+                conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot open {self.path}: {e}") from e
+            self._conns.add(conn)
+            db = self._local.db = Database(conn, execute_plugins=False)
+        return db
+
+    @contextmanager
+    def _tx(self, write: bool) -> Iterator[Database]:
+        """One transaction on this thread's connection. Writes take the lock up front: first
+        this process's turn (fair between its threads), then SQLite's (against other processes)."""
+        db = self._db()
+        conn = db.conn
+        if write and not self._write_turn.acquire(self._timeout_s):
+            raise StoreError(f"database busy: no turn to write within {self._timeout_s:g} s")
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield db
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            raise StoreError(f"database error: {e}") from e
+        finally:
+            if write:
+                self._write_turn.release()
+
+    def close(self) -> None:
+        """Write what is queued, stop the writer and close every connection. Idempotent."""
+        if self._closed:
+            return
+        self._stopping = True
+        if self._writer is not None:
+            self._queue.put(_STOP)
+            self._writer.join(timeout=self._timeout_s)
+            atexit.unregister(self.close)
+        self._closed = True
+        for conn in list(self._conns):
+            conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- users ----
+
+    def create_user(self, name: str, password: str) -> User:
+        check_name(name)
+        check_password(password)
+        taken = "SELECT 1 FROM users WHERE name = ?"
+        with self._tx(write=False) as db:  # a quick refusal, before the slow hash
+            if db.execute(taken, [name]).fetchone():
+                raise AlreadyExists(f"user {name!r} already exists")
+        hashed = auth.hash_password(password, self._scrypt)  # slow: not while holding the lock
+        now = time.time()
+        with self._tx(write=True) as db:
+            if db.execute(taken, [name]).fetchone():  # again: someone may have been quicker
+                raise AlreadyExists(f"user {name!r} already exists")
+            uid = db["users"].insert({"name": name, "password_hash": hashed, "created": now}).last_pk
+        return User(uid, name, now)
+
+    def authenticate(self, name: str, password: str) -> User:
+        """The user if the password is right; otherwise AuthFailed, the same for an unknown
+        name as for a wrong password, and taking as long."""
+        row = None
+        if is_valid_name(name):
+            with self._tx(write=False) as db:
+                row = db.execute("SELECT id, name, created, password_hash FROM users WHERE name = ?",
+                                 [name]).fetchone()
+        if not isinstance(password, str) or len(password) > MAX_PASSWORD_CHARS:
+            password = ""
+        if row is None:
+            auth.burn_password_check(password, self._scrypt)
+        elif auth.verify_password(password, row[3]):
+            return User(*row[:3])
+        raise AuthFailed("wrong user name or password")
+
+    def set_password(self, name: str, password: str) -> None:
+        check_password(password)
+        hashed = auth.hash_password(password, self._scrypt)
+        with self._tx(write=True) as db:
+            if not db.execute("UPDATE users SET password_hash = ? WHERE name = ?", [hashed, name]).rowcount:
+                raise NotFound(f"user {name!r} not found")
+
+    def get_user(self, name: str) -> User:
+        with self._tx(write=False) as db:
+            row = db.execute("SELECT id, name, created FROM users WHERE name = ?", [name]).fetchone()
+        if row is None:
+            raise NotFound(f"user {name!r} not found")
+        return User(*row)
+
+    def get_user_by_id(self, user_id: int) -> User:
+        with self._tx(write=False) as db:
+            row = db.execute("SELECT id, name, created FROM users WHERE id = ?",
+                             [as_id(user_id, "user")]).fetchone()
+        if row is None:
+            raise NotFound(f"user {user_id!r} not found")
+        return User(*row)
+
+    def list_users(self) -> list[User]:
+        with self._tx(write=False) as db:
+            return [User(*r) for r in db.execute("SELECT id, name, created FROM users ORDER BY name")]
+
+    def remove_user(self, name: str) -> int:
+        """Delete a user with their conversations, messages and keys; their request metrics
+        stay, unlinked. Returns how many conversations went with them."""
+        with self._tx(write=True) as db:
+            row = db.execute("SELECT id FROM users WHERE name = ?", [name]).fetchone()
+            if row is None:
+                raise NotFound(f"user {name!r} not found")
+            n = db.execute("SELECT count(*) FROM conversations WHERE owner = ?", row).fetchone()[0]
+            db.execute("DELETE FROM users WHERE id = ?", row)
+        return n
+
+    # ---- API keys ----
+
+    def create_api_key(self, user: User | int, label: str = "") -> tuple[ApiKey, str]:
+        """A new key for `user`: (its record, the key). The key is returned only this once."""
+        uid = user_id(user)
+        label = check_text(label, "label", MAX_LABEL_CHARS, allow_empty=True).strip()
+        key = auth.new_api_key()
+        now = time.time()
+        with self._tx(write=True) as db:
+            owner = db.execute("SELECT name FROM users WHERE id = ?", [uid]).fetchone()
+            if owner is None:
+                raise NotFound(f"user {uid} not found")
+            kid = db["api_keys"].insert({"owner": uid, "key_hash": auth.api_key_hash(key),
+                                         "visible": auth.api_key_visible(key), "label": label,
+                                         "created": now}).last_pk
+        return ApiKey(kid, uid, owner[0], auth.api_key_visible(key), label, now, None, None), key
+
+    _KEY_COLUMNS = ("SELECT k.id, k.owner, u.name, k.visible, k.label, k.created, k.last_used, k.revoked "
+                    "FROM api_keys k JOIN users u ON u.id = k.owner")
+
+    def list_api_keys(self, user: User | int | None = None) -> list[ApiKey]:
+        """One user's keys, or everyone's with user=None (for the admin command)."""
+        with self._tx(write=False) as db:
+            if user is None:
+                rows = db.execute(self._KEY_COLUMNS + " ORDER BY u.name, k.id")
+            else:
+                rows = db.execute(self._KEY_COLUMNS + " WHERE k.owner = ? ORDER BY k.id", [user_id(user)])
+            return [ApiKey(*r) for r in rows]
+
+    def revoke_api_key(self, key: str, *, user: User | int | None = None) -> ApiKey:
+        """Revoke by the whole key or by its visible start (as listed). With `user`, only that
+        user's keys are candidates. Revoking a revoked key changes nothing."""
+        if not isinstance(key, str) or not auth.looks_like_api_key(key):
+            raise Invalid(f"{key!r} is not an API key or the start of one (keys begin with "
+                          f"{auth.KEY_PREFIX!r} and are listed by their first {auth.KEY_VISIBLE_CHARS} characters)")
+        if len(key) > auth.KEY_VISIBLE_CHARS:
+            where, arg = "k.key_hash = ?", auth.api_key_hash(key)
+        else:
+            where, arg = "k.visible = ?", key
+        args = [arg]
+        if user is not None:
+            where += " AND k.owner = ?"
+            args.append(user_id(user))
+        with self._tx(write=True) as db:
+            rows = db.execute(f"{self._KEY_COLUMNS} WHERE {where}", args).fetchall()
+            if not rows:
+                raise NotFound(f"API key {auth.api_key_visible(key)}... not found")
+            if len(rows) > 1:
+                raise Invalid(f"{len(rows)} keys start with {key!r}; give the whole key")
+            k = ApiKey(*rows[0])
+            if k.revoked is None:
+                k = replace(k, revoked=time.time())
+                db.execute("UPDATE api_keys SET revoked = ? WHERE id = ?", [k.revoked, k.id])
+        return k
+
+    def verify_api_key(self, key: str) -> User:
+        """The key's owner, or AuthFailed. Notes the use (at most once a minute per key)
+        through the writer thread, so checking a key never waits for the write lock."""
+        if not isinstance(key, str) or not auth.looks_like_api_key(key) or len(key) > 200:
+            raise AuthFailed("invalid API key")
+        with self._tx(write=False) as db:
+            row = db.execute("SELECT k.id, k.revoked, k.last_used, u.id, u.name, u.created "
+                             "FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.key_hash = ?",
+                             [auth.api_key_hash(key)]).fetchone()
+        if row is None:
+            raise AuthFailed("invalid API key")
+        kid, revoked, last_used, *owner = row
+        if revoked is not None:
+            raise AuthFailed(f"API key {auth.api_key_visible(key)}... was revoked")
+        now = time.time()
+        if last_used is None or now - last_used > _TOUCH_EVERY_S:
+            self._enqueue(_Touch(kid, now))
+        return User(*owner)
+
+    # ---- conversations ----
+
+    _CONV_COLUMNS = "SELECT id, owner, title, system_prompt, created, updated, archived FROM conversations"
+
+    def _conv(self, db: Database, uid: int, conv_id: Any) -> Conversation:
+        """The conversation if `uid` owns it; otherwise NotFound, with no hint that it exists."""
+        cid = as_id(conv_id, "conversation")
+        row = db.execute(self._CONV_COLUMNS + " WHERE id = ? AND owner = ?", [cid, uid]).fetchone()
+        if row is None:
+            raise NotFound(f"conversation {cid} not found")
+        return Conversation(*row)
+
+    def create_conversation(self, user: User | int, title: str | None = None,
+                            system_prompt: str = "") -> Conversation:
+        uid = user_id(user)
+        title = DEFAULT_TITLE if title is None else clean_title(title)
+        check_text(system_prompt, "system prompt", MAX_SYSTEM_PROMPT_CHARS, allow_empty=True)
+        now = time.time()
+        with self._tx(write=True) as db:
+            if db.execute("SELECT 1 FROM users WHERE id = ?", [uid]).fetchone() is None:
+                raise NotFound(f"user {uid} not found")
+            cid = db["conversations"].insert({"owner": uid, "title": title, "system_prompt": system_prompt,
+                                              "created": now, "updated": now}).last_pk
+        return Conversation(cid, uid, title, system_prompt, now, now, None)
+
+    def get_conversation(self, user: User | int, conv_id: int) -> Conversation:
+        with self._tx(write=False) as db:
+            return self._conv(db, user_id(user), conv_id)
+
+    def list_conversations(self, user: User | int, *, archived: bool | None = False,
+                           search: str | None = None, limit: int = 200, offset: int = 0) -> list[Conversation]:
+        """Most recently updated first. archived: False = active only, True = archived only,
+        None = both. `search` matches anywhere in the title, ignoring ASCII case."""
+        sql, args = self._CONV_COLUMNS + " WHERE owner = ?", [user_id(user)]
+        if archived is not None:
+            sql += " AND archived IS NOT NULL" if archived else " AND archived IS NULL"
+        if search:
+            check_text(search, "search", MAX_TITLE_CHARS)
+            sql += " AND title LIKE ? ESCAPE '\\'"
+            args.append("%" + re.sub(r"([\\%_])", r"\\\1", search) + "%")
+        sql += " ORDER BY updated DESC, id DESC LIMIT ? OFFSET ?"
+        args += [max(0, min(int(limit), MAX_LIST)), max(0, int(offset))]
+        with self._tx(write=False) as db:
+            return [Conversation(*r) for r in db.execute(sql, args)]
+
+    def _update_conv(self, user: User | int, conv_id: int, sets: str, args: list) -> Conversation:
+        uid = user_id(user)
+        with self._tx(write=True) as db:
+            conv = self._conv(db, uid, conv_id)
+            db.execute(f"UPDATE conversations SET {sets} WHERE id = ?", [*args, conv.id])
+            return self._conv(db, uid, conv.id)
+
+    def rename_conversation(self, user: User | int, conv_id: int, title: str) -> Conversation:
+        return self._update_conv(user, conv_id, "title = ?", [clean_title(title)])
+
+    def set_system_prompt(self, user: User | int, conv_id: int, system_prompt: str) -> Conversation:
+        check_text(system_prompt, "system prompt", MAX_SYSTEM_PROMPT_CHARS, allow_empty=True)
+        return self._update_conv(user, conv_id, "system_prompt = ?", [system_prompt])
+
+    def archive_conversation(self, user: User | int, conv_id: int) -> Conversation:
+        # COALESCE: archiving twice keeps the first time
+        return self._update_conv(user, conv_id, "archived = COALESCE(archived, ?)", [time.time()])
+
+    def restore_conversation(self, user: User | int, conv_id: int) -> Conversation:
+        return self._update_conv(user, conv_id, "archived = NULL", [])
+
+    def delete_conversation(self, user: User | int, conv_id: int) -> None:
+        """Deletes it and its messages; its request metrics stay, unlinked."""
+        with self._tx(write=True) as db:
+            conv = self._conv(db, user_id(user), conv_id)
+            db.execute("DELETE FROM conversations WHERE id = ?", [conv.id])
+
+    # ---- messages ----
+
+    def _insert_message(self, db: Database, conv: Conversation, role: str, content: str,
+                        request: int | None, now: float) -> Message:
+        mid = db["messages"].insert({"conversation": conv.id, "role": role, "content": content,
+                                     "created": now, "request": request}).last_pk
+        db.execute("UPDATE conversations SET updated = ? WHERE id = ?", [now, conv.id])
+        return Message(mid, conv.id, role, content, now, request)
+
+    @staticmethod
+    def _check_message(role: str, content: str) -> None:
+        if role not in ROLES:
+            raise Invalid(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+        # a reply may be empty (stopped at once); what a person sends may not
+        check_text(content, f"{role} message", MAX_MESSAGE_CHARS, allow_empty=role == "assistant")
+
+    def append_message(self, user: User | int, conv_id: int, role: str, content: str,
+                       *, request: int | None = None) -> Message:
+        """Add a message at the end and mark the conversation updated. Committed on return."""
+        self._check_message(role, content)
+        uid = user_id(user)
+        with self._tx(write=True) as db:
+            conv = self._conv(db, uid, conv_id)
+            if request is not None and db.execute("SELECT 1 FROM requests WHERE id = ?",
+                                                  [as_id(request, "request")]).fetchone() is None:
+                raise NotFound(f"request {request!r} not found")
+            return self._insert_message(db, conv, role, content, request, time.time())
+
+    def append_reply(self, user: User | int, conv_id: int, content: str,
+                     record: RequestRecord) -> Message:
+        """The assistant's reply and its request metrics, in one transaction: both or neither."""
+        self._check_message("assistant", content)
+        uid = user_id(user)
+        record = replace(record, user=uid, conversation=as_id(conv_id, "conversation"))
+        with self._tx(write=True) as db:
+            conv = self._conv(db, uid, conv_id)
+            rid = self._insert_request(db, record)
+            return self._insert_message(db, conv, "assistant", content, rid, time.time())
+
+    def history(self, user: User | int, conv_id: int) -> list[Message]:
+        with self._tx(write=False) as db:
+            conv = self._conv(db, user_id(user), conv_id)
+            rows = db.execute("SELECT id, conversation, role, content, created, request FROM messages "
+                              "WHERE conversation = ? ORDER BY id", [conv.id])
+            return [Message(*r) for r in rows]
+
+    def prompt_messages(self, user: User | int, conv_id: int) -> list[dict]:
+        """The conversation as chat messages for the engine: its system prompt, then its history."""
+        with self._tx(write=False) as db:
+            conv = self._conv(db, user_id(user), conv_id)
+            rows = db.execute("SELECT role, content FROM messages WHERE conversation = ? ORDER BY id",
+                              [conv.id]).fetchall()
+        head = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        return head + [{"role": r, "content": c} for r, c in rows]
+
+    def export_conversation(self, user: User | int, conv_id: int, fmt: str = "json") -> str:
+        """The conversation as a JSON document or as Markdown (fmt "json" or "md")."""
+        if fmt not in store_report.EXPORT_FORMATS:
+            raise Invalid(f"export format must be json or md, not {fmt!r}")
+        with self._tx(write=False) as db:
+            conv = self._conv(db, user_id(user), conv_id)
+            owner = db.execute("SELECT name FROM users WHERE id = ?", [conv.owner]).fetchone()[0]
+            msgs = [Message(*r) for r in db.execute(
+                "SELECT id, conversation, role, content, created, request FROM messages "
+                "WHERE conversation = ? ORDER BY id", [conv.id])]
+        render = store_report.export_json if fmt == "json" else store_report.export_markdown
+        return render(conv, msgs, owner)
+
+    # ---- request metrics ----
+
+    def _insert_request(self, db: Database, rec: RequestRecord) -> int:
+        if rec.user is not None and db.execute("SELECT 1 FROM users WHERE id = ?",
+                                               [rec.user]).fetchone() is None:
+            raise NotFound(f"user {rec.user!r} not found")
+        if rec.conversation is not None:
+            self._conv(db, rec.user, rec.conversation)  # a request of user A can't point into B's chat
+        return db["requests"].insert({
+            "created": rec.created, "user": rec.user, "conversation": rec.conversation,
+            "model": rec.model, "prompt_tokens": rec.prompt_tokens, "cached_tokens": rec.cached_tokens,
+            "generated_tokens": rec.generated_tokens, "queue_ms": rec.queue_ms, "ttft_ms": rec.ttft_ms,
+            "total_ms": rec.total_ms, "decode_tps": rec.decode_tps, "finish_reason": rec.finish_reason,
+            "error": rec.error}).last_pk
+
+    def record_request(self, record: RequestRecord) -> int:
+        """Store one request's metrics now; returns its id (for `append_message(request=)`)."""
+        with self._tx(write=True) as db:
+            return self._insert_request(db, record)
+
+    def record_request_async(self, record: RequestRecord) -> None:
+        """Queue the metrics for the writer thread and return at once; never blocks, never
+        raises (for the engine thread). A full queue or a closed store drops the record and
+        counts it in `dropped`. See `flush`."""
+        self._enqueue(record)
+
+    def _enqueue(self, item: Any) -> None:
+        if self._stopping:
+            self.dropped += 1
+            return
+        if self._writer is None:
+            with self._writer_lock:
+                if self._writer is None:
+                    self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                                    name="radixchat-store-writer")
+                    self._writer.start()
+                    atexit.register(self.close)  # a daemon thread would lose its queue at exit
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
+                log.warning("store writer queue full: %d metric records dropped so far", self.dropped)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until everything queued before this call is committed. False on timeout."""
+        if self._writer is None or self._closed:
+            return True
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def _write_loop(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < _ASYNC_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            work = [x for x in batch if isinstance(x, (RequestRecord, _Touch))]
+            if work:
+                self._write_batch(work)
+            for x in batch:
+                if isinstance(x, threading.Event):
+                    x.set()
+            if any(x is _STOP for x in batch):
+                return
+
+    def _write_batch(self, work: list) -> None:
+        # one transaction (one fsync) for the whole batch; a record whose user or conversation
+        # has gone since is kept without those links rather than lost
+        try:
+            with self._tx(write=True) as db:
+                for x in work:
+                    if isinstance(x, _Touch):
+                        db.execute("UPDATE api_keys SET last_used = max(coalesce(last_used, 0), ?) "
+                                   "WHERE id = ?", [x.when, x.key_id])
+                        continue
+                    try:
+                        self._insert_request(db, x)
+                    except NotFound as e:
+                        log.warning("request metrics stored without links: %s", e)
+                        self._insert_request(db, replace(x, user=None, conversation=None))
+        except Exception:
+            self.async_errors += sum(isinstance(x, RequestRecord) for x in work)
+            log.exception("store writer: %d queued records lost", len(work))
+
+    def stats(self, *, window_s: float = 3600.0, bucket_s: float = 60.0,
+              now: float | None = None) -> list[StatsBucket]:
+        """The dashboard's series: one StatsBucket per `bucket_s` over the last `window_s`,
+        oldest first, empty buckets included."""
+        if not (0 < bucket_s <= window_s) or window_s / bucket_s > 10_000:
+            raise Invalid("need 0 < bucket_s <= window_s and at most 10,000 buckets")
+        end = time.time() if now is None else now
+        start = end - window_s
+        with self._tx(write=False) as db:
+            rows = db.execute(
+                "SELECT created, ttft_ms, prompt_tokens, cached_tokens, generated_tokens, decode_tps, "
+                "error IS NOT NULL OR finish_reason = 'error' FROM requests "
+                "WHERE created >= ? AND created <= ?", [start, end]).fetchall()
+        return store_report.buckets(rows, start, end, bucket_s)
+
+    def totals(self) -> dict[str, int]:
+        """Counts for the dashboard's header: users, conversations, messages, requests, errors,
+        prompt, cached and generated tokens."""
+        with self._tx(write=False) as db:
+            counts = {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                      for t in ("users", "conversations", "messages", "requests")}
+            errors, prompt, cached, generated = db.execute(
+                "SELECT count(*) FILTER (WHERE error IS NOT NULL OR finish_reason = 'error'), "
+                "coalesce(sum(prompt_tokens), 0), coalesce(sum(cached_tokens), 0), "
+                "coalesce(sum(generated_tokens), 0) FROM requests").fetchone()
+        return {**counts, "errors": errors, "prompt_tokens": prompt, "cached_tokens": cached,
+                "generated_tokens": generated}

@@ -1,0 +1,123 @@
+"""The SQLite schema of the session store, and its forward migrations.
+
+The schema version is SQLite's `PRAGMA user_version`. `MIGRATIONS[i]` takes a database from
+version i to i + 1; a migration, once released, is never edited, only followed by another.
+`migrate` runs the missing ones in one `BEGIN IMMEDIATE` transaction, so two processes
+opening the same file at once neither both migrate nor see half a schema.
+Reading and writing rows is core.store's job; this module only shapes the tables.
+
+Tables are written as SQL rather than with sqlite-utils' `create()` because they need what
+it cannot say: ON DELETE actions, CHECK constraints and a case-insensitive unique name.
+Times are Unix seconds (REAL): bucketing by minute is then arithmetic.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+_V1_CHAT = """
+CREATE TABLE users (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE COLLATE NOCASE,  -- "Alice" and "alice" are one user
+    password_hash TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE conversations (
+    id INTEGER PRIMARY KEY,
+    owner INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    title TEXT NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    archived REAL  -- when it was archived; NULL while it is active
+);
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY,
+    conversation INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+    content TEXT NOT NULL,
+    created REAL NOT NULL
+);
+-- the page's sidebar: one user's active (or archived) chats, most recently updated first
+CREATE INDEX conversations_by_owner ON conversations(owner, archived, updated);
+-- a conversation's history in order
+CREATE INDEX messages_by_conversation ON messages(conversation, id);
+"""
+
+_V2_KEYS_AND_METRICS = """
+CREATE TABLE api_keys (
+    id INTEGER PRIMARY KEY,
+    owner INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    key_hash TEXT NOT NULL UNIQUE,  -- sha256 of the whole key; the key itself is never stored
+    visible TEXT NOT NULL,          -- its first characters, to tell keys apart in a list
+    label TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    last_used REAL,
+    revoked REAL                    -- kept, not deleted, so a revoked key says "revoked"
+);
+CREATE INDEX api_keys_by_owner ON api_keys(owner);
+CREATE TABLE requests (
+    id INTEGER PRIMARY KEY,
+    created REAL NOT NULL,
+    -- metrics outlive their user and conversation: the dashboard's history stays whole
+    user INTEGER REFERENCES users(id) ON DELETE SET NULL,
+    conversation INTEGER REFERENCES conversations(id) ON DELETE SET NULL,
+    model TEXT NOT NULL DEFAULT '',
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    cached_tokens INTEGER NOT NULL DEFAULT 0,
+    generated_tokens INTEGER NOT NULL DEFAULT 0,
+    queue_ms REAL,
+    ttft_ms REAL,
+    total_ms REAL,
+    decode_tps REAL,
+    finish_reason TEXT,
+    error TEXT
+);
+-- the dashboard reads a time window
+CREATE INDEX requests_by_time ON requests(created);
+CREATE INDEX requests_by_user ON requests(user, created);
+-- without it, deleting a conversation would scan every request to null its link
+CREATE INDEX requests_by_conversation ON requests(conversation);
+ALTER TABLE messages ADD COLUMN request INTEGER REFERENCES requests(id) ON DELETE SET NULL;
+"""
+
+MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS]
+LATEST = len(MIGRATIONS)
+
+
+def version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def _statements(script: str):
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            yield buf.strip()
+            buf = ""
+    assert not buf.strip(), f"incomplete statement in migration: {buf!r}"
+
+
+def migrate(conn: sqlite3.Connection, target: int = LATEST) -> tuple[int, int]:
+    """Bring `conn`'s database up to `target`; returns (version before, version after).
+
+    `conn` must be in autocommit mode (isolation_level=None). A database newer than `target`
+    is left alone and its version returned unchanged: the caller decides whether to refuse.
+    """
+    # journal_mode cannot change inside a transaction, and sticks to the file once set
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        before = version(conn)  # read under the write lock: another process may have migrated
+        for v in range(before, target):
+            # statement by statement: sqlite3's executescript() would commit half-way
+            for stmt in _statements(MIGRATIONS[v]):
+                conn.execute(stmt)
+            conn.execute(f"PRAGMA user_version = {v + 1}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return before, max(before, target)

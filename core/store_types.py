@@ -1,0 +1,179 @@
+"""The store's vocabulary: limits, errors, and the records it hands out, with the checks
+that keep bad input out of the database.
+
+Everything here is plain data and validation; reading and writing is core.store, which
+re-exports all of it, so callers import from core.store only.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+MAX_NAME_CHARS = 64
+NAME_RULE = "1-64 characters: letters, digits, '.', '_' and '-'"
+_NAME_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_NAME_CHARS}}}", re.ASCII)
+MIN_PASSWORD_CHARS = 8
+MAX_PASSWORD_CHARS = 1024
+MAX_TITLE_CHARS = 200
+MAX_SYSTEM_PROMPT_CHARS = 20_000
+MAX_MESSAGE_CHARS = 100_000
+MAX_LABEL_CHARS = 64
+MAX_MODEL_CHARS = 256
+MAX_ERROR_CHARS = 2_000  # longer error texts are cut, not refused: they are diagnostics
+MAX_LIST = 1_000
+ROLES = ("system", "user", "assistant")
+DEFAULT_TITLE = "New chat"
+
+
+class StoreError(Exception):
+    """Base of the store's errors; `status` is the HTTP status a server should answer with."""
+
+    status = 500
+
+
+class NotFound(StoreError):
+    status = 404
+
+
+class Invalid(StoreError):
+    status = 400
+
+
+class AlreadyExists(Invalid):
+    status = 409
+
+
+class AuthFailed(StoreError):
+    status = 401
+
+
+@dataclass(frozen=True)
+class User:
+    id: int
+    name: str
+    created: float
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: int
+    owner: int
+    owner_name: str
+    visible: str  # the key's first characters; the key itself is never stored
+    label: str
+    created: float
+    last_used: float | None
+    revoked: float | None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    owner: int
+    title: str
+    system_prompt: str
+    created: float
+    updated: float
+    archived: float | None  # when it was archived; None while active
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    conversation: int
+    role: str
+    content: str
+    created: float
+    request: int | None  # the request that produced an assistant message
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """Metrics of one engine request. Checked when built, so a bad record fails in the
+    caller's code and never inside the writer thread."""
+
+    user: int | None = None
+    conversation: int | None = None
+    model: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    decode_tps: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    created: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_tokens", "cached_tokens", "generated_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise Invalid(f"{name} must be a whole number >= 0, not {v!r}")
+        for name in ("queue_ms", "ttft_ms", "total_ms", "decode_tps"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0):
+                raise Invalid(f"{name} must be a number >= 0 or None, not {v!r}")
+        check_text(self.model, "model", MAX_MODEL_CHARS, allow_empty=True)
+        if self.finish_reason is not None:
+            check_text(self.finish_reason, "finish_reason", 32)
+        if self.error is not None:
+            object.__setattr__(self, "error", str(self.error)[:MAX_ERROR_CHARS])
+
+    @classmethod
+    def from_usage(cls, usage: Any, **fields: Any) -> "RequestRecord":
+        """From core.requests.Usage (or anything with its attributes) plus the other fields."""
+        names = ("prompt_tokens", "cached_tokens", "generated_tokens", "queue_ms", "ttft_ms",
+                 "total_ms", "decode_tps")
+        return cls(**{n: getattr(usage, n) for n in names if hasattr(usage, n)}, **fields)
+
+
+def check_text(value: Any, what: str, max_chars: int, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise Invalid(f"{what} must be text, not {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise Invalid(f"{what} is empty")
+    if len(value) > max_chars:
+        raise Invalid(f"{what} is too long: {len(value):,} characters, the limit is {max_chars:,}")
+    return value
+
+
+def is_valid_name(name: Any) -> bool:
+    return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+
+
+def check_name(name: Any) -> str:
+    if isinstance(name, str) and not name:
+        raise Invalid("user name is empty")
+    if not is_valid_name(name):
+        raise Invalid(f"bad user name {name!r}: use {NAME_RULE}")
+    return name
+
+
+def check_password(password: Any) -> str:
+    check_text(password, "password", MAX_PASSWORD_CHARS, allow_empty=True)
+    if len(password) < MIN_PASSWORD_CHARS:
+        raise Invalid(f"password is too short: use at least {MIN_PASSWORD_CHARS} characters")
+    return password
+
+
+def clean_title(title: Any) -> str:
+    # one line, single spaces: titles end up in a sidebar and a Markdown heading
+    return " ".join(check_text(title, "title", MAX_TITLE_CHARS).split())
+
+
+def as_id(value: Any, what: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise NotFound(f"{what} {value!r} not found")
+
+
+def user_id(user: User | int) -> int:
+    return user.id if isinstance(user, User) else as_id(user, "user")

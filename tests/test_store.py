@@ -1,0 +1,510 @@
+"""The SQLite session store: users, keys, conversations, messages, metrics, on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from core import auth, store_schema
+from core.store import (MAX_MESSAGE_CHARS, MAX_TITLE_CHARS, AlreadyExists, AuthFailed, Invalid,
+                        NotFound, RequestRecord, Store, StoreError)
+
+CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)  # the real default takes ~0.4 s a hash
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "chat.db", scrypt=CHEAP)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def alice(store):
+    return store.create_user("alice", "alice-password")
+
+
+@pytest.fixture
+def bob(store):
+    return store.create_user("bob", "bob-password")
+
+
+def counts(store: Store) -> dict:
+    t = store.totals()
+    with sqlite3.connect(store.path) as c:
+        t["api_keys"] = c.execute("SELECT count(*) FROM api_keys").fetchone()[0]
+        t["revoked"] = c.execute("SELECT count(*) FROM api_keys WHERE revoked IS NOT NULL").fetchone()[0]
+    return t
+
+
+# ---- users and passwords ----
+
+def test_default_password_hash_is_a_slow_kdf():
+    assert auth.DEFAULT_SCRYPT.n * auth.DEFAULT_SCRYPT.r * 128 >= 16 << 20  # >= 16 MiB of memory
+    assert auth.DEFAULT_SCRYPT.n * auth.DEFAULT_SCRYPT.p >= 2**16
+
+
+def test_password_hashes_are_salted_and_carry_their_cost():
+    a, b = auth.hash_password("hunter22", CHEAP), auth.hash_password("hunter22", CHEAP)
+    assert a != b and a.startswith("scrypt$256$8$1$") and "hunter22" not in a
+    assert auth.verify_password("hunter22", a) and auth.verify_password("hunter22", b)
+    assert not auth.verify_password("hunter23", a)
+    for broken in ("", "scrypt$", "md5$1$2$3$4$5", a.replace("scrypt$256", "scrypt$255"), "scrypt$x$8$1$a$b"):
+        assert not auth.verify_password("hunter22", broken)
+
+
+def test_users_create_and_authenticate(store, alice):
+    assert store.authenticate("alice", "alice-password") == alice
+    assert store.get_user("alice") == alice == store.get_user_by_id(alice.id)
+    with pytest.raises(AuthFailed) as wrong:
+        store.authenticate("alice", "alice-passwort")
+    with pytest.raises(AuthFailed) as unknown:
+        store.authenticate("mallory", "alice-password")
+    assert str(wrong.value) == str(unknown.value) == "wrong user name or password"
+    with pytest.raises(AlreadyExists, match="already exists"):
+        store.create_user("ALICE", "another-password")  # names are case-insensitive
+    store.set_password("alice", "new-password")
+    store.authenticate("alice", "new-password")
+    with pytest.raises(AuthFailed):
+        store.authenticate("alice", "alice-password")
+    assert [u.name for u in store.list_users()] == ["alice"]
+
+
+def test_remove_user_takes_their_data_and_keeps_metrics(store, alice, bob):
+    conv = store.create_conversation(alice, "mine")
+    store.append_reply(alice, conv.id, "hi", RequestRecord(prompt_tokens=3, generated_tokens=1))
+    store.create_api_key(alice)
+    store.create_conversation(bob, "bob's")
+    assert store.remove_user("alice") == 1
+    t = counts(store)
+    assert (t["users"], t["conversations"], t["messages"], t["api_keys"], t["requests"]) == (1, 1, 0, 0, 1)
+    with pytest.raises(NotFound, match="user 'alice' not found"):
+        store.remove_user("alice")
+
+
+# ---- API keys ----
+
+def test_api_keys_create_verify_revoke(store, alice):
+    key, secret = store.create_api_key(alice, "laptop")
+    assert secret.startswith("rc-") and len(secret) > 40 and key.visible == secret[:10]
+    assert store.verify_api_key(secret) == alice
+    store.flush()
+    [listed] = store.list_api_keys(alice)
+    assert listed.last_used is not None and listed.revoked is None and listed.label == "laptop"
+    with sqlite3.connect(store.path) as c:  # only the hash is stored
+        assert c.execute("SELECT count(*) FROM api_keys WHERE key_hash = ?",
+                         [auth.api_key_hash(secret)]).fetchone()[0] == 1
+        dump = "\n".join(c.iterdump())
+    assert secret not in dump and secret[10:] not in dump
+
+    revoked = store.revoke_api_key(key.visible)
+    assert revoked.revoked is not None
+    with pytest.raises(AuthFailed, match="revoked"):
+        store.verify_api_key(secret)
+    assert store.revoke_api_key(secret).revoked == revoked.revoked  # again: no change
+    for bad in ("", "rc-", "sk-" + secret[3:], secret[:-1], secret + "x", None):
+        with pytest.raises(AuthFailed):
+            store.verify_api_key(bad)
+
+
+def test_revoke_only_own_keys_with_user(store, alice, bob):
+    key, secret = store.create_api_key(alice)
+    with pytest.raises(NotFound):
+        store.revoke_api_key(secret, user=bob)
+    assert store.verify_api_key(secret) == alice
+    with pytest.raises(Invalid, match="not an API key"):
+        store.revoke_api_key("alice")
+
+
+# ---- conversations and messages ----
+
+def test_conversations_list_rename_archive_search(store, alice):
+    a = store.create_conversation(alice, "Python lists")
+    b = store.create_conversation(alice, "100% _sure_")
+    c = store.create_conversation(alice)
+    assert c.title == "New chat"
+    store.append_message(alice, a.id, "user", "bump")  # a is now the most recently updated
+    assert [x.id for x in store.list_conversations(alice)] == [a.id, c.id, b.id]
+    assert store.rename_conversation(alice, c.id, "  Rust\n  borrow  ").title == "Rust borrow"
+    assert store.archive_conversation(alice, b.id).archived is not None
+    assert [x.id for x in store.list_conversations(alice)] == [a.id, c.id]
+    assert [x.id for x in store.list_conversations(alice, archived=True)] == [b.id]
+    assert len(store.list_conversations(alice, archived=None)) == 3
+    assert [x.id for x in store.list_conversations(alice, archived=None, search="PYTHON")] == [a.id]
+    assert [x.id for x in store.list_conversations(alice, archived=None, search="%")] == [b.id]
+    assert [x.id for x in store.list_conversations(alice, archived=None, search="_s")] == [b.id]
+    assert store.list_conversations(alice, search="zzz") == []
+    assert store.restore_conversation(alice, b.id).archived is None
+    assert len(store.list_conversations(alice)) == 3
+    store.delete_conversation(alice, b.id)
+    with pytest.raises(NotFound):
+        store.get_conversation(alice, b.id)
+
+
+def test_history_reply_and_exports(store, alice):
+    conv = store.create_conversation(alice, "Lists", system_prompt="Be brief.")
+    q = store.append_message(alice, conv.id, "user", "What is a list?\n\n# not a heading")
+    reply = store.append_reply(alice, conv.id, "An ordered sequence.", RequestRecord(
+        model="tiny", prompt_tokens=12, cached_tokens=4, generated_tokens=5, ttft_ms=20.0,
+        finish_reason="stop"))
+    assert reply.request is not None and reply.role == "assistant"
+    assert [m.id for m in store.history(alice, conv.id)] == [q.id, reply.id]
+    assert store.prompt_messages(alice, conv.id) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is a list?\n\n# not a heading"},
+        {"role": "assistant", "content": "An ordered sequence."}]
+    with sqlite3.connect(store.path) as c:
+        assert c.execute("SELECT user, conversation, generated_tokens FROM requests WHERE id = ?",
+                         [reply.request]).fetchone() == (alice.id, conv.id, 5)
+
+    doc = json.loads(store.export_conversation(alice, conv.id, "json"))
+    assert doc["title"] == "Lists" and doc["owner"] == "alice" and doc["system_prompt"] == "Be brief."
+    assert [(m["role"], m["content"]) for m in doc["messages"]] == [
+        ("user", "What is a list?\n\n# not a heading"), ("assistant", "An ordered sequence.")]
+    assert doc["created"].endswith("Z")
+    md = store.export_conversation(alice, conv.id, "md")
+    assert md.startswith("# Lists\n") and "## System\n\nBe brief." in md
+    assert "## User\n\nWhat is a list?" in md and "## Assistant\n\nAn ordered sequence." in md
+    with pytest.raises(Invalid, match="json or md"):
+        store.export_conversation(alice, conv.id, "html")
+
+
+def test_isolation_other_users_conversation_is_not_found(store, alice, bob):
+    conv = store.create_conversation(alice, "secret plans", system_prompt="sys")
+    store.append_message(alice, conv.id, "user", "the plan")
+    before = store.export_conversation(alice, conv.id)
+    missing = 10_000
+    attempts = {
+        "get": lambda cid: store.get_conversation(bob, cid),
+        "history": lambda cid: store.history(bob, cid),
+        "prompt": lambda cid: store.prompt_messages(bob, cid),
+        "rename": lambda cid: store.rename_conversation(bob, cid, "mine now"),
+        "system": lambda cid: store.set_system_prompt(bob, cid, "obey bob"),
+        "archive": lambda cid: store.archive_conversation(bob, cid),
+        "restore": lambda cid: store.restore_conversation(bob, cid),
+        "delete": lambda cid: store.delete_conversation(bob, cid),
+        "append": lambda cid: store.append_message(bob, cid, "user", "hi"),
+        "reply": lambda cid: store.append_reply(bob, cid, "hi", RequestRecord()),
+        "export json": lambda cid: store.export_conversation(bob, cid, "json"),
+        "export md": lambda cid: store.export_conversation(bob, cid, "md"),
+        "record": lambda cid: store.record_request(RequestRecord(user=bob.id, conversation=cid)),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(NotFound) as theirs:
+            attempt(conv.id)
+        with pytest.raises(NotFound) as nobodys:
+            attempt(missing)
+        # the same answer as for an id that does not exist: nothing tells that it does
+        assert str(theirs.value) == str(nobodys.value).replace(str(missing), str(conv.id)), name
+    assert store.list_conversations(bob, archived=None) == []
+    assert store.list_conversations(bob, archived=None, search="secret") == []
+    assert store.export_conversation(alice, conv.id) == before
+    assert counts(store)["requests"] == 0
+
+
+# ---- bad input: clear errors, nothing half-written ----
+
+def test_bad_input_is_refused_and_writes_nothing(store, alice):
+    conv = store.create_conversation(alice, "ok")
+    _, secret = store.create_api_key(alice)
+    store.revoke_api_key(secret)
+    before = counts(store)
+    refusals = [
+        (Invalid, "empty", lambda: store.create_user("", "long-enough")),
+        (Invalid, "bad user name", lambda: store.create_user("a b", "long-enough")),
+        (Invalid, "bad user name", lambda: store.create_user("x" * 65, "long-enough")),
+        (Invalid, "bad user name", lambda: store.create_user("zoë", "long-enough")),
+        (Invalid, "bad user name", lambda: store.create_user(None, "long-enough")),
+        (Invalid, "too short", lambda: store.create_user("carol", "short")),
+        (AlreadyExists, "already exists", lambda: store.create_user("alice", "long-enough")),
+        (AuthFailed, "wrong user name or password", lambda: store.authenticate("alice", "nope-nope")),
+        (AuthFailed, "wrong user name or password", lambda: store.authenticate("", "")),
+        (AuthFailed, "revoked", lambda: store.verify_api_key(secret)),
+        (Invalid, "too long: 100,001 characters, the limit is 100,000",
+         lambda: store.append_message(alice, conv.id, "user", "x" * (MAX_MESSAGE_CHARS + 1))),
+        (Invalid, "too long", lambda: store.append_reply(alice, conv.id, "x" * (MAX_MESSAGE_CHARS + 1),
+                                                         RequestRecord(generated_tokens=1))),
+        (Invalid, "user message is empty", lambda: store.append_message(alice, conv.id, "user", "  \n")),
+        (Invalid, "role must be one of", lambda: store.append_message(alice, conv.id, "tool", "x")),
+        (Invalid, "must be text", lambda: store.append_message(alice, conv.id, "user", b"bytes")),
+        (Invalid, "title is empty", lambda: store.rename_conversation(alice, conv.id, " ")),
+        (Invalid, "title is too long",
+         lambda: store.rename_conversation(alice, conv.id, "t" * (MAX_TITLE_CHARS + 1))),
+        (Invalid, "title is too long", lambda: store.create_conversation(alice, "t" * 201)),
+        (NotFound, "user 9999 not found", lambda: store.create_conversation(9999, "ghost")),
+        (NotFound, "user 'nobody' not found", lambda: store.remove_user("nobody")),
+        (NotFound, "request 12345 not found",
+         lambda: store.append_message(alice, conv.id, "assistant", "x", request=12345)),
+        (Invalid, "prompt_tokens", lambda: RequestRecord(prompt_tokens=-1)),
+        (Invalid, "ttft_ms", lambda: RequestRecord(ttft_ms=float("nan"))),
+        (Invalid, "bucket_s", lambda: store.stats(window_s=60, bucket_s=0)),
+    ]
+    for exc, text, call in refusals:
+        with pytest.raises(exc) as e:
+            call()
+        assert text in str(e.value) and "\n" not in str(e.value)
+        assert counts(store) == before, text
+    assert store.get_conversation(alice, conv.id).title == "ok"
+    # the limit itself is allowed
+    store.append_message(alice, conv.id, "user", "x" * MAX_MESSAGE_CHARS)
+
+
+def test_reply_and_its_metrics_are_written_together_or_not_at_all(store, alice, monkeypatch):
+    conv = store.create_conversation(alice)
+    before = counts(store)
+
+    def fail(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(store, "_insert_message", fail)
+    with pytest.raises(RuntimeError):
+        store.append_reply(alice, conv.id, "reply", RequestRecord(generated_tokens=3))
+    assert counts(store) == before  # the request row inserted first was rolled back
+    monkeypatch.undo()
+    store.append_reply(alice, conv.id, "reply", RequestRecord(generated_tokens=3))
+    assert counts(store)["requests"] == before["requests"] + 1
+
+
+# ---- metrics ----
+
+def test_stats_buckets_percentiles_and_cache_ratio(store, alice):
+    t0 = 1_800_000_000.0  # a minute boundary
+    for i, ttft in enumerate([10, 20, 30, 40, 100]):
+        store.record_request(RequestRecord(user=alice.id, created=t0 + i, ttft_ms=ttft,
+                                           prompt_tokens=100, cached_tokens=50, generated_tokens=10,
+                                           decode_tps=20.0, finish_reason="stop"))
+    store.record_request(RequestRecord(created=t0 + 125, prompt_tokens=10, error="boom", finish_reason="error"))
+    buckets = store.stats(window_s=180, bucket_s=60, now=t0 + 170)
+    assert [b.start for b in buckets] == [t0 - 60, t0, t0 + 60, t0 + 120]
+    empty, first, gap, last = buckets
+    assert (empty.requests, empty.ttft_p50_ms, empty.cache_hit_ratio) == (0, None, None)
+    assert first.requests == 5 and first.errors == 0
+    assert first.ttft_p50_ms == 30 and first.ttft_p95_ms == pytest.approx(88.0)
+    assert first.cache_hit_ratio == 0.5 and first.generated_tokens == 50 and first.decode_tps == 20.0
+    assert gap.requests == 0
+    assert (last.requests, last.errors, last.ttft_p50_ms, last.cache_hit_ratio) == (1, 1, None, 0.0)
+    t = store.totals()
+    assert (t["requests"], t["errors"], t["users"], t["prompt_tokens"], t["cached_tokens"]) == (6, 1, 1, 510, 250)
+
+
+def test_record_from_usage_duck_types_the_engine_usage():
+    class Usage:  # core.requests.Usage without importing the engine side
+        prompt_tokens, cached_tokens, generated_tokens = 9, 4, 3
+        queue_ms, ttft_ms, total_ms, decode_tps = 1.0, 2.0, 3.0, 4.0
+
+    r = RequestRecord.from_usage(Usage(), model="m", finish_reason="length")
+    assert (r.prompt_tokens, r.cached_tokens, r.ttft_ms, r.model, r.finish_reason) == (9, 4, 2.0, "m", "length")
+
+
+def test_async_record_returns_while_another_writer_holds_the_lock(store, alice):
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_write_lock():
+        c = sqlite3.connect(store.path, isolation_level=None)
+        c.execute("BEGIN IMMEDIATE")
+        locked.set()
+        release.wait(30)
+        c.execute("COMMIT")
+        c.close()
+
+    holder = threading.Thread(target=hold_write_lock)
+    holder.start()
+    assert locked.wait(10)
+    for i in range(50):  # the engine thread's call: must come back although nobody can write
+        store.record_request_async(RequestRecord(user=alice.id, generated_tokens=i))
+    assert not release.is_set() and holder.is_alive()
+    release.set()
+    holder.join()
+    assert store.flush(30)
+    assert store.totals()["requests"] == 50 and store.async_errors == 0 == store.dropped
+
+
+def test_async_record_of_a_deleted_conversation_keeps_the_metrics(store, alice):
+    conv = store.create_conversation(alice)
+    store.delete_conversation(alice, conv.id)
+    store.record_request_async(RequestRecord(user=alice.id, conversation=conv.id, generated_tokens=7))
+    assert store.flush()
+    assert store.totals()["generated_tokens"] == 7 and store.async_errors == 0
+
+
+# ---- threads ----
+
+def test_16_threads_x_200_mixed_operations(tmp_path):
+    store = Store(tmp_path / "busy.db", scrypt=CHEAP)
+    n_threads, n_ops = 16, 200
+    users = [store.create_user(f"user{t}", "password-123") for t in range(n_threads)]
+    keys = [store.create_api_key(u)[1] for u in users]
+    errors, written = [], [None] * n_threads
+    start = threading.Barrier(n_threads)
+
+    def work(t):
+        me = users[t]
+        mine = {"messages": [], "convs": [], "requests": 0}
+        try:
+            start.wait()
+            conv = store.create_conversation(me, f"thread {t}")
+            mine["convs"].append(conv.id)
+            for i in range(n_ops):
+                op = i % 8
+                if op in (0, 1):
+                    mine["messages"].append(store.append_message(me, conv.id, "user", f"t{t} m{i}").id)
+                elif op == 2:
+                    m = store.append_reply(me, conv.id, f"t{t} r{i}", RequestRecord(generated_tokens=1))
+                    mine["messages"].append(m.id)
+                    mine["requests"] += 1
+                elif op == 3:
+                    store.record_request_async(RequestRecord(user=me.id, conversation=conv.id))
+                    mine["requests"] += 1
+                elif op == 4:
+                    assert [m.id for m in store.history(me, conv.id)] == mine["messages"]
+                elif op == 5:
+                    assert {c.id for c in store.list_conversations(me)} == set(mine["convs"])
+                elif op == 6:
+                    conv = store.create_conversation(me, f"thread {t} #{i}")
+                    mine["convs"].append(conv.id)
+                    mine["messages"] = []
+                else:
+                    assert store.verify_api_key(keys[t]) == me
+                    store.rename_conversation(me, conv.id, f"renamed {i}")
+        except Exception as e:  # noqa: BLE001 - collected and asserted on below
+            errors.append(f"thread {t}: {type(e).__name__}: {e}")
+        written[t] = mine
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert store.flush(60)
+    store.close()
+
+    reopened = Store(tmp_path / "busy.db", scrypt=CHEAP)
+    for u, mine in zip(users, written):
+        convs = reopened.list_conversations(u)
+        assert {c.id for c in convs} == set(mine["convs"])
+        assert [m.id for m in reopened.history(u, mine["convs"][-1])] == mine["messages"]
+    t = reopened.totals()
+    assert t["requests"] == sum(m["requests"] for m in written)
+    assert t["conversations"] == sum(len(m["convs"]) for m in written)
+    assert reopened.async_errors == 0 and reopened.dropped == 0
+    reopened.close()
+
+
+# ---- schema and migrations ----
+
+def test_old_schema_migrates_forward_keeping_rows(tmp_path):
+    path = tmp_path / "old.db"
+    c = sqlite3.connect(path, isolation_level=None)
+    assert store_schema.migrate(c, target=1) == (0, 1)
+    c.execute("INSERT INTO users (name, password_hash, created) VALUES ('olga', ?, 1.0)",
+              [auth.hash_password("olga-password", CHEAP)])
+    c.execute("INSERT INTO conversations (owner, title, created, updated) VALUES (1, 'old chat', 1.0, 1.0)")
+    c.execute("INSERT INTO messages (conversation, role, content, created) VALUES (1, 'user', 'hello', 1.0)")
+    c.close()
+
+    store = Store(path, scrypt=CHEAP)
+    assert store.migrated_from == 1
+    olga = store.authenticate("olga", "olga-password")
+    assert [m.content for m in store.history(olga, 1)] == ["hello"]
+    reply = store.append_reply(olga, 1, "hi olga", RequestRecord(generated_tokens=2))  # v2 tables
+    store.create_api_key(olga)
+    store.close()
+
+    def schema():
+        with sqlite3.connect(path) as c:
+            return (c.execute("PRAGMA user_version").fetchone()[0],
+                    c.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall())
+
+    once = schema()
+    again = Store(path, scrypt=CHEAP)
+    assert again.migrated_from == store_schema.LATEST and once[0] == store_schema.LATEST
+    assert [m.request for m in again.history(olga, 1)] == [None, reply.request]
+    again.close()
+    assert schema() == once
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_many_openers_of_a_new_file_migrate_it_once(tmp_path):
+    path, stores, errors = tmp_path / "new.db", [], []
+
+    def open_it():
+        try:
+            stores.append(Store(path, scrypt=CHEAP))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=open_it) for _ in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == [] and sorted(s.migrated_from for s in stores) == [0] + [store_schema.LATEST] * 5
+    for s in stores:
+        s.close()
+
+
+def test_newer_schema_or_not_a_database_is_refused(tmp_path):
+    newer = tmp_path / "newer.db"
+    with sqlite3.connect(newer) as c:
+        c.execute(f"PRAGMA user_version = {store_schema.LATEST + 1}")
+    with pytest.raises(StoreError, match="newer than this radixchat"):
+        Store(newer, scrypt=CHEAP)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="cannot open"):
+        Store(junk, scrypt=CHEAP)
+
+
+def test_new_file_is_private_and_closed_store_refuses(tmp_path):
+    store = Store(tmp_path / "private" / "chat.db", scrypt=CHEAP)
+    assert (os.stat(store.path).st_mode & 0o777) == 0o600
+    assert (os.stat(store.path.parent).st_mode & 0o777) == 0o700
+    store.close()
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.list_users()
+    store.record_request_async(RequestRecord())  # never raises, for the engine thread
+    assert store.dropped == 1
+
+
+def test_store_imports_neither_mlx_nor_http():
+    code = ("import sys, core.store, webui.cli_admin; "
+            "bad = [m for m in ('mlx', 'mlx_lm', 'fastapi', 'starlette', 'uvicorn', 'gradio', 'httpx') "
+            "if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_writers_take_turns(store, alice):
+    """A thread writing in a loop must not starve another writer (SQLite's busy handler alone
+    let one get 20x the commits of the other)."""
+    busy = store.create_conversation(alice, "busy")
+    calm = store.create_conversation(alice, "calm")
+    stop = threading.Event()
+    loud = []
+
+    def hammer():
+        while not stop.is_set():
+            loud.append(store.append_message(alice, busy.id, "user", "x").id)
+
+    t = threading.Thread(target=hammer)
+    t.start()
+    while len(loud) < 5:
+        threading.Event().wait(0.001)
+    before = len(loud)
+    for i in range(20):
+        store.append_message(alice, calm.id, "user", f"calm {i}")
+    during = len(loud) - before
+    stop.set()
+    t.join()
+    assert during <= 20 * 3, f"the looping writer made {during} commits while the other made 20"

@@ -1,0 +1,123 @@
+"""The admin commands (`radixchat users|keys|export`) as an admin runs them: real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from core import auth
+from core.store import AuthFailed, Store
+
+RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
+CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)
+
+
+def run(*args, env=None, **kw):
+    return subprocess.run([RADIXCHAT, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+def refused(out, text):
+    """Exit code 1 and one line naming the problem, no traceback."""
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1, (out.returncode, out.stdout, out.stderr)
+    assert len(lines) == 1 and text in lines[0] and lines[0].startswith("radixchat: "), out.stderr
+    return True
+
+
+@pytest.fixture
+def db(tmp_path):
+    return str(tmp_path / "admin.db")
+
+
+@pytest.fixture
+def pwfile(tmp_path):
+    f = tmp_path / "pw"
+    f.write_text("correct horse battery\n")
+    return str(f)
+
+
+def test_users_keys_lifecycle(db, pwfile):
+    out = run("users", "add", "alice", "--password-file", pwfile, "--db", db)
+    assert out.returncode == 0 and out.stdout.strip() == "added user alice", out.stderr
+    assert refused(run("users", "add", "alice", "--password-file", pwfile, "--db", db), "already exists")
+    out = run("users", "list", "--db", db)
+    assert out.returncode == 0 and out.stdout.split()[0] == "alice"
+    with Store(db, scrypt=CHEAP) as store:  # the password file's first line, without its newline
+        alice = store.authenticate("alice", "correct horse battery")
+
+    out = run("keys", "create", "alice", "--label", "laptop", "--db", db)
+    assert out.returncode == 0, out.stderr
+    key = out.stdout.strip()
+    assert key.startswith("rc-") and "\n" not in key and "shown this once" in out.stderr
+    with Store(db, scrypt=CHEAP) as store:
+        assert store.verify_api_key(key) == alice
+    out = run("keys", "list", "--db", db)
+    assert out.returncode == 0 and key[:10] in out.stdout and "laptop" in out.stdout
+    assert key not in out.stdout
+
+    out = run("keys", "revoke", key[:10], "--db", db)
+    assert out.returncode == 0 and "revoked" in out.stdout, out.stderr
+    with Store(db, scrypt=CHEAP) as store:
+        with pytest.raises(AuthFailed, match="revoked"):
+            store.verify_api_key(key)
+    assert refused(run("keys", "revoke", "rc-nothere", "--db", db), "not found")
+    assert refused(run("keys", "create", "nobody", "--db", db), "user 'nobody' not found")
+
+    out = run("users", "remove", "alice", "--db", db)
+    assert out.returncode == 0 and "removed user alice" in out.stdout
+    assert run("users", "list", "--db", db).stdout.strip() == ""
+    assert refused(run("users", "remove", "alice", "--db", db), "user 'alice' not found")
+
+
+def test_export_json_and_markdown(db):
+    with Store(db, scrypt=CHEAP) as store:
+        alice = store.create_user("alice", "alice-password")
+        store.create_user("bob", "bob-password")
+        conv = store.create_conversation(alice, "Lists", system_prompt="Be brief.")
+        store.append_message(alice, conv.id, "user", "What is a list? ünïcode")
+        store.append_message(alice, conv.id, "assistant", "A sequence.")
+
+    out = run("export", "alice", str(conv.id), "--db", db)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["title"] == "Lists" and [m["content"] for m in doc["messages"]] == [
+        "What is a list? ünïcode", "A sequence."]
+    out = run("export", "alice", str(conv.id), "--format", "md", "--db", db)
+    assert out.returncode == 0 and out.stdout.startswith("# Lists\n")
+    assert "## Assistant\n\nA sequence." in out.stdout
+    assert refused(run("export", "bob", str(conv.id), "--db", db), f"conversation {conv.id} not found")
+    assert refused(run("export", "carol", str(conv.id), "--db", db), "user 'carol' not found")
+
+
+def test_bad_input_is_one_line(db, pwfile, tmp_path):
+    assert refused(run("users", "add", "bad name", "--password-file", pwfile, "--db", db), "bad user name")
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    assert refused(run("users", "add", "carol", "--password-file", str(short), "--db", db), "too short")
+    assert refused(run("users", "add", "carol", "--password-file", str(tmp_path / "none"), "--db", db),
+                   "cannot read password file")
+    # no terminal to ask on (own session, stdin closed): told to use --password-file
+    out = run("users", "add", "carol", "--db", db, stdin=subprocess.DEVNULL, start_new_session=True)
+    assert refused(out, "--password-file")
+    out = run("users", "list", "--db", db)
+    assert out.returncode == 0 and out.stdout == ""  # nothing was added by the refusals
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database" * 100)
+    assert refused(run("users", "list", "--db", str(junk)), "cannot open")
+
+
+def test_default_db_is_in_the_user_data_folder(tmp_path, pwfile):
+    env = {k: v for k, v in os.environ.items() if k != "RADIXCHAT_DB"}
+    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "data"))
+    out = subprocess.run([RADIXCHAT, "users", "add", "dora", "--password-file", pwfile],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    folder = (tmp_path / "home" / "Library" / "Application Support" if sys.platform == "darwin"
+              else tmp_path / "data")
+    assert (folder / "radixchat" / "radixchat.db").exists()
