@@ -50,11 +50,22 @@ class Settings(BaseSettings):
         "auto", description="Linux CPU BLAS: auto preloads Debian's OpenBLAS when present"
     )
 
+    no_auth: bool = Field(False, description="Serve without sign-in or API keys")
+    allow_open_lan: bool = Field(False, description="Permit --no-auth on a non-loopback host")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest accepted API request body")
+
     @model_validator(mode="after")
-    def _prefill_within_batch(self) -> "Settings":
+    def _consistent(self) -> "Settings":
         if self.max_prefill_batch > self.max_batch:
             raise ValueError("max_prefill_batch must not exceed max_batch")
+        if self.no_auth and not is_loopback(self.host) and not self.allow_open_lan:
+            raise ValueError(f"no_auth on host {self.host} would open the server to the whole "
+                             "network; add --allow-open-lan if that is what you want")
         return self
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def settings_error_line(err: ValidationError) -> str:

@@ -82,6 +82,7 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="radixchat-engine", daemon=True)
         self.steps = 0
+        self.started_at = 0.0
         self.offset_report: dict[str, str] = {}  # core.offset_guard's verdict per cache class
         self.prefix = None  # core.kvstore.PrefixStore when the prefix cache is on
 
@@ -89,6 +90,7 @@ class Engine:
 
     def start(self, timeout: float | None = None) -> "Engine":
         """Start the engine thread, load the model there, and wait until it is ready."""
+        self.started_at = time.time()
         self._thread.start()
         atexit.register(self.stop)
         self._ready.wait(timeout)

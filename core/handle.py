@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import logging
+import threading
 from typing import Callable
 
 from .requests import Event, Failed, Finished, TextDelta
@@ -23,16 +25,33 @@ class RequestHandle:
         self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._async: asyncio.Queue[Event] | None = asyncio.Queue() if loop else None
         self.final: Finished | Failed | None = None
+        self._done_lock = threading.Lock()
+        self._done_callbacks: list[Callable[[Finished | Failed], None]] = []
 
     def cancel(self) -> None:
         """Ask the engine to stop this request at its next step (idempotent)."""
         if self.final is None:
             self._cancel(self.id)
 
+    def add_done_callback(self, fn: Callable[[Finished | Failed], None]) -> None:
+        """Call fn(final event) once the request ends, even if nobody reads the stream.
+
+        It runs in the engine thread (or right here if the request already ended): keep it
+        short and non-blocking.
+        """
+        with self._done_lock:
+            if self.final is None:
+                self._done_callbacks.append(fn)
+                return
+        fn(self.final)
+
     # engine side
     def _push(self, ev: Event) -> None:
+        callbacks = []
         if isinstance(ev, (Finished, Failed)):
-            self.final = ev
+            with self._done_lock:
+                self.final = ev
+                callbacks, self._done_callbacks = self._done_callbacks, []
         if self._async is not None:
             try:
                 self._loop.call_soon_threadsafe(self._async.put_nowait, ev)
@@ -40,6 +59,11 @@ class RequestHandle:
                 pass
         else:
             self._sync.put(ev)
+        for fn in callbacks:
+            try:
+                fn(ev)
+            except Exception:  # a caller's bookkeeping must not hurt the engine
+                logging.getLogger("radixchat.engine").exception("done callback failed")
 
     # caller side
     def __iter__(self):

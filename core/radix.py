@@ -79,6 +79,7 @@ class RadixCache:
         self.reserved = 0  # bytes held outside the tree (the running batch) that share the budget
         self.tokens = 0
         self.nodes = 0
+        self.locks = 0  # outstanding lock() calls: 0 whenever no request is running
         self.stats = Stats()
 
     # ---- public API ----------------------------------------------------------------------
@@ -153,11 +154,16 @@ class RadixCache:
         return node
 
     def lock(self, node: Node | None) -> None:
+        """Protect `node` and its ancestors from eviction until `unlock(node)`."""
+        if node is not None:
+            self.locks += 1
         while node is not None:
             node.lock_ref += 1
             node = node.parent
 
     def unlock(self, node: Node | None) -> None:
+        if node is not None:
+            self.locks -= 1
         while node is not None:
             node.lock_ref -= 1
             assert node.lock_ref >= 0, "unlock without lock"
@@ -197,7 +203,7 @@ class RadixCache:
     def summary(self) -> dict:
         s = self.stats
         return {"nodes": self.nodes, "cached_tokens": self.tokens, "bytes": self.bytes,
-                "budget": self.budget, "reserved": self.reserved, "hits": s.hits, "misses": s.misses,
+                "budget": self.budget, "reserved": self.reserved, "locks": self.locks, "hits": s.hits, "misses": s.misses,
                 "hit_tokens": s.hit_tokens, "lookup_tokens": s.lookup_tokens,
                 "evictions": s.evictions, "evicted_tokens": s.evicted_tokens,
                 "restore_ms": round(s.restore_s * 1e3, 3)}

@@ -207,6 +207,7 @@ def test_long_random_workload_stays_in_budget_and_leaks_no_lock(tiny_model_dir):
         tree.check()
         assert tree.bytes <= budget
         assert tree.stats.evictions > 0, "the workload should have exceeded the budget"
+        assert tree.locks == 0 and tree.reserved == 0
         stack = list(tree.root.children.values())
         while stack:
             n = stack.pop()

@@ -125,3 +125,4 @@ def test_tree_against_brute_force(ops, budget_tokens):
     for node, _ in locks:
         t.unlock(node)
     assert all(n.lock_ref == 0 for n in t._leaves()), "a lock leaked"
+    assert t.locks == 0

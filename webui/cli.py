@@ -24,7 +24,10 @@ from webui.cli_admin import add_admin_commands, run_admin
 def _add_settings_flags(p: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        if field.annotation is bool:
+        if field.annotation is bool and name.startswith("no_"):  # argparse reads --no-x as x=False
+            p.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS,
+                           help=field.description)
+        elif field.annotation is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
                            default=argparse.SUPPRESS, help=field.description)
         else:
@@ -86,15 +89,20 @@ def cmd_serve(args, settings: Settings) -> None:
 
     from webui.server import build_app
 
+    from core.store import Store
+
+    settings.db.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(settings.db)
     engine = _start_engine(settings)
     m = engine.loaded
     print(f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
           f"context {m.context_length}) on http://{settings.host}:{settings.port}", flush=True)
     try:
-        uvicorn.run(build_app(engine, settings), host=settings.host, port=settings.port,
+        uvicorn.run(build_app(engine, settings, store), host=settings.host, port=settings.port,
                     log_level="warning")
     finally:
         engine.stop()
+        store.close()
 
 
 def cmd_ask(args, settings: Settings) -> None:

@@ -1,0 +1,228 @@
+"""The OpenAI-compatible API on a real server process, driven by the official client."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from core.store import Store
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_cli import RADIXCHAT, free_port  # noqa: E402
+
+
+class Server:
+    def __init__(self, model_dir, db, *extra, env=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [RADIXCHAT, "serve", "--model", str(model_dir), "--port", str(self.port), "--db", str(db),
+             "--max-tokens", "16", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **(env or {})})
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.proc.stdout.read())
+            time.sleep(0.3)
+        raise TimeoutError("server did not start")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=30)
+        return out
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(self.url + "/metrics").text
+        m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_model_dir, tmp_path_factory):
+    db = tmp_path_factory.mktemp("api") / "api.db"
+    with Store(db) as store:
+        alice = store.create_user("alice", "correct horse battery")
+        _, key = store.create_api_key(alice, "tests")
+        _, revoked = store.create_api_key(alice, "old")
+        store.revoke_api_key(revoked)
+    server = Server(tiny_model_dir, db)
+    yield server, key, revoked, db
+    out = server.stop()
+    assert "Traceback" not in out, out
+
+
+def client(server, key):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+
+
+SYSTEM = "You are a helpful Python tutor. Answer briefly about lists, dicts and generators."
+
+
+def test_official_client_non_streaming_and_cached_tokens(keyed):
+    server, key, _, db = keyed
+    c = client(server, key)
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a list?"}]
+    first = c.chat.completions.create(model="default", messages=msgs, max_tokens=8, temperature=0)
+    assert first.choices[0].message.role == "assistant" and first.choices[0].message.content
+    assert first.choices[0].finish_reason in ("stop", "length")
+    assert first.usage.completion_tokens <= 8 and first.usage.prompt_tokens > 10
+    msgs[1]["content"] = "What is a dict?"
+    second = c.chat.completions.create(model=first.model, messages=msgs, max_tokens=8, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= len(SYSTEM) // 8  # the system prompt hit
+    with Store(db) as store:  # every API request is logged under the key's user
+        alice = store.get_user("alice")
+        deadline = time.time() + 10
+        while time.time() < deadline and store.totals()["requests"] < 2:
+            time.sleep(0.2)
+        assert store.totals()["requests"] >= 2
+
+
+def test_official_client_streaming(keyed):
+    server, key, _, _ = keyed
+    c = client(server, key)
+    stream = c.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Explain generators."}],
+        max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert len(chunks) >= 4 and text and finishes == ["length"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    plain = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "Explain generators."}],
+                                      max_tokens=12, temperature=0)
+    assert plain.choices[0].message.content == text  # greedy: streaming changes nothing
+
+
+def test_completions_and_models(keyed):
+    server, key, _, _ = keyed
+    c = client(server, key)
+    models = c.models.list().data
+    assert len(models) == 1
+    out = c.completions.create(model=models[0].id, prompt="def main():", max_tokens=5, temperature=0)
+    assert out.choices[0].text and out.usage.completion_tokens == 5
+    streamed = list(c.completions.create(model="default_model", prompt="def main():", max_tokens=5,
+                                         temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == out.choices[0].text
+
+
+GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def bad_cases(key, revoked):
+    auth = {"Authorization": f"Bearer {key}"}
+    j = {**auth, "Content-Type": "application/json"}
+    chat = "/v1/chat/completions"
+
+    def body(**changes):
+        b = {**GOOD, **changes}
+        return json.dumps({k: v for k, v in b.items() if v is not ...})
+
+    return [
+        # (method, path, headers, body, status, words in message)
+        ("POST", chat, {"Content-Type": "application/json"}, body(), 401, "missing API key"),
+        ("POST", chat, {"Authorization": "Bearer nope", "Content-Type": "application/json"}, body(), 401, "invalid"),
+        ("POST", chat, {"Authorization": f"Bearer {revoked}", "Content-Type": "application/json"}, body(), 401, "revoked"),
+        ("POST", chat, {"Authorization": "Basic abc", "Content-Type": "application/json"}, body(), 401, "Bearer"),
+        ("POST", chat, j, "{not json", 400, "not valid JSON"),
+        ("POST", chat, j, "[1, 2]", 400, "JSON object"),
+        ("POST", chat, j, body(model=...), 400, "model"),
+        ("POST", chat, j, body(messages=...), 400, "messages"),
+        ("POST", chat, j, body(messages=[]), 400, "messages"),
+        ("POST", chat, j, body(messages="hello"), 400, "messages"),
+        ("POST", chat, j, body(messages=[{"role": "robot", "content": "x"}]), 400, "role"),
+        ("POST", chat, j, body(messages=[{"role": "user"}]), 400, "content"),
+        ("POST", chat, j, body(messages=[{"role": "user", "content": 5}]), 400, "content"),
+        ("POST", chat, j, body(max_tokens=-3), 400, "max_tokens"),
+        ("POST", chat, j, body(max_tokens=0), 400, "max_tokens"),
+        ("POST", chat, j, body(max_tokens="many"), 400, "max_tokens"),
+        ("POST", chat, j, body(temperature=-1), 400, "temperature"),
+        ("POST", chat, j, body(temperature="hot"), 400, "temperature"),
+        ("POST", chat, j, body(top_p=0), 400, "top_p"),
+        ("POST", chat, j, body(n=3), 400, "n"),
+        ("POST", chat, j, body(stop=[""]), 400, "stop"),
+        ("POST", chat, j, body(stream="yes please"), 400, "stream"),
+        ("POST", chat, j, body(tools=[{"type": "function"}]), 400, "tool"),
+        ("POST", chat, j, body(presence_penalty=1.5), 400, "penalty"),
+        ("POST", chat, j, body(messages=[{"role": "assistant", "content": "I said"}]), 400, "last message"),
+        ("POST", chat, j, body(model="gpt-4o"), 404, "not found"),
+        ("POST", chat, j, body(messages=[{"role": "user", "content": "lists " * 3000}]), 413, "context"),
+        ("POST", chat, j, body(messages=[{"role": "user", "content": "x" * (2 << 20)}]), 413, "body"),
+        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": ""}), 400, "prompt"),
+        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": ["a", "b"]}), 400, "one prompt"),
+        ("GET", "/v1/nothing-here", auth, None, 404, "unknown route"),
+        ("GET", "/v1/models", {}, None, 401, "API key"),
+    ]
+
+
+def test_bad_requests_get_clear_errors_and_server_goes_on(keyed):
+    server, key, revoked, _ = keyed
+    cases = bad_cases(key, revoked)
+    assert len(cases) >= 25
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for method, path, headers, body, status, words in cases:
+            r = http.request(method, path, headers=headers, content=body)
+            assert r.status_code == status, (path, body and body[:80], r.status_code, r.text)
+            err = r.json()["error"]
+            assert words.lower() in err["message"].lower(), (words, err)
+            assert err["type"] and "message" in err
+        ok = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json=GOOD)
+        assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
+
+
+def test_disconnect_mid_stream_cancels_in_engine(keyed):
+    server, key, _, _ = keyed
+    cancelled_before = server.metric('radixchat_requests_total{outcome="cancelled"}')
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                         json={**GOOD, "max_tokens": 400, "stream": True}) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(line.startswith("data: ") for line in got)
+        # the response is closed: within a few seconds the engine has nothing running
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            health = http.get("/health").json()
+            if health["active_requests"] == 0 and server.metric("radixchat_cache_locks") == 0:
+                break
+            time.sleep(0.1)
+        assert health["active_requests"] == 0 and health["queue_depth"] == 0
+        assert server.metric("radixchat_cache_locks") == 0
+        assert server.metric('radixchat_requests_total{outcome="cancelled"}') == cancelled_before + 1
+
+
+def test_queue_full_is_429_with_retry_after(tiny_model_dir, tmp_path):
+    server = Server(tiny_model_dir, tmp_path / "q.db", "--no-auth", "--max-queue", "1")
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            with http.stream("POST", "/v1/chat/completions",
+                             json={**GOOD, "max_tokens": 480, "stream": True}) as r:
+                next(r.iter_lines())
+                busy = http.post("/v1/chat/completions", json=GOOD)
+            assert busy.status_code == 429 and int(busy.headers["Retry-After"]) > 0
+            assert "busy" in busy.json()["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_no_auth_on_lan_needs_explicit_flag(tiny_model_dir, tmp_path):
+    out = subprocess.run([RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0",
+                          "--no-auth", "--db", str(tmp_path / "x.db")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0 and "allow-open-lan" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

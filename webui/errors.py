@@ -1,0 +1,112 @@
+"""Errors in OpenAI's shape, and the request-body size limit.
+
+Every failure an API client can meet becomes `{"error": {"message", "type", "param",
+"code"}}` with the right status: 400 malformed or invalid, 401 auth, 404 unknown model or
+route, 413 too large, 429/503 with Retry-After when busy. Bad input is never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("radixchat.api")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+        self.headers = headers
+
+
+def error_response(status: int, message: str, type_: str = "invalid_request_error",
+                   code: str | None = None, param: str | None = None, headers=None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errs = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errs):
+        return "the request body is not valid JSON", None
+    e = errs[0]
+    loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if param is None and e.get("type") in ("model_attributes_type", "dict_type"):
+        return "the request body must be a JSON object", None
+    if e.get("type") == "missing":
+        return f"missing required field: {param}", param
+    msg = e.get("msg", "invalid value").removeprefix("Value error, ")
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        return error_response(400, message, param=param, code="invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(exc.status_code, str(exc.detail), code=code)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over `limit` bytes with 413 (API paths only)."""
+
+    def __init__(self, app, limit: int, prefixes: tuple[str, ...] = ("/v1/",)):
+        self.app, self.limit, self.prefixes = app, limit, prefixes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self._too_large(send)
+        seen = 0
+        started = False
+
+        async def counting_receive():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge
+            return msg
+
+        async def tracking_send(msg):
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await self._too_large(send)
+
+    async def _too_large(self, send):
+        body = json.dumps({"error": {"message": f"request body over {self.limit} bytes",
+                                     "type": "invalid_request_error", "param": None,
+                                     "code": "body_too_large"}}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

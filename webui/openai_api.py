@@ -1,0 +1,164 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
+
+Each request is authenticated with a bearer key from the store (unless the server runs
+with --no-auth), turned into an engine request, streamed back as server-sent events or
+returned whole, and logged in SQLite under the key's user. A client that goes away
+mid-stream cancels its request in the engine. Errors use OpenAI's error shape (see
+webui/errors.py). No MLX here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from core.requests import ChatRequest, Failed, RequestError, Sampling, TextDelta
+from core.store_types import AuthFailed, RequestRecord
+
+from . import openai_schema as oa
+from .errors import ApiError
+
+log = logging.getLogger("radixchat.api")
+ALIASES = {"default", "default_model"}
+
+
+def openai_router(engine, settings, store, metrics) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    model_id = engine.loaded.model_id
+
+    def current_user(request: Request):
+        """The key's user (None with --no-auth). Sync: FastAPI runs it off the event loop."""
+        if settings.no_auth:
+            return None
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'",
+                           "invalid_request_error", "missing_api_key")
+        try:
+            return store.verify_api_key(key.strip())
+        except AuthFailed:
+            raise ApiError(401, "invalid or revoked API key", "invalid_request_error", "invalid_api_key")
+
+    def check_model(name: str) -> None:
+        if name != model_id and name not in ALIASES:
+            raise ApiError(404, f"model {name!r} not found; this server serves {model_id!r}",
+                           "invalid_request_error", "model_not_found", param="model")
+
+    def submit(build):
+        try:
+            return build()
+        except ValidationError as e:
+            metrics.rejected()
+            first = e.errors()[0]
+            raise ApiError(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+        except RequestError as e:
+            metrics.rejected()
+            headers = {"Retry-After": "2"} if e.status in (429, 503) else None
+            raise ApiError(e.status, e.message, "invalid_request_error" if e.status < 429 else "server_error",
+                           e.code, headers=headers)
+
+    def record(user, final) -> None:
+        metrics.observe(final)
+        if store is None:
+            return
+        u = final.usage
+        try:
+            store.record_request_async(RequestRecord(
+                user=user.id if user else None, model=model_id, prompt_tokens=u.prompt_tokens,
+                cached_tokens=u.cached_tokens, generated_tokens=u.generated_tokens, queue_ms=u.queue_ms,
+                ttft_ms=u.ttft_ms, total_ms=u.total_ms, decode_tps=u.decode_tps,
+                finish_reason=getattr(final, "finish_reason", None),
+                error=getattr(final, "message", None)))
+        except Exception:  # metrics must never break a reply
+            log.exception("could not record request metrics")
+
+    async def respond(handle, user, stream: bool, include_usage: bool, chat: bool):
+        handle.add_done_callback(lambda final: record(user, final))
+        rid = oa.new_id("chatcmpl" if chat else "cmpl")
+        if not stream:
+            try:
+                text = []
+                async for ev in handle:
+                    if isinstance(ev, TextDelta):
+                        text.append(ev.text)
+            finally:
+                handle.cancel()  # no-op once finished; frees the slot if the client left
+            if isinstance(ev, Failed):
+                raise ApiError(500, f"generation failed: {ev.message}", "server_error", "engine_error")
+            usage = oa.usage_of(ev.usage)
+            if chat:
+                body = oa.ChatCompletion(id=rid, model=model_id, usage=usage, choices=[oa.ChatChoice(
+                    message=oa.ChoiceMessage(content=ev.text), finish_reason=ev.finish_reason)])
+            else:
+                body = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
+                    text=ev.text, finish_reason=ev.finish_reason)])
+            return JSONResponse(body.model_dump())
+
+        def chunk(content=None, finish=None, role=None, usage=None, choices=True) -> str:
+            if chat:
+                c = oa.ChatCompletionChunk(id=rid, model=model_id, usage=usage, choices=[oa.ChunkChoice(
+                    delta=oa.Delta(role=role, content=content), finish_reason=finish)] if choices else [])
+            else:
+                c = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
+                    text=content or "", finish_reason=finish)] if choices else [])
+            return f"data: {c.model_dump_json(exclude=None if usage else {'usage'})}\n\n"
+
+        async def events():
+            final = None
+            try:
+                if chat:
+                    yield chunk(role="assistant", content="")
+                async for ev in handle:
+                    if isinstance(ev, TextDelta):
+                        yield chunk(content=ev.text)
+                    else:
+                        final = ev
+                if isinstance(final, Failed):
+                    yield f"data: {oa.ErrorResponse(error=oa.ErrorBody(message=final.message, type='server_error')).model_dump_json()}\n\n"
+                else:
+                    yield chunk(finish=final.finish_reason)
+                    if include_usage:
+                        yield chunk(usage=oa.usage_of(final.usage), choices=False)
+                yield "data: [DONE]\n\n"
+            finally:
+                if final is None:  # the client went away: stop generating for it
+                    handle.cancel()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @router.get("/models")
+    def models(user=Depends(current_user)):
+        card = oa.ModelCard(id=model_id, created=int(engine.started_at))
+        return oa.ModelList(data=[card]).model_dump()
+
+    @router.post("/chat/completions")
+    async def chat_completions(body: oa.ChatCompletionRequest, user=Depends(current_user)):
+        check_model(body.model)
+        handle = submit(lambda: engine.submit(ChatRequest(
+            messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                      for m in body.messages],
+            sampling=Sampling(**body.sampling()))))
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        return await respond(handle, user, body.stream, include, chat=True)
+
+    @router.post("/completions")
+    async def completions(body: oa.CompletionRequest, user=Depends(current_user)):
+        check_model(body.model)
+        tok = engine.loaded.tokenizer
+        handle = submit(lambda: engine.submit_tokens(
+            list(tok.encode(body.prompt)), Sampling(**body.sampling())))
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        return await respond(handle, user, body.stream, include, chat=False)
+
+    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
+                      include_in_schema=False)
+    def unknown(path: str):
+        raise ApiError(404, f"unknown route /v1/{path}", "invalid_request_error", "not_found")
+
+    return router
+
