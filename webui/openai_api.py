@@ -48,32 +48,36 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
             raise ApiError(404, f"model {name!r} not found; this server serves {model_id!r}",
                            "invalid_request_error", "model_not_found", param="model")
 
-    def submit(build):
+    def submit(user, build):
         try:
             return build()
         except ValidationError as e:
-            metrics.rejected()
             first = e.errors()[0]
-            raise ApiError(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+            err = ApiError(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
         except RequestError as e:
-            metrics.rejected()
             headers = {"Retry-After": "2"} if e.status in (429, 503) else None
-            raise ApiError(e.status, e.message, "invalid_request_error" if e.status < 429 else "server_error",
+            err = ApiError(e.status, e.message, "invalid_request_error" if e.status < 429 else "server_error",
                            e.code, headers=headers)
+        metrics.rejected()
+        log_request(user, error=f"{err.status}: {err.message}")
+        raise err
 
     def record(user, final) -> None:
         metrics.observe(final)
+        u = final.usage
+        log_request(user, prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
+                    generated_tokens=u.generated_tokens, queue_ms=u.queue_ms, ttft_ms=u.ttft_ms,
+                    total_ms=u.total_ms, decode_tps=u.decode_tps,
+                    finish_reason=getattr(final, "finish_reason", None),
+                    error=getattr(final, "message", None))
+
+    def log_request(user, **fields) -> None:
+        """Every API request, refused or served, gets a row under the key's user."""
         if store is None:
             return
-        u = final.usage
         try:
-            store.record_request_async(RequestRecord(
-                user=user.id if user else None, model=model_id, prompt_tokens=u.prompt_tokens,
-                cached_tokens=u.cached_tokens, generated_tokens=u.generated_tokens, queue_ms=u.queue_ms,
-                ttft_ms=u.ttft_ms, total_ms=u.total_ms, decode_tps=u.decode_tps,
-                finish_reason=getattr(final, "finish_reason", None),
-                error=getattr(final, "message", None)))
-        except Exception:  # metrics must never break a reply
+            store.record_request_async(RequestRecord(user=user.id if user else None, model=model_id, **fields))
+        except Exception:  # bookkeeping must never break a reply
             log.exception("could not record request metrics")
 
     async def respond(handle, user, stream: bool, include_usage: bool, chat: bool):
@@ -139,7 +143,7 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(body: oa.ChatCompletionRequest, user=Depends(current_user)):
         check_model(body.model)
-        handle = submit(lambda: engine.submit(ChatRequest(
+        handle = submit(user, lambda: engine.submit(ChatRequest(
             messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                       for m in body.messages],
             sampling=Sampling(**body.sampling()))))
@@ -150,7 +154,7 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
     async def completions(body: oa.CompletionRequest, user=Depends(current_user)):
         check_model(body.model)
         tok = engine.loaded.tokenizer
-        handle = submit(lambda: engine.submit_tokens(
+        handle = submit(user, lambda: engine.submit_tokens(
             list(tok.encode(body.prompt)), Sampling(**body.sampling())))
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(handle, user, body.stream, include, chat=False)

@@ -1,0 +1,142 @@
+"""Locust users for the "seed" scenario (shared/seeds/000: 4 system prompts x 30 questions).
+
+Each simulated user picks one of the 4 system prompts in assets/prompts.json and holds a
+multi-turn conversation (2-4 turns, each turn appending the previous answer), with a
+think time between turns. `ApiUser` talks to the OpenAI-compatible API (streaming);
+`PageUser` (loadtests/page_user.py) to the web page through Gradio's queue protocol.
+
+Locust stops its clock at the response headers of a streamed response, so every turn
+also fires its own events: "TTFT" (to the first content) and "STREAM" (to the end).
+Run through loadtests/run.py, which bounds the run in count and time. Settings come from
+the environment: RADIXCHAT_API_KEY, RADIXCHAT_MAX_REQUESTS, RADIXCHAT_THINK_S,
+RADIXCHAT_MAX_TOKENS, RADIXCHAT_SEED, RADIXCHAT_USERS_FILE (page users' credentials).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import gevent
+from locust import HttpUser, between, task
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+PROMPTS = json.loads((ASSETS / "prompts.json").read_text())
+SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
+QUESTIONS = PROMPTS["questions"]
+
+MAX_REQUESTS = int(os.environ.get("RADIXCHAT_MAX_REQUESTS", "100"))
+THINK_S = float(os.environ.get("RADIXCHAT_THINK_S", "0.5"))
+MAX_TOKENS = int(os.environ.get("RADIXCHAT_MAX_TOKENS", "64"))
+_seeds = itertools.count(int(os.environ.get("RADIXCHAT_SEED", "0")))
+_sent = itertools.count(1)
+_in_flight = 0
+_lock = threading.Lock()
+
+
+def take_request_slot(environment) -> bool:
+    """Count a request against the run's bound. Past it, wait for the requests still in
+    flight to finish (so Locust and the server count the same requests), then end the run."""
+    global _in_flight
+    with _lock:
+        granted = next(_sent) <= MAX_REQUESTS
+        _in_flight += granted
+    if granted:
+        return True
+    while _in_flight > 0:
+        time.sleep(0.05)  # gevent-patched: yields to the users still streaming
+    if environment.runner is not None:
+        # from a greenlet of its own: quit() kills the users, and this one is a user
+        gevent.spawn(environment.runner.quit)
+    return False
+
+
+def request_done() -> None:
+    global _in_flight
+    with _lock:
+        _in_flight -= 1
+
+
+def fire(environment, kind: str, name: str, ms: float, exc=None, length: int = 0) -> None:
+    environment.events.request.fire(request_type=kind, name=name, response_time=ms,
+                                    response_length=length, exception=exc, context={})
+
+
+class Conversation:
+    """One seed-scenario conversation: a system prompt and 2-4 questions."""
+
+    def __init__(self, rng: random.Random):
+        self.system_index = rng.randrange(len(SYSTEMS))
+        self.questions = rng.sample(QUESTIONS, rng.randint(2, 4))
+        self.messages = [{"role": "system", "content": SYSTEMS[self.system_index]}]
+
+
+class ApiUser(HttpUser):
+    wait_time = between(THINK_S * 0.5, THINK_S * 1.5)
+
+    def on_start(self):
+        self.rng = random.Random(next(_seeds))
+        self.headers = {"Authorization": f"Bearer {os.environ.get('RADIXCHAT_API_KEY', '')}"}
+
+    @task
+    def conversation(self):
+        conv = Conversation(self.rng)
+        for q in conv.questions:
+            if not take_request_slot(self.environment):
+                return
+            conv.messages.append({"role": "user", "content": q})
+            try:
+                answer = self.turn(conv)
+            finally:
+                request_done()
+            if answer is None:
+                return
+            conv.messages.append({"role": "assistant", "content": answer})
+            time.sleep(self.rng.uniform(THINK_S * 0.5, THINK_S * 1.5))
+
+    def turn(self, conv: Conversation) -> str | None:
+        body = {"model": "default", "messages": conv.messages, "max_tokens": MAX_TOKENS,
+                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+        name = f"chat[system {conv.system_index}]"
+        t0 = time.perf_counter()
+        first = None
+        parts, usage = [], None
+        with self.client.post("/v1/chat/completions", json=body, headers=self.headers, stream=True,
+                              name="/v1/chat/completions", catch_response=True) as r:
+            if r.status_code != 200:
+                r.failure(f"HTTP {r.status_code}: {r.text[:200]}")
+                return None
+            try:
+                for line in r.iter_lines():
+                    if not line or not line.startswith(b"data: "):
+                        continue
+                    data = line[6:]
+                    if data == b"[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise RuntimeError(chunk["error"]["message"])
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices", []):
+                        text = (choice.get("delta") or {}).get("content")
+                        if text:
+                            first = first or time.perf_counter()
+                            parts.append(text)
+                if usage is None:
+                    raise RuntimeError("stream ended without usage")
+            except Exception as e:  # a broken stream is this request's failure
+                r.failure(str(e))
+                fire(self.environment, "STREAM", name, (time.perf_counter() - t0) * 1e3, e)
+                return None
+            r.success()
+        end = time.perf_counter()
+        fire(self.environment, "TTFT", name, ((first or end) - t0) * 1e3)
+        fire(self.environment, "STREAM", name, (end - t0) * 1e3, length=usage["completion_tokens"])
+        return "".join(parts)
+
