@@ -54,7 +54,9 @@ class KVSegment:
     def from_caches(cls, caches, trimmable: list[bool], start: int, end: int) -> "KVSegment":
         layers = [(_own(c.keys[..., start:end, :]), _own(c.values[..., start:end, :])) if t else None
                   for c, t in zip(caches, trimmable)]
-        mx.eval([kv for kv in layers if kv is not None])
+        # async: the copy runs behind the decode step already queued instead of stalling it;
+        # until it has run, the source buffer stays referenced by the graph, not by the tree
+        mx.async_eval([kv for kv in layers if kv is not None])
         return cls(layers, end - start)
 
     def split(self, k: int) -> tuple["KVSegment", "KVSegment"]:
@@ -62,7 +64,7 @@ class KVSegment:
             return [(_own(kv[0][..., s:e, :]), _own(kv[1][..., s:e, :])) if kv else None
                     for kv in self.layers]
         left, right = part(0, k), part(k, self.n)
-        mx.eval([kv for kv in left + right if kv is not None])
+        mx.async_eval([kv for kv in left + right if kv is not None])
         return KVSegment(left, k), KVSegment(right, self.n - k)
 
 
@@ -72,7 +74,7 @@ class Snapshot:
 
     def __init__(self, caches, trimmable: list[bool]):
         self.layers = [None if t else (type(c), _copy_state(c.state)) for c, t in zip(caches, trimmable)]
-        mx.eval([s for s in self.layers if s is not None])
+        mx.async_eval([s[1] for s in self.layers if s is not None])
         self.nbytes = sum(_nbytes(s[1]) for s in self.layers if s is not None)
 
     def restore(self, i: int):
@@ -131,5 +133,4 @@ class PrefixStore:
             c.offset = m.length
             assert c.keys.shape[2] == c.offset, "restored cache must hold exactly its live tokens"
             out.append(c)
-        mx.eval([c.state for c in out])
-        return out
+        return out  # lazy: the batch merge that consumes it evaluates it

@@ -82,16 +82,33 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def read_stats(prefix: Path) -> dict[tuple[str, str], dict]:
-    with open(f"{prefix}_stats.csv") as f:
-        return {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
+def read_stats(path: Path) -> dict[tuple[str, str], dict]:
+    """Locust's final stats (its --json-file; the CSVs are written periodically and can miss
+    the last requests), as rows shaped like its CSV: counts, percentiles, content size."""
+    rows = {}
+    for e in json.loads(path.read_text()):
+        hist = sorted((int(float(ms)), n) for ms, n in e["response_times"].items())
+        count = e["num_requests"]
+
+        def pct(q, hist=hist, count=count):
+            seen = 0
+            for ms, n in hist:
+                seen += n
+                if seen >= q * count:
+                    return ms
+            return float("nan")
+
+        rows[(e["method"] or "", e["name"])] = {
+            "Type": e["method"] or "", "Name": e["name"], "Request Count": count,
+            "Failure Count": e["num_failures"], "50%": pct(0.5), "95%": pct(0.95),
+            "Average Content Size": e["total_content_length"] / count if count else 0}
+    return rows
 
 
 def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> tuple[str, bool]:
-    agg = stats[("", "Aggregated")]
     http = [r for (t, _), r in stats.items() if t in ("POST", "GET")]
     requests = sum(int(r["Request Count"]) for r in http)
-    failures = sum(int(r["Failure Count"]) for r in stats.values() if r["Name"] != "Aggregated")
+    failures = sum(int(r["Failure Count"]) for r in stats.values())
     ttft = [r for (t, n), r in stats.items() if t == "TTFT"]
     stream = [r for (t, n), r in stats.items() if t == "STREAM"]
     out_tokens = sum(float(r["Average Content Size"]) * int(r["Request Count"]) for r in stream)
@@ -127,9 +144,9 @@ def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> t
         f"| cache nodes / bytes / evictions | {metrics.get('radixchat_cache_nodes', 0):.0f} / "
         f"{metrics.get('radixchat_cache_bytes', 0) / 2**20:.1f} MiB / "
         f"{metrics.get('radixchat_cache_evictions', 0):.0f} |",
-        f"| peak server memory (RSS) | {rss:.0f} MiB |",
-        f"| aggregated Locust rows | {agg['Request Count']} |", "",
-        "Plots: throughput.png, latency.png, cache_hit_ratio.png. Raw: locust_*.csv.",
+        f"| peak server memory (RSS) | {rss:.0f} MiB |", "",
+        "Plots: throughput.png, latency.png, cache_hit_ratio.png. Raw: locust_final.json "
+        "(final counts), locust_*.csv (history).",
     ]
     return "\n".join(lines) + "\n", ok
 
@@ -205,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [str(Path(sys.executable).with_name("locust")), "-f", str(HERE / "locustfile.py"),
            "--headless", "-u", str(args.users), "-r", str(args.spawn_rate), "-t", args.time,
            "--host", f"http://127.0.0.1:{port}", "--csv", str(out / "locust"), "--csv-full-history",
-           "--stop-timeout", "120", "--only-summary", *args.classes]
+           "--json-file", str(out / "locust_final"),  # Locust adds .json
+           "--stop-timeout", "120", "--only-summary",
+           *args.classes]
     t0 = time.time()
     try:
         locust = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -221,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             server.kill()
     with Store(db) as store:
         store_requests = store.totals()["requests"]
-        stats = read_stats(out / "locust")
+        stats = read_stats(out / "locust_final.json")
         text, ok = summarise(args, out, stats, metrics, store_requests, t1 - t0, rss)
         plot(out, store, t0, t1)
     (out / "summary.md").write_text(text)

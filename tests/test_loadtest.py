@@ -1,0 +1,38 @@
+"""The load-test runner end to end: real server, real Locust (as a subprocess), real store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory):
+    from loadtests.randmodel import build_random_model
+
+    # the seed scenario's system prompts are long in the tiny tokenizer: give them room
+    return build_random_model(tmp_path_factory.mktemp("lt") / "tiny-2k", context=2048)
+
+
+def test_short_seed_run_has_no_failures_and_hits_the_cache(long_context_model, tmp_path):
+    out = tmp_path / "report"
+    run = subprocess.run(
+        [sys.executable, "-m", "loadtests.run", "--model", str(long_context_model), "--users", "5",
+         "--requests", "40", "--time", "60s", "--think", "0.2", "--max-tokens", "16",
+         "--classes", "ApiUser", "--out", str(out)],
+        capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = (out / "summary.md").read_text()
+    assert "| failures | 0 |" in summary
+    assert "(missing: 0)" in summary
+    from loadtests.run import read_stats
+
+    rows = read_stats(out / "locust_final.json")
+    assert rows[("POST", "/v1/chat/completions")]["Request Count"] == 40
+    assert any(t == "TTFT" for t, _ in rows) and any(t == "STREAM" for t, _ in rows)
+    hit = float(summary.split("| cache hit ratio (prompt tokens) | ")[1].split(" ")[0])
+    assert hit > 0, summary
+    for png in ("throughput.png", "latency.png", "cache_hit_ratio.png"):
+        assert (out / png).stat().st_size > 1000
