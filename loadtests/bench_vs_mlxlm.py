@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import threading
@@ -31,7 +30,7 @@ import httpx
 from core.blas import find_openblas
 from core.config import ASSETS
 from loadtests.benchmodel import add_model_args, resolve_model
-from loadtests.run import free_port, peak_rss_mb
+from loadtests.procs import free_port, peak_rss_mb, start_and_wait
 
 PROMPTS = json.loads((ASSETS / "prompts.json").read_text())
 
@@ -55,20 +54,7 @@ def start(kind: str, model: str, port: int, batch: int, log: Path) -> subprocess
     else:
         cmd = [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(port),
                "--decode-concurrency", str(batch), "--prompt-concurrency", str(min(batch, 8))]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}/v1/models"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"{kind} failed to start:\n{log.read_text()[-2000:]}")
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"{kind} did not start")
+    return start_and_wait(cmd, f"http://127.0.0.1:{port}/v1/models", log, env=env)
 
 
 def one_turn(http: httpx.Client, model: str, messages, max_tokens: int) -> dict:

@@ -17,10 +17,8 @@ import argparse
 import csv
 import json
 import os
-import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,14 +27,9 @@ from pathlib import Path
 import httpx
 
 from core.store import Store
+from loadtests.procs import free_port, peak_rss_mb, start_and_wait
 
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(args, db: Path, port: int, log: Path) -> subprocess.Popen:
@@ -46,28 +39,7 @@ def start_server(args, db: Path, port: int, log: Path) -> subprocess.Popen:
         cmd += ["--model", args.model]
     if args.no_prefix_cache:
         cmd.append("--no-prefix-cache")
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"server failed to start:\n{log.read_text()}")
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server did not start in time")
-
-
-def peak_rss_mb(pid: int) -> float:
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return float("nan")
-    m = re.search(r"VmHWM:\s+(\d+) kB", text)
-    return int(m.group(1)) / 1024 if m else float("nan")
+    return start_and_wait(cmd, f"http://127.0.0.1:{port}/health", log)
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -1,0 +1,46 @@
+"""Server processes for load tests and benchmarks: a free loopback port, starting a
+command and waiting until it answers, and its peak memory."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_and_wait(cmd: list[str], ready_url: str, log: Path, env=None,
+                   timeout: float = 300) -> subprocess.Popen:
+    """Start `cmd` (output to `log`); return once `ready_url` answers 200, else exit."""
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if httpx.get(ready_url, timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"{cmd[0]} failed to start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"{cmd[0]} did not answer {ready_url} within {timeout:.0f} s")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident memory of a live process (Linux /proc; NaN elsewhere)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return float("nan")
+    m = re.search(r"VmHWM:\s+(\d+) kB", text)
+    return int(m.group(1)) / 1024 if m else float("nan")
