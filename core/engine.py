@@ -30,6 +30,14 @@ from .requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, S
 from .textstream import TextStream
 
 log = logging.getLogger("radixchat.engine")
+MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 @dataclass
@@ -49,6 +57,7 @@ class _Active:
     t_first: float | None = None
     t_last: float | None = None
     done: bool = False
+    prefilled: bool = False  # its prompt is through prefill (and in the prefix cache)
     match: object = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
 
@@ -77,6 +86,7 @@ class Engine:
         self._inflight = 0
         self._active: dict[str, _Active] = {}  # engine thread only
         self._by_uid: dict[int, _Active] = {}  # engine thread only
+        self._deferred: list[_Active] = []  # engine thread only: see _should_wait
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._stopping = False
@@ -252,9 +262,29 @@ class Engine:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
                 break
-        new = [a for a in new if not a.done]
-        if new:
-            self._admit(new)
+        new = [a for a in self._deferred + new if not a.done]
+        self._deferred = []
+        admit: list[_Active] = []
+        for a in new:
+            (self._deferred if self._should_wait(a, admit) else admit).append(a)
+        if admit:
+            self._admit(admit)
+
+    def _should_wait(self, a: _Active, admitting: list[_Active]) -> bool:
+        """Should `a` wait for a request that is prefilling a long prefix `a` shares?
+
+        Computing a shared prefix (a system prompt several users send at once) once and
+        restoring it beats prefilling it side by side: on a compute-bound device the
+        batched prefill costs about the sum of its rows. The wait ends when that request's
+        prompt is in the cache (or it ends), at most one prefill later.
+        """
+        if self.prefix is None:
+            return False
+        head = a.prompt[:-1]
+        others = [b.prompt for b in admitting] + [
+            b.prompt for b in self._active.values() if b.uid is not None and not b.prefilled and not b.done]
+        shared = max((_lcp(head, p) for p in others), default=0)
+        return shared - self.prefix.tree.peek(head) >= MIN_SHARED_PREFIX
 
     def _admit(self, new: list[_Active]) -> None:
         from .sampling import make_request_sampler
@@ -307,6 +337,7 @@ class Engine:
                 continue
             # Share a fresh prompt with requests that arrive while this one decodes. A hybrid
             # model also needs a snapshot at every message end and just before the last token.
+            a.prefilled = a.prefilled or r.end_of_prompt
             if r.end_of_prompt or (r.end_of_segment and self.prefix.hybrid):
                 for caches, tokens in self._gen.extract_cache([r.uid]).values():
                     self._store(tokens, caches)

@@ -90,19 +90,7 @@ class RadixCache:
         With need_snapshot (a model with non-trimmable layers) the match only stops at the
         end of a node that carries a snapshot, backing off to the deepest such node.
         """
-        m = Match(0)
-        node, i = self.root, 0
-        while i < len(tokens):
-            child = node.children.get(tokens[i])
-            if child is None:
-                break
-            n = _common(child.key, tokens, i)
-            m.path.append(child)
-            m.path_lengths.append(n)
-            i += n
-            if n < len(child.key):
-                break
-            node = child
+        m = self._walk(tokens)
         if need_snapshot:
             while m.path and (m.path_lengths[-1] < len(m.path[-1].key) or m.path[-1].snapshot is None):
                 m.path.pop()
@@ -118,6 +106,10 @@ class RadixCache:
         else:
             self.stats.misses += 1
         return m
+
+    def peek(self, tokens: list[int]) -> int:
+        """Length of the longest cached prefix, touching nothing (no LRU, no stats)."""
+        return sum(self._walk(tokens).path_lengths)
 
     def insert(self, tokens: list[int], make_seg: Callable[[int, int], Any],
                snapshot: Any = None) -> Node:
@@ -224,6 +216,22 @@ class RadixCache:
             ((total, tokens, nodes), (self.bytes, self.tokens, self.nodes))
 
     # ---- internals -------------------------------------------------------------------------
+
+    def _walk(self, tokens: list[int]) -> Match:
+        m = Match(0)
+        node, i = self.root, 0
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            n = _common(child.key, tokens, i)
+            m.path.append(child)
+            m.path_lengths.append(n)
+            i += n
+            if n < len(child.key):
+                break
+            node = child
+        return m
 
     def _split(self, child: Node, k: int) -> Node:
         """Split `child`'s edge after k tokens; returns the new upper node."""

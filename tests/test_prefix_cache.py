@@ -215,3 +215,25 @@ def test_long_random_workload_stays_in_budget_and_leaks_no_lock(tiny_model_dir):
             stack.extend(n.children.values())
     finally:
         eng.stop()
+
+
+def test_simultaneous_arrivals_share_one_prefill(tiny_model_dir):
+    """Six users send the same new system prompt at once: it is prefilled once, not six times."""
+    system = "You answer questions about Python lists, dicts, sets and tuples. " * 8
+    questions = [f"Tell me about {w}" for w in ("lists", "dicts", "sets", "tuples", "yield", "async")]
+    reqs = [ChatRequest(messages=[{"role": "system", "content": system},
+                                  {"role": "user", "content": q}], sampling={"max_tokens": 6})
+            for q in questions]
+    off = engine_for(tiny_model_dir, prefix=False)
+    try:
+        expected = [h.result().text for h in [off.submit(r) for r in reqs]]
+    finally:
+        off.stop()
+    on = engine_for(tiny_model_dir, prefix=True)
+    try:
+        finals = [h.result() for h in [on.submit(r) for r in reqs]]
+    finally:
+        on.stop()
+    assert [f.text for f in finals] == expected
+    sys_len = finals[0].usage.prompt_tokens - 12  # roughly: all but the question and template
+    assert sum(f.usage.cached_tokens >= sys_len for f in finals) == len(reqs) - 1
