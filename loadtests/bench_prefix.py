@@ -3,8 +3,8 @@
 Prints, side by side in one run on one model:
   A. the seed scenario (4 system prompts x 30 questions from assets/prompts.json, 7
      concurrent users, 2-4 turns each, greedy) through the engine with the cache on and
-     off: prompt tokens, prefill tokens computed, and the ideal (every prefix an earlier
-     finished request had seen reused);
+     off: prompt tokens, prefill tokens computed, and the ideal (every prefix of every
+     earlier request reused);
   B. the restore time of a P-token prefix (one node, and a path of P/64 nodes) against a
      fresh prefill of the same P tokens (goal <= 5%);
   C. cache bytes per distinct cached token, radix tree vs mlx-lm's LRUPromptCache fed the
@@ -69,9 +69,12 @@ def run_scenario(engine, systems, questions, users: int, seed: int, max_tokens: 
 
 
 def ideal_cached(records) -> int:
+    """Prompt tokens an ideal cache would serve: every prefix of every earlier request
+    (its prompt once submitted, its whole conversation once finished) reused."""
     total = 0
     for r in records:
-        earlier = [o["seen"] for o in records if o["t_done"] < r["t_submit"]]
+        earlier = [o["seen"] if o["t_done"] < r["t_submit"] else o["prompt"]
+                   for o in records if o is not r and o["t_submit"] < r["t_submit"]]
         total += max((lcp(r["prompt"][:-1], s) for s in earlier), default=0)
     return total
 
