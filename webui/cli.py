@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 
@@ -97,12 +98,53 @@ def cmd_serve(args, settings: Settings) -> None:
     m = engine.loaded
     print(f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
           f"context {m.context_length}) on http://{settings.host}:{settings.port}", flush=True)
+    for line in serve_banner(settings, len(store.list_users())):
+        print(line, flush=True)
     try:
         uvicorn.run(build_app(engine, settings, store), host=settings.host, port=settings.port,
                     log_level="warning")
     finally:
         engine.stop()
         store.close()
+
+
+def lan_addresses() -> list[str]:
+    """This machine's IPv4 addresses that other machines may reach (no packet is sent)."""
+    found = set()
+    try:
+        found.update(info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET))
+    except OSError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.254.254.254", 9))  # UDP connect only picks the outgoing address
+            found.add(s.getsockname()[0])
+    except OSError:
+        pass
+    return sorted(a for a in found if not a.startswith(("127.", "0.")))
+
+
+def serve_banner(settings: Settings, n_users: int, addresses: list[str] | None = None) -> list[str]:
+    """Where to open the page, and who may sign in."""
+    port = settings.port
+    if settings.host in ("0.0.0.0", "::", ""):
+        lan = lan_addresses() if addresses is None else addresses
+        lines = [f"radixchat: open http://127.0.0.1:{port} here"]
+        lines += [f"radixchat: or, from the LAN, http://{a}:{port}" for a in lan]
+        if not lan:
+            lines.append("radixchat: no LAN address found; use this machine's address and port "
+                         f"{port}")
+    else:
+        lines = [f"radixchat: open http://{settings.host}:{port}"]
+    if settings.no_auth:
+        lines.append("radixchat: no sign-in (--no-auth): everyone uses the page as the user 'local'")
+    elif n_users == 0:
+        lines.append("radixchat: no users yet, so nobody can sign in: add one with "
+                     "`radixchat users add NAME` (it works while the server runs)")
+    else:
+        lines.append(f"radixchat: {n_users} user{'s' if n_users != 1 else ''} can sign in "
+                     "(`radixchat users add NAME` adds one)")
+    return lines
 
 
 def cmd_ask(args, settings: Settings) -> None:

@@ -1,17 +1,23 @@
 """The one FastAPI app that everything a client reaches hangs off.
 
-/health, /metrics (Prometheus), the OpenAI-compatible /v1 routes, and (as it lands) the
-Gradio page, all on one port. Errors use OpenAI's shape. No MLX in this package: the
-engine is reached only through its thread-safe submit/cancel/stats.
+/health, /metrics (Prometheus), the OpenAI-compatible /v1 routes, and the Gradio page
+(webui/page.py) at "/", all on one port. The routes are registered before the page is
+mounted, so "/" catches only what they don't. The page's sign-in checks the store's users
+(off with --no-auth). Errors use OpenAI's shape. No MLX in this package: the engine is
+reached only through its thread-safe submit/cancel/stats.
 """
 
 from __future__ import annotations
 
+import os
+
+import anyio
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from core.config import Settings
 from core.engine import Engine
+from core.store import AuthFailed
 
 from .errors import BodyLimit, install_error_handlers
 from .metrics import Metrics
@@ -43,4 +49,32 @@ def build_app(engine: Engine, settings: Settings, store=None) -> FastAPI:
     def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    if store is not None:
+        mount_page(app, engine, settings, store, metrics)
     return app
+
+
+SIGN_IN_MESSAGE = ("Sign in with your radixchat user. No user yet? Whoever runs the server adds one "
+                   "with <code>radixchat users add NAME</code>.")
+
+
+def mount_page(app: FastAPI, engine, settings: Settings, store, metrics) -> None:
+    """The Gradio page at "/", signed in against the store (unless --no-auth)."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    import gradio as gr
+
+    from .page import CSS, build_page, theme
+
+    async def sign_in(username: str, password: str) -> bool:
+        try:  # scrypt takes a while: not on the event loop
+            await anyio.to_thread.run_sync(store.authenticate, username, password)
+            return True
+        except AuthFailed:
+            return False
+
+    page = build_page(engine, settings, store, metrics, sign_in=not settings.no_auth)
+    app.state.page = page
+    gr.mount_gradio_app(
+        app, page, path="/", auth=None if settings.no_auth else sign_in, auth_message=SIGN_IN_MESSAGE,
+        theme=theme(), css=CSS, footer_links=["settings"], run_history=False, mcp_server=False,
+        ssr_mode=False, show_error=True)

@@ -1,0 +1,287 @@
+"""The page end to end: a real server, Chromium through Playwright, two users at once.
+
+alice and bob sign in from two browser contexts, each opens two tabs and chats in both;
+replies stream; alice stops one mid-stream and the engine has nothing left running; a
+reload keeps every tab and message; neither ever sees the other's tabs or text; nothing is
+fetched from anywhere but the server. Screenshots of each step go to test-output/page/.
+Debian's Chromium, never `playwright install` (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core import auth
+from core.store import Store
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_openai_api import Server  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page"
+CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)
+PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
+# markers no random model will write by chance, to tell whose text is on a page
+WORDS = {"alice": ["Alpaca-1171 what is a list?", "Anchor-2283 what does a tuple hold?"],
+         "bob": ["Bison-3391 what is a dict?", "Beacon-4405 what is a set?"]}
+LONG = "Arrow-5519 tell me everything about generators"
+CODE = "Aspen-6627 why does **this** fail?\n```python\nitems = [1, 2]\nitems.push(3)\n```"
+
+LAST_BOT = """() => { const b = [...document.querySelectorAll('#chat [data-testid=bot]')];
+                      return b.length ? b[b.length - 1].innerText : ''; }"""
+TAB_LABELS = "() => [...document.querySelectorAll('#conv-tabs label')].map(l => l.innerText.trim())"
+DONE = "prompt tokens from cache"  # the figures line under a finished answer
+
+
+@pytest.fixture(scope="module")
+def page_model(tmp_path_factory) -> Path:
+    from loadtests.randmodel import build_random_model
+
+    # slower than the tiny model, so that a reply streams for a moment and can be stopped
+    return build_random_model(tmp_path_factory.mktemp("page") / "page-model", dim=128, layers=4, context=2048)
+
+
+@pytest.fixture(scope="module")
+def server(page_model, tmp_path_factory):
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is missing: run `.ci/setup --test` (apt-get install chromium)")
+    db = tmp_path_factory.mktemp("page-db") / "page.db"
+    with Store(db, scrypt=CHEAP) as store:
+        for name, password in PASSWORDS.items():
+            store.create_user(name, password)
+    srv = Server(page_model, db, "--max-tokens", "200", "--max-batch", "8")
+    yield srv
+    out = srv.stop()
+    assert "Traceback" not in out, out
+
+
+class Shots:
+    def __init__(self):
+        shutil.rmtree(SHOTS, ignore_errors=True)
+        SHOTS.mkdir(parents=True)
+        self.n = 0
+        print(f"\nscreenshots: {SHOTS}")
+
+    def __call__(self, page, name: str) -> None:
+        self.n += 1
+        page.screenshot(path=str(SHOTS / f"{self.n:02d}-{name}.png"))
+
+
+def sign_in(page, url: str, name: str) -> None:
+    page.goto(url)
+    page.locator("input[type=text]").fill(name)
+    page.locator("input[type=password]").fill(PASSWORDS[name])
+    page.get_by_role("button", name="Login").click()
+
+
+def set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+    page.wait_for_function(f"document.querySelector('#{elem_id} input[type=number]').value == '{value}'")
+
+
+def send(page, text: str) -> None:
+    box = page.locator("#message textarea")
+    box.fill(text)
+    box.press("Enter")
+
+
+RECORD = """() => { window.__renders = [];
+  const chat = document.querySelector('#chat');
+  new MutationObserver(() => {
+    const b = [...chat.querySelectorAll('[data-testid=bot]')];
+    const t = b.length ? b[b.length - 1].innerText : '';
+    const r = window.__renders;
+    if (t && r[r.length - 1] !== t) r.push(t);
+  }).observe(chat, {subtree: true, childList: true, characterData: true}); }"""
+
+
+def watch(pages: dict, answers: int = 1, timeout: float = 60) -> dict[str, list[str]]:
+    """Wait until each page shows `answers` answers, the last one finished; every text the
+    last one showed on the way (recorded in the page by RECORD, which `record` installs)."""
+    deadline = time.time() + timeout
+    for name, page in pages.items():
+        page.wait_for_function(f"document.querySelectorAll('#chat [data-testid=bot]').length == {answers}"
+                               f" && (({LAST_BOT})()).includes('{DONE}')", timeout=(deadline - time.time()) * 1e3)
+    seen = {name: page.evaluate("window.__renders.splice(0)") for name, page in pages.items()}
+    return seen
+
+
+def record(page) -> None:
+    page.evaluate(RECORD)
+
+
+def streamed(renders: list[str]) -> int:
+    """How many different partial answers were shown before the finished one."""
+    return len({r for r in renders if "▍" in r})
+
+
+def open_tab(page, index: int) -> str:
+    page.locator("#conv-tabs label").nth(index).click()
+    page.wait_for_function(f"document.querySelectorAll('#conv-tabs label')[{index}].classList.contains('selected')")
+    page.wait_for_function("(() => { const u = document.querySelectorAll('#chat [data-testid=user]');"
+                           f"return u.length && document.querySelector('#title textarea, #title input').value"
+                           f" == document.querySelectorAll('#conv-tabs label')[{index}].innerText.trim(); }})()")
+    page.wait_for_timeout(200)
+    return page.locator("#chat").inner_text()
+
+
+def test_two_users_tabs_streaming_stop_reload_isolation(server):
+    from playwright.sync_api import sync_playwright
+
+    shot = Shots()
+    outside: list[str] = []
+    local = (server.url, "data:", "blob:", "about:")
+    t0 = time.time()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            pages = {}
+            for name in ("alice", "bob"):
+                ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+                ctx.on("request", lambda r: r.url.startswith(local) or outside.append(r.url))
+                pages[name] = ctx.new_page()
+            alice, bob = pages["alice"], pages["bob"]
+
+            # both sign in at the same time
+            for name, page in pages.items():
+                page.goto(server.url)
+            alice.wait_for_selector("input[type=password]")
+            shot(alice, "sign-in")
+            for name, page in pages.items():
+                sign_in(page, server.url, name)
+            for page in pages.values():
+                page.wait_for_selector("#conv-tabs label", timeout=30_000)
+                set_number(page, "temperature", 0)  # greedy: the same long replies every run
+                record(page)
+            assert "signed in as alice" in alice.locator("#header").inner_text()
+
+            # each sends in a first tab, at once; both replies stream
+            for name, page in pages.items():
+                send(page, WORDS[name][0])
+            first = watch(pages)
+            print("partial renders, first tabs:", {n: streamed(r) for n, r in first.items()})
+            assert streamed(first["alice"]) >= 3 and streamed(first["bob"]) >= 3, first
+            shot(alice, "alice-first-tab")
+            shot(bob, "bob-first-tab")
+
+            # each opens a second tab with "+" and chats there too
+            for page in pages.values():
+                page.locator("#new-tab").click()
+            for page in pages.values():
+                page.wait_for_function(f"({TAB_LABELS})().length == 2")
+            for name, page in pages.items():
+                send(page, WORDS[name][1])
+            second = watch(pages)
+            print("partial renders, second tabs:", {n: streamed(r) for n, r in second.items()})
+            assert streamed(second["alice"]) >= 3 and streamed(second["bob"]) >= 3, second
+            for name, page in pages.items():  # each tab is named after its first message
+                assert page.evaluate(TAB_LABELS) == WORDS[name]
+            shot(alice, "alice-second-tab")
+
+            # back in her first tab, alice goes on with that conversation: Markdown and code
+            # render, and the earlier turns come from the prefix cache
+            open_tab(alice, 0)
+            send(alice, CODE)
+            reply = watch({"alice": alice}, answers=2)["alice"][-1]
+            figures = r"(\d+) of (\d+) prompt tokens from cache"
+            first_prompt = int(re.search(figures, first["alice"][-1]).group(2))
+            cached, prompt = map(int, re.search(figures, reply).groups())
+            assert first_prompt <= cached < prompt, reply  # at least the whole first prompt
+            assert alice.locator("#chat pre code").count() >= 1 and alice.locator("#chat strong").count() >= 1
+            assert alice.locator("#chat .rc-stats").count() == 2  # figures under every answer
+            shot(alice, "alice-markdown-and-cache")
+            open_tab(alice, 1)
+
+            # alice stops a long reply mid-stream: the engine drops it, the text stays
+            set_number(alice, "max-tokens", 1500)
+            send(alice, LONG)
+            alice.wait_for_function(f"(({LAST_BOT})()).includes('▍') && (({LAST_BOT})()).length > 60",
+                                    timeout=30_000)
+            alice.locator("#stop").click()
+            alice.wait_for_function(f"(({LAST_BOT})()).includes('stopped')", timeout=30_000)
+            stopped_text = alice.evaluate(LAST_BOT)
+            deadline = time.time() + 10
+            while (health := httpx.get(server.url + "/health").json())["active_requests"] and time.time() < deadline:
+                time.sleep(0.05)
+            assert health["active_requests"] == 0 and health["queue_depth"] == 0
+            assert server.metric('radixchat_requests_total{outcome="cancelled"}') == 1
+            shot(alice, "alice-stopped")
+
+            # a reload keeps every tab and message
+            before = {name: page.evaluate(TAB_LABELS) for name, page in pages.items()}
+            seen_text = {}
+            for name, page in pages.items():
+                page.reload()
+                page.wait_for_selector("#conv-tabs label", timeout=30_000)
+                record(page)
+                assert page.evaluate(TAB_LABELS) == before[name]
+                seen_text[name] = [open_tab(page, i) for i in range(len(before[name]))]
+                for words, text in zip(WORDS[name], seen_text[name]):
+                    assert words in text and DONE in text
+            assert "items.push(3)" in seen_text["alice"][0]
+            assert LONG in seen_text["alice"][1] and "stopped" in seen_text["alice"][1]
+            assert stopped_text.split("\n")[0][:30] in seen_text["alice"][1]
+            shot(alice, "alice-after-reload")
+            shot(bob, "bob-after-reload")
+
+            # neither sees the other's tabs or text, anywhere on the page
+            for name, other in (("alice", "bob"), ("bob", "alice")):
+                everything = pages[name].locator("body").inner_text() + "".join(seen_text[name])
+                for words in WORDS[other]:
+                    assert words.split()[0] not in everything, (name, words)
+
+            # the Server tab: figures only, refreshed by itself
+            alice.get_by_role("tab", name="Server").click()
+            alice.wait_for_function("document.querySelector('#server-summary').innerText.includes('Users signed in')",
+                                    timeout=15_000)
+            summary = alice.locator("#server-summary").inner_text()
+            assert "page-model" in summary and "Prefix cache" in summary
+            for words in WORDS["bob"] + WORDS["alice"]:
+                assert words.split()[0] not in alice.locator("body").inner_text()
+            alice.wait_for_timeout(1500)  # let the plots draw
+            shot(alice, "server-tab")
+
+            # rename a tab, close it, find it in the history and reopen it
+            alice.get_by_role("tab", name="Chat").click()
+            open_tab(alice, 1)
+            alice.locator("#title textarea, #title input").first.fill("Generators, stopped")
+            alice.locator("#rename").click()
+            alice.wait_for_function(f"({TAB_LABELS})()[1] == 'Generators, stopped'")
+            alice.locator("#close-tab").click()
+            alice.wait_for_function(f"({TAB_LABELS})().length == 1")
+            alice.get_by_text("History").click()
+            alice.locator("#search textarea, #search input").first.fill("generators")
+            alice.wait_for_function("[...document.querySelectorAll('#archived label')].map(l => l.innerText.trim())"
+                                    ".join() == 'Generators, stopped'")
+            alice.locator("#archived label").first.click()
+            alice.locator("#reopen").click()
+            alice.wait_for_function(f"({TAB_LABELS})().join() == '{WORDS['alice'][0]},Generators, stopped'")
+            assert LONG in alice.locator("#chat").inner_text()
+            shot(alice, "alice-reopened")
+
+            # a refusal is a readable notice, and the typed text stays in the box
+            send(alice, "lists " * 2500)
+            alice.wait_for_selector(".toast-body", timeout=15_000)
+            assert "too long for the model" in alice.locator(".toast-body").first.inner_text()
+            assert alice.locator("#message textarea").input_value().startswith("lists lists")
+            alice.evaluate("window.scrollTo(0, 0)")
+            alice.wait_for_timeout(800)  # the notice slides in
+            shot(alice, "notice-too-long")
+        finally:
+            browser.close()
+    assert outside == [], f"the page fetched from elsewhere: {outside}"
+    print(f"browser test took {time.time() - t0:.0f} s")

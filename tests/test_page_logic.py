@@ -1,0 +1,315 @@
+"""The chat page's handlers without a browser: tabs, replies, stop, notices, dashboard, banner."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from core import auth
+from core.requests import QueueFull, RequestError
+from core.store import Store
+from webui.cli import serve_banner
+from webui.page_dashboard import Presence, dashboard
+from webui.page_logic import LOCAL_USER, ChatPage, PageError, reply_stats, visible_turns
+
+CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "page.db", scrypt=CHEAP)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def users(store):
+    return store.create_user("alice", "alice-password"), store.create_user("bob", "bob-password")
+
+
+class Refusing:
+    """An engine that refuses every request the way the real one does."""
+
+    loaded = SimpleNamespace(model_id="fake", context_length=512)
+
+    def __init__(self, error: Exception):
+        self.error = error
+        self.submitted = 0
+
+    def submit(self, request):
+        self.submitted += 1
+        raise self.error
+
+
+class Counting:
+    def __init__(self):
+        self.rejections, self.finals = 0, []
+
+    def rejected(self):
+        self.rejections += 1
+
+    def observe(self, final):
+        self.finals.append(final)
+
+
+async def collect(agen) -> list:
+    return [x async for x in agen]
+
+
+def reply(page, user, conv, text, **kw) -> list:
+    return asyncio.run(collect(page.reply(user, conv, text, **kw)))
+
+
+# ---- tabs ----
+
+def test_tabs_create_rename_close_reopen_and_survive_a_reload(store, users):
+    alice, bob = users
+    page = ChatPage(Refusing(QueueFull(1)), store)
+    tabs, current = page.start(alice)  # a first visit opens a first tab
+    assert [c.title for c in tabs] == ["New chat"] and current == tabs[0].id
+    second = page.new_tab(alice, "Be brief.")
+    third = page.new_tab(alice)
+    assert [c.id for c in page.tabs(alice)] == [tabs[0].id, second.id, third.id]
+    assert page.conversation(alice, second.id).system_prompt == "Be brief."
+
+    assert page.rename(alice, second.id, "  Lists   and dicts ").title == "Lists and dicts"
+    with pytest.raises(PageError, match="empty"):
+        page.rename(alice, second.id, "   ")
+    store.append_message(alice, second.id, "user", "What is a list?")
+    # tabs keep the order they were opened in, not the order of activity
+    assert [c.id for c in page.tabs(alice)] == [tabs[0].id, second.id, third.id]
+
+    # closing a tab with messages archives it; closing an empty one discards it
+    assert page.close(alice, second.id) == tabs[0].id  # its left neighbour comes into view
+    assert page.close(alice, third.id) == tabs[0].id
+    assert [c.id for c in page.tabs(alice)] == [tabs[0].id]
+    assert [c.title for c in page.archived(alice)] == ["Lists and dicts"]
+    assert [c.id for c in page.archived(alice, "DICTS")] == [second.id]  # search ignores case
+    assert page.archived(alice, "tuples") == []
+    with pytest.raises(PageError, match="no longer exists"):
+        page.conversation(alice, third.id)
+
+    page.reopen(alice, second.id)
+    assert page.archived(alice) == []
+    # a reload, or the same user in another browser: a fresh page on the same database
+    again = ChatPage(Refusing(QueueFull(1)), store)
+    tabs2, current2 = again.start(alice)
+    assert [c.id for c in tabs2] == [tabs[0].id, second.id]
+    assert current2 == second.id  # the tab last used
+    assert again.messages(alice, second.id) == [{"role": "user", "content": "What is a list?"}]
+
+    # closing the last tab opens a fresh one
+    page.close(alice, tabs[0].id)
+    last = page.close(alice, second.id)
+    assert [c.id for c in page.tabs(alice)] == [last] and last not in (tabs[0].id, second.id)
+
+
+def test_a_user_never_reaches_another_users_tabs(store, users):
+    alice, bob = users
+    page = ChatPage(Refusing(QueueFull(1)), store)
+    conv = page.new_tab(alice)
+    store.append_message(alice, conv.id, "user", "alice's secret")
+    assert page.start(bob)[0][0].id != conv.id
+    assert all(c.owner == bob.id for c in page.tabs(bob))
+    for action in (lambda: page.messages(bob, conv.id), lambda: page.rename(bob, conv.id, "mine"),
+                   lambda: page.close(bob, conv.id), lambda: page.reopen(bob, conv.id),
+                   lambda: page.set_system_prompt(bob, conv.id, "x"),
+                   lambda: reply(page, bob, conv.id, "hello")):
+        with pytest.raises(PageError, match="no longer exists"):
+            action()
+    assert page.stop(bob, conv.id) is False
+    assert page.archived(bob, "secret") == []
+    assert [m.content for m in store.history(alice, conv.id)] == ["alice's secret"]
+
+
+def test_no_sign_in_means_one_local_user_made_on_demand(store):
+    page = ChatPage(Refusing(QueueFull(1)), store)
+    first = page.user(None)
+    assert first.name == LOCAL_USER and page.user(None) == first
+    assert page.user("") == first
+    with pytest.raises(Exception):
+        page.user("nobody")
+
+
+# ---- notices ----
+
+@pytest.mark.parametrize("error, words", [
+    (QueueFull(256), "busy"),
+    (RequestError("the prompt is 900 tokens but the model's context is 512 tokens", 413,
+                  "context_length_exceeded"), "too long for the model"),
+    (RequestError("the engine is not running", 503, "engine_unavailable"), "not available"),
+    (RequestError("the model's chat template rejected these messages: bad"), "refused"),
+])
+def test_refusals_are_readable_notices_and_store_nothing(store, users, error, words):
+    alice, _ = users
+    metrics = Counting()
+    engine = Refusing(error)
+    page = ChatPage(engine, store, metrics)
+    conv = page.new_tab(alice)
+    with pytest.raises(PageError) as e:
+        reply(page, alice, conv.id, "What is a tuple?")
+    assert words in e.value.message and error.message in e.value.message
+    assert "Traceback" not in e.value.message and e.value.message[0].isupper()
+    assert engine.submitted == 1 and metrics.rejections == 1
+    assert store.history(alice, conv.id) == [] and page.conversation(alice, conv.id).title == "New chat"
+    assert page.running == {}
+
+
+def test_bad_input_is_refused_before_the_engine(store, users):
+    alice, _ = users
+    engine = Refusing(QueueFull(1))
+    page = ChatPage(engine, store)
+    conv = page.new_tab(alice)
+    with pytest.raises(PageError, match="Type a message"):
+        reply(page, alice, conv.id, "   ")
+    with pytest.raises(PageError, match="temperature"):
+        reply(page, alice, conv.id, "hi", temperature=9.0)
+    with pytest.raises(PageError, match="no message to answer"):
+        reply(page, alice, conv.id, None, regenerate=True)
+    assert engine.submitted == 0
+
+
+# ---- replies on the real engine ----
+
+def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, users):
+    alice, _ = users
+    metrics = Counting()
+    page = ChatPage(engine, store, metrics, model_id="tiny")
+    conv = page.new_tab(alice, "You are a terse Python tutor. Answer about lists and dicts.")
+    shown = reply(page, alice, conv.id, "What does list.append do?", temperature=0, max_tokens=200)
+    assert len(shown) >= 3  # at once, while streaming, at the end
+    assert shown[0][-1]["content"].endswith("▍") and shown[0][0]["content"] == "What does list.append do?"
+    partials = [s[-1]["content"] for s in shown[1:-1]]
+    assert len(set(partials)) == len(partials) >= 1  # text grows between updates
+    final = shown[-1][-1]["content"]
+    assert "prompt tokens from cache" in final and "first token" in final and "tok/s" in final
+    history = store.history(alice, conv.id)
+    assert [m.role for m in history] == ["user", "assistant"] and history[1].request is not None
+    stats = reply_stats(store, [history[1].request])[history[1].request]
+    assert stats.finish_reason in ("stop", "length") and stats.prompt_tokens > 10
+    assert history[1].content in final
+    assert page.conversation(alice, conv.id).title == "What does list.append do?"  # named after it
+    assert len(metrics.finals) == 1 and page.running == {}
+
+    # the second turn restores the first from the prefix cache
+    shown = reply(page, alice, conv.id, "And dict.get?", temperature=0, max_tokens=8)
+    second = store.history(alice, conv.id)[-1]
+    assert reply_stats(store, [second.request])[second.request].cached_tokens >= stats.prompt_tokens
+    assert len(shown[-1]) == 4
+
+
+def test_stop_cancels_in_the_engine_and_keeps_the_text(engine, store, users):
+    alice, _ = users
+    page = ChatPage(engine, store, model_id="tiny")
+    conv = page.new_tab(alice)
+
+    async def scenario():
+        gen = page.reply(alice, conv.id, "Tell me everything about generators.", temperature=0, max_tokens=450)
+        shown = [await gen.__anext__()]
+        with pytest.raises(PageError, match="still being written"):
+            await collect(page.reply(alice, conv.id, "another"))
+        while "▍" in shown[-1][-1]["content"] and len(shown) < 3:
+            shown.append(await gen.__anext__())
+        assert page.stop(alice, conv.id)
+        shown += [s async for s in gen]
+        return shown
+
+    shown = asyncio.run(scenario())
+    assert "stopped" in shown[-1][-1]["content"]
+    deadline = time.time() + 5
+    while engine.stats()["active"] and time.time() < deadline:
+        time.sleep(0.02)
+    assert engine.stats()["active"] == 0
+    reply_msg = store.history(alice, conv.id)[-1]
+    stats = reply_stats(store, [reply_msg.request])[reply_msg.request]
+    assert stats.finish_reason == "cancelled" and reply_msg.content
+    assert reply_msg.content in shown[-1][-1]["content"]
+    assert page.stop(alice, conv.id) is False  # nothing running any more
+
+
+def test_a_page_that_goes_away_mid_reply_still_stores_it(engine, store, users):
+    alice, _ = users
+    page = ChatPage(engine, store, model_id="tiny")
+    conv = page.new_tab(alice)
+
+    async def leave_early():
+        gen = page.reply(alice, conv.id, "Explain dicts at length.", temperature=0, max_tokens=450)
+        await gen.__anext__()
+        await gen.__anext__()
+        await gen.aclose()  # the browser went away
+
+    asyncio.run(leave_early())
+    deadline = time.time() + 10
+    while len(store.history(alice, conv.id)) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    history = store.history(alice, conv.id)
+    assert [m.role for m in history] == ["user", "assistant"]
+    assert reply_stats(store, [history[1].request])[history[1].request].finish_reason == "cancelled"
+    assert engine.stats()["active"] == 0
+
+
+def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, users):
+    alice, _ = users
+    page = ChatPage(engine, store, model_id="tiny")
+    conv = page.new_tab(alice)
+    reply(page, alice, conv.id, "What is a set?", temperature=0, max_tokens=6)
+    shown = reply(page, alice, conv.id, None, temperature=1.5, max_tokens=6, regenerate=True)
+    history = store.history(alice, conv.id)
+    assert [m.role for m in history] == ["user", "assistant", "assistant"]
+    assert [m.id for m in visible_turns(history)] == [history[0].id, history[2].id]
+    assert len(shown[-1]) == 2 and history[2].content in shown[-1][1]["content"]
+    # the model sees only the newest reply: the next turn's prompt alternates roles
+    reply(page, alice, conv.id, "Thanks.", temperature=0, max_tokens=4)
+    assert [m["role"] for m in page.messages(alice, conv.id)] == ["user", "assistant"] * 2
+
+
+# ---- the Server tab ----
+
+def test_dashboard_shows_aggregates_only(engine, store, users):
+    alice, _ = users
+    page = ChatPage(engine, store, model_id="tiny")
+    conv = page.new_tab(alice)
+    reply(page, alice, conv.id, "my private question about tuples", temperature=0, max_tokens=4)
+    presence = Presence()
+    presence.seen("alice")
+    presence.seen("bob")
+    d = dashboard(engine, store, presence)
+    assert engine.loaded.model_id in d.summary and "Users signed in | 2" in d.summary
+    assert "Prefix cache" in d.summary and "of 1.0 GiB" in d.summary
+    assert "tuples" not in d.summary and "alice" not in d.summary
+    assert list(d.requests.columns) == ["time", "count", "series"] and d.requests["count"].sum() >= 1
+    assert list(d.ttft.columns) == ["time", "ms", "series"] and len(d.ttft) >= 2
+    assert Presence(window_s=0).count() == 0
+
+
+# ---- the serve command's banner ----
+
+def test_serve_banner_names_lan_addresses_and_how_to_add_users():
+    from core.config import Settings
+
+    lan = serve_banner(Settings(host="0.0.0.0", port=8123), 0, addresses=["192.168.1.20", "10.0.0.7"])
+    text = "\n".join(lan)
+    assert "http://192.168.1.20:8123" in text and "http://10.0.0.7:8123" in text
+    assert "radixchat users add NAME" in text and "nobody can sign in" in text
+    local = serve_banner(Settings(port=8123, no_auth=True), 0)
+    assert local[0] == "radixchat: open http://127.0.0.1:8123" and "no sign-in" in local[1]
+    assert "2 users can sign in" in serve_banner(Settings(), 2)[-1]
+
+
+def test_one_reply_at_a_time_per_tab_even_when_sent_together(engine, store, users):
+    alice, _ = users
+    page = ChatPage(engine, store, model_id="tiny")
+    conv = page.new_tab(alice)
+
+    async def both():
+        return await asyncio.gather(collect(page.reply(alice, conv.id, "first", temperature=0, max_tokens=8)),
+                                    collect(page.reply(alice, conv.id, "second", temperature=0, max_tokens=8)),
+                                    return_exceptions=True)
+
+    results = asyncio.run(both())
+    assert sum(isinstance(r, PageError) for r in results) == 1
+    assert [m.role for m in store.history(alice, conv.id)] == ["user", "assistant"]
+    assert page.running == {} and engine.stats()["active"] == 0

@@ -1,0 +1,354 @@
+"""What the chat page does, without the page: tabs, replies, stop, and readable errors.
+
+`ChatPage` holds the store, the engine and the metrics, and every method takes the signed-in
+user, so the page (webui/page.py) is only layout and wiring, and these can be tested without
+a browser. A tab is an open (not archived) conversation; closing one archives it (or deletes
+it if nothing was said in it); the history lists archived ones and reopens them. Everything
+a tab shows comes from SQLite, so a reload or a second browser sees the same tabs.
+
+A reply streams from the engine; it is stored with its request metrics when it ends,
+finished, stopped or failed. Stop cancels the request in the engine. Regenerate writes a new
+reply to the last message; the newest reply to a message is the one shown and the one the
+model sees later (the store keeps the older ones). Refusals (queue full, prompt too long,
+engine down, bad input) raise `PageError` with a sentence meant for the person at the page.
+
+No MLX here, no Gradio either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from pydantic import ValidationError
+
+from core.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
+from core.store import (DEFAULT_TITLE, AlreadyExists, Conversation, Message, NotFound, RequestRecord,
+                        StoreError, User)
+
+log = logging.getLogger("radixchat.page")
+
+LOCAL_USER = "local"  # who everyone is with --no-auth
+TITLE_CHARS = 40  # a new tab is named after the start of its first message
+STREAM_EVERY_S = 0.05  # at most this often a streaming reply is sent to the browser
+
+
+class PageError(Exception):
+    """Something the person at the page should read (shown as a notice, never a traceback)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def refusal(e: Exception) -> str:
+    """A readable sentence for why the engine or the store refused a request."""
+    if isinstance(e, RequestError):
+        if e.status == 429:
+            return f"The server is busy ({e.message}). Try again in a moment."
+        if e.status == 413:
+            return (f"This is too long for the model: {e.message}. Open a new tab (+) "
+                    "or send a shorter message.")
+        if e.status == 503:
+            return f"The model is not available right now: {e.message}."
+        return f"The engine refused this request: {e.message}."
+    if isinstance(e, ValidationError):
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"Invalid setting {where}: {first['msg']}."
+    if isinstance(e, NotFound):
+        return "This tab no longer exists (closed in another window?). Reload the page."
+    if isinstance(e, StoreError):
+        return str(e)[:1].upper() + str(e)[1:] + "."
+    return f"Something went wrong: {type(e).__name__}: {e}."
+
+
+@dataclass
+class ReplyStats:
+    """What is shown under an answer."""
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_ms: float | None
+    decode_tps: float | None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def line(self) -> str:
+        parts = []
+        if self.ttft_ms is not None:
+            parts.append(f"first token {self.ttft_ms:,.0f} ms")
+        if self.decode_tps:
+            parts.append(f"{self.decode_tps:.1f} tok/s")
+        parts.append(f"{self.cached_tokens} of {self.prompt_tokens} prompt tokens from cache")
+        if self.finish_reason == "cancelled":
+            parts.append("stopped")
+        elif self.finish_reason == "length":
+            parts.append("length limit")
+        if self.error:
+            parts.append(f"failed: {self.error}")
+        return " · ".join(parts)
+
+
+def visible_turns(history: list[Message]) -> list[Message]:
+    """The conversation as shown and as the model sees it: of several replies in a row
+    (regenerated), the newest."""
+    out: list[Message] = []
+    for m in history:
+        if m.role == "assistant" and out and out[-1].role == "assistant":
+            out[-1] = m
+        elif m.role != "system":
+            out.append(m)
+    return out
+
+
+def prompt_of(conv: Conversation, turns: list[Message]) -> list[dict]:
+    head = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+    return head + [{"role": m.role, "content": m.content} for m in turns]
+
+
+def title_from(text: str) -> str:
+    words = " ".join(text.split())
+    return words if len(words) <= TITLE_CHARS else words[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def bubble(text: str, stats: ReplyStats | None = None, streaming: bool = False) -> str:
+    """An answer's Markdown, with its figures in a small line under it."""
+    body = text if text.strip() else ("…" if streaming else "*(no text)*")
+    if streaming:
+        return body + " ▍"
+    if stats is None:
+        return body
+    return f'{body}\n\n<span class="rc-stats">{html.escape(stats.line())}</span>'
+
+
+@dataclass
+class Running:
+    """A reply being written in a tab: who asked, its engine handle, the text so far.
+    Registered before anything is awaited, so a tab writes one reply at a time."""
+    user_id: int
+    handle: object = None  # set once the engine took the request
+    live: bool = False  # the user's message is stored: the tab shows this reply
+    stopping: bool = False  # Stop was pressed (maybe before the engine had the request)
+    text: str = ""
+    started: float = field(default_factory=time.time)
+
+
+class ChatPage:
+    def __init__(self, engine, store, metrics=None, model_id: str = "", default_max_tokens: int = 256):
+        self.engine, self.store, self.metrics = engine, store, metrics
+        self.model_id = model_id
+        self.default_max_tokens = default_max_tokens
+        self.running: dict[int, Running] = {}  # conversation id -> its reply being written
+        self._late = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixchat-page-save")
+
+    # ---- who ----
+
+    def user(self, name: str | None) -> User:
+        """The signed-in user; with no sign-in (--no-auth), the shared local user, made on first use."""
+        if name:
+            return self.store.get_user(name)
+        try:
+            return self.store.get_user(LOCAL_USER)
+        except NotFound:
+            try:
+                return self.store.create_user(LOCAL_USER, secrets.token_urlsafe(24))
+            except AlreadyExists:  # another request made it first
+                return self.store.get_user(LOCAL_USER)
+
+    # ---- tabs ----
+
+    def tabs(self, user: User) -> list[Conversation]:
+        """Open conversations in the order they were opened (stable while chatting)."""
+        return sorted(self.store.list_conversations(user, archived=False), key=lambda c: c.id)
+
+    def start(self, user: User) -> tuple[list[Conversation], int]:
+        """The tabs to show on load and which one is current (the last one used); opens
+        a first tab for someone who has none."""
+        tabs = self.tabs(user)
+        if not tabs:
+            first = self.store.create_conversation(user)
+            return [first], first.id
+        return tabs, max(tabs, key=lambda c: (c.updated, c.id)).id
+
+    def new_tab(self, user: User, system_prompt: str = "") -> Conversation:
+        return self._guard(self.store.create_conversation, user, None, system_prompt or "")
+
+    def rename(self, user: User, conv_id: int, title: str) -> Conversation:
+        if not (title or "").strip():
+            raise PageError("A tab's title can't be empty.")
+        return self._guard(self.store.rename_conversation, user, conv_id, title)
+
+    def close(self, user: User, conv_id: int) -> int:
+        """Close a tab: archive it, or delete it if nothing was said in it; stops its reply.
+        Returns the tab to show next (a new one if it was the last)."""
+        order = [c.id for c in self.tabs(user)]
+        self.stop(user, conv_id)
+        if self._guard(self.store.history, user, conv_id):
+            self._guard(self.store.archive_conversation, user, conv_id)
+        else:
+            self._guard(self.store.delete_conversation, user, conv_id)
+        rest = [c for c in order if c != conv_id]
+        if not rest:
+            return self.new_tab(user).id
+        i = order.index(conv_id) if conv_id in order else len(rest)
+        return rest[max(0, i - 1)] if i > 0 else rest[0]
+
+    def archived(self, user: User, search: str = "") -> list[Conversation]:
+        return self._guard(self.store.list_conversations, user, archived=True,
+                           search=(search or "").strip() or None, limit=100)
+
+    def reopen(self, user: User, conv_id: int) -> Conversation:
+        return self._guard(self.store.restore_conversation, user, conv_id)
+
+    def conversation(self, user: User, conv_id: int) -> Conversation:
+        return self._guard(self.store.get_conversation, user, conv_id)
+
+    def set_system_prompt(self, user: User, conv_id: int, text: str) -> Conversation:
+        return self._guard(self.store.set_system_prompt, user, conv_id, text or "")
+
+    # ---- messages ----
+
+    def messages(self, user: User, conv_id: int) -> list[dict]:
+        """What the chat area shows for a tab: stored turns with their figures, and the
+        reply being written, if any."""
+        turns = visible_turns(self._guard(self.store.history, user, conv_id))
+        stats = reply_stats(self.store, [m.request for m in turns if m.request])
+        run = self.running.get(conv_id)
+        run = run if run is not None and run.live and run.user_id == user.id else None
+        if run is not None:
+            while turns and turns[-1].role == "assistant":  # being regenerated
+                turns.pop()
+        out = [{"role": m.role, "content": m.content if m.role == "user"
+                else bubble(m.content, stats.get(m.request))} for m in turns]
+        if run is not None:
+            out.append({"role": "assistant", "content": bubble(run.text, streaming=True)})
+        return out
+
+    async def reply(self, user: User, conv_id: int, text: str | None, *, temperature: float = 0.0,
+                    max_tokens: int | None = None, regenerate: bool = False) -> AsyncIterator[list[dict]]:
+        """Send `text` (or, with regenerate, answer the last message again) and stream the
+        reply: yields what the chat area shows, first at once, then as text arrives, last
+        with the figures. Raises PageError when refused (nothing is stored then). The
+        reply is stored when it ends, also when the page goes away mid-stream."""
+        busy = self.running.get(conv_id)
+        if busy is not None:  # someone else's tab is "not found", busy or not
+            raise PageError("A reply is still being written in this tab: wait for it or press Stop."
+                            if busy.user_id == user.id else refusal(NotFound("")))
+        run = self.running[conv_id] = Running(user.id)
+        handle, saved = None, False
+        try:
+            conv, history = await asyncio.to_thread(
+                lambda: (self.conversation(user, conv_id), self._guard(self.store.history, user, conv_id)))
+            turns = visible_turns(history)
+            if regenerate:
+                while turns and turns[-1].role == "assistant":
+                    turns.pop()
+                if not turns:
+                    raise PageError("There is no message to answer again yet.")
+                messages = prompt_of(conv, turns)
+            else:
+                if not (text or "").strip():
+                    raise PageError("Type a message first.")
+                messages = prompt_of(conv, turns) + [{"role": "user", "content": text}]
+            try:
+                sampling = Sampling(temperature=temperature, max_tokens=int(max_tokens or self.default_max_tokens))
+                handle = run.handle = self.engine.submit(ChatRequest(messages=messages, sampling=sampling))
+            except (RequestError, ValidationError) as e:
+                if self.metrics is not None:
+                    self.metrics.rejected()
+                raise PageError(refusal(e)) from None
+            if run.stopping:
+                handle.cancel()
+            if not regenerate:
+                try:
+                    await asyncio.to_thread(self.store.append_message, user, conv_id, "user", text)
+                    run.live = True
+                    if conv.title == DEFAULT_TITLE and not any(m.role == "user" for m in turns):
+                        await asyncio.to_thread(self.store.rename_conversation, user, conv_id, title_from(text))
+                except StoreError as e:
+                    raise PageError(refusal(e)) from None
+            run.live = True
+            shown = await asyncio.to_thread(self.messages, user, conv_id)  # ends with the reply
+            yield shown
+            final, last = None, time.monotonic()
+            async for ev in handle:
+                if isinstance(ev, TextDelta):
+                    run.text += ev.text
+                    if time.monotonic() - last >= STREAM_EVERY_S:
+                        last = time.monotonic()
+                        yield shown[:-1] + [{"role": "assistant", "content": bubble(run.text, streaming=True)}]
+                else:
+                    final = ev
+            await asyncio.to_thread(self._save, user, conv_id, final, run.text)
+            saved = True
+            self.running.pop(conv_id, None)
+            yield await asyncio.to_thread(self.messages, user, conv_id)
+            if isinstance(final, Failed):
+                raise PageError(f"The reply failed: {final.message}. What it wrote so far is kept.")
+        finally:
+            if self.running.get(conv_id) is run:
+                del self.running[conv_id]
+            if handle is not None and not saved:  # the page went away (or storing failed)
+                handle.cancel()
+                if run.live:  # keep what was written, once the engine has let go of it
+                    handle.add_done_callback(
+                        lambda final: self._late.submit(self._save_quietly, user, conv_id, final, run.text))
+
+    def stop(self, user: User, conv_id: int) -> bool:
+        """Cancel the reply being written in this tab, in the engine. False if there is none."""
+        run = self.running.get(conv_id)
+        if run is None or run.user_id != user.id:
+            return False
+        run.stopping = True
+        if run.handle is not None:
+            run.handle.cancel()
+        return True
+
+    def _save(self, user: User, conv_id: int, final, text_so_far: str) -> None:
+        """Store a reply that ended (finished, stopped or failed) with its request metrics."""
+        if self.metrics is not None:
+            self.metrics.observe(final)
+        text = final.text if isinstance(final, Finished) else text_so_far
+        self.store.append_reply(user, conv_id, text, RequestRecord.from_usage(
+            final.usage, model=self.model_id,
+            finish_reason=final.finish_reason if isinstance(final, Finished) else "error",
+            error=final.message if isinstance(final, Failed) else None))
+
+    def _save_quietly(self, user, conv_id, final, text_so_far) -> None:
+        try:
+            self._save(user, conv_id, final, text_so_far)
+        except Exception:  # the tab may be gone; nobody is waiting for this
+            log.exception("could not store a reply after its page went away")
+
+    @staticmethod
+    def _guard(fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except StoreError as e:
+            raise PageError(refusal(e)) from None
+
+
+def reply_stats(store, request_ids: list[int]) -> dict[int, ReplyStats]:
+    """The figures of the given requests (ids taken from messages the user may read).
+
+    Reads the requests table through the store's own per-thread connection: core.store has
+    no public reader for a request's metrics yet (wanted there: Store.request_metrics)."""
+    ids = sorted({int(i) for i in request_ids if i is not None})
+    if not ids:
+        return {}
+    out: dict[int, ReplyStats] = {}
+    with store._tx(write=False) as db:
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            rows = db.execute(
+                "SELECT id, prompt_tokens, cached_tokens, ttft_ms, decode_tps, finish_reason, error "
+                f"FROM requests WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+            for rid, *figures in rows:
+                out[rid] = ReplyStats(*figures)
+    return out
