@@ -470,6 +470,22 @@ class Store:
                               "WHERE conversation = ? ORDER BY id", [conv.id])
             return [Message(*r) for r in rows]
 
+    def request_metrics(self, request_ids) -> dict[int, tuple]:
+        """id -> (prompt_tokens, cached_tokens, ttft_ms, decode_tps, finish_reason, error).
+
+        Aggregate figures only, no text: callers pass ids taken from messages their user may
+        read (Message.request)."""
+        ids = sorted({int(i) for i in request_ids if i is not None})
+        out: dict[int, tuple] = {}
+        with self._tx(write=False) as db:
+            for i in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
+                chunk = ids[i:i + 500]
+                rows = db.execute(
+                    "SELECT id, prompt_tokens, cached_tokens, ttft_ms, decode_tps, finish_reason, error "
+                    f"FROM requests WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+                out.update((rid, tuple(rest)) for rid, *rest in rows)
+        return out
+
     def prompt_messages(self, user: User | int, conv_id: int) -> list[dict]:
         """The conversation as chat messages for the engine: its system prompt, then its history."""
         with self._tx(write=False) as db:

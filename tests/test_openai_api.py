@@ -206,12 +206,16 @@ def test_disconnect_mid_stream_cancels_in_engine(keyed):
         assert server.metric('radixchat_requests_total{outcome="cancelled"}') == cancelled_before + 1
 
 
-def test_queue_full_is_429_with_retry_after(tiny_model_dir, tmp_path):
-    server = Server(tiny_model_dir, tmp_path / "q.db", "--no-auth", "--max-queue", "1")
+def test_queue_full_is_429_with_retry_after(tmp_path):
+    from loadtests.randmodel import build_random_model
+
+    # a long greedy reply (no early end of sequence) keeps the only slot busy for a while
+    model = build_random_model(tmp_path / "m", dim=128, layers=4, context=4096)
+    server = Server(model, tmp_path / "q.db", "--no-auth", "--max-queue", "1")
     try:
         with httpx.Client(base_url=server.url, timeout=60) as http:
             with http.stream("POST", "/v1/chat/completions",
-                             json={**GOOD, "max_tokens": 480, "stream": True}) as r:
+                             json={**GOOD, "max_tokens": 4000, "temperature": 0, "stream": True}) as r:
                 next(r.iter_lines())
                 busy = http.post("/v1/chat/completions", json=GOOD)
             assert busy.status_code == 429 and int(busy.headers["Retry-After"]) > 0

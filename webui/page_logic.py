@@ -335,20 +335,5 @@ class ChatPage:
 
 
 def reply_stats(store, request_ids: list[int]) -> dict[int, ReplyStats]:
-    """The figures of the given requests (ids taken from messages the user may read).
-
-    Reads the requests table through the store's own per-thread connection: core.store has
-    no public reader for a request's metrics yet (wanted there: Store.request_metrics)."""
-    ids = sorted({int(i) for i in request_ids if i is not None})
-    if not ids:
-        return {}
-    out: dict[int, ReplyStats] = {}
-    with store._tx(write=False) as db:
-        for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
-            rows = db.execute(
-                "SELECT id, prompt_tokens, cached_tokens, ttft_ms, decode_tps, finish_reason, error "
-                f"FROM requests WHERE id IN ({','.join('?' * len(chunk))})", chunk)
-            for rid, *figures in rows:
-                out[rid] = ReplyStats(*figures)
-    return out
+    """The figures of the given requests (ids taken from messages the user may read)."""
+    return {rid: ReplyStats(*figures) for rid, figures in store.request_metrics(request_ids).items()}
