@@ -14,67 +14,15 @@ RADIXCHAT_MAX_TOKENS, RADIXCHAT_SEED, RADIXCHAT_USERS_FILE (page users' credenti
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import random
-import threading
 import time
-from pathlib import Path
 
-import gevent
 from locust import HttpUser, between, task
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-PROMPTS = json.loads((ASSETS / "prompts.json").read_text())
-SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
-QUESTIONS = PROMPTS["questions"]
-
-MAX_REQUESTS = int(os.environ.get("RADIXCHAT_MAX_REQUESTS", "100"))
-THINK_S = float(os.environ.get("RADIXCHAT_THINK_S", "0.5"))
-MAX_TOKENS = int(os.environ.get("RADIXCHAT_MAX_TOKENS", "64"))
-_seeds = itertools.count(int(os.environ.get("RADIXCHAT_SEED", "0")))
-_sent = itertools.count(1)
-_in_flight = 0
-_lock = threading.Lock()
-
-
-def take_request_slot(environment) -> bool:
-    """Count a request against the run's bound. Past it, wait for the requests still in
-    flight to finish (so Locust and the server count the same requests), then end the run."""
-    global _in_flight
-    with _lock:
-        granted = next(_sent) <= MAX_REQUESTS
-        _in_flight += granted
-    if granted:
-        return True
-    while _in_flight > 0:
-        time.sleep(0.05)  # gevent-patched: yields to the users still streaming
-    if environment.runner is not None:
-        # from a greenlet of its own: quit() kills the users, and this one is a user
-        gevent.spawn(environment.runner.quit)
-    return False
-
-
-def request_done() -> None:
-    global _in_flight
-    with _lock:
-        _in_flight -= 1
-
-
-def fire(environment, kind: str, name: str, ms: float, exc=None, length: int = 0) -> None:
-    environment.events.request.fire(request_type=kind, name=name, response_time=ms,
-                                    response_length=length, exception=exc, context={})
-
-
-class Conversation:
-    """One seed-scenario conversation: a system prompt and 2-4 questions."""
-
-    def __init__(self, rng: random.Random):
-        self.system_index = rng.randrange(len(SYSTEMS))
-        self.questions = rng.sample(QUESTIONS, rng.randint(2, 4))
-        self.messages = [{"role": "system", "content": SYSTEMS[self.system_index]}]
-
+from loadtests.scenario import (MAX_TOKENS, THINK_S, Conversation, _seeds, fire, request_done,
+                                take_request_slot)
 
 class ApiUser(HttpUser):
     wait_time = between(THINK_S * 0.5, THINK_S * 1.5)
@@ -110,6 +58,8 @@ class ApiUser(HttpUser):
                               name="/v1/chat/completions", catch_response=True) as r:
             if r.status_code != 200:
                 r.failure(f"HTTP {r.status_code}: {r.text[:200]}")
+                fire(self.environment, "STREAM", name, (time.perf_counter() - t0) * 1e3,
+                     RuntimeError(f"HTTP {r.status_code}"))
                 return None
             try:
                 for line in r.iter_lines():
@@ -140,3 +90,5 @@ class ApiUser(HttpUser):
         fire(self.environment, "STREAM", name, (end - t0) * 1e3, length=usage["completion_tokens"])
         return "".join(parts)
 
+
+from loadtests.page_user import PageUser  # noqa: E402,F401  (Locust finds user classes here)

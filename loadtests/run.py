@@ -77,13 +77,23 @@ def read_stats(path: Path) -> dict[tuple[str, str], dict]:
     return rows
 
 
+def count_exceptions(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with open(path) as f:
+        return sum(int(r["Count"]) for r in csv.DictReader(f))
+
+
 def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> tuple[str, bool]:
-    http = [r for (t, _), r in stats.items() if t in ("POST", "GET")]
-    requests = sum(int(r["Request Count"]) for r in http)
+    user_errors = count_exceptions(out / "locust_exceptions.csv")
+    # one STREAM event per chat turn, answered or failed, whichever user class sent it
+    requests = sum(int(r["Request Count"]) for (t, _), r in stats.items() if t == "STREAM")
     failures = sum(int(r["Failure Count"]) for r in stats.values())
     ttft = [r for (t, n), r in stats.items() if t == "TTFT"]
     stream = [r for (t, n), r in stats.items() if t == "STREAM"]
-    out_tokens = sum(float(r["Average Content Size"]) * int(r["Request Count"]) for r in stream)
+    out_tokens = metrics.get("radixchat_generated_tokens_total", 0)  # both classes, server side
+    by_class = {kind: sum(int(r["Request Count"]) for r in stream if r["Name"].startswith(kind))
+                for kind in ("chat", "page")}
 
     def pct(rows, col):
         if not rows:
@@ -95,7 +105,7 @@ def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> t
     prompt = metrics.get("radixchat_prompt_tokens_total", 0)
     cached = metrics.get("radixchat_cached_prompt_tokens_total", 0)
     missing = requests - store_requests
-    ok = failures == 0 and missing <= 0 and requests > 0
+    ok = failures == 0 and user_errors == 0 and missing <= 0 and requests > 0
     lines = [
         f"# radixchat load test ({time.strftime('%Y-%m-%d %H:%M')})", "",
         f"Scenario: seed (4 system prompts x 30 questions, 2-4 turns), users {args.users} "
@@ -103,8 +113,9 @@ def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> t
         f"bound {args.requests} requests / {args.time}, prefix cache "
         f"{'off' if args.no_prefix_cache else 'on'}.", "",
         "| figure | value |", "|---|---|",
-        f"| requests | {requests} |",
+        f"| requests | {requests} (API {by_class['chat']}, page {by_class['page']}) |",
         f"| failures | {failures} |",
+        f"| Locust user errors (exceptions) | {user_errors} |",
         f"| requests in the store | {store_requests} (missing: {max(missing, 0)}) |",
         f"| wall time | {wall_s:.1f} s |",
         f"| requests/s | {requests / wall_s:.2f} |",
@@ -163,7 +174,7 @@ def plot(out: Path, store: Store, t_start: float, t_end: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--users", type=int, default=7)
-    p.add_argument("--spawn-rate", type=float, default=2.0)
+    p.add_argument("--spawn-rate", type=float, default=None, help="users started per second (default: all at once)")
     p.add_argument("--requests", type=int, default=100, help="stop after this many chat requests")
     p.add_argument("--time", default="5m", help="and after this long at most (Locust -t)")
     p.add_argument("--think", type=float, default=0.5, help="mean think time between turns, s")
@@ -192,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
            "RADIXCHAT_THINK_S": str(args.think), "RADIXCHAT_MAX_TOKENS": str(args.max_tokens),
            "RADIXCHAT_SEED": str(args.seed), "RADIXCHAT_USERS_FILE": str(out / "users.json")}
     cmd = [str(Path(sys.executable).with_name("locust")), "-f", str(HERE / "locustfile.py"),
-           "--headless", "-u", str(args.users), "-r", str(args.spawn_rate), "-t", args.time,
+           "--headless", "-u", str(args.users), "-r", str(args.spawn_rate or args.users), "-t", args.time,
            "--host", f"http://127.0.0.1:{port}", "--csv", str(out / "locust"), "--csv-full-history",
            "--json-file", str(out / "locust_final"),  # Locust adds .json
            "--stop-timeout", "120", "--only-summary",

@@ -20,8 +20,8 @@ def test_short_seed_run_has_no_failures_and_hits_the_cache(long_context_model, t
     out = tmp_path / "report"
     run = subprocess.run(
         [sys.executable, "-m", "loadtests.run", "--model", str(long_context_model), "--users", "5",
-         "--requests", "40", "--time", "60s", "--think", "0.2", "--max-tokens", "16",
-         "--classes", "ApiUser", "--out", str(out)],
+         "--requests", "60", "--time", "90s", "--think", "0.3", "--max-tokens", "16",
+         "--classes", "ApiUser", "PageUser", "--out", str(out)],
         capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout + run.stderr
     summary = (out / "summary.md").read_text()
@@ -30,8 +30,13 @@ def test_short_seed_run_has_no_failures_and_hits_the_cache(long_context_model, t
     from loadtests.run import read_stats
 
     rows = read_stats(out / "locust_final.json")
-    assert rows[("POST", "/v1/chat/completions")]["Request Count"] == 40
-    assert any(t == "TTFT" for t, _ in rows) and any(t == "STREAM" for t, _ in rows)
+    turns = {name: r["Request Count"] for (t, name), r in rows.items() if t == "STREAM"}
+    assert sum(turns.values()) == 60
+    # both user classes chatted: the API and the page (through Gradio's queue)
+    assert any(n.startswith("chat[") for n in turns) and any(n.startswith("page[") for n in turns)
+    assert rows[("POST", "/v1/chat/completions")]["Request Count"] == sum(
+        v for n, v in turns.items() if n.startswith("chat["))
+    assert any(t == "TTFT" for t, _ in rows)
     hit = float(summary.split("| cache hit ratio (prompt tokens) | ")[1].split(" ")[0])
     assert hit > 0, summary
     for png in ("throughput.png", "latency.png", "cache_hit_ratio.png"):
