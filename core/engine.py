@@ -9,7 +9,13 @@ finished one leaves it. An error in one request ends that request alone; an erro
 whole batch step fails the requests of that step and the engine goes on with a fresh
 generator.
 
-Left to others: HTTP (webui/), persistence (core/store), the prefix cache (core/radix).
+With the prefix cache on, admission restores each prompt's longest cached prefix and
+prefills only the rest; a request sharing a long uncached prefix with one being
+prefilled waits for it (see `_should_wait`). Prompts are cached when their prefill ends,
+whole sequences when they finish; running requests hold a lock on their path.
+
+Left to others: HTTP and the page (webui/), persistence (core/store), the tree and its
+K/V (core/radix, core/kvstore).
 """
 
 from __future__ import annotations
