@@ -62,7 +62,8 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
     params = tree_flatten(model.parameters())
     num_params = sum(v.size for _, v in params)
     first_float = next((v.dtype for _, v in params if mx.issubdtype(v.dtype, mx.floating)), mx.float32)
-    model_id = Path(path_or_id).name if Path(path_or_id).exists() else path_or_id
+    # a local folder is named by its config's _name_or_path (as Hugging Face writes it), else by itself
+    model_id = (config.get("_name_or_path") or Path(path_or_id).name) if Path(path_or_id).exists() else path_or_id
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
