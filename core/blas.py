@@ -1,10 +1,13 @@
 """Which BLAS MLX uses on a Linux CPU, and how to switch to Debian's OpenBLAS.
 
 The mlx[cpu] wheel bundles a reference BLAS (about 8 GFLOP/s float32 on this kind of
-machine); preloading Debian's libopenblas makes the same matmul ~25x faster. The loader
-only honours LD_PRELOAD at exec time, so `reexec_with_openblas` restarts the current
-process with it set. Measuring is `matmul_gflops`. Nothing here applies on macOS,
-where MLX runs on the GPU.
+machine); preloading Debian's libopenblas makes the same matmul many times faster. The
+loader only honours LD_PRELOAD at exec time, so `reexec_with_openblas` restarts the
+current process with it set. On virtual CPUs that report a generic model, OpenBLAS's own
+detection falls back to its oldest x86-64 kernels ("Prescott", ~30 GFLOP/s here); the
+re-exec then names the kernel family the CPU's flags support (OPENBLAS_CORETYPE:
+SkylakeX for AVX-512, ~160 GFLOP/s here), unless the environment already names one.
+Measuring is `matmul_gflops`. Nothing here applies on macOS, where MLX runs on the GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +32,50 @@ def find_openblas() -> str | None:
         if hits:
             return hits[0]
     return None
+
+
+def coretype_for_cpu(cpuinfo: str | None = None) -> str | None:
+    """The OpenBLAS kernel family this CPU's flags support, or None if unknown."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= flags:
+        return "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    if "avx" in flags:
+        return "SandyBridge"
+    return None
+
+
+def openblas_core() -> str | None:
+    """The kernel family the loaded OpenBLAS uses (None when it is not loaded)."""
+    if active_blas() != "openblas":
+        return None
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(find_openblas() or "libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return None
+
+
+def openblas_env(env: dict) -> dict:
+    """`env` plus OPENBLAS_CORETYPE for this CPU, unless it already names one."""
+    core = coretype_for_cpu()
+    if core and "OPENBLAS_CORETYPE" not in env:
+        env = {**env, "OPENBLAS_CORETYPE": core}
+    return env
 
 
 def active_blas() -> str:
@@ -62,7 +109,8 @@ def reexec_with_openblas(mode: str = "auto") -> None:
             sys.exit(f"radixchat: {msg}")
         warnings.warn(msg, stacklevel=2)
         return
-    env = dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib, **{REEXEC_MARK: "1"})
+    env = openblas_env(dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib,
+                            **{REEXEC_MARK: "1"}))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

@@ -16,7 +16,7 @@ import time
 from importlib.metadata import version
 from typing import Iterator
 
-from .blas import REEXEC_MARK, active_blas, find_openblas, matmul_gflops
+from .blas import REEXEC_MARK, active_blas, find_openblas, matmul_gflops, openblas_core, openblas_env
 from .config import Settings
 
 _CHILD = "from core.blas import matmul_gflops; print(matmul_gflops())"
@@ -27,11 +27,13 @@ def _other_blas_gflops(current: str) -> tuple[str, str]:
     env[REEXEC_MARK] = "1"
     if current == "openblas":
         other = "bundled"
+        env.pop("OPENBLAS_CORETYPE", None)
     else:
         lib = find_openblas()
         if lib is None:
             return "openblas", "not installed (apt-get install libopenblas0-pthread)"
         other, env["LD_PRELOAD"] = "openblas", lib
+        env = openblas_env(env)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=root,
                          capture_output=True, text=True, timeout=300)
@@ -48,7 +50,8 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     yield "mlx / mlx-lm", f"{version('mlx')} / {version('mlx-lm')}"
     yield "mlx device", str(mx.default_device())
     blas = active_blas()
-    yield "blas", blas + (f" ({os.environ.get('LD_PRELOAD')})" if blas == "openblas" else "")
+    detail = f" ({os.environ.get('LD_PRELOAD')}, kernels {openblas_core()})" if blas == "openblas" else ""
+    yield "blas", blas + detail
     yield f"matmul gflops ({blas})", f"{matmul_gflops():.1f}"
     if sys.platform.startswith("linux"):
         other, figure = _other_blas_gflops(blas)

@@ -27,12 +27,21 @@ from pathlib import Path
 
 import httpx
 
-from core.blas import find_openblas
+from core.blas import REEXEC_MARK, find_openblas, openblas_env
 from core.config import ASSETS
 from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.procs import free_port, peak_rss_mb, start_and_wait
 
 PROMPTS = json.loads((ASSETS / "prompts.json").read_text())
+
+
+def blas_env() -> dict:
+    """The same BLAS set-up for every process measured: what radixchat would re-exec into."""
+    env = dict(os.environ)
+    lib = find_openblas()
+    if sys.platform.startswith("linux") and lib:
+        env = openblas_env({**env, "LD_PRELOAD": lib, REEXEC_MARK: "1"})
+    return env
 
 
 def plan(users: int, convs_per_user: int, seed: int) -> list[list[tuple[int, list[str]]]]:
@@ -43,10 +52,7 @@ def plan(users: int, convs_per_user: int, seed: int) -> list[list[tuple[int, lis
 
 
 def start(kind: str, model: str, port: int, batch: int, log: Path) -> subprocess.Popen:
-    env = dict(os.environ)
-    lib = find_openblas()
-    if sys.platform.startswith("linux") and lib:
-        env["LD_PRELOAD"] = lib  # the same BLAS for both (radixchat would re-exec into it)
+    env = blas_env()
     if kind == "radixchat":
         cmd = [str(Path(sys.executable).with_name("radixchat")), "serve", "--model", model,
                "--port", str(port), "--no-auth", "--db", str(log.with_suffix(".db")),
@@ -157,10 +163,7 @@ for _ in range({steps}):
     mx.eval(y)
 print({batch} * {steps} / (time.perf_counter() - t0))
 """
-    env = dict(os.environ)
-    lib = find_openblas()
-    if sys.platform.startswith("linux") and lib:
-        env["LD_PRELOAD"] = lib
+    env = blas_env()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=str(Path(__file__).resolve().parent.parent))
     if out.returncode != 0:

@@ -14,6 +14,8 @@ import urllib.request
 
 import pytest
 
+from core.blas import coretype_for_cpu, find_openblas
+
 RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
 
 
@@ -62,6 +64,8 @@ def test_doctor_reports_blas_and_model(tiny_model_dir):
     assert "BatchKVCache.offset          ok" in out.stdout
     if sys.platform.startswith("linux"):
         assert "blas" in out.stdout
+        if find_openblas() and coretype_for_cpu():
+            assert f"kernels {coretype_for_cpu()}" in out.stdout
         # both BLAS figures are printed, one per line
         assert out.stdout.count("matmul gflops") == 2
 
@@ -89,3 +93,13 @@ def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert "terminate called" not in out
+
+
+@pytest.mark.parametrize("flags, core", [
+    ("fpu sse2 avx avx2 fma avx512f avx512bw avx512vl avx512dq avx512cd", "SkylakeX"),
+    ("fpu sse2 avx avx2 fma avx512f", "Haswell"),  # partial AVX-512: not enough for SkylakeX
+    ("fpu sse2 avx", "SandyBridge"),
+    ("fpu sse2", None),
+])
+def test_openblas_kernel_family_from_cpu_flags(flags, core):
+    assert coretype_for_cpu(f"processor\t: 0\nflags\t\t: {flags}\n") == core
