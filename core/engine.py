@@ -237,7 +237,11 @@ class Engine:
     def _new_generator(self):
         from mlx_lm.generate import BatchGenerator
 
+        from mlx_lm.generate import StopSequences
+
         s, tok = self.settings, self.loaded.tokenizer
+        self._eos_stops = StopSequences([[t] for t in sorted(tok.eos_token_ids)])
+        self._no_stops = StopSequences()
         return BatchGenerator(
             self.loaded.model,
             max_tokens=s.max_tokens,
@@ -308,8 +312,10 @@ class Engine:
             caches.append(restored)
             prefixes.append(a.prompt[: a.cached])
         # segments make the generator pause at message ends, so snapshots can be taken there
+        stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in new]
         uids = self._gen.insert_segments(prompts, max_tokens=[a.max_tokens for a in new],
-                                         caches=caches, all_tokens=prefixes, samplers=samplers)
+                                         caches=caches, all_tokens=prefixes, samplers=samplers,
+                                         stop_sequences=stops)
         for a, uid in zip(new, uids):
             a.uid = uid
             self._by_uid[uid] = a

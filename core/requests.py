@@ -47,6 +47,7 @@ class Sampling(BaseModel):
     max_tokens: int | None = Field(None, gt=0)
     stop: list[str] = Field(default_factory=list, max_length=8)
     seed: int | None = None
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
 
     @field_validator("stop")
     @classmethod
