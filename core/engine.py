@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from .config import Settings
-from .handle import RequestHandle
+from .handle import Outbox, RequestHandle
 from .requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
                        TextDelta, Usage)
 from .textstream import TextStream
@@ -93,6 +93,7 @@ class Engine:
         self._active: dict[str, _Active] = {}  # engine thread only
         self._by_uid: dict[int, _Active] = {}  # engine thread only
         self._deferred: list[_Active] = []  # engine thread only: see _should_wait
+        self._outbox = Outbox()  # events for asyncio callers, flushed once per loop turn
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._stopping = False
@@ -179,7 +180,7 @@ class Engine:
         except RuntimeError:
             loop = None
         rid = f"req-{next(self._ids)}"
-        handle = RequestHandle(rid, len(prompt), self.cancel, loop)
+        handle = RequestHandle(rid, len(prompt), self.cancel, loop, self._outbox)
         self._cmds.put(("submit", _Active(handle, prompt, sampling, max_tokens, time.perf_counter(),
                                           boundaries=boundaries or [])))
         return handle
@@ -232,7 +233,10 @@ class Engine:
                 log.exception("engine loop failed; failing its requests and resetting the batch")
                 self._fail_all(f"engine error: {e}")
                 self._gen = self._new_generator()
+            finally:
+                self._outbox.flush()
         self._fail_all("the engine stopped", queued=True)
+        self._outbox.flush()
 
     def _new_generator(self):
         from mlx_lm.generate import BatchGenerator

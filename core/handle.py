@@ -1,7 +1,10 @@
 """The caller's side of one request: a stream of events, readable from threads or asyncio.
 
 The engine thread pushes events; callers iterate (`for ev in handle` or
-`async for ev in handle`) until the final `Finished` or `Failed`. Nothing here runs MLX.
+`async for ev in handle`) until the final `Finished` or `Failed`. Events for asyncio
+callers go through an `Outbox` that the engine flushes once per step: one wake-up of each
+event loop per step instead of one per token, which kept the HTTP thread from holding the
+GIL against the engine thread at every token. Nothing here runs MLX.
 """
 
 from __future__ import annotations
@@ -15,13 +18,37 @@ from typing import Callable
 from .requests import Event, Failed, Finished, TextDelta
 
 
+class Outbox:
+    """Events for asyncio callers, gathered per event loop until `flush` (engine thread)."""
+
+    def __init__(self):
+        self._pending: dict[asyncio.AbstractEventLoop, list] = {}
+
+    def put(self, loop, q: asyncio.Queue, ev: Event) -> None:
+        self._pending.setdefault(loop, []).append((q, ev))
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        for loop, items in pending.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the caller's loop is gone: nobody is listening
+                pass
+
+
+def _deliver(items) -> None:
+    for q, ev in items:
+        q.put_nowait(ev)
+
+
 class RequestHandle:
     def __init__(self, rid: str, prompt_tokens: int, cancel: Callable[[str], None],
-                 loop: asyncio.AbstractEventLoop | None):
+                 loop: asyncio.AbstractEventLoop | None, outbox: Outbox | None = None):
         self.id = rid
         self.prompt_tokens = prompt_tokens
         self._cancel = cancel
         self._loop = loop
+        self._outbox = outbox
         self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._async: asyncio.Queue[Event] | None = asyncio.Queue() if loop else None
         self.final: Finished | Failed | None = None
@@ -52,7 +79,9 @@ class RequestHandle:
             with self._done_lock:
                 self.final = ev
                 callbacks, self._done_callbacks = self._done_callbacks, []
-        if self._async is not None:
+        if self._async is not None and self._outbox is not None:
+            self._outbox.put(self._loop, self._async, ev)
+        elif self._async is not None:
             try:
                 self._loop.call_soon_threadsafe(self._async.put_nowait, ev)
             except RuntimeError:  # the caller's loop is gone: nobody is listening
