@@ -209,16 +209,18 @@ def test_disconnect_mid_stream_cancels_in_engine(keyed):
 def test_queue_full_is_429_with_retry_after(tmp_path):
     from loadtests.randmodel import build_random_model
 
-    # a long greedy reply (no early end of sequence) keeps the only slot busy for a while
+    # a long reply (ignore_eos: no early end of sequence) keeps the only slot busy a while
     model = build_random_model(tmp_path / "m", dim=128, layers=4, context=4096)
     server = Server(model, tmp_path / "q.db", "--no-auth", "--max-queue", "1")
     try:
         with httpx.Client(base_url=server.url, timeout=60) as http:
             with http.stream("POST", "/v1/chat/completions",
-                             json={**GOOD, "max_tokens": 4000, "temperature": 0, "stream": True}) as r:
-                next(r.iter_lines())
+                             json={**GOOD, "max_tokens": 4000, "ignore_eos": True, "stream": True}) as r:
+                lines = r.iter_lines()
+                while not next(lines).startswith('data: {"id"') or http.get("/health").json()["active_requests"] == 0:
+                    pass  # until the long reply is really running in the engine
                 busy = http.post("/v1/chat/completions", json=GOOD)
-            assert busy.status_code == 429 and int(busy.headers["Retry-After"]) > 0
+            assert busy.status_code == 429 and int(busy.headers["Retry-After"]) > 0, busy.text
             assert "busy" in busy.json()["error"]["message"]
     finally:
         server.stop()

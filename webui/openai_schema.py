@@ -49,6 +49,7 @@ class _Sampling(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
+    ignore_eos: bool = False  # an extension (as vLLM's): generate exactly max_tokens
 
     @field_validator("stop")
     @classmethod
@@ -70,7 +71,8 @@ class _Sampling(BaseModel):
 
     def sampling(self) -> dict:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "max_tokens": self.max_tokens, "stop": self.stop or [], "seed": self.seed}
+                "max_tokens": self.max_tokens, "stop": self.stop or [], "seed": self.seed,
+                "ignore_eos": self.ignore_eos}
 
 
 class ChatCompletionRequest(_Sampling):
