@@ -202,6 +202,29 @@ def main() -> None:
         print(f"raw batched decode ceiling (batch {users}): {ceiling:.1f} tok/s; "
               f"radixchat output is {a['tps'] / ceiling:.0%} of it (includes prefill and think-free turns)")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot(summary, args.out / "comparison.png", title=f"{Path(model).name}, max_tokens {args.max_tokens}")
+
+
+def plot(summary: dict, path: Path, title: str) -> None:
+    """Output tokens/s and time to first token p95 per user count, both servers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    users = sorted(summary, key=int)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, key, label in ((axes[0], "tps", "output tokens/s"), (axes[1], "ttft95", "time to first token p95, s")):
+        for i, kind in enumerate(("radixchat", "mlx_lm.server")):
+            xs = [j + (i - 0.5) * 0.38 for j in range(len(users))]
+            ax.bar(xs, [summary[u][kind][key] for u in users], width=0.38, label=kind)
+        ax.set_xticks(range(len(users)), [f"{u} users" for u in users])
+        ax.set_title(label)
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
