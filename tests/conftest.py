@@ -34,3 +34,20 @@ def engine(tiny_model_dir):
 @pytest.fixture(scope="session")
 def tiny_hybrid_dir(tmp_path_factory) -> Path:
     return build_random_model(tmp_path_factory.mktemp("hybrid") / "tiny-hybrid", layers=4, arch="lfm2")
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A fresh SQLite store in tmp_path with a cheap password hash."""
+    from core.store import Store
+
+    s = Store(tmp_path / "test.db", scrypt=cheap_scrypt())
+    yield s
+    s.close()
+
+
+def cheap_scrypt():
+    """scrypt at a test cost: the real default takes ~0.4 s a hash (core.auth)."""
+    from core import auth
+
+    return auth.ScryptCost(n=2**8, r=8, p=1)

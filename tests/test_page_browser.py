@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import cheap_scrypt
 
-from core import auth
 from core.store import Store
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -31,7 +31,7 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page"
-CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)
+CHEAP = cheap_scrypt()
 PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
 # markers no random model will write by chance, to tell whose text is on a page
 WORDS = {"alice": ["Alpaca-1171 what is a list?", "Anchor-2283 what does a tuple hold?"],

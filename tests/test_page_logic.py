@@ -7,22 +7,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from conftest import cheap_scrypt
 
-from core import auth
 from core.requests import QueueFull, RequestError
-from core.store import Store
 from webui.cli import serve_banner
 from webui.page_dashboard import Presence, dashboard
 from webui.page_logic import LOCAL_USER, ChatPage, PageError, reply_stats, visible_turns
 
-CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "page.db", scrypt=CHEAP)
-    yield s
-    s.close()
+CHEAP = cheap_scrypt()
 
 
 @pytest.fixture

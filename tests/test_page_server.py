@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from conftest import cheap_scrypt
 from fastapi.testclient import TestClient
 
-from core import auth
 from core.config import Settings
 from core.store import Store
 from webui.server import build_app
 
-CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)
+CHEAP = cheap_scrypt()
 
 
 @pytest.fixture

@@ -11,20 +11,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import cheap_scrypt
 
 from core import auth, store_schema
 from core.store import (MAX_MESSAGE_CHARS, MAX_TITLE_CHARS, AlreadyExists, AuthFailed, Invalid,
                         NotFound, RequestRecord, Store, StoreError)
 
-CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)  # the real default takes ~0.4 s a hash
+CHEAP = cheap_scrypt()
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "chat.db", scrypt=CHEAP)
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cheap_scrypt
 
-from core import auth
 from core.store import AuthFailed, Store
 
 RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
-CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)
+CHEAP = cheap_scrypt()
 
 
 def run(*args, env=None, **kw):

@@ -31,7 +31,8 @@ class _EngineCollector:
                            ("hits", "Lookups that reused a prefix"), ("misses", "Lookups that reused nothing"),
                            ("hit_tokens", "Prompt tokens served from the cache"),
                            ("evictions", "Nodes evicted to fit the budget"),
-                           ("locks", "Cache paths locked by running requests")):
+                           ("locks", "Cache paths locked by running requests"),
+                           ("restore_ms", "Total time spent restoring cached prefixes, ms")):
             yield GaugeMetricFamily(f"radixchat_cache_{key}", help_, value=cache.get(key, 0))
 
 
