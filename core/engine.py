@@ -409,7 +409,9 @@ class Engine:
         a.handle._push(Failed(message=message, usage=a.usage()))
 
     def _release(self, a: _Active) -> None:
-        """Forget a request that has left the batch, and drop its prefix-cache lock."""
+        """Forget a request that has left the batch, and drop its prefix-cache lock (once)."""
+        if a.done:  # e.g. _finish released it, then flushing its text raised and _fail came
+            return
         a.done = True
         self._active.pop(a.handle.id, None)
         self._by_uid.pop(a.uid, None)

@@ -194,3 +194,17 @@ def test_asyncio_callers_stream_and_cancel(engine):
     texts, last = asyncio.run(main())
     assert texts == [run_alone(engine, chat(w, max_tokens=8)).text for w in WORDS[:2]]
     assert isinstance(last, Finished) and last.finish_reason == "cancelled"
+
+
+def test_failure_while_finishing_releases_the_slot_once(engine, monkeypatch):
+    from core.textstream import TextStream
+
+    def broken_finish(self):
+        raise RuntimeError("detokenizer broke at the end")
+
+    monkeypatch.setattr(TextStream, "finish", broken_finish)
+    final = engine.submit(chat("sets", max_tokens=5)).result()
+    assert isinstance(final, Failed) and "broke at the end" in final.message
+    assert engine.stats()["inflight"] == 0 and engine.stats()["active"] == 0
+    monkeypatch.undo()
+    assert run_alone(engine, chat("sets", max_tokens=5)).usage.generated_tokens == 5
