@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from .config import Settings
 from .handle import Outbox, RequestHandle
+from .radix import common_prefix
 from .requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
                        TextDelta, Usage)
 from .textstream import TextStream
@@ -38,12 +39,6 @@ from .textstream import TextStream
 log = logging.getLogger("radixchat.engine")
 MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
 
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    n, limit = 0, min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
 
 
 @dataclass
@@ -297,7 +292,7 @@ class Engine:
         head = a.prompt[:-1]
         others = [b.prompt for b in admitting] + [
             b.prompt for b in self._active.values() if b.uid is not None and not b.prefilled and not b.done]
-        shared = max((_lcp(head, p) for p in others), default=0)
+        shared = max((common_prefix(head, p) for p in others), default=0)
         return shared - self.prefix.tree.peek(head) >= MIN_SHARED_PREFIX
 
     def _admit(self, new: list[_Active]) -> None:

@@ -129,7 +129,7 @@ class RadixCache:
                 self.stats.inserted_tokens += len(new.key)
                 node, i = new, len(tokens)
                 break
-            n = _common(child.key, tokens, i)
+            n = common_prefix(child.key, tokens, i)
             if n < len(child.key):
                 child = self._split(child, n)
             node, i = child, i + n
@@ -224,7 +224,7 @@ class RadixCache:
             child = node.children.get(tokens[i])
             if child is None:
                 break
-            n = _common(child.key, tokens, i)
+            n = common_prefix(child.key, tokens, i)
             m.path.append(child)
             m.path_lengths.append(n)
             i += n
@@ -260,7 +260,8 @@ class RadixCache:
         self.nodes += sign
 
 
-def _common(key: tuple[int, ...], tokens: list[int], start: int) -> int:
+def common_prefix(key, tokens, start: int = 0) -> int:
+    """How many leading items of `key` equal tokens[start:]."""
     n = 0
     limit = min(len(key), len(tokens) - start)
     while n < limit and key[n] == tokens[start + n]:

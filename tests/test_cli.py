@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import urllib.request
 import pytest
 
 from core.blas import coretype_for_cpu, find_openblas
+from loadtests.procs import free_port
 
 RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
 
@@ -24,10 +24,6 @@ def run(*args, env=None, timeout=120):
                           env={**os.environ, **(env or {})})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("args, env, name", [

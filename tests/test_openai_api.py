@@ -17,7 +17,9 @@ import pytest
 from core.store import Store
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_cli import RADIXCHAT, free_port  # noqa: E402
+from test_cli import RADIXCHAT  # noqa: E402
+
+from loadtests.procs import free_port  # noqa: E402
 
 
 class Server:

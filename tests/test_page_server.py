@@ -59,7 +59,8 @@ def test_serve_on_the_lan_prints_addresses_and_how_to_add_a_user(tiny_model_dir,
     import time
 
     sys.path.insert(0, os.path.dirname(__file__))
-    from test_cli import RADIXCHAT, free_port
+    from loadtests.procs import free_port
+    from test_cli import RADIXCHAT
 
     port = free_port()
     proc = subprocess.Popen([RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0",
