@@ -40,7 +40,6 @@ log = logging.getLogger("radixchat.engine")
 MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
 
 
-
 @dataclass
 class _Active:
     """Engine-thread state of one request."""
@@ -234,17 +233,15 @@ class Engine:
         self._outbox.flush()
 
     def _new_generator(self):
-        from mlx_lm.generate import BatchGenerator
+        from mlx_lm.generate import BatchGenerator, StopSequences
 
-        from mlx_lm.generate import StopSequences
-
-        s, tok = self.settings, self.loaded.tokenizer
-        self._eos_stops = StopSequences([[t] for t in sorted(tok.eos_token_ids)])
+        s = self.settings
+        # every insert names its stop sequences (eos, or none with ignore_eos)
+        self._eos_stops = StopSequences([[t] for t in sorted(self.loaded.tokenizer.eos_token_ids)])
         self._no_stops = StopSequences()
         return BatchGenerator(
             self.loaded.model,
             max_tokens=s.max_tokens,
-            stop_tokens=[[t] for t in sorted(tok.eos_token_ids)],
             completion_batch_size=s.max_batch,
             prefill_batch_size=s.max_prefill_batch,
             prefill_step_size=s.prefill_step,

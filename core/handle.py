@@ -43,7 +43,7 @@ def _deliver(items) -> None:
 
 class RequestHandle:
     def __init__(self, rid: str, prompt_tokens: int, cancel: Callable[[str], None],
-                 loop: asyncio.AbstractEventLoop | None, outbox: Outbox | None = None):
+                 loop: asyncio.AbstractEventLoop | None, outbox: Outbox):
         self.id = rid
         self.prompt_tokens = prompt_tokens
         self._cancel = cancel
@@ -79,13 +79,8 @@ class RequestHandle:
             with self._done_lock:
                 self.final = ev
                 callbacks, self._done_callbacks = self._done_callbacks, []
-        if self._async is not None and self._outbox is not None:
+        if self._async is not None:
             self._outbox.put(self._loop, self._async, ev)
-        elif self._async is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._async.put_nowait, ev)
-            except RuntimeError:  # the caller's loop is gone: nobody is listening
-                pass
         else:
             self._sync.put(ev)
         for fn in callbacks:
