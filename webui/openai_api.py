@@ -85,10 +85,8 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         if not stream:
             try:
-                text = []
-                async for ev in handle:
-                    if isinstance(ev, TextDelta):
-                        text.append(ev.text)
+                async for ev in handle:  # the final event carries the whole text
+                    pass
             finally:
                 handle.cancel()  # no-op once finished; frees the slot if the client left
             if isinstance(ev, Failed):
