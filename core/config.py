@@ -14,9 +14,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ASSETS = REPO_ROOT / "assets"
-BUNDLED_MODEL = ASSETS / "model"
+from assets import BUNDLED_MODEL
 
 
 def default_data_dir() -> Path:

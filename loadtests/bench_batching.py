@@ -4,7 +4,7 @@ Runs the engine in-process on one model (the bundled one by default, or a random
 llama built with a fixed seed) and, for each concurrency, submits that many requests at
 once and measures generated tokens over wall time, from the first token to the last.
 Prints a table and the ratio to one stream (goal for 8 streams: >= 4x). Medians of
---repeats runs. On Linux it first re-executes itself with OpenBLAS (core.blas).
+--repeats runs. On Linux it first re-executes itself with OpenBLAS (core.platform.blas).
 
     python -m loadtests.bench_batching [--model PATH | --random-dim 512 --random-layers 8]
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from core.blas import active_blas, reexec_with_openblas
+from core.platform.blas import active_blas, reexec_with_openblas
 from core.config import Settings
-from core.requests import ChatRequest
+from core.engine.requests import ChatRequest
 from loadtests.benchmodel import add_model_args, resolve_model
 
 
@@ -46,7 +46,7 @@ def main() -> None:
     args = p.parse_args()
     reexec_with_openblas("auto")
 
-    from core.engine import Engine
+    from core.engine.engine import Engine
 
     model = resolve_model(args)
     streams = [int(s) for s in args.streams.split(",")]

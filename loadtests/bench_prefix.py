@@ -16,20 +16,20 @@ Prints, side by side in one run on one model:
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import threading
 import time
 
-from core.blas import active_blas, reexec_with_openblas
-from core.config import ASSETS, Settings
-from core.requests import ChatRequest
+from core.platform.blas import active_blas, reexec_with_openblas
+import assets
+from core.config import Settings
+from core.engine.requests import ChatRequest
 from loadtests.benchmodel import add_model_args, resolve_model
 
 
 def load_scenario():
-    data = json.loads((ASSETS / "prompts.json").read_text())
+    data = assets.prompts()
     return [s["text"] for s in data["system_prompts"]], data["questions"]
 
 
@@ -80,7 +80,7 @@ def ideal_cached(records) -> int:
 
 
 def part_a(args, model_path, systems, questions):
-    from core.engine import Engine
+    from core.engine.engine import Engine
 
     print("\nA. seed scenario: 7 users, 4 system prompts x 30 questions, 2-4 turns, greedy")
     print(f"{'cache':>6} {'requests':>9} {'prompt tok':>11} {'prefilled':>10} {'ideal prefill':>14} "
@@ -105,7 +105,7 @@ def part_b(model, sizes):
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from core.kvstore import KVSegment, PrefixStore
+    from core.cache.kv import KVSegment, PrefixStore
 
     print("\nB. restore of a P-token prefix vs prefill of the same P tokens (medians of 5)")
     print(f"{'P':>6} {'prefill ms':>11} {'restore 1 node ms':>18} {'ratio':>7} "
@@ -147,7 +147,7 @@ def part_c(model, records):
     import mlx.core as mx
     from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
 
-    from core.kvstore import PrefixStore
+    from core.cache.kv import PrefixStore
 
     print("\nC. cache bytes per distinct cached token, same finished conversations fed to both")
     radix = PrefixStore(model, 1 << 40)
@@ -177,7 +177,7 @@ def main() -> None:
     p.add_argument("--sizes", default="256,1024")
     args = p.parse_args()
     reexec_with_openblas("auto")
-    from core.model import load_model
+    from core.engine.model import load_model
 
     model_path = resolve_model(args)
     systems, questions = load_scenario()

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import httpx
 
-from core.blas import REEXEC_MARK, find_openblas, openblas_env
-from core.config import ASSETS
+from core.platform.blas import REEXEC_MARK, find_openblas, openblas_env
+import assets
 from loadtests.benchmodel import add_model_args, resolve_model
-from loadtests.procs import free_port, peak_rss_mb, start_and_wait
+from tests.support.procs import free_port, peak_rss_mb, start_and_wait
 
-PROMPTS = json.loads((ASSETS / "prompts.json").read_text())
+PROMPTS = assets.prompts()
 
 
 def blas_env() -> dict:
@@ -149,7 +149,7 @@ def decode_ceiling(model_path: str, batch: int, context: int, steps: int = 48) -
     """Tokens/s of a bare batched greedy decode loop: no scheduler, no HTTP."""
     code = f"""
 import time, mlx.core as mx
-from core.model import load_model
+from core.engine.model import load_model
 from mlx_lm.models.cache import make_prompt_cache
 m = load_model({model_path!r}).model
 cache = make_prompt_cache(m)

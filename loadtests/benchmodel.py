@@ -9,7 +9,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from core.config import BUNDLED_MODEL
+from assets import BUNDLED_MODEL
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def resolve_model(args) -> str:
         return args.model
     if not args.random_dim and (BUNDLED_MODEL / "config.json").exists():
         return str(BUNDLED_MODEL)
-    from loadtests.randmodel import build_random_model
+    from tests.support.randmodel import build_random_model
 
     dim = args.random_dim or 512
     out = Path(tempfile.mkdtemp()) / f"random-{dim}x{args.random_layers}"

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from core.store import Store
-from loadtests.procs import free_port, peak_rss_mb, start_and_wait
+from tests.support.procs import free_port, peak_rss_mb, start_and_wait
 
 HERE = Path(__file__).resolve().parent
 

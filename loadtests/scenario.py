@@ -8,17 +8,16 @@ environment: RADIXCHAT_MAX_REQUESTS, RADIXCHAT_THINK_S, RADIXCHAT_MAX_TOKENS, RA
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 import threading
 import time
-from pathlib import Path
 
 import gevent
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-PROMPTS = json.loads((ASSETS / "prompts.json").read_text())
+import assets
+
+PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
 QUESTIONS = PROMPTS["questions"]
 

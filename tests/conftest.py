@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-sys.path.insert(0, str(Path(__file__).parent))
 
-from loadtests.randmodel import build_random_model  # noqa: E402
+from tests.support.cheap import cheap_scrypt
+from tests.support.randmodel import build_random_model
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +22,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def engine(tiny_model_dir):
     from core.config import Settings
-    from core.engine import Engine
+    from core.engine.engine import Engine
 
     eng = Engine(Settings(model=str(tiny_model_dir), max_batch=8, max_prefill_batch=4,
                           max_tokens=24, max_queue=64)).start(timeout=120)
@@ -44,10 +43,3 @@ def store(tmp_path):
     s = Store(tmp_path / "test.db", scrypt=cheap_scrypt())
     yield s
     s.close()
-
-
-def cheap_scrypt():
-    """scrypt at a test cost: the real default takes ~0.4 s a hash (core.auth)."""
-    from core import auth
-
-    return auth.ScryptCost(n=2**8, r=8, p=1)

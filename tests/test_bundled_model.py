@@ -6,9 +6,10 @@ Generation here runs without OpenBLAS too (plain pytest), so answers are kept sh
 
 import json
 import os
-from pathlib import Path
 
 import pytest
+
+import assets
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -17,9 +18,8 @@ import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm import generate, load, stream_generate  # noqa: E402
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-MODEL = ASSETS / "model"
-PROMPTS = json.loads((ASSETS / "prompts.json").read_text())
+MODEL = assets.BUNDLED_MODEL
+PROMPTS = assets.prompts()
 
 
 @pytest.fixture(scope="module")

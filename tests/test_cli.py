@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from core.blas import coretype_for_cpu, find_openblas
-from loadtests.procs import free_port
+from core.platform.blas import coretype_for_cpu, find_openblas
+from tests.support.procs import free_port
 
 RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
 

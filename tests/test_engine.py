@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from core.requests import ChatRequest, Failed, Finished, RequestError, TextDelta
+from core.engine.requests import ChatRequest, Failed, Finished, RequestError, TextDelta
 
 WORDS = ["lists", "tuples", "dicts", "sets", "generators", "classes", "modules", "strings"]
 
@@ -128,7 +128,7 @@ def test_bad_requests_are_refused_and_engine_goes_on(engine, make, status, words
 
 
 def test_failing_request_fails_alone(engine, monkeypatch):
-    import core.sampling
+    import core.engine.sampling
 
     real = core.sampling.make_request_sampler
 
@@ -139,7 +139,7 @@ def test_failing_request_fails_alone(engine, monkeypatch):
             return boom
         return real(s)
 
-    monkeypatch.setattr(core.sampling, "make_request_sampler", faulty)
+    monkeypatch.setattr(core.engine.sampling, "make_request_sampler", faulty)
     expected = [run_alone(engine, chat(w, max_tokens=12)).text for w in WORDS[:3]]
     handles = [engine.submit(chat(w, max_tokens=12)) for w in WORDS[:3]]
     bad = engine.submit(chat("sets", max_tokens=12, temperature=1.0, seed=666))
@@ -197,7 +197,7 @@ def test_asyncio_callers_stream_and_cancel(engine):
 
 
 def test_failure_while_finishing_releases_the_slot_once(engine, monkeypatch):
-    from core.textstream import TextStream
+    from core.engine.textstream import TextStream
 
     def broken_finish(self):
         raise RuntimeError("detokenizer broke at the end")

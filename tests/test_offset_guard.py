@@ -11,7 +11,7 @@ from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models import cache as mlc
 from mlx_lm.models import llama
 
-from core.offset_guard import check_class, ensure_offset_semantics, repair_class
+from core.cache.offset_guard import check_class, ensure_offset_semantics, repair_class
 
 CLASSES = [mlc.BatchKVCache, mlc.BatchRotatingKVCache]
 

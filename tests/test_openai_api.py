@@ -19,7 +19,7 @@ from core.store import Store
 sys.path.insert(0, os.path.dirname(__file__))
 from test_cli import RADIXCHAT  # noqa: E402
 
-from loadtests.procs import free_port  # noqa: E402
+from tests.support.procs import free_port  # noqa: E402
 
 
 class Server:
@@ -216,7 +216,7 @@ def test_disconnect_mid_stream_cancels_in_engine(keyed):
 
 
 def test_queue_full_is_429_with_retry_after(tmp_path):
-    from loadtests.randmodel import build_random_model
+    from tests.support.randmodel import build_random_model
 
     # a long reply (ignore_eos: no early end of sequence) keeps the only slot busy a while
     model = build_random_model(tmp_path / "m", dim=128, layers=4, context=4096)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import cheap_scrypt
+from tests.support.cheap import cheap_scrypt
 
 from core.store import Store
 
@@ -47,7 +47,7 @@ DONE = "prompt tokens from cache"  # the figures line under a finished answer
 
 @pytest.fixture(scope="module")
 def page_model(tmp_path_factory) -> Path:
-    from loadtests.randmodel import build_random_model
+    from tests.support.randmodel import build_random_model
 
     # slower than the tiny model, so that a reply streams for a moment and can be stopped
     return build_random_model(tmp_path_factory.mktemp("page") / "page-model", dim=128, layers=4, context=2048)

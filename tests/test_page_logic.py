@@ -7,12 +7,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import cheap_scrypt
+from tests.support.cheap import cheap_scrypt
 
-from core.requests import QueueFull, RequestError
+from core.engine.requests import QueueFull, RequestError
 from webui.cli import serve_banner
-from webui.page_dashboard import Presence, dashboard
-from webui.page_logic import LOCAL_USER, ChatPage, PageError, reply_stats, visible_turns
+from webui.page.dashboard import Presence, dashboard
+from webui.page.logic import LOCAL_USER, ChatPage, PageError, reply_stats, visible_turns
 
 CHEAP = cheap_scrypt()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import cheap_scrypt
+from tests.support.cheap import cheap_scrypt
 from fastapi.testclient import TestClient
 
 from core.config import Settings
@@ -59,7 +59,7 @@ def test_serve_on_the_lan_prints_addresses_and_how_to_add_a_user(tiny_model_dir,
     import time
 
     sys.path.insert(0, os.path.dirname(__file__))
-    from loadtests.procs import free_port
+    from tests.support.procs import free_port
     from test_cli import RADIXCHAT
 
     port = free_port()

@@ -12,9 +12,9 @@ from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.config import Settings
-from core.engine import Engine
-from core.kvstore import PrefixStore
-from core.requests import ChatRequest, Finished
+from core.engine.engine import Engine
+from core.cache.kv import PrefixStore
+from core.engine.requests import ChatRequest, Finished
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.radix import RadixCache
+from core.cache.radix import RadixCache
 
 BPT = 10  # simulated bytes per token
 

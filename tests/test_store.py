@@ -11,9 +11,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import cheap_scrypt
+from tests.support.cheap import cheap_scrypt
 
-from core import auth, store_schema
+from core.store import auth
+from core.store import schema as store_schema
 from core.store import (MAX_MESSAGE_CHARS, MAX_TITLE_CHARS, AlreadyExists, AuthFailed, Invalid,
                         NotFound, RequestRecord, Store, StoreError)
 

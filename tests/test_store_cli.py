@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cheap_scrypt
+from tests.support.cheap import cheap_scrypt
 
 from core.store import AuthFailed, Store
 

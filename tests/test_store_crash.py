@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from core import auth
+from core.store import auth
 from core.store import RequestRecord, Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)
 
 CHILD = r"""
 import random, sys, threading
-from core import auth
+from core.store import auth
 from core.store import RequestRecord, Store
 
 path, uid, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

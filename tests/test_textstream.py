@@ -1,6 +1,6 @@
 """Stop strings and held-back text, without a model."""
 
-from core.textstream import TextStream
+from core.engine.textstream import TextStream
 
 
 class CharDetok:

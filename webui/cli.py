@@ -3,8 +3,8 @@
 Flags for `serve` and `ask` are made from the fields of core.config.Settings, so every
 setting has a flag (`--max-batch 8`) and a variable (`RADIXCHAT_MAX_BATCH=8`); flags win.
 A bad value stops start-up with one line naming the setting. On Linux the process
-re-executes itself once with Debian's OpenBLAS preloaded (core.blas). The commands only
-glue parts together: the engine is core.engine, the HTTP app is webui.server, the admin
+re-executes itself once with Debian's OpenBLAS preloaded (core.platform.blas). The commands only
+glue parts together: the engine is core.engine.engine, the HTTP app is webui.server, the admin
 commands (no MLX, no re-exec) are webui.cli_admin.
 """
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     settings = load_settings(args)
-    from core.blas import reexec_with_openblas
+    from core.platform.blas import reexec_with_openblas
 
     if argv is None:  # only a real command line can be re-executed
         reexec_with_openblas(settings.blas)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _start_engine(settings: Settings):
-    from core.engine import Engine
+    from core.engine.engine import Engine
 
     try:
         return Engine(settings).start()
@@ -152,7 +152,7 @@ def serve_banner(settings: Settings, n_users: int, addresses: list[str] | None =
 
 
 def cmd_ask(args, settings: Settings) -> None:
-    from core.requests import ChatRequest, Failed, RequestError, TextDelta
+    from core.engine.requests import ChatRequest, Failed, RequestError, TextDelta
 
     messages = ([{"role": "system", "content": args.system}] if args.system else [])
     messages.append({"role": "user", "content": args.prompt})
@@ -184,7 +184,7 @@ def cmd_ask(args, settings: Settings) -> None:
 
 
 def cmd_doctor(args, settings: Settings) -> None:
-    from core.doctor import report
+    from core.platform.doctor import report
 
     t0 = time.perf_counter()
     for key, value in report(settings, load=not args.no_model):

@@ -16,12 +16,12 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from core.config import Settings
-from core.engine import Engine
+from core.engine.engine import Engine
 from core.store import AuthFailed
 
-from .errors import BodyLimit, install_error_handlers
-from .metrics import Metrics
-from .openai_api import openai_router
+from webui.api.errors import BodyLimit, install_error_handlers
+from webui.api.metrics import Metrics
+from webui.api.routes import openai_router
 
 
 def build_app(engine: Engine, settings: Settings, store=None) -> FastAPI:
@@ -63,7 +63,7 @@ def mount_page(app: FastAPI, engine, settings: Settings, store, metrics) -> None
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
-    from .page import CSS, build_page, theme
+    from webui.page.layout import CSS, build_page, theme
 
     async def sign_in(username: str, password: str) -> bool:
         try:  # scrypt takes a while: not on the event loop

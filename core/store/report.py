@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
-    from core.store import Conversation, Message
+    from core.store.types import Conversation, Message
 
 EXPORT_FORMAT = "radixchat.conversation/1"
 EXPORT_FORMATS = ("json", "md")

@@ -13,7 +13,7 @@ import random
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-from .requests import Sampling
+from core.engine.requests import Sampling
 
 
 def make_request_sampler(s: Sampling):

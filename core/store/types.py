@@ -2,7 +2,7 @@
 that keep bad input out of the database.
 
 Everything here is plain data and validation; reading and writing is core.store, which
-re-exports all of it, so callers import from core.store only.
+re-exports all of it (core/store/__init__.py), so callers import from core.store only.
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from core.config import ASSETS
+import assets
 
-from .page_dashboard import Presence, dashboard
-from .page_logic import ChatPage, PageError
+from webui.page.dashboard import Presence, dashboard
+from webui.page.logic import ChatPage, PageError
 
 log = logging.getLogger("radixchat.page")
 
@@ -52,9 +52,11 @@ def theme() -> gr.themes.Base:
     return gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)
 
 
-def load_presets(path: Path = ASSETS / "prompts.json") -> dict[str, str]:
+def load_presets(path: Path | None = None) -> dict[str, str]:
+    """System-prompt presets by name: the bundled ones, or those of a prompts.json at `path`."""
     try:
-        return {p["name"]: p["text"] for p in json.loads(path.read_text())["system_prompts"]}
+        data = assets.prompts() if path is None else json.loads(path.read_text())
+        return {p["name"]: p["text"] for p in data["system_prompts"]}
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("no system-prompt presets from %s: %s", path, e)
         return {}

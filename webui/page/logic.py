@@ -28,7 +28,7 @@ from typing import AsyncIterator
 
 from pydantic import ValidationError
 
-from core.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
+from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
 from core.store import (DEFAULT_TITLE, AlreadyExists, Conversation, Message, NotFound, RequestRecord,
                         StoreError, User)
 

@@ -15,7 +15,7 @@ import logging
 import threading
 from typing import Callable
 
-from .requests import Event, Failed, Finished, TextDelta
+from core.engine.requests import Event, Failed, Finished, TextDelta
 
 
 class Outbox:

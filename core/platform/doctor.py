@@ -16,10 +16,10 @@ import time
 from importlib.metadata import version
 from typing import Iterator
 
-from .blas import REEXEC_MARK, active_blas, find_openblas, matmul_gflops, openblas_core, openblas_env
-from .config import Settings
+from core.platform.blas import REEXEC_MARK, active_blas, find_openblas, matmul_gflops, openblas_core, openblas_env
+from core.config import Settings
 
-_CHILD = "from core.blas import matmul_gflops; print(matmul_gflops())"
+_CHILD = "from core.platform.blas import matmul_gflops; print(matmul_gflops())"
 
 
 def _other_blas_gflops(current: str) -> tuple[str, str]:
@@ -56,13 +56,13 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     if sys.platform.startswith("linux"):
         other, figure = _other_blas_gflops(blas)
         yield f"matmul gflops ({other})", figure
-    from .offset_guard import ensure_offset_semantics
+    from core.cache.offset_guard import ensure_offset_semantics
 
     for cls, verdict in ensure_offset_semantics().items():
         yield f"{cls}.offset", f"{verdict} (captured offsets keep their value)"
     if not load:
         return
-    from .model import load_model
+    from core.engine.model import load_model
 
     t0 = time.perf_counter()
     m = load_model(settings.model, settings.dtype, settings.context_length)

@@ -29,12 +29,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .config import Settings
-from .handle import Outbox, RequestHandle
-from .radix import common_prefix
-from .requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
+from core.config import Settings
+from core.engine.handle import Outbox, RequestHandle
+from core.cache.radix import common_prefix
+from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
                        TextDelta, Usage)
-from .textstream import TextStream
+from core.engine.textstream import TextStream
 
 log = logging.getLogger("radixchat.engine")
 MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
@@ -94,7 +94,7 @@ class Engine:
         self._thread = threading.Thread(target=self._main, name="radixchat-engine", daemon=True)
         self.steps = 0
         self.started_at = 0.0
-        self.offset_report: dict[str, str] = {}  # core.offset_guard's verdict per cache class
+        self.offset_report: dict[str, str] = {}  # core.cache.offset_guard's verdict per cache class
         self.prefix = None  # core.kvstore.PrefixStore when the prefix cache is on
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -187,17 +187,17 @@ class Engine:
     def _main(self) -> None:
         import mlx.core as mx
 
-        from .model import load_model
+        from core.engine.model import load_model
 
         try:
             try:
                 s = self.settings
-                from .offset_guard import ensure_offset_semantics
+                from core.cache.offset_guard import ensure_offset_semantics
 
                 self.offset_report = ensure_offset_semantics()
                 self.loaded = load_model(s.model, s.dtype, s.context_length)
                 if s.prefix_cache:
-                    from .kvstore import PrefixStore
+                    from core.cache.kv import PrefixStore
 
                     self.prefix = PrefixStore(self.loaded.model, s.cache_bytes)
                 # a stream of this thread's own, so a later engine in the same process
@@ -293,7 +293,7 @@ class Engine:
         return shared - self.prefix.tree.peek(head) >= MIN_SHARED_PREFIX
 
     def _admit(self, new: list[_Active]) -> None:
-        from .sampling import make_request_sampler
+        from core.engine.sampling import make_request_sampler
 
         samplers, prompts, caches, prefixes = [], [], [], []
         for a in new:

@@ -3,7 +3,7 @@
 Fixed seed, no downloads: a byte-level BPE tokenizer trained on a few sentences with the
 `tokenizers` library, a ChatML-like template, and random weights scaled so that greedy
 decoding has clear winners (few floating-point near-ties). Tests use a tiny one; the
-benchmarks a larger one where prefill costs more. `python -m loadtests.randmodel OUT`
+benchmarks a larger one where prefill costs more. `python -m tests.support.randmodel OUT`
 builds one from the command line.
 """
 

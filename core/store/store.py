@@ -15,8 +15,8 @@ writes: a crash may lose them, never a row that a synchronous call returned.
 Isolation: every read or change of a conversation or message takes the requesting user,
 and a conversation of someone else is `NotFound`, exactly like one that does not exist.
 
-Not here: the schema and migrations (core.store_schema), hashing (core.auth), export and
-dashboard formatting (core.store_report), sessions, cookies and HTTP (webui). No MLX.
+Not here: the schema and migrations (core.store.schema), hashing (core.store.auth), export and
+dashboard formatting (core.store.report), sessions, cookies and HTTP (webui). No MLX.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from typing import Any, Iterator
 
 from sqlite_utils import Database
 
-from core import auth, store_report, store_schema
-from core.store_report import StatsBucket
-from core.store_types import (  # noqa: F401  (re-exported: callers import from core.store only)
-    DEFAULT_TITLE, MAX_ERROR_CHARS, MAX_LABEL_CHARS, MAX_LIST, MAX_MESSAGE_CHARS, MAX_MODEL_CHARS,
-    MAX_NAME_CHARS, MAX_PASSWORD_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS, MIN_PASSWORD_CHARS,
-    NAME_RULE, ROLES, AlreadyExists, ApiKey,
+from core.store import auth
+from core.store import report as store_report
+from core.store import schema as store_schema
+from core.store.report import StatsBucket
+from core.store.types import (
+    DEFAULT_TITLE, MAX_LABEL_CHARS, MAX_LIST, MAX_MESSAGE_CHARS, MAX_PASSWORD_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS, ROLES, AlreadyExists, ApiKey,
     AuthFailed, Conversation, Invalid, Message, NotFound, RequestRecord, StoreError, User, as_id,
     check_name, check_password, check_text, clean_title, is_valid_name, user_id)
 

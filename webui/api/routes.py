@@ -15,11 +15,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from core.requests import ChatRequest, Failed, RequestError, Sampling, TextDelta
-from core.store_types import AuthFailed, RequestRecord
+from core.engine.requests import ChatRequest, Failed, RequestError, Sampling, TextDelta
+from core.store.types import AuthFailed, RequestRecord
 
-from . import openai_schema as oa
-from .errors import ApiError
+from webui import openai_schema as oa
+from webui.api.errors import ApiError
 
 log = logging.getLogger("radixchat.api")
 ALIASES = {"default", "default_model"}

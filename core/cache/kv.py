@@ -8,7 +8,7 @@ buffer alive (a stale tail the tree must never hold; see shared/seeds/000).
 
 `PrefixStore.lookup` restores per-layer caches whose arrays are exactly the matched
 length (the physical trim by construction: nothing is ever trimmed by moving an offset).
-`PrefixStore.store` inserts a finished or prefilled sequence. The tree logic is core.radix.
+`PrefixStore.store` inserts a finished or prefilled sequence. The tree logic is core.cache.radix.
 Runs MLX: engine thread only.
 """
 
@@ -19,7 +19,7 @@ import logging
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from .radix import Match, RadixCache
+from core.cache.radix import Match, RadixCache
 
 log = logging.getLogger("radixchat.prefix")
 
