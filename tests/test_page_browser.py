@@ -23,7 +23,7 @@ from tests.support.cheap import cheap_scrypt
 from core.store import Store
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_openai_api import Server  # noqa: E402
+from tests.test_openai_api import Server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ Three small types: `Node` (an edge of tokens, its segment, an optional snapshot 
 end), `Match` (where a lookup stopped) and `RadixCache` (the tree, its locks, its byte
 budget and LRU eviction). What a segment or a snapshot *is* is left to the caller: the
 tree only needs `seg.split(k) -> (left, right)`, `seg.nbytes` and `snap.nbytes`.
-core/kvstore.py supplies MLX segments (per-layer K/V slices); tests supply simulated ones.
+core/cache/kv.py supplies MLX segments (per-layer K/V slices); tests supply simulated ones.
 
 Invariants (asserted in `check`):
 - a node's segment covers exactly its edge tokens; bytes counted = the sum of the live

@@ -15,7 +15,7 @@ prefilled waits for it (see `_should_wait`). Prompts are cached when their prefi
 whole sequences when they finish; running requests hold a lock on their path.
 
 Left to others: HTTP and the page (webui/), persistence (core/store), the tree and its
-K/V (core/radix, core/kvstore).
+K/V (core/cache).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Engine:
         self.steps = 0
         self.started_at = 0.0
         self.offset_report: dict[str, str] = {}  # core.cache.offset_guard's verdict per cache class
-        self.prefix = None  # core.kvstore.PrefixStore when the prefix cache is on
+        self.prefix = None  # core.cache.kv.PrefixStore when the prefix cache is on
 
     # ---- lifecycle -------------------------------------------------------------------
 

@@ -127,7 +127,7 @@ class RequestRecord:
 
     @classmethod
     def from_usage(cls, usage: Any, **fields: Any) -> "RequestRecord":
-        """From core.requests.Usage (or anything with its attributes) plus the other fields."""
+        """From core.engine.requests.Usage (or anything with its attributes) plus the other fields."""
         names = ("prompt_tokens", "cached_tokens", "generated_tokens", "queue_ms", "ttft_ms",
                  "total_ms", "decode_tps")
         return cls(**{n: getattr(usage, n) for n in names if hasattr(usage, n)}, **fields)

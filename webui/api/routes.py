@@ -4,7 +4,7 @@ Each request is authenticated with a bearer key from the store (unless the serve
 with --no-auth), turned into an engine request, streamed back as server-sent events or
 returned whole, and logged in SQLite under the key's user. A client that goes away
 mid-stream cancels its request in the engine. Errors use OpenAI's error shape (see
-webui/errors.py). No MLX here.
+webui/api/errors.py). No MLX here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from core.engine.requests import ChatRequest, Failed, RequestError, Sampling, TextDelta
 from core.store.types import AuthFailed, RequestRecord
 
-from webui import openai_schema as oa
+from webui.api import schema as oa
 from webui.api.errors import ApiError
 
 log = logging.getLogger("radixchat.api")

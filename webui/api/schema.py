@@ -3,7 +3,7 @@
 They follow OpenAI's schema for the fields this server implements, accept (and ignore)
 the informational fields clients commonly send, and refuse what would change the result
 but is not implemented (n > 1, tools, non-zero penalties) instead of silently ignoring
-it. Turning them into engine requests is webui/openai_api.py's job.
+it. Turning them into engine requests is webui/api/routes.py's job.
 """
 
 from __future__ import annotations

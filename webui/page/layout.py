@@ -1,7 +1,7 @@
 """The chat page: a tab per open conversation, streaming replies, and a Server tab.
 
-Layout and wiring only. What the buttons do is webui/page_logic.py (tabs, replies, stop,
-errors as sentences); the Server tab's figures are webui/page_dashboard.py. webui/server.py
+Layout and wiring only. What the buttons do is webui/page/logic.py (tabs, replies, stop,
+errors as sentences); the Server tab's figures are webui/page/dashboard.py. webui/server.py
 mounts the page at "/" behind Gradio's sign-in, checked against the store's users.
 
 The tab strip is a radio group styled as tabs, one choice per open conversation, over one

@@ -1,7 +1,7 @@
 """What the chat page does, without the page: tabs, replies, stop, and readable errors.
 
 `ChatPage` holds the store, the engine and the metrics, and every method takes the signed-in
-user, so the page (webui/page.py) is only layout and wiring, and these can be tested without
+user, so the page (webui/page/layout.py) is only layout and wiring, and these can be tested without
 a browser. A tab is an open (not archived) conversation; closing one archives it (or deletes
 it if nothing was said in it); the history lists archived ones and reopens them. Everything
 a tab shows comes from SQLite, so a reload or a second browser sees the same tabs.
