@@ -130,7 +130,7 @@ def test_bad_requests_are_refused_and_engine_goes_on(engine, make, status, words
 def test_failing_request_fails_alone(engine, monkeypatch):
     import core.engine.sampling
 
-    real = core.sampling.make_request_sampler
+    real = core.engine.sampling.make_request_sampler
 
     def faulty(s):
         if s.seed == 666:
