@@ -1,9 +1,10 @@
 """The inference engine: one thread that owns the model and every MLX operation.
 
-Callers `submit` a ChatRequest from any thread (or from asyncio) and get a
-RequestHandle that streams events. Validation and chat templating happen in the
-caller's thread, so a bad request never reaches the engine. The engine thread drains a
-command queue (submit, cancel), then advances mlx-lm's BatchGenerator by one step:
+Callers `submit` a ChatRequest from a thread (or `await asubmit` from asyncio, which
+templates in a worker thread so the event loop never runs the chat template) and get a
+RequestHandle that streams events. Validation and chat templating happen before the
+request is queued, so a bad request never reaches the engine. The engine thread drains a
+command queue (`_Submit`, `_Cancel`), then advances mlx-lm's BatchGenerator by one step:
 continuous batching, so a new request joins the running batch at the next step and a
 finished one leaves it. An error in one request ends that request alone; an error in a
 whole batch step fails the requests of that step and the engine goes on with a fresh
@@ -28,13 +29,18 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from core.cache.radix import Match, common_prefix
 from core.config import Settings
 from core.engine.handle import Outbox, RequestHandle
-from core.cache.radix import common_prefix
 from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
                        TextDelta, Usage)
 from core.engine.textstream import TextStream
+
+if TYPE_CHECKING:  # both import MLX, which only the engine thread may load
+    from core.cache.kv import PrefixStore
+    from core.engine.model import LoadedModel
 
 log = logging.getLogger("radixchat.engine")
 MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
@@ -58,7 +64,7 @@ class _Active:
     t_last: float | None = None
     done: bool = False
     prefilled: bool = False  # its prompt is through prefill (and in the prefix cache)
-    match: object = None  # the prefix-cache match this request holds a lock on
+    match: Match | None = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
 
     def usage(self) -> Usage:
@@ -76,13 +82,34 @@ class _Active:
         )
 
 
+@dataclass
+class _Submit:
+    """Command: admit a validated, tokenized request."""
+    active: _Active
+
+
+@dataclass
+class _Cancel:
+    """Command: stop a request (queued or running) at the next step."""
+    rid: str
+
+
+@dataclass
+class _Wake:
+    """Command: nothing; wakes the engine thread so it sees `_stopping`."""
+
+
+Command = _Submit | _Cancel | _Wake
+
+
 class Engine:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.loaded = None  # LoadedModel once started
-        self._cmds: queue.SimpleQueue = queue.SimpleQueue()
+        self.loaded: LoadedModel | None = None  # set by the engine thread before `start` returns
+        self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()  # guards _inflight and the tokenizer
+        self._lock = threading.Lock()  # guards _inflight only: the engine thread takes it too
+        self._tok_lock = threading.Lock()  # the tokenizer and its chat template, one caller at a time
         self._inflight = 0
         self._active: dict[str, _Active] = {}  # engine thread only
         self._by_uid: dict[int, _Active] = {}  # engine thread only
@@ -91,11 +118,12 @@ class Engine:
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._stopping = False
+        self._closed = False  # the engine thread has left its loop: nobody reads _cmds any more
         self._thread = threading.Thread(target=self._main, name="radixchat-engine", daemon=True)
         self.steps = 0
         self.started_at = 0.0
         self.offset_report: dict[str, str] = {}  # core.cache.offset_guard's verdict per cache class
-        self.prefix = None  # core.cache.kv.PrefixStore when the prefix cache is on
+        self.prefix: PrefixStore | None = None  # when the prefix cache is on
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -117,7 +145,7 @@ class Engine:
         if not self._thread.is_alive():
             return
         self._stopping = True
-        self._cmds.put(("wake", None))
+        self._cmds.put(_Wake())
         self._thread.join(timeout=30)
 
     @property
@@ -132,30 +160,50 @@ class Engine:
     # ---- caller side (any thread) ------------------------------------------------------
 
     def submit(self, request: ChatRequest) -> RequestHandle:
-        """Validate, template and queue a chat request. Raises RequestError when refused."""
+        """Validate, template and queue a chat request. Raises RequestError when refused.
+
+        Templating takes milliseconds to tens of them for a long conversation: from an event
+        loop use `asubmit`, which does it in a worker thread."""
+        prompt, boundaries = self.template(request)
+        return self.submit_tokens(prompt, request.sampling, boundaries)
+
+    async def asubmit(self, request: ChatRequest) -> RequestHandle:
+        """`submit` for asyncio callers: the template runs in a worker thread, and the handle
+        delivers its events to the calling loop."""
+        prompt, boundaries = await asyncio.to_thread(self.template, request)
+        return self.submit_tokens(prompt, request.sampling, boundaries)
+
+    def template(self, request: ChatRequest) -> tuple[list[int], list[int]]:
+        """The prompt's tokens and, for models with non-trimmable layers, the message ends
+        where the prefix cache takes snapshots. Any thread; never the engine's lock."""
         if not isinstance(request, ChatRequest):
             raise TypeError("submit takes a ChatRequest")
+        if self.loaded is None:
+            raise RequestError("the engine is not running", 503, "engine_unavailable")
         messages = [m.model_dump() for m in request.messages]
         tok = self.loaded.tokenizer
-        with self._lock:
+        hybrid = self.prefix is not None and self.prefix.hybrid
+        with self._tok_lock:
             try:
                 prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True))
+                # Snapshots pay off where a later prompt continues this one: after a leading
+                # system prompt (shared by many conversations) and before the last message
+                # (the end of the previous turn). Two templatings, not one per message.
+                heads = sorted({k for k in (1 if messages[0]["role"] == "system" else 0,
+                                            len(messages) - 1) if 0 < k < len(messages)})
                 boundaries = []
-                if self.prefix is not None and self.prefix.hybrid:
-                    # message ends, where non-trimmable layers get snapshots (a system
-                    # prompt shared by many conversations ends at the first one)
-                    for k in range(1, len(messages)):
-                        head = tok.apply_chat_template(messages[:k])
-                        if prompt[: len(head)] == list(head):
-                            boundaries.append(len(head))
+                for k in heads if hybrid else ():
+                    head = list(tok.apply_chat_template(messages[:k]))
+                    if prompt[: len(head)] == head:
+                        boundaries.append(len(head))
             except Exception as e:  # a template may reject an order of roles
                 raise RequestError(f"the model's chat template rejected these messages: {e}") from e
-        return self.submit_tokens(prompt, request.sampling, boundaries)
+        return prompt, boundaries
 
     def submit_tokens(self, prompt: list[int], sampling: Sampling,
                       boundaries: list[int] | None = None) -> RequestHandle:
         """Queue an already tokenized prompt (used by plain completions)."""
-        if not self._ready.is_set() or self._stopping:
+        if not self._ready.is_set() or self._stopping or self._closed:
             raise RequestError("the engine is not running", 503, "engine_unavailable")
         ctx = self.loaded.context_length
         if not prompt:
@@ -175,12 +223,14 @@ class Engine:
             loop = None
         rid = f"req-{next(self._ids)}"
         handle = RequestHandle(rid, len(prompt), self.cancel, loop, self._outbox)
-        self._cmds.put(("submit", _Active(handle, prompt, sampling, max_tokens, time.perf_counter(),
-                                          boundaries=boundaries or [])))
+        self._cmds.put(_Submit(_Active(handle, prompt, sampling, max_tokens, time.perf_counter(),
+                                       boundaries=boundaries or [])))
+        if self._closed:  # the engine stopped between the check above and the put: nobody
+            self._fail_queued("the engine stopped")  # else will answer what is queued now
         return handle
 
     def cancel(self, rid: str) -> None:
-        self._cmds.put(("cancel", rid))
+        self._cmds.put(_Cancel(rid))
 
     # ---- engine thread -----------------------------------------------------------------
 
@@ -229,7 +279,9 @@ class Engine:
                 self._gen = self._new_generator()
             finally:
                 self._outbox.flush()
-        self._fail_all("the engine stopped", queued=True)
+        self._closed = True  # from here on a submitter fails what it queued itself
+        self._fail_all("the engine stopped")
+        self._fail_queued("the engine stopped")
         self._outbox.flush()
 
     def _new_generator(self):
@@ -252,18 +304,16 @@ class Engine:
         new: list[_Active] = []
         cmd = self._cmds.get() if block else None
         while True:
-            if cmd is not None:
-                kind, arg = cmd
-                if kind == "submit":
-                    self._active[arg.handle.id] = arg
-                    new.append(arg)
-                elif kind == "cancel" and arg in self._active:
-                    a = self._active[arg]
-                    if a.uid is None:  # not admitted yet: nothing computed, nothing to cache
-                        self._release(a)
-                        a.handle._push(Finished("", "cancelled", a.usage()))
-                    else:
-                        self._finish(a, "cancelled")
+            if isinstance(cmd, _Submit):
+                self._active[cmd.active.handle.id] = cmd.active
+                new.append(cmd.active)
+            elif isinstance(cmd, _Cancel) and cmd.rid in self._active:
+                a = self._active[cmd.rid]
+                if a.uid is None:  # not admitted yet: nothing computed, nothing to cache
+                    self._release(a)
+                    a.handle._push(Finished("", "cancelled", a.usage()))
+                else:
+                    self._finish(a, "cancelled")
             try:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
@@ -423,18 +473,26 @@ class Engine:
         self.prefix.tree.reserved = live * self.prefix.bytes_per_token
         self.prefix.store(list(tokens), caches)
 
-    def _fail_all(self, message: str, queued: bool = False) -> None:
-        """Fail every running request (and, when stopping, every queued one)."""
+    def _fail_all(self, message: str) -> None:
+        """Fail every admitted or deferred request (engine thread)."""
         for a in list(self._active.values()):
             self._release(a)
             a.handle._push(Failed(message=message, usage=a.usage()))
         self._by_uid.clear()
-        while queued:
+        self._deferred = []
+
+    def _fail_queued(self, message: str) -> None:
+        """Fail the submits still in the command queue. Runs once the engine has stopped,
+        in the engine thread or in a submitter that lost the race with the stop: each
+        command is taken by one of them only."""
+        while True:
             try:
-                kind, arg = self._cmds.get_nowait()
+                cmd = self._cmds.get_nowait()
             except queue.Empty:
-                break
-            if kind == "submit":
+                return
+            if isinstance(cmd, _Submit):
                 with self._lock:
                     self._inflight -= 1
-                arg.handle._push(Failed(message=message))
+                cmd.active.done = True
+                cmd.active.handle._push(Failed(message=message))
+                self._outbox.flush()

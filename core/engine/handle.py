@@ -19,16 +19,22 @@ from core.engine.requests import Event, Failed, Finished, TextDelta
 
 
 class Outbox:
-    """Events for asyncio callers, gathered per event loop until `flush` (engine thread)."""
+    """Events for asyncio callers, gathered per event loop until `flush`.
+
+    The engine thread puts and flushes; after the engine stopped, a submitter that lost
+    the race with the stop fails its own request through here too, hence the lock."""
 
     def __init__(self):
         self._pending: dict[asyncio.AbstractEventLoop, list] = {}
+        self._lock = threading.Lock()
 
     def put(self, loop, q: asyncio.Queue, ev: Event) -> None:
-        self._pending.setdefault(loop, []).append((q, ev))
+        with self._lock:
+            self._pending.setdefault(loop, []).append((q, ev))
 
     def flush(self) -> None:
-        pending, self._pending = self._pending, {}
+        with self._lock:
+            pending, self._pending = self._pending, {}
         for loop, items in pending.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)
