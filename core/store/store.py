@@ -193,7 +193,8 @@ class Store:
         """Write what is queued, stop the writer and close every connection. Idempotent."""
         if self._closed:
             return
-        self._stopping = True
+        with self._writer_lock:  # after this, _enqueue drops (and counts) instead of queueing
+            self._stopping = True
         if self._writer is not None:
             self._queue.put(_STOP)
             self._writer.join(timeout=self._timeout_s)
@@ -535,22 +536,25 @@ class Store:
         self._enqueue(record)
 
     def _enqueue(self, item: Any) -> None:
-        if self._stopping:
-            self.dropped += 1
-            return
-        if self._writer is None:
-            with self._writer_lock:
-                if self._writer is None:
-                    self._writer = threading.Thread(target=self._write_loop, daemon=True,
-                                                    name="radixchat-store-writer")
-                    self._writer.start()
-                    atexit.register(self.close)  # a daemon thread would lose its queue at exit
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            self.dropped += 1
-            if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
-                log.warning("store writer queue full: %d metric records dropped so far", self.dropped)
+        # The check and the put are one step under the lock `close` takes to set _stopping:
+        # an item is either queued before the writer's stop mark (and written) or counted as
+        # dropped, never queued behind the mark where nobody reads it.
+        with self._writer_lock:
+            if self._stopping:
+                self.dropped += 1
+                return
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                                name="radixchat-store-writer")
+                self._writer.start()
+                atexit.register(self.close)  # a daemon thread would lose its queue at exit
+            try:
+                self._queue.put_nowait(item)
+                return
+            except queue.Full:
+                self.dropped += 1
+        if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
+            log.warning("store writer queue full: %d metric records dropped so far", self.dropped)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until everything queued before this call is committed. False on timeout."""
