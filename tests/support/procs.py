@@ -19,9 +19,9 @@ def free_port() -> int:
 
 
 def start_and_wait(cmd: list[str], ready_url: str, log: Path, env=None,
-                   timeout: float = 300) -> subprocess.Popen:
+                   timeout: float = 300, cwd=None) -> subprocess.Popen:
     """Start `cmd` (output to `log`); return once `ready_url` answers 200, else exit."""
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=cwd)
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:

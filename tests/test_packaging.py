@@ -1,0 +1,161 @@
+"""The package as others get it: the wheel's contents, an installed copy serving the bundled
+model from outside the checkout, and the layout's import rules (no circles, core/ never
+imports webui/, webui/ never imports MLX)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+import zipfile
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import free_port, start_and_wait
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out), str(REPO)], check=True, capture_output=True, timeout=300)
+    (whl,) = out.glob("radixchat-*.whl")
+    return whl
+
+
+def test_wheel_holds_the_code_and_the_bundled_model_but_no_tests(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for must in ("core/engine/engine.py", "core/cache/radix.py", "core/store/__init__.py",
+                 "core/platform/blas.py", "webui/api/routes.py", "webui/page/layout.py",
+                 "assets/__init__.py", "assets/prompts.json", "assets/model/config.json",
+                 "assets/model/model.safetensors", "assets/model/tokenizer.json"):
+        assert must in names, must
+    assert not [n for n in names if n.startswith(("tests/", "loadtests/"))]
+    meta = next(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith("METADATA"))
+    runtime = [line for line in meta.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert not [r for r in runtime if any(b in r for b in ("locust", "matplotlib", "pytest"))], runtime
+    assert any("locust" in line and 'extra == "bench"' in line for line in meta.splitlines())
+
+
+@pytest.mark.slow
+def test_installed_wheel_serves_the_bundled_model_from_anywhere(wheel, tmp_path):
+    """Installed (not editable) and run from a folder with no checkout: the bundled model
+    and the presets are found as package data."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+                    str(wheel)], check=True, capture_output=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    log = tmp_path / "serve.log"
+    code = "import sys; from webui.cli import main; sys.exit(main())"
+    proc = start_and_wait([sys.executable, "-c", code, "serve", "--no-auth", "--port", str(port),
+                           "--db", str(tmp_path / "t.db")],
+                          f"http://127.0.0.1:{port}/health", log, env=env, timeout=180, cwd=elsewhere)
+    try:
+        where = subprocess.run([sys.executable, "-c", "import core, assets; print(core.__file__); "
+                                "print(assets.BUNDLED_MODEL)"], env=env, cwd=elsewhere,
+                               capture_output=True, text=True, check=True).stdout.split()
+        assert all(w.startswith(str(target)) for w in where), where
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+            assert json.load(r)["data"][0]["id"]
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
+            headers={"Content-Type": "application/json"},
+            data=json.dumps({"model": "default", "max_tokens": 8,
+                             "messages": [{"role": "user", "content": "What does list.append do?"}]}).encode())
+        with urllib.request.urlopen(req, timeout=60) as r:
+            body = json.load(r)
+        assert body["choices"][0]["message"]["content"].strip()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert r.status == 200  # the page, whose presets come from the package's prompts.json
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Modules of this project that a file imports (at any depth: lazy imports count)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+def _module_graph() -> dict[str, set[str]]:
+    files = {}
+    for top in ("core", "webui", "assets"):
+        for f in (REPO / top).rglob("*.py"):
+            rel = f.relative_to(REPO).with_suffix("")
+            name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+            files[name] = f
+    graph = defaultdict(set)
+    for name, f in files.items():
+        package = name if f.name == "__init__.py" else name.rpartition(".")[0]
+        for imp in _imports(f, package):
+            # a dependency on a module (not on a package's __init__ re-export of itself)
+            while imp and imp not in files:
+                imp = imp.rpartition(".")[0]
+            if imp and imp != name and not name.startswith(imp + "."):
+                graph[name].add(imp)
+    return graph
+
+
+def test_core_never_imports_webui_and_webui_never_imports_mlx():
+    for name, deps in _module_graph().items():
+        if name.startswith("core"):
+            assert not [d for d in deps if d.startswith("webui")], (name, deps)
+    for f in (REPO / "webui").rglob("*.py"):
+        mods = _imports(f, "webui")
+        assert not [m for m in mods if m.split(".")[0] in ("mlx", "mlx_lm")], f
+
+
+def test_no_import_circles():
+    graph = _module_graph()
+    seen, on_path = set(), []
+
+    def visit(n):
+        if n in on_path:
+            raise AssertionError("import circle: " + " -> ".join(on_path[on_path.index(n):] + [n]))
+        if n in seen:
+            return
+        on_path.append(n)
+        for d in sorted(graph.get(n, ())):
+            visit(d)
+        on_path.pop()
+        seen.add(n)
+
+    for n in sorted(graph):
+        visit(n)
+
+
+def test_serving_imports_load_no_mlx_outside_the_engine():
+    """Importing the server, the page and the API pulls in no MLX: only the engine thread loads it."""
+    code = ("import sys, webui.server, webui.page.layout, webui.api.routes, webui.cli, core.engine.engine, "
+            "core.store; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_tests_import_nothing_from_loadtests():
+    for f in (REPO / "tests").rglob("*.py"):
+        mods = _imports(f, "tests")
+        assert not [m for m in mods if m.split(".")[0] == "loadtests"], f
