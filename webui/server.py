@@ -1,7 +1,7 @@
 """The one FastAPI app that everything a client reaches hangs off.
 
 /health, /metrics (Prometheus), the OpenAI-compatible /v1 routes, and the Gradio page
-(webui/page.py) at "/", all on one port. The routes are registered before the page is
+(webui/page/) at "/", all on one port. The routes are registered before the page is
 mounted, so "/" catches only what they don't. The page's sign-in checks the store's users
 (off with --no-auth). Errors use OpenAI's shape. No MLX in this package: the engine is
 reached only through its thread-safe submit/cancel/stats.
@@ -17,14 +17,14 @@ from fastapi.responses import JSONResponse, Response
 
 from core.config import Settings
 from core.engine.engine import Engine
-from core.store import AuthFailed
+from core.store import AuthFailed, Store
 
 from webui.api.errors import BodyLimit, install_error_handlers
 from webui.api.metrics import Metrics
 from webui.api.routes import openai_router
 
 
-def build_app(engine: Engine, settings: Settings, store=None) -> FastAPI:
+def build_app(engine: Engine, settings: Settings, store: Store | None = None) -> FastAPI:
     app = FastAPI(title="radixchat", docs_url=None, redoc_url=None)
     metrics = Metrics(engine)
     app.state.engine, app.state.store, app.state.metrics = engine, store, metrics
@@ -58,7 +58,7 @@ SIGN_IN_MESSAGE = ("Sign in with your radixchat user. No user yet? Whoever runs 
                    "with <code>radixchat users add NAME</code>.")
 
 
-def mount_page(app: FastAPI, engine, settings: Settings, store, metrics) -> None:
+def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, metrics: Metrics) -> None:
     """The Gradio page at "/", signed in against the store (unless --no-auth)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
