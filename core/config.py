@@ -7,7 +7,9 @@ error into a one-line message is `settings_error_line`.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -63,7 +65,19 @@ class Settings(BaseSettings):
 
 
 def is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
+    """Whether binding `host` serves this machine only: every address it names (a name is
+    resolved, as the server will resolve it to bind) is a loopback address. Judged by
+    address, never by text: "127.0.0.1.nip.io" is a name like any other."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False  # a name that does not resolve here binds nothing
+    addrs = {info[4][0].split("%")[0] for info in infos}
+    return bool(addrs) and all(ipaddress.ip_address(a).is_loopback for a in addrs)
 
 
 def settings_error_line(err: ValidationError) -> str:

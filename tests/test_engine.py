@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from core.engine.engine import INTERNAL_ERROR
 from core.engine.requests import ChatRequest, Failed, Finished, RequestError, TextDelta
 
 WORDS = ["lists", "tuples", "dicts", "sets", "generators", "classes", "modules", "strings"]
@@ -116,6 +117,16 @@ def test_cancel_mid_generation_frees_the_slot(engine):
     (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
                          sampling={"stop": [""]}), None, "stop"),
     (lambda: ChatRequest(messages=[{"role": "user", "content": "lists " * 2000}]), 413, "context"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                         sampling={"seed": 2**64}), None, "seed"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                         sampling={"seed": -(2**63) - 1}), None, "seed"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                         sampling={"top_k": 10**6}), 400, "vocabulary"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                         sampling={"top_p": float("nan")}), None, "top_p"),
+    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                         sampling={"stop": ["x" * 1001]}), None, "stop"),
 ])
 def test_bad_requests_are_refused_and_engine_goes_on(engine, make, status, words):
     with pytest.raises((RequestError, ValueError)) as info:
@@ -145,8 +156,32 @@ def test_failing_request_fails_alone(engine, monkeypatch):
     bad = engine.submit(chat("sets", max_tokens=12, temperature=1.0, seed=666))
     results = [h.result() for h in handles]
     failed = bad.result()
-    assert isinstance(failed, Failed) and "sampler exploded" in failed.message
+    assert isinstance(failed, Failed) and failed.message == INTERNAL_ERROR  # no library text
     assert [r.text for r in results] == expected
+
+
+def test_a_sampler_that_cannot_be_built_fails_only_its_request(engine, monkeypatch):
+    """The sampler is made when the batch admits its requests: one that raises there (as
+    mx.random.key did for a negative seed) must leave the others admitted with it alone."""
+    import core.engine.sampling
+
+    real = core.engine.sampling.make_request_sampler
+
+    def faulty(s):
+        if s.seed == 667:
+            raise TypeError("key(): incompatible function arguments")
+        return real(s)
+
+    monkeypatch.setattr(core.engine.sampling, "make_request_sampler", faulty)
+    expected = [run_alone(engine, chat(w, max_tokens=10)).text for w in WORDS[:4]]
+    # queued together, so one admission takes them all
+    handles = [engine.submit(chat(w, max_tokens=10)) for w in WORDS[:2]]
+    bad = engine.submit(chat("sets", max_tokens=10, temperature=1.0, seed=667))
+    handles += [engine.submit(chat(w, max_tokens=10)) for w in WORDS[2:4]]
+    assert [h.result().text for h in handles] == expected
+    failed = bad.result()
+    assert isinstance(failed, Failed) and failed.message == INTERNAL_ERROR
+    assert engine.stats()["inflight"] == 0
 
 
 def test_batch_step_failure_fails_running_requests_then_recovers(engine, monkeypatch):
@@ -162,9 +197,19 @@ def test_batch_step_failure_fails_running_requests_then_recovers(engine, monkeyp
 
     monkeypatch.setattr(gen_cls, "next", flaky)
     final = engine.submit(chat("lists", max_tokens=50)).result()
-    assert isinstance(final, Failed) and "simulated MLX failure" in final.message
+    assert isinstance(final, Failed) and final.message == INTERNAL_ERROR
     assert engine.alive
     assert run_alone(engine, chat("lists", max_tokens=6)).usage.generated_tokens == 6
+
+
+@pytest.mark.parametrize("seed", [-5, -(2**63), 2**63, 2**64 - 1])
+def test_signed_and_unsigned_64_bit_seeds_sample_alongside_others(engine, seed):
+    """A negative or huge seed once ended every request of the batch it joined."""
+    others = [engine.submit(chat(w, max_tokens=8)) for w in WORDS[:3]]
+    odd = engine.submit(chat("sets", max_tokens=8, temperature=1.0, seed=seed))
+    assert all(isinstance(h.result(), Finished) for h in others + [odd])
+    again = run_alone(engine, chat("sets", max_tokens=8, temperature=1.0, seed=seed))
+    assert again.text == odd.result().text
 
 
 def test_seed_gives_same_sample_alone_and_batched(engine):
@@ -204,7 +249,7 @@ def test_failure_while_finishing_releases_the_slot_once(engine, monkeypatch):
 
     monkeypatch.setattr(TextStream, "finish", broken_finish)
     final = engine.submit(chat("sets", max_tokens=5)).result()
-    assert isinstance(final, Failed) and "broke at the end" in final.message
+    assert isinstance(final, Failed) and final.message == INTERNAL_ERROR
     assert engine.stats()["inflight"] == 0 and engine.stats()["active"] == 0
     monkeypatch.undo()
     assert run_alone(engine, chat("sets", max_tokens=5)).usage.generated_tokens == 5

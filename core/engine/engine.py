@@ -44,6 +44,9 @@ if TYPE_CHECKING:  # both import MLX, which only the engine thread may load
 
 log = logging.getLogger("radixchat.engine")
 MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
+# What a client reads when its request failed inside the engine: the details (library
+# messages, tracebacks) go to the server's log, never to a client
+INTERNAL_ERROR = "internal error while generating this reply (the server's log has the details)"
 
 
 @dataclass
@@ -212,6 +215,9 @@ class Engine:
             raise RequestError(
                 f"the prompt is {len(prompt)} tokens but the model's context is {ctx} tokens",
                 413, "context_length_exceeded")
+        if sampling.top_k > self.loaded.vocab_size:
+            raise RequestError(f"top_k must be at most the model's vocabulary size "
+                               f"({self.loaded.vocab_size}), got {sampling.top_k}")
         max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
         with self._lock:
             if self._inflight >= self.settings.max_queue:
@@ -273,9 +279,9 @@ class Engine:
                 self._drain_commands(block=not self._active)
                 if self._active:
                     self._step()
-            except Exception as e:  # never let the loop die: fail what is running, go on
+            except Exception:  # never let the loop die: fail what is running, go on
                 log.exception("engine loop failed; failing its requests and resetting the batch")
-                self._fail_all(f"engine error: {e}")
+                self._fail_all(INTERNAL_ERROR)
                 self._gen = self._new_generator()
             finally:
                 self._outbox.flush()
@@ -345,10 +351,17 @@ class Engine:
     def _admit(self, new: list[_Active]) -> None:
         from core.engine.sampling import make_request_sampler
 
-        samplers, prompts, caches, prefixes = [], [], [], []
-        for a in new:
+        samplers, prompts, caches, prefixes, ok = [], [], [], [], []
+        for a in new:  # one request's bad sampler must not keep the others out
+            try:
+                sampler = make_request_sampler(a.sampling)
+            except Exception:
+                log.exception("request %s: no sampler", a.handle.id)
+                self._fail(a, INTERNAL_ERROR)
+                continue
+            ok.append(a)
             a.stream = TextStream(self.loaded.tokenizer.detokenizer, a.sampling.stop)
-            samplers.append(self._guard(a, make_request_sampler(a.sampling)))
+            samplers.append(self._guard(a, sampler))
             restored = None
             if self.prefix is not None:
                 a.match, restored = self.prefix.lookup(a.prompt)
@@ -357,12 +370,14 @@ class Engine:
             prompts.append([a.prompt[i:j] for i, j in zip(cuts, cuts[1:] + [len(a.prompt)])])
             caches.append(restored)
             prefixes.append(a.prompt[: a.cached])
+        if not ok:
+            return
         # segments make the generator pause at message ends, so snapshots can be taken there
-        stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in new]
-        uids = self._gen.insert_segments(prompts, max_tokens=[a.max_tokens for a in new],
+        stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in ok]
+        uids = self._gen.insert_segments(prompts, max_tokens=[a.max_tokens for a in ok],
                                          caches=caches, all_tokens=prefixes, samplers=samplers,
                                          stop_sequences=stops)
-        for a, uid in zip(new, uids):
+        for a, uid in zip(ok, uids):
             a.uid = uid
             self._by_uid[uid] = a
 
@@ -405,9 +420,9 @@ class Engine:
                 continue
             try:
                 self._on_token(a, r, now)
-            except Exception as e:
+            except Exception:
                 log.exception("request %s failed", a.handle.id)
-                self._fail(a, f"{type(e).__name__}: {e}")
+                self._fail(a, INTERNAL_ERROR)
 
     def _on_token(self, a: _Active, r, now: float) -> None:
         token, finish_reason = r.token, r.finish_reason

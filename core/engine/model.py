@@ -28,6 +28,7 @@ class LoadedModel:
     num_params: int
     dtype: str
     num_layers: int
+    vocab_size: int  # rows of the output logits: the largest top_k a sampler can take
 
 
 def _context_length(config: dict) -> int:
@@ -72,4 +73,10 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
         num_params=num_params,
         dtype=str(first_float).removeprefix("mlx.core."),
         num_layers=len(getattr(model, "layers", [])),
+        vocab_size=_vocab_size(config, tokenizer),
     )
+
+
+def _vocab_size(config: dict, tokenizer) -> int:
+    val = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    return val if isinstance(val, int) and val > 0 else len(tokenizer.vocab)

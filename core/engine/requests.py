@@ -39,14 +39,20 @@ class ChatMessage(BaseModel):
     content: str
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # signed or unsigned 64-bit, as clients send them
+MAX_STOP_CHARS = 1000
+
+
 class Sampling(BaseModel):
+    """How to pick tokens. Every field is checked here, and `top_k` against the model's
+    vocabulary at submit: a value that passes can't fail inside a batched step."""
     model_config = ConfigDict(extra="forbid")
-    temperature: float = Field(0.0, ge=0.0, le=5.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(0.0, ge=0.0, le=5.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, gt=0)
     stop: list[str] = Field(default_factory=list, max_length=8)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
 
     @field_validator("stop")
@@ -54,7 +60,14 @@ class Sampling(BaseModel):
     def _nonempty_stops(cls, v: list[str]) -> list[str]:
         if any(s == "" for s in v):
             raise ValueError("stop strings must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in v):
+            raise ValueError(f"stop strings must be at most {MAX_STOP_CHARS} characters")
         return v
+
+    @property
+    def key_seed(self) -> int | None:
+        """The seed as the unsigned 64-bit value a PRNG key takes (a negative one wraps)."""
+        return None if self.seed is None else self.seed % 2**64
 
 
 class ChatRequest(BaseModel):

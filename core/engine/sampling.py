@@ -20,7 +20,7 @@ def make_request_sampler(s: Sampling):
     """Return a sampler `logprobs (1, V) -> token (1,)`, or None for greedy."""
     if s.temperature == 0:
         return None
-    state = {"key": mx.random.key(s.seed if s.seed is not None else random.getrandbits(63))}
+    state = {"key": mx.random.key(s.key_seed if s.seed is not None else random.getrandbits(63))}
     inv_temp = 1.0 / s.temperature
 
     def sample(logprobs: mx.array) -> mx.array:

@@ -1,0 +1,45 @@
+"""Settings that guard the network: --no-auth is allowed only where the bind is loopback,
+judged by address after resolving a name, never by the text of the host."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from pydantic import ValidationError
+
+from core.config import Settings, is_loopback
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("", False), ("192.168.1.4", False), ("10.0.0.1", False),
+    ("127.0.0.1.nip.io", False),  # a name: it binds whatever it resolves to (nothing here)
+])
+def test_loopback_is_judged_by_address(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def fake_dns(monkeypatch, table: dict[str, list[str]]):
+    real = socket.getaddrinfo
+
+    def lookup(host, *a, **kw):
+        if host in table:
+            return [(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, 0))
+                    for ip in table[host]]
+        return real(host, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+
+
+def test_a_name_that_looks_loopback_but_resolves_to_the_lan_is_refused(monkeypatch):
+    fake_dns(monkeypatch, {"127.0.0.1.evil.example": ["192.168.1.20"],
+                           "both.example": ["127.0.0.1", "192.168.1.20"],
+                           "mine.example": ["127.0.0.1", "::1"]})
+    assert not is_loopback("127.0.0.1.evil.example")
+    assert not is_loopback("both.example")  # one LAN address is enough to open it up
+    assert is_loopback("mine.example")
+    with pytest.raises(ValidationError, match="allow-open-lan"):
+        Settings(no_auth=True, host="127.0.0.1.evil.example")
+    assert Settings(no_auth=True, host="127.0.0.1.evil.example", allow_open_lan=True).no_auth
+    assert Settings(no_auth=True, host="mine.example").no_auth
