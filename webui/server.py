@@ -9,19 +9,20 @@ reached only through its thread-safe submit/cancel/stats.
 
 from __future__ import annotations
 
+import math
 import os
 
-import anyio
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse, Response
 
 from core.config import Settings
 from core.engine.engine import Engine
-from core.store import AuthFailed, Store
+from core.store import Store
 
 from webui.api.errors import BodyLimit, install_error_handlers
 from webui.api.metrics import Metrics
 from webui.api.routes import openai_router
+from webui.signin import ClientAddress, SignInGuard, TooManyFailures
 
 
 def build_app(engine: Engine, settings: Settings, store: Store | None = None) -> FastAPI:
@@ -30,6 +31,7 @@ def build_app(engine: Engine, settings: Settings, store: Store | None = None) ->
     app.state.engine, app.state.store, app.state.metrics = engine, store, metrics
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(ClientAddress)  # outermost: the sign-in guard reads the address it keeps
     app.include_router(openai_router(engine, settings, store, metrics))
 
     @app.get("/health")
@@ -65,12 +67,13 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
 
     from webui.page.layout import CSS, build_page, theme
 
+    guard = app.state.signin = SignInGuard(store.authenticate)
+
     async def sign_in(username: str, password: str) -> bool:
-        try:  # scrypt takes a while: not on the event loop
-            await anyio.to_thread.run_sync(store.authenticate, username, password)
-            return True
-        except AuthFailed:
-            return False
+        try:
+            return await guard.sign_in(username, password)
+        except TooManyFailures as e:
+            raise HTTPException(429, str(e), headers={"Retry-After": str(math.ceil(e.retry_after_s))}) from None
 
     page = build_page(engine, settings, store, metrics, sign_in=not settings.no_auth)
     app.state.page = page

@@ -1,0 +1,125 @@
+"""Sign-in throttling: lockouts per name and per address that refuse before hashing, a bounded
+hashing pool, and the page's real /login route on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+from core.store import AuthFailed, Store
+from webui.signin import SignInGuard, TooManyFailures
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def make_guard(clock, **kw):
+    calls = []
+
+    def verify(name, password):
+        calls.append((name, password))
+        if password != "right":
+            raise AuthFailed("wrong")
+        return name
+
+    return SignInGuard(verify, clock=clock, **kw), calls
+
+
+def test_lockout_doubles_refuses_before_hashing_and_clears_on_success():
+    clock = Clock()
+    guard, calls = make_guard(clock, free_failures=3)
+
+    async def main():
+        for _ in range(3):
+            assert await guard.sign_in("alice", "wrong", addr="10.0.0.9") is False
+        hashed = len(calls)
+        # locked for 1 s: even the right password is refused, and nothing is hashed
+        for pw in ("wrong", "right"):
+            with pytest.raises(TooManyFailures) as info:
+                await guard.sign_in("alice", pw, addr="10.0.0.9")
+            assert 0 < info.value.retry_after_s <= 1
+        assert len(calls) == hashed
+        clock.now += 1.01
+        assert await guard.sign_in("alice", "wrong", addr="10.0.0.9") is False  # 4th: 2 s now
+        with pytest.raises(TooManyFailures) as info:
+            await guard.sign_in("alice", "right", addr="10.0.0.9")
+        assert 1 < info.value.retry_after_s <= 2
+        clock.now += 2.01
+        assert await guard.sign_in("alice", "right", addr="10.0.0.9") is True
+        assert await guard.sign_in("alice", "wrong", addr="10.0.0.9") is False  # counting restarts
+        assert await guard.sign_in("alice", "right", addr="10.0.0.9") is True
+
+    asyncio.run(main())
+
+
+def test_a_guessing_address_is_locked_out_for_every_name_and_a_guessed_name_from_every_address():
+    clock = Clock()
+    guard, calls = make_guard(clock, free_failures=2)
+
+    async def main():
+        for name in ("alice", "bob"):
+            await guard.sign_in(name, "wrong", addr="10.0.0.66")
+        with pytest.raises(TooManyFailures):  # the address, whatever the name
+            await guard.sign_in("carol", "right", addr="10.0.0.66")
+        for addr in ("10.0.1.1", "10.0.1.2"):
+            await guard.sign_in("dave", "wrong", addr=addr)
+        with pytest.raises(TooManyFailures):  # the name, whatever the address
+            await guard.sign_in("dave", "right", addr="10.0.1.3")
+        assert await guard.sign_in("erin", "right", addr="10.0.2.1") is True  # others are unaffected
+
+    asyncio.run(main())
+
+
+def test_hashing_runs_one_at_a_time_however_many_sign_in_at_once():
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def slow_verify(name, password):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.02)
+        with lock:
+            active[0] -= 1
+        raise AuthFailed("wrong")
+
+    guard = SignInGuard(slow_verify, free_failures=1000)
+
+    async def main():
+        await asyncio.gather(*(guard.sign_in(f"user{i}", "x", addr=f"10.0.0.{i}") for i in range(20)))
+
+    asyncio.run(main())
+    assert peak[0] == 1
+
+
+@pytest.mark.slow
+def test_the_page_login_route_locks_out_a_guesser(tiny_model_dir, tmp_path):
+    from tests.test_openai_api import Server
+
+    db = tmp_path / "signin.db"
+    with Store(db) as store:
+        store.create_user("alice", "correct horse battery")
+    server = Server(tiny_model_dir, db)
+    try:
+        def login(pw):
+            return httpx.post(server.url + "/login", data={"username": "alice", "password": pw}, timeout=30)
+
+        assert [login("wrong guess").status_code for _ in range(5)] == [400] * 5
+        locked = login("correct horse battery")
+        assert locked.status_code == 429, locked.text
+        assert "too many failed sign-ins" in locked.text and locked.headers["retry-after"] == "1"
+        time.sleep(1.1)
+        ok = login("correct horse battery")
+        assert ok.status_code == 200 and ok.json() == {"success": True}
+    finally:
+        out = server.stop()
+    assert "failed sign-in for 'alice' from 127.0.0.1" in out
+    assert "Traceback" not in out
