@@ -15,6 +15,13 @@ from core.config import Settings
 from core.engine.engine import Engine
 from core.cache.kv import PrefixStore
 from core.engine.requests import ChatRequest, Finished
+from tests.support.randmodel import SLIDING_WINDOW, build_random_model
+
+
+@pytest.fixture(scope="module")
+def tiny_sliding_dir(tmp_path_factory):
+    """gemma3-style: rotating sliding-window layers between global KVCache layers."""
+    return build_random_model(tmp_path_factory.mktemp("sliding") / "tiny-sliding", layers=4, arch="gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -125,9 +132,12 @@ def run_users(engine, plan, seed: int) -> dict:
     return answers, cached
 
 
-@pytest.mark.parametrize("kind", ["plain", "hybrid"])
-def test_cache_is_transparent(kind, tiny_model_dir, tiny_hybrid_dir):
-    model_dir = tiny_model_dir if kind == "plain" else tiny_hybrid_dir
+@pytest.mark.parametrize("kind", ["plain", "hybrid", "sliding"])
+def test_cache_is_transparent(kind, request):
+    """Greedy answers are the same with the cache on and off. "sliding" prompts are all
+    longer than the window, so the rotating caches restored from snapshots have wrapped."""
+    fixture = {"plain": "tiny_model_dir", "hybrid": "tiny_hybrid_dir", "sliding": "tiny_sliding_dir"}
+    model_dir = request.getfixturevalue(fixture[kind])
     plan = conversations(seed=7, users=6, turns=3)
     off = engine_for(model_dir, prefix=False)
     try:
@@ -147,8 +157,10 @@ def test_cache_is_transparent(kind, tiny_model_dir, tiny_hybrid_dir):
     assert sum(1 for h in later_turns if h > 0) == len(later_turns), "every later turn should hit"
     assert all(h > 0 for h in hits_again.values())
     assert summary["hits"] > 0 and summary["hit_tokens"] > 0
-    if kind == "hybrid":
+    if kind != "plain":
         assert on.prefix.hybrid
+    if kind == "sliding":
+        assert min(later_turns) > SLIDING_WINDOW, "a restored rotating cache should have wrapped"
 
 
 def test_fifty_conversations_share_one_system_prompt(tiny_model_dir):

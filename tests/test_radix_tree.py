@@ -42,6 +42,17 @@ def live_sequences(tree):
     return out
 
 
+def leaves(tree):
+    """Every leaf, by a walk of the whole tree (the brute force the tree must not need)."""
+    stack = list(tree.root.children.values())
+    while stack:
+        n = stack.pop()
+        if n.children:
+            stack.extend(n.children.values())
+        else:
+            yield n
+
+
 def lcp(a, b):
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -77,7 +88,7 @@ def test_locked_path_survives_eviction_and_unlock_frees_it():
     t.lock(m.node)
     insert(t, [5, 6, 7, 8, 9, 10])  # over budget, but [1..4] is locked
     assert t.match([1, 2, 3, 4]).length == 4
-    assert t.bytes <= t.budget or all(n.lock_ref for n in t._leaves())
+    assert t.bytes <= t.budget or all(n.lock_ref for n in leaves(t))
     t.unlock(m.node)
     insert(t, [11, 12, 13, 14, 15])
     t.check()
@@ -115,14 +126,84 @@ def test_tree_against_brute_force(ops, budget_tokens):
         elif op == "unlock" and locks:
             node, _ = locks.pop(arg % len(locks))
             t.unlock(node)
-        t.check()  # bytes == sum of live segments, lock_ref monotone up the tree
+        t.check()  # bytes == sum of live segments, lock_ref monotone, evictable set exact
         seqs = live_sequences(t)
         for _, protected in locks:  # a locked path is never evicted
             assert not protected or tuple(protected) in seqs or any(
                 s[: len(protected)] == tuple(protected) for s in seqs)
-        unlocked_leaves = [n for n in t._leaves() if n.lock_ref == 0]
+        unlocked_leaves = [n for n in leaves(t) if n.lock_ref == 0]
         assert t.bytes <= t.budget or not unlocked_leaves
     for node, _ in locks:
         t.unlock(node)
-    assert all(n.lock_ref == 0 for n in t._leaves()), "a lock leaked"
+    assert all(n.lock_ref == 0 for n in leaves(t)), "a lock leaked"
     assert t.locks == 0
+
+
+class WatchedChildren(dict):
+    """A children dict that counts enumerations: any walk of the tree must enumerate some."""
+    walks = 0
+
+    def values(self):
+        WatchedChildren.walks += 1
+        return super().values()
+
+    def items(self):
+        WatchedChildren.walks += 1
+        return super().items()
+
+    def __iter__(self):
+        WatchedChildren.walks += 1
+        return super().__iter__()
+
+
+def watch(tree):
+    stack = [tree.root]
+    while stack:
+        n = stack.pop()
+        stack.extend(n.children.values())
+        n.children = WatchedChildren(n.children)
+    WatchedChildren.walks = 0
+
+
+def test_eviction_never_walks_the_tree():
+    """Many locked conversations and a few idle ones: fitting the budget orders the idle
+    leaves only, it never enumerates the (mostly locked) tree."""
+    t = RadixCache(budget_bytes=10**9)
+    locked = [insert(t, [7, i, i + 1, i + 2]) for i in range(200)]
+    for node in locked:
+        t.lock(node)
+    for i in range(5):
+        insert(t, [8, i, i + 1])
+    t.budget = t.bytes  # full: the next insert must evict
+    watch(t)
+    new = insert(t, [9, 1, 2, 3])
+    assert WatchedChildren.walks == 0, "fit walked the tree"
+    assert t.stats.evictions == 2  # the two oldest idle leaves make room for 4 tokens
+    assert t.match([8, 0, 1]).length == 1 and t.match([8, 4, 5]).length == 3
+    t.check()
+    assert new in t.evictable and all(n.lock_ref == 0 for n in t.evictable)
+    for node in locked:
+        t.unlock(node)
+    t.check()
+
+
+def test_evictable_set_follows_split_lock_and_eviction():
+    t = RadixCache(budget_bytes=10**9)
+    a = insert(t, [1, 2, 3, 4])
+    assert t.evictable == {a}
+    b = insert(t, [1, 2, 9])  # splits a: the upper node [1, 2] is never a leaf
+    upper = b.parent
+    assert upper.key == (1, 2) and t.evictable == {a, b}
+    t.lock(b)
+    assert t.evictable == {a} and upper.lock_ref == 1
+    t.budget = 0
+    t.fit()  # a goes; upper still has the locked b
+    assert t.evictable == set() and a.parent is upper and (3,) not in upper.children
+    t.unlock(b)
+    assert t.evictable == {b}
+    t.fit()  # b goes, then upper (now an unlocked leaf), leaving an empty tree
+    assert t.evictable == set() and t.nodes == 0 and t.bytes == 0
+    t.lock(b)
+    t.unlock(b)  # a stale handle: an evicted node must not come back
+    assert t.evictable == set()
+    t.check()

@@ -3,8 +3,9 @@
 A `KVSegment` holds, for each trimmable layer (mlx-lm `KVCache`), an own copy of the K/V
 of a run of tokens: shape (1, heads, n, dim), exactly n long. A `Snapshot` holds the
 whole state of every other layer (SSM `ArraysCache`, `RotatingKVCache`, ...) at one
-position. Copies are made with `mx.contiguous`, because a plain slice keeps its source
-buffer alive (a stale tail the tree must never hold; see shared/seeds/000).
+position; a sliding-window layer's, cut to its window. Copies are made with
+`mx.contiguous`, because a plain slice keeps its source buffer alive (a stale tail the
+tree must never hold; see shared/seeds/000).
 
 `PrefixStore.lookup` restores per-layer caches whose arrays are exactly the matched
 length (the physical trim by construction: nothing is ever trimmed by moving an offset).
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from core.cache.radix import Match, RadixCache
 
@@ -69,19 +70,47 @@ class KVSegment:
 
 
 class Snapshot:
-    """The full state of the non-trimmable layers at one token position."""
+    """The full state of the non-trimmable layers at one token position.
+
+    Kept as the cache protocol's round trip, (class, state, meta_state) in and
+    `cls.from_state` out, so whatever fields a cache class keeps where survive. mlx-lm
+    0.32 keeps all of them in `state` (a RotatingKVCache's offset, keep, max_size and _idx
+    too) and has no `meta_state`; earlier releases kept those scalars in `meta_state`.
+    """
     __slots__ = ("layers", "nbytes")
 
     def __init__(self, caches, trimmable: list[bool]):
-        self.layers = [None if t else (type(c), _copy_state(c.state)) for c, t in zip(caches, trimmable)]
+        self.layers = [None if t else _capture(_windowed(c)) for c, t in zip(caches, trimmable)]
         mx.async_eval([s[1] for s in self.layers if s is not None])
         self.nbytes = sum(_nbytes(s[1]) for s in self.layers if s is not None)
 
     def restore(self, i: int):
-        cls, state = self.layers[i]
-        obj = cls.__new__(cls)
-        obj.state = state  # arrays are shared read-only: merge copies them into the batch
-        return obj
+        # arrays are shared read-only: merging into the batch copies them
+        cls, state, meta_state = self.layers[i]
+        return cls.from_state(state) if meta_state is None else cls.from_state(state, meta_state)
+
+
+def _capture(cache) -> tuple:
+    """(class, own copy of state, meta_state or None where the class has none)."""
+    return type(cache), _copy_state(cache.state), getattr(cache, "meta_state", None)
+
+
+def _windowed(cache):
+    """A RotatingKVCache cut to the last `max_size` tokens it holds; any other cache as is.
+
+    A prefill of S tokens leaves max_size + S - 1 of them (each query of the chunk needs
+    its own window), but every later step, and the batch merge, reads the last max_size
+    only: uncut, each snapshot of a sliding-window layer would hold a whole prompt's K/V.
+    """
+    if not (isinstance(cache, RotatingKVCache) and cache.keep == 0 and cache.keys is not None):
+        return cache
+    n = cache.max_size
+    if cache.keys.shape[2] <= n or cache._idx != cache.keys.shape[2]:  # short, or rotated in place
+        return cache
+    out = RotatingKVCache(n)
+    out.keys, out.values = cache.keys[..., -n:, :], cache.values[..., -n:, :]
+    out.offset, out._idx = cache.offset, n
+    return out
 
 
 class PrefixStore:

@@ -2,14 +2,18 @@
 
 Three small types: `Node` (an edge of tokens, its segment, an optional snapshot at its
 end), `Match` (where a lookup stopped) and `RadixCache` (the tree, its locks, its byte
-budget and LRU eviction). What a segment or a snapshot *is* is left to the caller: the
-tree only needs `seg.split(k) -> (left, right)`, `seg.nbytes` and `snap.nbytes`.
+budget and LRU eviction). Eviction never walks the tree: the tree keeps the set of its
+evictable leaves up to date, and `fit` orders only those. What a segment or a snapshot
+*is* is left to the caller: the tree only needs `seg.split(k) -> (left, right)`,
+`seg.nbytes` and `snap.nbytes`.
 core/cache/kv.py supplies MLX segments (per-layer K/V slices); tests supply simulated ones.
+No locks of its own: only the engine thread changes the tree (others read `summary`).
 
 Invariants (asserted in `check`):
 - a node's segment covers exactly its edge tokens; bytes counted = the sum of the live
   segments and snapshots (never buffer capacity);
 - a node with lock_ref > 0 is never evicted, and lock_ref of a node >= that of any child;
+- `evictable` is exactly the set of non-root nodes with no children and lock_ref == 0;
 - after `insert` and `fit`, bytes <= budget unless every remaining leaf is locked.
 """
 
@@ -80,6 +84,9 @@ class RadixCache:
         self.tokens = 0
         self.nodes = 0
         self.locks = 0  # outstanding lock() calls: 0 whenever no request is running
+        # unlocked leaves, kept current by every change to children or lock_ref, so that
+        # fitting the budget costs O(evictable + evicted log n) instead of a walk of the tree
+        self.evictable: set[Node] = set()
         self.stats = Stats()
 
     # ---- public API ----------------------------------------------------------------------
@@ -126,6 +133,8 @@ class RadixCache:
                 new = Node(tuple(tokens[i:]), make_seg(i, len(tokens)), node)
                 node.children[tokens[i]] = new
                 self._account(new, +1)
+                self.evictable.discard(node)  # no longer a leaf
+                self._refresh(new)
                 self.stats.inserted_tokens += len(new.key)
                 node, i = new, len(tokens)
                 break
@@ -151,6 +160,8 @@ class RadixCache:
             self.locks += 1
         while node is not None:
             node.lock_ref += 1
+            if node.lock_ref == 1:
+                self.evictable.discard(node)
             node = node.parent
 
     def unlock(self, node: Node | None) -> None:
@@ -159,6 +170,8 @@ class RadixCache:
         while node is not None:
             node.lock_ref -= 1
             assert node.lock_ref >= 0, "unlock without lock"
+            if node.lock_ref == 0:
+                self._refresh(node)
             node = node.parent
 
     def fit(self, extra_bytes: int = 0) -> int:
@@ -166,18 +179,14 @@ class RadixCache:
         extra_bytes += self.reserved
         if self.bytes + extra_bytes <= self.budget:
             return 0
-        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
+        heap = [(n.last_access, id(n), n) for n in self.evictable]
         heapq.heapify(heap)
         freed = 0
         while heap and self.bytes + extra_bytes > self.budget:
             _, _, leaf = heapq.heappop(heap)
-            parent = leaf.parent
             freed += leaf.nbytes
-            del parent.children[leaf.key[0]]
-            self._account(leaf, -1)
-            self.stats.evictions += 1
-            self.stats.evicted_tokens += len(leaf.key)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            parent = self._evict(leaf)
+            if parent in self.evictable:  # its last child went: LRU decides when it goes
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
 
@@ -203,6 +212,7 @@ class RadixCache:
     def check(self) -> None:
         """Assert the invariants (for tests; walks the whole tree)."""
         total = tokens = nodes = 0
+        evictable = set()
         stack = list(self.root.children.values())
         while stack:
             n = stack.pop()
@@ -211,9 +221,12 @@ class RadixCache:
             total += n.nbytes
             assert n.key and n.parent.children[n.key[0]] is n
             assert n.lock_ref >= max((c.lock_ref for c in n.children.values()), default=0)
+            if not n.children and n.lock_ref == 0:
+                evictable.add(n)
             stack.extend(n.children.values())
         assert (total, tokens, nodes) == (self.bytes, self.tokens, self.nodes), \
             ((total, tokens, nodes), (self.bytes, self.tokens, self.nodes))
+        assert evictable == self.evictable, (len(evictable), len(self.evictable))
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -243,16 +256,29 @@ class RadixCache:
         child.key, child.seg, child.parent = child.key[k:], right, upper
         upper.children[child.key[0]] = child
         self.nodes += 1  # bytes and tokens are unchanged by a split
+        # `evictable` is unchanged too: upper has a child; child keeps its children and locks
         return upper
 
-    def _leaves(self):
-        stack = list(self.root.children.values())
-        while stack:
-            n = stack.pop()
-            if n.children:
-                stack.extend(n.children.values())
-            else:
-                yield n
+    def _refresh(self, node: Node) -> None:
+        """Put `node` in or out of `evictable` after its children or lock_ref changed."""
+        # the root has no parent; a node already evicted (a stale handle someone unlocks
+        # late) is no longer its parent's child and must not come back
+        attached = node.parent is not None and node.parent.children.get(node.key[0]) is node
+        if attached and not node.children and node.lock_ref == 0:
+            self.evictable.add(node)
+        else:
+            self.evictable.discard(node)
+
+    def _evict(self, leaf: Node) -> Node:
+        """Drop an evictable leaf from the tree; returns its parent."""
+        parent = leaf.parent
+        del parent.children[leaf.key[0]]
+        self.evictable.discard(leaf)
+        self._refresh(parent)
+        self._account(leaf, -1)
+        self.stats.evictions += 1
+        self.stats.evicted_tokens += len(leaf.key)
+        return parent
 
     def _account(self, node: Node, sign: int) -> None:
         self.bytes += sign * node.nbytes

@@ -3,7 +3,9 @@
 Fixed seed, no downloads: a byte-level BPE tokenizer trained on a few sentences with the
 `tokenizers` library, a ChatML-like template, and random weights scaled so that greedy
 decoding has clear winners (few floating-point near-ties). Tests use a tiny one; the
-benchmarks a larger one where prefill costs more. `python -m tests.support.randmodel OUT`
+benchmarks a larger one where prefill costs more. Besides llama, two tiny shapes whose
+caches the prefix cache cannot trim: lfm2 (short convolutions) and gemma3 (sliding-window
+layers with a rotating cache, between global ones). `python -m tests.support.randmodel OUT`
 builds one from the command line.
 """
 
@@ -66,23 +68,37 @@ def _lfm2(dim: int, layers: int, vocab: int, context: int) -> dict:
     }
 
 
-def build_random_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
-                       context: int = 512, vocab_size: int = 400, arch: str = "llama") -> Path:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
+SLIDING_WINDOW = 16  # tokens: far shorter than any chat prompt, so every one wraps
 
-    out.mkdir(parents=True, exist_ok=True)
-    vocab = build_tokenizer(out, vocab_size)
-    config = {"llama": _llama, "lfm2": _lfm2}[arch](dim, layers, vocab, context)
-    (out / "config.json").write_text(json.dumps(config))
-    mx.random.seed(seed)
-    model_cls, args_cls = _get_classes(config)
-    model = model_cls(args_cls.from_dict(config))
-    # Scales chosen so greedy decoding has clear winners (few float near-ties) and the
-    # reply depends on the whole prompt, not just its last token.
+
+def _gemma3(dim: int, layers: int, vocab: int, context: int) -> dict:
+    """Sliding-window layers (RotatingKVCache of SLIDING_WINDOW tokens) alternating with
+    global ones (KVCache): a prompt longer than the window wraps the rotating caches."""
+    return {
+        "model_type": "gemma3_text", "hidden_size": dim, "num_hidden_layers": layers,
+        "intermediate_size": dim * 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": dim // 4, "query_pre_attn_scalar": dim // 4, "rms_norm_eps": 1e-6,
+        "sliding_window": SLIDING_WINDOW, "sliding_window_pattern": 2,
+        "max_position_embeddings": context, "rope_theta": 10000.0, "rope_local_base_freq": 10000.0,
+        "vocab_size": vocab, "torch_dtype": "float32",
+    }
+
+
+CONFIGS = {"llama": _llama, "lfm2": _lfm2, "gemma3": _gemma3}
+
+
+def _sharpen(model, arch: str, vocab: int, dim: int) -> None:
+    """Scales chosen so greedy decoding has clear winners (few float near-ties) and the
+    reply depends on the whole prompt, not just its last token."""
+    import mlx.core as mx
+
     if arch == "llama":
         model.model.embed_tokens.weight = mx.random.normal((vocab, dim))
+        model.lm_head.weight = mx.random.normal((vocab, dim)) * 0.5
+        for layer in model.model.layers:
+            layer.self_attn.v_proj.weight = layer.self_attn.v_proj.weight * 2
+    elif arch == "gemma3":  # the model multiplies embeddings by sqrt(dim) itself
+        model.model.embed_tokens.weight = mx.random.normal((vocab, dim)) * dim ** -0.5
         model.lm_head.weight = mx.random.normal((vocab, dim)) * 0.5
         for layer in model.model.layers:
             layer.self_attn.v_proj.weight = layer.self_attn.v_proj.weight * 2
@@ -93,6 +109,22 @@ def build_random_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
                 layer.self_attn.v_proj.weight = layer.self_attn.v_proj.weight * 4
             else:
                 layer.conv.in_proj.weight = layer.conv.in_proj.weight * 4
+
+
+def build_random_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
+                       context: int = 512, vocab_size: int = 400, arch: str = "llama") -> Path:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(out, vocab_size)
+    config = CONFIGS[arch](dim, layers, vocab, context)
+    (out / "config.json").write_text(json.dumps(config))
+    mx.random.seed(seed)
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    _sharpen(model, arch, vocab, dim)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     return out
@@ -107,6 +139,6 @@ if __name__ == "__main__":
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arch", choices=["llama", "lfm2"], default="llama")
+    p.add_argument("--arch", choices=sorted(CONFIGS), default="llama")
     a = p.parse_args()
     print(build_random_model(a.out, a.seed, a.dim, a.layers, a.context, arch=a.arch))
