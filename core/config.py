@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     db: Path = Field(default_factory=lambda: default_data_dir() / "radixchat.db", description="SQLite file")
     cache_bytes: int = Field(1 << 30, ge=0, description="Prefix cache byte budget (live tokens)")
     prefix_cache: bool = Field(True, description="Share a radix prefix KV cache across requests")
+    cache_sharing: Literal["system", "all", "user"] = Field(
+        "system", description="What the prefix cache shares between users: the system message "
+        "(default), everything (one trusted user) or nothing")
     max_batch: int = Field(16, ge=1, le=1024, description="Most sequences decoding at once")
     max_prefill_batch: int = Field(4, ge=1, le=1024, description="Most prompts prefilled together")
     prefill_step: int = Field(512, ge=16, description="Prompt tokens per prefill step")

@@ -112,12 +112,13 @@ def test_hybrid_templating_is_linear_in_the_conversation(hybrid_engine, monkeypa
     for i in range(20):
         messages += [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
     messages.append({"role": "user", "content": "last question"})
-    prompt, boundaries = hybrid_engine.template(ChatRequest(messages=messages))
+    p = hybrid_engine.template(ChatRequest(messages=messages))
     assert len(calls) <= 3, len(calls)
     # a snapshot after the system prompt (shared by conversations) and before the last message
     sys_end = len(real([SYSTEM]))
     prev_end = len(real(messages[:-1]))
-    assert boundaries == [sys_end, prev_end] and prev_end < len(prompt)
+    assert p.boundaries == [sys_end, prev_end] and prev_end < len(p.tokens)
+    assert p.shared_len == sys_end
 
 
 def test_hybrid_multi_turn_still_hits_the_cache(hybrid_engine):

@@ -120,9 +120,10 @@ class PrefixStore:
         self.hybrid = not all(self.trimmable)
         self.bytes_per_token = 0  # K/V bytes of one token over all trimmable layers, once known
 
-    def lookup(self, prompt: list[int]) -> tuple[Match, list | None]:
-        """Match `prompt` (always leaving its last token to prefill), restore and lock."""
-        m = self.tree.match(prompt[:-1], need_snapshot=self.hybrid)
+    def lookup(self, key: list[int], min_length: int = 0) -> tuple[Match, list | None]:
+        """Match a prompt's tree key (always leaving its last token to prefill), restore
+        and lock. A match shorter than `min_length` is a miss."""
+        m = self.tree.match(key[:-1], need_snapshot=self.hybrid, min_length=min_length)
         if m.length == 0:
             return m, None
         caches = self.tree.timed_restore(lambda: self._restore(m))
@@ -134,7 +135,8 @@ class PrefixStore:
             self.tree.unlock(m.node)
 
     def store(self, tokens: list[int], caches) -> bool:
-        """Insert `tokens` whose K/V (and states) are in `caches` (one request's, batch 1)."""
+        """Insert `tokens` (a tree key: see core.cache.scope) whose K/V (and states) are in
+        `caches` (one request's, batch 1)."""
         live = [c.offset for c, t in zip(caches, self.trimmable) if t]
         if any(n != len(tokens) for n in live) or not tokens:
             log.warning("not caching a sequence of %d tokens whose cache holds %s", len(tokens), live[:1])

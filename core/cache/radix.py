@@ -91,17 +91,21 @@ class RadixCache:
 
     # ---- public API ----------------------------------------------------------------------
 
-    def match(self, tokens: list[int], need_snapshot: bool = False) -> Match:
+    def match(self, tokens: list[int], need_snapshot: bool = False, min_length: int = 0) -> Match:
         """Longest cached prefix of `tokens`. Touches the path (LRU); changes nothing else.
 
         With need_snapshot (a model with non-trimmable layers) the match only stops at the
-        end of a node that carries a snapshot, backing off to the deepest such node.
+        end of a node that carries a snapshot, backing off to the deepest such node. A match
+        shorter than `min_length` is a miss (see core.cache.scope: a partial match of a
+        shared system message must reveal nothing).
         """
         m = self._walk(tokens)
         if need_snapshot:
             while m.path and (m.path_lengths[-1] < len(m.path[-1].key) or m.path[-1].snapshot is None):
                 m.path.pop()
                 m.path_lengths.pop()
+        if sum(m.path_lengths) < min_length:
+            m.path, m.path_lengths = [], []
         m.length = sum(m.path_lengths)
         now = next(_clock)
         for n in m.path:
@@ -114,9 +118,10 @@ class RadixCache:
             self.stats.misses += 1
         return m
 
-    def peek(self, tokens: list[int]) -> int:
+    def peek(self, tokens: list[int], min_length: int = 0) -> int:
         """Length of the longest cached prefix, touching nothing (no LRU, no stats)."""
-        return sum(self._walk(tokens).path_lengths)
+        n = sum(self._walk(tokens).path_lengths)
+        return n if n >= min_length else 0
 
     def insert(self, tokens: list[int], make_seg: Callable[[int, int], Any],
                snapshot: Any = None) -> Node:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from core.cache.radix import Match, common_prefix
+from core.cache.scope import CacheScope
 from core.config import Settings
 from core.engine.handle import Outbox, RequestHandle
 from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
@@ -58,6 +59,9 @@ class _Active:
     max_tokens: int
     t_submit: float
     boundaries: list[int]  # message ends inside the prompt (hybrid models only)
+    shared_len: int = 0  # the system message's tokens: the part other users may share
+    owner: str | None = None  # whose namespace of the prefix cache holds the rest
+    key: list[int] | None = None  # the prompt as the prefix cache keys it (core.cache.scope)
     uid: int | None = None
     stream: TextStream | None = None
     error: BaseException | None = None  # set by a guarded sampler
@@ -83,6 +87,14 @@ class _Active:
             total_ms=(now - self.t_submit) * 1e3,
             decode_tps=(self.generated - 1) / decode_s if decode_s > 0 else 0.0,
         )
+
+
+@dataclass
+class Templated:
+    """A chat request's prompt as tokens, with the positions the prefix cache cares about."""
+    tokens: list[int]
+    boundaries: list[int]  # message ends where snapshots are taken (hybrid models only)
+    shared_len: int  # where the system message ends (0 without one)
 
 
 @dataclass
@@ -127,6 +139,7 @@ class Engine:
         self.started_at = 0.0
         self.offset_report: dict[str, str] = {}  # core.cache.offset_guard's verdict per cache class
         self.prefix: PrefixStore | None = None  # when the prefix cache is on
+        self.scope = CacheScope("all")  # replaced from the settings when the cache is made
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -167,18 +180,21 @@ class Engine:
 
         Templating takes milliseconds to tens of them for a long conversation: from an event
         loop use `asubmit`, which does it in a worker thread."""
-        prompt, boundaries = self.template(request)
-        return self.submit_tokens(prompt, request.sampling, boundaries)
+        p = self.template(request)
+        return self.submit_tokens(p.tokens, request.sampling, p.boundaries,
+                                  shared_len=p.shared_len, owner=request.owner)
 
     async def asubmit(self, request: ChatRequest) -> RequestHandle:
         """`submit` for asyncio callers: the template runs in a worker thread, and the handle
         delivers its events to the calling loop."""
-        prompt, boundaries = await asyncio.to_thread(self.template, request)
-        return self.submit_tokens(prompt, request.sampling, boundaries)
+        p = await asyncio.to_thread(self.template, request)
+        return self.submit_tokens(p.tokens, request.sampling, p.boundaries,
+                                  shared_len=p.shared_len, owner=request.owner)
 
-    def template(self, request: ChatRequest) -> tuple[list[int], list[int]]:
-        """The prompt's tokens and, for models with non-trimmable layers, the message ends
-        where the prefix cache takes snapshots. Any thread; never the engine's lock."""
+    def template(self, request: ChatRequest) -> Templated:
+        """The prompt's tokens, where its system message ends and, for models with
+        non-trimmable layers, the message ends where the prefix cache takes snapshots.
+        Any thread; never the engine's lock."""
         if not isinstance(request, ChatRequest):
             raise TypeError("submit takes a ChatRequest")
         if self.loaded is None:
@@ -192,20 +208,24 @@ class Engine:
                 # Snapshots pay off where a later prompt continues this one: after a leading
                 # system prompt (shared by many conversations) and before the last message
                 # (the end of the previous turn). Two templatings, not one per message.
-                heads = sorted({k for k in (1 if messages[0]["role"] == "system" else 0,
-                                            len(messages) - 1) if 0 < k < len(messages)})
-                boundaries = []
-                for k in heads if hybrid else ():
+                system = 1 if messages[0]["role"] == "system" and len(messages) > 1 else 0
+                wanted = {k for k in (system, len(messages) - 1) if 0 < k < len(messages)} if hybrid else set()
+                if system and self.prefix is not None:
+                    wanted.add(system)  # the cache's sharing scope needs it too
+                ends = {}
+                for k in sorted(wanted):
                     head = list(tok.apply_chat_template(messages[:k]))
                     if prompt[: len(head)] == head:
-                        boundaries.append(len(head))
+                        ends[k] = len(head)
             except Exception as e:  # a template may reject an order of roles
                 raise RequestError(f"the model's chat template rejected these messages: {e}") from e
-        return prompt, boundaries
+        boundaries = sorted(ends.values()) if hybrid else []
+        return Templated(prompt, boundaries, ends.get(system, 0) if system else 0)
 
-    def submit_tokens(self, prompt: list[int], sampling: Sampling,
-                      boundaries: list[int] | None = None) -> RequestHandle:
-        """Queue an already tokenized prompt (used by plain completions)."""
+    def submit_tokens(self, prompt: list[int], sampling: Sampling, boundaries: list[int] | None = None,
+                      *, shared_len: int = 0, owner: str | None = None) -> RequestHandle:
+        """Queue an already tokenized prompt (plain completions: no system message, so all
+        of it lives in `owner`'s part of the prefix cache)."""
         if not self._ready.is_set() or self._stopping or self._closed:
             raise RequestError("the engine is not running", 503, "engine_unavailable")
         ctx = self.loaded.context_length
@@ -230,7 +250,7 @@ class Engine:
         rid = f"req-{next(self._ids)}"
         handle = RequestHandle(rid, len(prompt), self.cancel, loop, self._outbox)
         self._cmds.put(_Submit(_Active(handle, prompt, sampling, max_tokens, time.perf_counter(),
-                                       boundaries=boundaries or [])))
+                                       boundaries=boundaries or [], shared_len=shared_len, owner=owner)))
         if self._closed:  # the engine stopped between the check above and the put: nobody
             self._fail_queued("the engine stopped")  # else will answer what is queued now
         return handle
@@ -256,6 +276,7 @@ class Engine:
                     from core.cache.kv import PrefixStore
 
                     self.prefix = PrefixStore(self.loaded.model, s.cache_bytes)
+                    self.scope = CacheScope(s.cache_sharing)
                 # a stream of this thread's own, so a later engine in the same process
                 # never touches one that was cleared (see below)
                 self._mx_stream = mx.new_stream(mx.default_device())
@@ -311,8 +332,11 @@ class Engine:
         cmd = self._cmds.get() if block else None
         while True:
             if isinstance(cmd, _Submit):
-                self._active[cmd.active.handle.id] = cmd.active
-                new.append(cmd.active)
+                a = cmd.active
+                if self.prefix is not None:
+                    a.key = self.scope.key(a.prompt, a.shared_len, a.owner)
+                self._active[a.handle.id] = a
+                new.append(a)
             elif isinstance(cmd, _Cancel) and cmd.rid in self._active:
                 a = self._active[cmd.rid]
                 if a.uid is None:  # not admitted yet: nothing computed, nothing to cache
@@ -342,11 +366,13 @@ class Engine:
         """
         if self.prefix is None:
             return False
-        head = a.prompt[:-1]
-        others = [b.prompt for b in admitting] + [
-            b.prompt for b in self._active.values() if b.uid is not None and not b.prefilled and not b.done]
-        shared = max((common_prefix(head, p) for p in others), default=0)
-        return shared - self.prefix.tree.peek(head) >= MIN_SHARED_PREFIX
+        head, least = a.key[:-1], self.scope.min_match(a.shared_len)
+        others = [b.key for b in admitting] + [
+            b.key for b in self._active.values() if b.uid is not None and not b.prefilled and not b.done]
+        shared = max((common_prefix(head, k) for k in others), default=0)
+        if shared < least:  # a part of someone else's system message: it would be a miss
+            return False
+        return shared - self.prefix.tree.peek(head, least) >= MIN_SHARED_PREFIX
 
     def _admit(self, new: list[_Active]) -> None:
         from core.engine.sampling import make_request_sampler
@@ -364,7 +390,7 @@ class Engine:
             samplers.append(self._guard(a, sampler))
             restored = None
             if self.prefix is not None:
-                a.match, restored = self.prefix.lookup(a.prompt)
+                a.match, restored = self.prefix.lookup(a.key, self.scope.min_match(a.shared_len))
                 a.cached = a.match.length
             cuts = [a.cached] + [b for b in a.boundaries if a.cached < b < len(a.prompt)]
             prompts.append([a.prompt[i:j] for i, j in zip(cuts, cuts[1:] + [len(a.prompt)])])
@@ -413,7 +439,7 @@ class Engine:
             a.prefilled = a.prefilled or r.end_of_prompt
             if r.end_of_prompt or (r.end_of_segment and self.prefix.hybrid):
                 for caches, tokens in self._gen.extract_cache([r.uid]).values():
-                    self._store(tokens, caches)
+                    self._store(a, tokens, caches)
         for r in gen_resps:
             a = self._by_uid.get(r.uid)
             if a is None or a.done:
@@ -452,7 +478,7 @@ class Engine:
         if final is None and a.uid is not None:
             final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
         if final is not None and final[0] is not None:
-            self._store(final[1], final[0])
+            self._store(a, final[1], final[0])
         self._release(a)  # before the reply ends, so a client that saw it sees the slot free
         tail = a.stream.finish()
         if tail:
@@ -480,13 +506,13 @@ class Engine:
         with self._lock:
             self._inflight -= 1
 
-    def _store(self, tokens: list[int], caches) -> None:
+    def _store(self, a: _Active, tokens: list[int], caches) -> None:
         if self.prefix is None:
             return
         # the running batch shares the budget with the tree
         live = sum(len(a.prompt) + a.generated for a in self._active.values())
         self.prefix.tree.reserved = live * self.prefix.bytes_per_token
-        self.prefix.store(list(tokens), caches)
+        self.prefix.store(self.scope.key(list(tokens), a.shared_len, a.owner), caches)
 
     def _fail_all(self, message: str) -> None:
         """Fail every admitted or deferred request (engine thread)."""

@@ -74,6 +74,9 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     messages: list[ChatMessage] = Field(min_length=1)
     sampling: Sampling = Field(default_factory=Sampling)
+    # who sends it: after the system message, the prefix cache keeps this request's tokens
+    # where only the same owner's requests find them (None: the one user of --no-auth)
+    owner: str | None = None
 
     @field_validator("messages")
     @classmethod
