@@ -190,7 +190,9 @@ def test_bad_requests_get_clear_errors_and_server_goes_on(keyed):
             err = r.json()["error"]
             assert words.lower() in err["message"].lower(), (words, err)
             assert err["type"] and "message" in err
-        ok = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json=GOOD)
+        # greedy: sampled at temperature 1, the random model may end at once with no text
+        ok = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                       json={**GOOD, "temperature": 0})
         assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
 
 
@@ -233,6 +235,41 @@ def test_queue_full_is_429_with_retry_after(tmp_path):
             assert "busy" in busy.json()["error"]["message"]
     finally:
         server.stop()
+
+
+def test_each_api_request_is_recorded_once(engine, store, tiny_model_dir):
+    """In-process: every request, served or refused, is one row and one count, however it
+    was answered (whole, streamed, plain completion)."""
+    from fastapi.testclient import TestClient
+
+    from core.config import Settings
+    from webui.server import build_app
+
+    alice = store.create_user("alice", "alice-password")
+    _, key = store.create_api_key(alice, "tests")
+    app = build_app(engine, Settings(model=str(tiny_model_dir)), store)
+    auth = {"Authorization": f"Bearer {key}"}
+    with TestClient(app) as http:
+        assert http.post("/v1/chat/completions", headers=auth, json=GOOD).status_code == 200
+        streamed = http.post("/v1/chat/completions", headers=auth, json={**GOOD, "stream": True})
+        assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+        plain = http.post("/v1/completions", headers=auth,
+                          json={"model": "default", "prompt": "def main():", "max_tokens": 4})
+        assert plain.status_code == 200
+        too_long = {**GOOD, "messages": [{"role": "user", "content": "lists " * 3000}]}
+        assert http.post("/v1/chat/completions", headers=auth, json=too_long).status_code == 413
+        text = http.get("/metrics").text
+    assert store.flush()
+    with sqlite3.connect(store.path) as con:
+        rows = con.execute("SELECT user, finish_reason, error FROM requests ORDER BY id").fetchall()
+    assert len(rows) == 4 and all(user == alice.id for user, _, _ in rows)
+    assert [r[1] is not None for r in rows] == [True, True, True, False] and rows[3][2].startswith("413")
+
+    def count(outcome: str) -> float:
+        m = re.search(rf'^radixchat_requests_total{{outcome="{outcome}"}} ([0-9.e+-]+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    assert (count("ok"), count("rejected"), count("cancelled"), count("error")) == (3, 1, 0, 0)
 
 
 def test_no_auth_on_lan_needs_explicit_flag(tiny_model_dir, tmp_path):

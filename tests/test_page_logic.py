@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +15,7 @@ from tests.support.cheap import cheap_scrypt
 from core.engine.requests import QueueFull, RequestError
 from webui.cli import serve_banner
 from webui.page.dashboard import Presence, dashboard
-from webui.page.logic import LOCAL_USER, ChatPage, PageError, reply_stats, visible_turns
+from webui.page.logic import LOCAL_USER, ChatPage, PageError, visible_turns
 
 CHEAP = cheap_scrypt()
 
@@ -45,6 +48,26 @@ class Counting:
 
     def observe(self, final):
         self.finals.append(final)
+
+
+class Held:
+    """A store method that waits until `go` is set, so a test can act while it is under way."""
+
+    def __init__(self, monkeypatch, store, name: str):
+        self.entered, self.go = threading.Event(), threading.Event()
+        self.calls = self.returned = 0
+        real = getattr(store, name)
+
+        def held(*args, **kwargs):
+            self.calls += 1
+            self.entered.set()
+            self.go.wait(10)
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self.returned += 1
+
+        monkeypatch.setattr(store, name, held)
 
 
 async def collect(agen) -> list:
@@ -180,7 +203,7 @@ def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, u
     assert "prompt tokens from cache" in final and "first token" in final and "tok/s" in final
     history = store.history(alice, conv.id)
     assert [m.role for m in history] == ["user", "assistant"] and history[1].request is not None
-    stats = reply_stats(store, [history[1].request])[history[1].request]
+    stats = store.request_metrics([history[1].request])[history[1].request]
     assert stats.finish_reason in ("stop", "length") and stats.prompt_tokens > 10
     assert history[1].content in final
     assert page.conversation(alice, conv.id).title == "What does list.append do?"  # named after it
@@ -189,7 +212,7 @@ def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, u
     # the second turn restores the first from the prefix cache
     shown = reply(page, alice, conv.id, "And dict.get?", temperature=0, max_tokens=8)
     second = store.history(alice, conv.id)[-1]
-    assert reply_stats(store, [second.request])[second.request].cached_tokens >= stats.prompt_tokens
+    assert store.request_metrics([second.request])[second.request].cached_tokens >= stats.prompt_tokens
     assert len(shown[-1]) == 4
 
 
@@ -216,7 +239,7 @@ def test_stop_cancels_in_the_engine_and_keeps_the_text(engine, store, users):
         time.sleep(0.02)
     assert engine.stats()["active"] == 0
     reply_msg = store.history(alice, conv.id)[-1]
-    stats = reply_stats(store, [reply_msg.request])[reply_msg.request]
+    stats = store.request_metrics([reply_msg.request])[reply_msg.request]
     assert stats.finish_reason == "cancelled" and reply_msg.content
     assert reply_msg.content in shown[-1][-1]["content"]
     assert page.stop(alice, conv.id) is False  # nothing running any more
@@ -224,7 +247,8 @@ def test_stop_cancels_in_the_engine_and_keeps_the_text(engine, store, users):
 
 def test_a_page_that_goes_away_mid_reply_still_stores_it(engine, store, users):
     alice, _ = users
-    page = ChatPage(engine, store, model_id="tiny")
+    metrics = Counting()
+    page = ChatPage(engine, store, metrics, model_id="tiny")
     conv = page.new_tab(alice)
 
     async def leave_early():
@@ -239,8 +263,74 @@ def test_a_page_that_goes_away_mid_reply_still_stores_it(engine, store, users):
         time.sleep(0.05)
     history = store.history(alice, conv.id)
     assert [m.role for m in history] == ["user", "assistant"]
-    assert reply_stats(store, [history[1].request])[history[1].request].finish_reason == "cancelled"
+    assert store.request_metrics([history[1].request])[history[1].request].finish_reason == "cancelled"
     assert engine.stats()["active"] == 0
+    assert len(metrics.finals) == 1
+
+
+@pytest.mark.parametrize("held", ["append_reply", "append_message"])
+def test_a_page_that_goes_away_while_storing_stores_the_reply_once(engine, store, users, monkeypatch, held):
+    """Leaving while the reply (or the question before it) is being written: that write
+    still commits, and nothing writes the reply, or counts the request, a second time."""
+    alice, _ = users
+    metrics = Counting()
+    page = ChatPage(engine, store, metrics, model_id="tiny")
+    conv = page.new_tab(alice)
+    write = Held(monkeypatch, store, held)
+
+    async def leave_during_the_write():
+        task = asyncio.ensure_future(collect(page.reply(alice, conv.id, "What is a tuple?",
+                                                        temperature=0, max_tokens=4)))
+        while not write.entered.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()  # the browser went away
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        write.go.set()
+
+    asyncio.run(leave_during_the_write())
+    deadline = time.time() + 10
+    while time.time() < deadline and not (len(store.history(alice, conv.id)) >= 2
+                                          and write.returned == write.calls):
+        time.sleep(0.02)
+    time.sleep(0.2)  # room for a second write, were there one
+    history = store.history(alice, conv.id)
+    assert [m.role for m in history] == ["user", "assistant"]
+    assert write.calls == 1 and len(metrics.finals) == 1
+    assert engine.stats()["active"] == 0 and page.running == {}
+
+
+def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
+    """One read before the reply, none after: what is shown meanwhile and at the end is
+    built from what the page holds. Thread hops: the read, the question, the reply."""
+    alice, _ = users
+    page = ChatPage(engine, store, Counting(), model_id="tiny")
+    conv = page.new_tab(alice, "Be brief.")
+    reply(page, alice, conv.id, "What is a set?", temperature=0, max_tokens=4)
+
+    calls = Counter()
+    for name in ("get_conversation", "history", "request_metrics", "list_conversations"):
+        def counted(*args, _real=getattr(store, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(store, name, counted)
+    real_submit = ThreadPoolExecutor.submit
+
+    def hop(self, *args, **kwargs):  # asyncio.to_thread and the page's writes both come here
+        calls["hops"] += 1
+        return real_submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", hop)
+    shown = reply(page, alice, conv.id, "And a frozenset?", temperature=0, max_tokens=4)
+    assert dict(calls) == {"get_conversation": 1, "history": 1, "request_metrics": 1, "hops": 3}
+    calls.clear()
+    again = reply(page, alice, conv.id, None, temperature=0, max_tokens=4, regenerate=True)
+    assert dict(calls) == {"get_conversation": 1, "history": 1, "request_metrics": 1, "hops": 2}
+    monkeypatch.undo()
+    # built from what it held, and the same as a fresh read
+    assert len(shown[-1]) == 4 and "prompt tokens from cache" in shown[-1][-1]["content"]
+    assert again[-1] == page.messages(alice, conv.id)
+    assert shown[-1][:3] == again[-1][:3]
 
 
 def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, users):

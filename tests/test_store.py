@@ -15,8 +15,8 @@ from tests.support.cheap import cheap_scrypt
 
 from core.store import auth
 from core.store import schema as store_schema
-from core.store import (MAX_MESSAGE_CHARS, MAX_TITLE_CHARS, AlreadyExists, AuthFailed, Invalid,
-                        NotFound, RequestRecord, Store, StoreError)
+from core.store import (MAX_ERROR_CHARS, MAX_MESSAGE_CHARS, MAX_TITLE_CHARS, AlreadyExists, AuthFailed,
+                        Invalid, NotFound, RequestFigures, RequestRecord, Store, StoreError)
 
 CHEAP = cheap_scrypt()
 REPO = Path(__file__).resolve().parent.parent
@@ -170,6 +170,28 @@ def test_history_reply_and_exports(store, alice):
     assert "## User\n\nWhat is a list?" in md and "## Assistant\n\nAn ordered sequence." in md
     with pytest.raises(Invalid, match="json or md"):
         store.export_conversation(alice, conv.id, "html")
+
+
+def test_request_metrics_are_named_figures_as_recorded(store, alice):
+    conv = store.create_conversation(alice)
+    ok = RequestRecord(model="tiny", prompt_tokens=12, cached_tokens=4, generated_tokens=5, ttft_ms=20.5,
+                       decode_tps=31.25, finish_reason="stop")
+    bad = RequestRecord(finish_reason="error", error="x" * (MAX_ERROR_CHARS + 10))
+    first = store.append_reply(alice, conv.id, "An answer.", ok)
+    second = store.append_reply(alice, conv.id, "", bad)
+    figures = store.request_metrics([first.request, second.request, None, 10**9])
+    assert set(figures) == {first.request, second.request}  # unknown ids are left out
+    f = figures[first.request]
+    assert isinstance(f, RequestFigures)
+    assert (f.prompt_tokens, f.cached_tokens, f.ttft_ms, f.decode_tps, f.finish_reason, f.error) == (
+        12, 4, 20.5, 31.25, "stop", None)
+    # what a record says it will read back is what is read back (the page shows a new
+    # reply's figures without reading them)
+    assert f == ok.figures() and figures[second.request] == bad.figures()
+    assert figures[second.request].error == "x" * MAX_ERROR_CHARS
+    with pytest.raises(AttributeError):
+        f.prompt_tokens = 0  # frozen
+    assert store.request_metrics([]) == {}
 
 
 def test_isolation_other_users_conversation_is_not_found(store, alice, bob):

@@ -33,7 +33,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from sqlite_utils import Database
 
@@ -43,7 +43,7 @@ from core.store import schema as store_schema
 from core.store.report import StatsBucket
 from core.store.types import (
     DEFAULT_TITLE, MAX_LABEL_CHARS, MAX_LIST, MAX_MESSAGE_CHARS, MAX_PASSWORD_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS, ROLES, AlreadyExists, ApiKey,
-    AuthFailed, Conversation, Invalid, Message, NotFound, RequestRecord, StoreError, User, as_id,
+    AuthFailed, Conversation, Invalid, Message, NotFound, RequestFigures, RequestRecord, StoreError, User, as_id,
     check_name, check_password, check_text, clean_title, is_valid_name, user_id)
 
 log = logging.getLogger("radixchat.store")
@@ -471,20 +471,20 @@ class Store:
                               "WHERE conversation = ? ORDER BY id", [conv.id])
             return [Message(*r) for r in rows]
 
-    def request_metrics(self, request_ids) -> dict[int, tuple]:
-        """id -> (prompt_tokens, cached_tokens, ttft_ms, decode_tps, finish_reason, error).
+    def request_metrics(self, request_ids: Iterable[int | None]) -> dict[int, RequestFigures]:
+        """The figures of the given requests, by id; unknown ids are left out.
 
         Aggregate figures only, no text: callers pass ids taken from messages their user may
         read (Message.request)."""
         ids = sorted({int(i) for i in request_ids if i is not None})
-        out: dict[int, tuple] = {}
+        out: dict[int, RequestFigures] = {}
         with self._tx(write=False) as db:
             for i in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
                 chunk = ids[i:i + 500]
                 rows = db.execute(
                     "SELECT id, prompt_tokens, cached_tokens, ttft_ms, decode_tps, finish_reason, error "
                     f"FROM requests WHERE id IN ({','.join('?' * len(chunk))})", chunk)
-                out.update((rid, tuple(rest)) for rid, *rest in rows)
+                out.update((rid, RequestFigures(*rest)) for rid, *rest in rows)
         return out
 
     def prompt_messages(self, user: User | int, conv_id: int) -> list[dict]:

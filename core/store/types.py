@@ -132,6 +132,24 @@ class RequestRecord:
                  "total_ms", "decode_tps")
         return cls(**{n: getattr(usage, n) for n in names if hasattr(usage, n)}, **fields)
 
+    def figures(self) -> "RequestFigures":
+        """What `Store.request_metrics` will read back for this record once it is stored."""
+        return RequestFigures(self.prompt_tokens, self.cached_tokens, self.ttft_ms, self.decode_tps,
+                              self.finish_reason, self.error)
+
+
+@dataclass(frozen=True)
+class RequestFigures:
+    """A request's figures as shown under a reply (`Store.request_metrics`): aggregates and
+    the outcome, never the prompt or the text."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_ms: float | None
+    decode_tps: float | None
+    finish_reason: str | None
+    error: str | None
+
 
 def check_text(value: Any, what: str, max_chars: int, *, allow_empty: bool = False) -> str:
     if not isinstance(value, str):

@@ -1,22 +1,29 @@
 """Prometheus metrics for /metrics, through prometheus_client on a registry of our own.
 
-Request outcomes, token counts and latency histograms are observed by whoever finishes a
-request (the API, the page); queue depth, active requests and the prefix cache's figures
-are read from the engine at scrape time. No MLX here: only engine.stats().
+Request outcomes, token counts and latency histograms are observed once per request, in
+the engine thread as it ends, by the request's RequestEnd (webui/request_end.py), for the
+API and the page alike; refusals are counted by whoever was refused. Queue depth, active
+requests and the prefix cache's figures are read from the engine at scrape time, in the
+thread serving /metrics. No MLX here: only engine.stats().
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from core.engine.requests import Failed, Finished
 
+if TYPE_CHECKING:
+    from core.engine.engine import Engine
+
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
 
 
 class _EngineCollector:
-    def __init__(self, engine):
+    def __init__(self, engine: Engine):
         self.engine = engine
 
     def collect(self):
@@ -37,7 +44,7 @@ class _EngineCollector:
 
 
 class Metrics:
-    def __init__(self, engine):
+    def __init__(self, engine: Engine):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("radixchat_requests", "Requests by outcome", ["outcome"], registry=r)
@@ -51,6 +58,7 @@ class Metrics:
         r.register(_EngineCollector(engine))
 
     def observe(self, final: Finished | Failed) -> None:
+        """One request's end. Counters and histograms only: cheap enough for the engine thread."""
         u = final.usage
         if isinstance(final, Failed):
             outcome = "error"

@@ -4,32 +4,47 @@ Each request is authenticated with a bearer key from the store (unless the serve
 with --no-auth), turned into an engine request, streamed back as server-sent events or
 returned whole, and logged in SQLite under the key's user. A client that goes away
 mid-stream cancels its request in the engine. Errors use OpenAI's error shape (see
-webui/api/errors.py). No MLX here.
+webui/api/errors.py).
+
+Each accepted request's end (metrics, its row) is recorded once by a RequestEnd
+(webui/request_end.py) hooked on the handle at submit, whether or not the client stays to
+read it; the row goes through the store's queued writer, so the engine thread that ends the
+request never waits for SQLite. Routes run on the event loop, `current_user` in FastAPI's
+worker threads. No MLX here.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from core.engine.requests import ChatRequest, Failed, RequestError, Sampling, TextDelta
-from core.store.types import AuthFailed, RequestRecord
+from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
+from core.store.types import AuthFailed, RequestRecord, User
 
 from webui.api import schema as oa
 from webui.api.errors import ApiError
+from webui.request_end import RequestEnd
+
+if TYPE_CHECKING:
+    from core.config import Settings
+    from core.engine.engine import Engine
+    from core.engine.handle import RequestHandle
+    from core.store import Store
+    from webui.api.metrics import Metrics
 
 log = logging.getLogger("radixchat.api")
 ALIASES = {"default", "default_model"}
 
 
-def openai_router(engine, settings, store, metrics) -> APIRouter:
+def openai_router(engine: Engine, settings: Settings, store: Store | None, metrics: Metrics) -> APIRouter:
     router = APIRouter(prefix="/v1")
     model_id = engine.loaded.model_id
 
-    def current_user(request: Request):
+    def current_user(request: Request) -> User | None:
         """The key's user (None with --no-auth). Sync: FastAPI runs it off the event loop."""
         if settings.no_auth:
             return None
@@ -48,9 +63,9 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
             raise ApiError(404, f"model {name!r} not found; this server serves {model_id!r}",
                            "invalid_request_error", "model_not_found", param="model")
 
-    def submit(user, build):
+    def submit(user: User | None, build: Callable[[], RequestHandle]) -> RequestHandle:
         try:
-            return build()
+            handle = build()
         except ValidationError as e:
             first = e.errors()[0]
             err = ApiError(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
@@ -58,12 +73,16 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
             headers = {"Retry-After": "2"} if e.status in (429, 503) else None
             err = ApiError(e.status, e.message, "invalid_request_error" if e.status < 429 else "server_error",
                            e.code, headers=headers)
+        else:
+            # hooked before anything is awaited: the end is recorded even if the client
+            # leaves before its response starts
+            RequestEnd(handle, metrics, lambda final, _text: record(user, final))
+            return handle
         metrics.rejected()
         log_request(user, error=f"{err.status}: {err.message}")
         raise err
 
-    def record(user, final) -> None:
-        metrics.observe(final)
+    def record(user: User | None, final: Finished | Failed) -> None:
         u = final.usage
         log_request(user, prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
                     generated_tokens=u.generated_tokens, queue_ms=u.queue_ms, ttft_ms=u.ttft_ms,
@@ -71,7 +90,7 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
                     finish_reason=getattr(final, "finish_reason", None),
                     error=getattr(final, "message", None))
 
-    def log_request(user, **fields) -> None:
+    def log_request(user: User | None, **fields) -> None:
         """Every API request, refused or served, gets a row under the key's user."""
         if store is None:
             return
@@ -80,8 +99,7 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
         except Exception:  # bookkeeping must never break a reply
             log.exception("could not record request metrics")
 
-    async def respond(handle, user, stream: bool, include_usage: bool, chat: bool):
-        handle.add_done_callback(lambda final: record(user, final))
+    async def respond(handle: RequestHandle, stream: bool, include_usage: bool, chat: bool):
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         if not stream:
             try:
@@ -146,7 +164,7 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
                       for m in body.messages],
             sampling=Sampling(**body.sampling()))))
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(handle, user, body.stream, include, chat=True)
+        return await respond(handle, body.stream, include, chat=True)
 
     @router.post("/completions")
     async def completions(body: oa.CompletionRequest, user=Depends(current_user)):
@@ -155,7 +173,7 @@ def openai_router(engine, settings, store, metrics) -> APIRouter:
         handle = submit(user, lambda: engine.submit_tokens(
             list(tok.encode(body.prompt)), Sampling(**body.sampling())))
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(handle, user, body.stream, include, chat=False)
+        return await respond(handle, body.stream, include, chat=False)
 
     @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
                       include_in_schema=False)

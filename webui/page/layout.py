@@ -17,6 +17,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
@@ -24,6 +25,12 @@ import assets
 
 from webui.page.dashboard import Presence, dashboard
 from webui.page.logic import ChatPage, PageError
+
+if TYPE_CHECKING:
+    from core.config import Settings
+    from core.engine.engine import Engine
+    from core.store import Conversation, Store
+    from webui.api.metrics import Metrics
 
 log = logging.getLogger("radixchat.page")
 
@@ -83,7 +90,8 @@ def _notices(n_outputs: int):
     return wrap
 
 
-def build_page(engine, settings, store, metrics=None, *, sign_in: bool = True) -> gr.Blocks:
+def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metrics | None = None, *,
+               sign_in: bool = True) -> gr.Blocks:
     model = engine.loaded
     chat = ChatPage(engine, store, metrics, model_id=model.model_id, default_max_tokens=settings.max_tokens)
     presence = Presence()
@@ -103,8 +111,9 @@ def build_page(engine, settings, store, metrics=None, *, sign_in: bool = True) -
             return NO_PROMPT
         return next((name for name, body in presets.items() if body == text), CUSTOM)
 
-    def strip(user, current: int | None):
-        return gr.Radio(choices=[(c.title, c.id) for c in chat.tabs(user)], value=current)
+    def strip(user, current: int | None, open_tabs: list[Conversation] | None = None):
+        open_tabs = chat.tabs(user) if open_tabs is None else open_tabs
+        return gr.Radio(choices=[(c.title, c.id) for c in open_tabs], value=current)
 
     def shown(user, conv_id: int, view: View):
         """Everything that changes when a tab comes into view: strip, chat, title, prompt."""
@@ -236,10 +245,11 @@ def build_page(engine, settings, store, metrics=None, *, sign_in: bool = True) -
                 async for msgs in chat.reply(user, conv_id, text, temperature=temp, max_tokens=n_tokens,
                                              regenerate=again):
                     here = view.conv == conv_id
-                    if first:  # the strip, for the title a first message gives its tab
-                        bar = await asyncio.to_thread(strip, user, view.conv)
-                        yield (msgs if here else skip, skip if again else "", bar,
-                               (await asyncio.to_thread(chat.conversation, user, conv_id)).title if here else skip)
+                    if first:  # the strip and title, for the title a first message gives its tab
+                        open_tabs = await asyncio.to_thread(chat.tabs, user)
+                        title_now = next((c.title for c in open_tabs if c.id == conv_id), skip)
+                        yield (msgs if here else skip, skip if again else "", strip(user, view.conv, open_tabs),
+                               title_now if here else skip)
                         visible, first = here, False
                     elif here:
                         visible = True

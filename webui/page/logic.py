@@ -7,32 +7,42 @@ it if nothing was said in it); the history lists archived ones and reopens them.
 a tab shows comes from SQLite, so a reload or a second browser sees the same tabs.
 
 A reply streams from the engine; it is stored with its request metrics when it ends,
-finished, stopped or failed. Stop cancels the request in the engine. Regenerate writes a new
+finished, stopped or failed, exactly once, also when the page goes away mid-stream or while
+it is being stored: the page hands that to a RequestEnd (webui/request_end.py) the moment the
+engine takes the request. Per message the page reads the store once, before the reply, and
+writes the message and the reply; what the chat area shows meanwhile and afterwards is
+built from what it already holds. Stop cancels the request in the engine. Regenerate writes a new
 reply to the last message; the newest reply to a message is the one shown and the one the
 model sees later (the store keeps the older ones). Refusals (queue full, prompt too long,
 engine down, bad input) raise `PageError` with a sentence meant for the person at the page.
 
+Threads: `reply` runs on the event loop and sends reads and writes to worker threads; the
+other methods are synchronous and run where the page calls them (Gradio's worker threads).
 No MLX here, no Gradio either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import html
-import logging
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from pydantic import ValidationError
 
 from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
-from core.store import (DEFAULT_TITLE, AlreadyExists, Conversation, Message, NotFound, RequestRecord,
-                        StoreError, User)
+from core.store import (DEFAULT_TITLE, AlreadyExists, Conversation, Message, NotFound, RequestFigures,
+                        RequestRecord, Store, StoreError, User)
+from webui.request_end import RequestEnd
 
-log = logging.getLogger("radixchat.page")
+if TYPE_CHECKING:
+    from core.engine.engine import Engine
+    from core.engine.handle import RequestHandle
+    from webui.api.metrics import Metrics
 
 LOCAL_USER = "local"  # who everyone is with --no-auth
 TITLE_CHARS = 40  # a new tab is named after the start of its first message
@@ -69,30 +79,21 @@ def refusal(e: Exception) -> str:
     return f"Something went wrong: {type(e).__name__}: {e}."
 
 
-@dataclass
-class ReplyStats:
+def stats_line(f: RequestFigures) -> str:
     """What is shown under an answer."""
-    prompt_tokens: int
-    cached_tokens: int
-    ttft_ms: float | None
-    decode_tps: float | None
-    finish_reason: str | None = None
-    error: str | None = None
-
-    def line(self) -> str:
-        parts = []
-        if self.ttft_ms is not None:
-            parts.append(f"first token {self.ttft_ms:,.0f} ms")
-        if self.decode_tps:
-            parts.append(f"{self.decode_tps:.1f} tok/s")
-        parts.append(f"{self.cached_tokens} of {self.prompt_tokens} prompt tokens from cache")
-        if self.finish_reason == "cancelled":
-            parts.append("stopped")
-        elif self.finish_reason == "length":
-            parts.append("length limit")
-        if self.error:
-            parts.append(f"failed: {self.error}")
-        return " · ".join(parts)
+    parts = []
+    if f.ttft_ms is not None:
+        parts.append(f"first token {f.ttft_ms:,.0f} ms")
+    if f.decode_tps:
+        parts.append(f"{f.decode_tps:.1f} tok/s")
+    parts.append(f"{f.cached_tokens} of {f.prompt_tokens} prompt tokens from cache")
+    if f.finish_reason == "cancelled":
+        parts.append("stopped")
+    elif f.finish_reason == "length":
+        parts.append("length limit")
+    if f.error:
+        parts.append(f"failed: {f.error}")
+    return " · ".join(parts)
 
 
 def visible_turns(history: list[Message]) -> list[Message]:
@@ -117,14 +118,30 @@ def title_from(text: str) -> str:
     return words if len(words) <= TITLE_CHARS else words[: TITLE_CHARS - 1].rstrip() + "…"
 
 
-def bubble(text: str, stats: ReplyStats | None = None, streaming: bool = False) -> str:
+def bubble(text: str, figures: RequestFigures | None = None, streaming: bool = False) -> str:
     """An answer's Markdown, with its figures in a small line under it."""
     body = text if text.strip() else ("…" if streaming else "*(no text)*")
     if streaming:
         return body + " ▍"
-    if stats is None:
+    if figures is None:
         return body
-    return f'{body}\n\n<span class="rc-stats">{html.escape(stats.line())}</span>'
+    return f'{body}\n\n<span class="rc-stats">{html.escape(stats_line(figures))}</span>'
+
+
+def chat_rows(history: list[Message], figures: dict[int, RequestFigures],
+              streaming: str | None = None) -> list[dict]:
+    """What the chat area shows: the visible turns, each answer with its figures, and, while
+    a reply is being written (`streaming`: its text so far), that reply in place of the one
+    it replaces."""
+    turns = visible_turns(history)
+    if streaming is not None:
+        while turns and turns[-1].role == "assistant":  # being regenerated
+            turns.pop()
+    out = [{"role": m.role, "content": m.content if m.role == "user"
+            else bubble(m.content, figures.get(m.request))} for m in turns]
+    if streaming is not None:
+        out.append({"role": "assistant", "content": bubble(streaming, streaming=True)})
+    return out
 
 
 @dataclass
@@ -132,7 +149,7 @@ class Running:
     """A reply being written in a tab: who asked, its engine handle, the text so far.
     Registered before anything is awaited, so a tab writes one reply at a time."""
     user_id: int
-    handle: object = None  # set once the engine took the request
+    handle: RequestHandle | None = None  # set once the engine took the request
     live: bool = False  # the user's message is stored: the tab shows this reply
     stopping: bool = False  # Stop was pressed (maybe before the engine had the request)
     text: str = ""
@@ -140,12 +157,15 @@ class Running:
 
 
 class ChatPage:
-    def __init__(self, engine, store, metrics=None, model_id: str = "", default_max_tokens: int = 256):
+    def __init__(self, engine: Engine, store: Store, metrics: Metrics | None = None, model_id: str = "",
+                 default_max_tokens: int = 256):
         self.engine, self.store, self.metrics = engine, store, metrics
         self.model_id = model_id
         self.default_max_tokens = default_max_tokens
         self.running: dict[int, Running] = {}  # conversation id -> its reply being written
-        self._late = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixchat-page-save")
+        # the page's writes: a write handed here finishes even if the page (or its event
+        # loop) is gone by then, and a RequestEnd can hand one over from the engine thread
+        self._writes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixchat-page-write")
 
     # ---- who ----
 
@@ -217,34 +237,26 @@ class ChatPage:
     def messages(self, user: User, conv_id: int) -> list[dict]:
         """What the chat area shows for a tab: stored turns with their figures, and the
         reply being written, if any."""
-        turns = visible_turns(self._guard(self.store.history, user, conv_id))
-        stats = reply_stats(self.store, [m.request for m in turns if m.request])
+        history, figures = self._guard(self._turns, user, conv_id)
         run = self.running.get(conv_id)
-        run = run if run is not None and run.live and run.user_id == user.id else None
-        if run is not None:
-            while turns and turns[-1].role == "assistant":  # being regenerated
-                turns.pop()
-        out = [{"role": m.role, "content": m.content if m.role == "user"
-                else bubble(m.content, stats.get(m.request))} for m in turns]
-        if run is not None:
-            out.append({"role": "assistant", "content": bubble(run.text, streaming=True)})
-        return out
+        live = run is not None and run.live and run.user_id == user.id
+        return chat_rows(history, figures, run.text if live else None)
 
     async def reply(self, user: User, conv_id: int, text: str | None, *, temperature: float = 0.0,
                     max_tokens: int | None = None, regenerate: bool = False) -> AsyncIterator[list[dict]]:
         """Send `text` (or, with regenerate, answer the last message again) and stream the
         reply: yields what the chat area shows, first at once, then as text arrives, last
         with the figures. Raises PageError when refused (nothing is stored then). The
-        reply is stored when it ends, also when the page goes away mid-stream."""
+        reply is stored when it ends, once, also when the page goes away mid-stream."""
         busy = self.running.get(conv_id)
         if busy is not None:  # someone else's tab is "not found", busy or not
             raise PageError("A reply is still being written in this tab: wait for it or press Stop."
                             if busy.user_id == user.id else refusal(NotFound("")))
         run = self.running[conv_id] = Running(user.id)
-        handle, saved = None, False
+        end: RequestEnd[tuple[Message, RequestFigures]] | None = None
+        question: Future[Message] | None = None  # the user's message, being stored
         try:
-            conv, history = await asyncio.to_thread(
-                lambda: (self.conversation(user, conv_id), self._guard(self.store.history, user, conv_id)))
+            conv, history, figures = await asyncio.to_thread(self._guard, self._tab, user, conv_id)
             turns = visible_turns(history)
             if regenerate:
                 while turns and turns[-1].role == "assistant":
@@ -263,18 +275,19 @@ class ChatPage:
                 if self.metrics is not None:
                     self.metrics.rejected()
                 raise PageError(refusal(e)) from None
+            end = RequestEnd(handle, self.metrics, functools.partial(self._store_reply, user, conv_id),
+                             executor=self._writes, reader=True)
             if run.stopping:
                 handle.cancel()
             if not regenerate:
-                try:
-                    await asyncio.to_thread(self.store.append_message, user, conv_id, "user", text)
-                    run.live = True
-                    if conv.title == DEFAULT_TITLE and not any(m.role == "user" for m in turns):
-                        await asyncio.to_thread(self.store.rename_conversation, user, conv_id, title_from(text))
+                first = conv.title == DEFAULT_TITLE and not any(m.role == "user" for m in turns)
+                question = self._writes.submit(self._store_question, user, conv_id, text, first)
+                try:  # shielded: leaving now must not undo a write that may commit anyway
+                    history = history + [await asyncio.shield(asyncio.wrap_future(question))]
                 except StoreError as e:
                     raise PageError(refusal(e)) from None
             run.live = True
-            shown = await asyncio.to_thread(self.messages, user, conv_id)  # ends with the reply
+            shown = chat_rows(history, figures, streaming="")
             yield shown
             final, last = None, time.monotonic()
             async for ev in handle:
@@ -285,20 +298,25 @@ class ChatPage:
                         yield shown[:-1] + [{"role": "assistant", "content": bubble(run.text, streaming=True)}]
                 else:
                     final = ev
-            await asyncio.to_thread(self._save, user, conv_id, final, run.text)
-            saved = True
+            self._let_go(end, question, run.text)
+            try:
+                stored = await end.wait()
+            except StoreError as e:
+                raise PageError(refusal(e)) from None
             self.running.pop(conv_id, None)
-            yield await asyncio.to_thread(self.messages, user, conv_id)
+            if stored is not None:  # shown from what was written, not read back
+                message, figures_of_reply = stored
+                figures[message.request] = figures_of_reply
+                history = history + [message]
+            yield chat_rows(history, figures)
             if isinstance(final, Failed):
                 raise PageError(f"The reply failed: {final.message}. What it wrote so far is kept.")
         finally:
             if self.running.get(conv_id) is run:
                 del self.running[conv_id]
-            if handle is not None and not saved:  # the page went away (or storing failed)
-                handle.cancel()
-                if run.live:  # keep what was written, once the engine has let go of it
-                    handle.add_done_callback(
-                        lambda final: self._late.submit(self._save_quietly, user, conv_id, final, run.text))
+            if end is not None and not end.released:  # the page went away (or failed) mid-reply
+                run.handle.cancel()
+                self._let_go(end, question, run.text)
 
     def stop(self, user: User, conv_id: int) -> bool:
         """Cancel the reply being written in this tab, in the engine. False if there is none."""
@@ -310,21 +328,42 @@ class ChatPage:
             run.handle.cancel()
         return True
 
-    def _save(self, user: User, conv_id: int, final, text_so_far: str) -> None:
-        """Store a reply that ended (finished, stopped or failed) with its request metrics."""
-        if self.metrics is not None:
-            self.metrics.observe(final)
+    @staticmethod
+    def _let_go(end: RequestEnd, question: Future[Message] | None, text: str) -> None:
+        """Hand the reply to its RequestEnd: stored if the user's message is (a regenerated
+        reply answers one that is). A question still being written decides once it is."""
+        if question is None:
+            end.release(text)
+        else:
+            question.add_done_callback(
+                lambda q: end.release(text, keep=not q.cancelled() and q.exception() is None))
+
+    def _tab(self, user: User, conv_id: int) -> tuple[Conversation, list[Message], dict[int, RequestFigures]]:
+        """Everything a reply starts from, in one trip to a worker thread."""
+        conv = self.store.get_conversation(user, conv_id)
+        return (conv, *self._turns(user, conv_id))
+
+    def _turns(self, user: User, conv_id: int) -> tuple[list[Message], dict[int, RequestFigures]]:
+        history = self.store.history(user, conv_id)
+        return history, self.store.request_metrics(m.request for m in visible_turns(history))
+
+    def _store_question(self, user: User, conv_id: int, text: str, first: bool) -> Message:
+        """The user's message; the first one also names the tab."""
+        message = self.store.append_message(user, conv_id, "user", text)
+        if first:
+            self.store.rename_conversation(user, conv_id, title_from(text))
+        return message
+
+    def _store_reply(self, user: User, conv_id: int, final: Finished | Failed,
+                     text_so_far: str) -> tuple[Message, RequestFigures]:
+        """A reply that ended (finished, stopped or failed), with its request metrics, and
+        the figures that will be read back for it."""
         text = final.text if isinstance(final, Finished) else text_so_far
-        self.store.append_reply(user, conv_id, text, RequestRecord.from_usage(
+        record = RequestRecord.from_usage(
             final.usage, model=self.model_id,
             finish_reason=final.finish_reason if isinstance(final, Finished) else "error",
-            error=final.message if isinstance(final, Failed) else None))
-
-    def _save_quietly(self, user, conv_id, final, text_so_far) -> None:
-        try:
-            self._save(user, conv_id, final, text_so_far)
-        except Exception:  # the tab may be gone; nobody is waiting for this
-            log.exception("could not store a reply after its page went away")
+            error=final.message if isinstance(final, Failed) else None)
+        return self.store.append_reply(user, conv_id, text, record), record.figures()
 
     @staticmethod
     def _guard(fn, *args, **kwargs):
@@ -333,7 +372,3 @@ class ChatPage:
         except StoreError as e:
             raise PageError(refusal(e)) from None
 
-
-def reply_stats(store, request_ids: list[int]) -> dict[int, ReplyStats]:
-    """The figures of the given requests (ids taken from messages the user may read)."""
-    return {rid: ReplyStats(*figures) for rid, figures in store.request_metrics(request_ids).items()}

@@ -1,0 +1,103 @@
+"""Each request's end, recorded exactly once: its metrics observed, then its row written.
+
+A `RequestEnd` is made as soon as the engine accepts a request and hooked on the handle with
+`add_done_callback`, so it learns of the end whether or not anyone reads the stream to the
+end. Both the API (webui/api/routes.py) and the page (webui/page/logic.py) go through it.
+What to write is theirs to say (`write`): a queued request row for the API, the reply with
+its request row for the page; this module owns only the "once": a reader that goes away
+mid-stream, or while the write is under way, can neither skip the write nor repeat it.
+
+Threads: `_ended` runs in the engine thread (or in the submitter's, if the request ended
+before the hook was set); it only counts metrics and hands the write on, so the engine never
+waits for SQLite. The write runs on the executor it is given, or right there when it never
+blocks (the store's queued writer). `release` and `wait` are the reader's, usually the event
+loop's. No MLX here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import Executor, Future
+from typing import TYPE_CHECKING, Callable, Generic, TypeVar
+
+from core.engine.requests import Failed, Finished
+
+if TYPE_CHECKING:
+    from core.engine.handle import RequestHandle
+    from webui.api.metrics import Metrics
+
+log = logging.getLogger("radixchat.requests")
+
+T = TypeVar("T")
+
+
+class RequestEnd(Generic[T]):
+    """The end of one request: `metrics.observe(final)` once, then `write(final, text)` once.
+
+    With `reader=True` the write also waits for `release`: the reader holds what a failed
+    request wrote before failing (its final event carries no text) and knows whether there
+    is anything to store the request under. Without an `executor`, `write` runs in the
+    engine thread and must not block."""
+
+    def __init__(self, handle: RequestHandle, metrics: Metrics | None,
+                 write: Callable[[Finished | Failed, str], T], *,
+                 executor: Executor | None = None, reader: bool = False):
+        self._metrics, self._write, self._executor = metrics, write, executor
+        self._lock = threading.Lock()
+        self._final: Finished | Failed | None = None
+        self._released = not reader
+        self._text, self._keep = "", True
+        self._started = False
+        # ours alone, never an executor's: nobody can cancel a write by cancelling a waiter
+        self._done: Future[T | None] = Future()
+        handle.add_done_callback(self._ended)  # last: it may call back right here
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self, text: str = "", *, keep: bool = True) -> None:
+        """The reader is done with the stream, read to the end or gone. `text`: the reply as
+        far as it was read; keep=False: nothing to store it under, only the metrics count.
+        Only the first call counts."""
+        with self._lock:
+            if self._released:
+                return
+            self._released, self._text, self._keep = True, text, keep
+        self._go()
+
+    async def wait(self) -> T | None:
+        """What `write` returned once it has run (None when nothing was kept); raises what it
+        raised. A waiter that is cancelled stops waiting; the write goes on."""
+        return await asyncio.shield(asyncio.wrap_future(self._done))
+
+    def _ended(self, final: Finished | Failed) -> None:
+        with self._lock:
+            if self._final is not None:  # the handle calls once; this keeps it so
+                return
+            self._final = final
+        if self._metrics is not None:
+            self._metrics.observe(final)  # in-memory counters: never blocks the engine
+        self._go()
+
+    def _go(self) -> None:
+        # called by both `_ended` and `release`, from two threads: the second one in writes
+        with self._lock:
+            if self._started or self._final is None or not self._released:
+                return
+            self._started = True
+        if not self._keep:
+            self._done.set_result(None)
+        elif self._executor is None:
+            self._record()
+        else:
+            self._executor.submit(self._record)
+
+    def _record(self) -> None:
+        try:
+            self._done.set_result(self._write(self._final, self._text))
+        except Exception as e:  # a waiter, if any, gets it too; the log is for when none is left
+            log.exception("could not record the end of a request")
+            self._done.set_exception(e)
