@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     max_prefill_batch: int = Field(4, ge=1, le=1024, description="Most prompts prefilled together")
     prefill_step: int = Field(512, ge=16, description="Prompt tokens per prefill step")
     max_queue: int = Field(256, ge=1, description="Most requests waiting or running before new ones are refused")
+    max_user_requests: int = Field(32, ge=1, description="Most requests one user may have waiting or "
+                                   "running at once (--no-auth is one trusted user, without this limit)")
     max_tokens: int = Field(256, ge=1, description="Default reply length in tokens")
     context_length: int | None = Field(None, ge=16, description="Override the model's context length")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(

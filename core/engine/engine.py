@@ -28,12 +28,14 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from core.cache.radix import Match, common_prefix
 from core.cache.scope import CacheScope
 from core.config import Settings
+from core.engine.fairness import FairQueue
 from core.engine.handle import Outbox, RequestHandle
 from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
                        TextDelta, Usage)
@@ -128,7 +130,8 @@ class Engine:
         self._inflight = 0
         self._active: dict[str, _Active] = {}  # engine thread only
         self._by_uid: dict[int, _Active] = {}  # engine thread only
-        self._deferred: list[_Active] = []  # engine thread only: see _should_wait
+        self._fair = FairQueue()  # engine thread only: requests waiting for a batch slot
+        self._owner_inflight: Counter = Counter()  # guarded by _lock: per-owner admission limit
         self._outbox = Outbox()  # events for asyncio callers, flushed once per loop turn
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
@@ -242,7 +245,13 @@ class Engine:
         with self._lock:
             if self._inflight >= self.settings.max_queue:
                 raise QueueFull(self._inflight)
+            mine = self._owner_inflight[owner] if owner is not None else 0
+            if mine >= self.settings.max_user_requests:
+                raise RequestError(f"you already have {mine} requests waiting or running, the most one "
+                                   "user may have at once: retry when one has finished", 429, "user_limit")
             self._inflight += 1
+            if owner is not None:
+                self._owner_inflight[owner] += 1
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -298,7 +307,8 @@ class Engine:
         while not self._stopping:
             try:
                 self._drain_commands(block=not self._active)
-                if self._active:
+                self._schedule()
+                if self._by_uid:
                     self._step()
             except Exception:  # never let the loop die: fail what is running, go on
                 log.exception("engine loop failed; failing its requests and resetting the batch")
@@ -328,7 +338,6 @@ class Engine:
         )
 
     def _drain_commands(self, block: bool) -> None:
-        new: list[_Active] = []
         cmd = self._cmds.get() if block else None
         while True:
             if isinstance(cmd, _Submit):
@@ -336,7 +345,7 @@ class Engine:
                 if self.prefix is not None:
                     a.key = self.scope.key(a.prompt, a.shared_len, a.owner)
                 self._active[a.handle.id] = a
-                new.append(a)
+                self._fair.push(a)
             elif isinstance(cmd, _Cancel) and cmd.rid in self._active:
                 a = self._active[cmd.rid]
                 if a.uid is None:  # not admitted yet: nothing computed, nothing to cache
@@ -348,11 +357,10 @@ class Engine:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
                 break
-        new = [a for a in self._deferred + new if not a.done]
-        self._deferred = []
-        admit: list[_Active] = []
-        for a in new:
-            (self._deferred if self._should_wait(a, admit) else admit).append(a)
+
+    def _schedule(self) -> None:
+        """Fill free batch slots from the fair queue (least-served owner first)."""
+        admit = self._fair.pick(self.settings.max_batch - len(self._by_uid), self._should_wait)
         if admit:
             self._admit(admit)
 
@@ -392,6 +400,7 @@ class Engine:
             if self.prefix is not None:
                 a.match, restored = self.prefix.lookup(a.key, self.scope.min_match(a.shared_len))
                 a.cached = a.match.length
+            self._fair.charge(a.owner, prompt_tokens=len(a.prompt) - a.cached)
             cuts = [a.cached] + [b for b in a.boundaries if a.cached < b < len(a.prompt)]
             prompts.append([a.prompt[i:j] for i, j in zip(cuts, cuts[1:] + [len(a.prompt)])])
             caches.append(restored)
@@ -459,6 +468,7 @@ class Engine:
         a.t_first = a.t_first or now
         a.t_last = now
         a.generated += 1
+        self._fair.charge(a.owner, generated_tokens=1)
         is_eos = finish_reason == "stop" and token in self.loaded.tokenizer.eos_token_ids
         if not is_eos:
             delta = a.stream.add(token)
@@ -498,6 +508,7 @@ class Engine:
         a.done = True
         self._active.pop(a.handle.id, None)
         self._by_uid.pop(a.uid, None)
+        self._fair.left(a.owner)
         if self.prefix is not None:
             self.prefix.release(a.match)
             a.match = None
@@ -505,6 +516,8 @@ class Engine:
                 self.prefix.tree.reserved = 0
         with self._lock:
             self._inflight -= 1
+            if a.owner is not None:
+                self._owner_inflight[a.owner] -= 1
 
     def _store(self, a: _Active, tokens: list[int], caches) -> None:
         if self.prefix is None:
@@ -520,7 +533,7 @@ class Engine:
             self._release(a)
             a.handle._push(Failed(message=message, usage=a.usage()))
         self._by_uid.clear()
-        self._deferred = []
+        self._fair.clear()
 
     def _fail_queued(self, message: str) -> None:
         """Fail the submits still in the command queue. Runs once the engine has stopped,
@@ -534,6 +547,8 @@ class Engine:
             if isinstance(cmd, _Submit):
                 with self._lock:
                     self._inflight -= 1
+                    if cmd.active.owner is not None:
+                        self._owner_inflight[cmd.active.owner] -= 1
                 cmd.active.done = True
                 cmd.active.handle._push(Failed(message=message))
                 self._outbox.flush()

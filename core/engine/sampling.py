@@ -26,7 +26,7 @@ def make_request_sampler(s: Sampling):
     def sample(logprobs: mx.array) -> mx.array:
         if 0 < s.top_p < 1.0:
             logprobs = apply_top_p(logprobs, s.top_p)
-        if s.top_k > 0:
+        if 0 < s.top_k < logprobs.shape[-1]:  # k = the whole vocabulary filters nothing
             logprobs = apply_top_k(logprobs, s.top_k)
         keys = mx.random.split(state["key"])
         state["key"] = keys[0]

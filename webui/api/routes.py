@@ -15,8 +15,9 @@ worker threads. No MLX here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -58,14 +59,18 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         except AuthFailed:
             raise ApiError(401, "invalid or revoked API key", "invalid_request_error", "invalid_api_key")
 
+    def owner_of(user: User | None) -> str | None:
+        """API keys count as their user; --no-auth is one trusted user (None)."""
+        return f"user:{user.id}" if user is not None else None
+
     def check_model(name: str) -> None:
         if name != model_id and name not in ALIASES:
             raise ApiError(404, f"model {name!r} not found; this server serves {model_id!r}",
                            "invalid_request_error", "model_not_found", param="model")
 
-    def submit(user: User | None, build: Callable[[], RequestHandle]) -> RequestHandle:
+    async def submit(user: User | None, build: Callable[[], Awaitable[RequestHandle]]) -> RequestHandle:
         try:
-            handle = build()
+            handle = await build()
         except ValidationError as e:
             first = e.errors()[0]
             err = ApiError(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
@@ -159,10 +164,10 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
     @router.post("/chat/completions")
     async def chat_completions(body: oa.ChatCompletionRequest, user=Depends(current_user)):
         check_model(body.model)
-        handle = submit(user, lambda: engine.submit(ChatRequest(
+        handle = await submit(user, lambda: engine.asubmit(ChatRequest(
             messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                       for m in body.messages],
-            sampling=Sampling(**body.sampling()))))
+            sampling=Sampling(**body.sampling()), owner=owner_of(user))))
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(handle, body.stream, include, chat=True)
 
@@ -170,8 +175,13 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
     async def completions(body: oa.CompletionRequest, user=Depends(current_user)):
         check_model(body.model)
         tok = engine.loaded.tokenizer
-        handle = submit(user, lambda: engine.submit_tokens(
-            list(tok.encode(body.prompt)), Sampling(**body.sampling())))
+
+        async def build():
+            sampling = Sampling(**body.sampling())
+            prompt = await asyncio.to_thread(lambda: list(tok.encode(body.prompt)))  # not on the loop
+            return engine.submit_tokens(prompt, sampling, owner=owner_of(user))
+
+        handle = await submit(user, build)
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(handle, body.stream, include, chat=False)
 

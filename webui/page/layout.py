@@ -93,7 +93,8 @@ def _notices(n_outputs: int):
 def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metrics | None = None, *,
                sign_in: bool = True) -> gr.Blocks:
     model = engine.loaded
-    chat = ChatPage(engine, store, metrics, model_id=model.model_id, default_max_tokens=settings.max_tokens)
+    chat = ChatPage(engine, store, metrics, model_id=model.model_id, default_max_tokens=settings.max_tokens,
+                    signed_in=sign_in)
     presence = Presence()
     presets = load_presets()
 

@@ -158,8 +158,9 @@ class Running:
 
 class ChatPage:
     def __init__(self, engine: Engine, store: Store, metrics: Metrics | None = None, model_id: str = "",
-                 default_max_tokens: int = 256):
+                 default_max_tokens: int = 256, signed_in: bool = True):
         self.engine, self.store, self.metrics = engine, store, metrics
+        self.signed_in = signed_in  # False with --no-auth: everyone is the one local user
         self.model_id = model_id
         self.default_max_tokens = default_max_tokens
         self.running: dict[int, Running] = {}  # conversation id -> its reply being written
@@ -180,6 +181,11 @@ class ChatPage:
                 return self.store.create_user(LOCAL_USER, secrets.token_urlsafe(24))
             except AlreadyExists:  # another request made it first
                 return self.store.get_user(LOCAL_USER)
+
+    def owner(self, user: User) -> str | None:
+        """Whose requests these are, for the engine's cache scope and fair share (None: the
+        one trusted user of --no-auth)."""
+        return f"user:{user.id}" if self.signed_in else None
 
     # ---- tabs ----
 
@@ -270,7 +276,10 @@ class ChatPage:
                 messages = prompt_of(conv, turns) + [{"role": "user", "content": text}]
             try:
                 sampling = Sampling(temperature=temperature, max_tokens=int(max_tokens or self.default_max_tokens))
-                handle = run.handle = self.engine.submit(ChatRequest(messages=messages, sampling=sampling))
+                # templated in a worker thread; the owner keeps this conversation in the user's
+                # own part of the prefix cache and counts it against the user's share
+                handle = run.handle = await self.engine.asubmit(ChatRequest(
+                    messages=messages, sampling=sampling, owner=self.owner(user)))
             except (RequestError, ValidationError) as e:
                 if self.metrics is not None:
                     self.metrics.rejected()

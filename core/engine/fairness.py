@@ -1,0 +1,83 @@
+"""Who gets the next free batch slot: a fair queue of waiting requests, per user.
+
+Requests wait here until the running batch has room; then the one whose owner has been
+served least goes first (the Virtual Token Counter of "Fairness in Serving Large Language
+Models", Sheng et al., OSDI 2024). Each owner's counter grows by the work done for them: a
+prompt token computed counts 1, a generated token 2 (decoding holds a batch slot for a
+whole step). An owner who had nothing waiting or running is lifted to the lowest counter of
+the owners who did, so idle time is not saved up as credit to flood the batch later. Within
+one owner, first come first served. A user with 64 requests queued and another with one
+thus alternate slots, instead of the one waiting behind all 64.
+
+Pure Python, no MLX: the engine thread owns it (one instance, never shared between threads).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Callable, Hashable, Iterable, Protocol
+
+PROMPT_WEIGHT, GENERATED_WEIGHT = 1.0, 2.0
+
+
+class Waiting(Protocol):
+    owner: Hashable
+    done: bool
+
+
+class FairQueue:
+    def __init__(self):
+        self._waiting: list[tuple[int, Waiting]] = []  # (arrival number, request)
+        self._arrivals = itertools.count()
+        self.served: dict[Hashable, float] = {}  # owner -> virtual tokens served
+        self.load: Counter = Counter()  # owner -> requests waiting or running
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def push(self, a: Waiting) -> None:
+        """A new request arrives (it stays counted in `load` until `left`)."""
+        if self.load[a.owner] == 0:  # back from idle: no credit for the time away
+            busy = [self.served.get(o, 0.0) for o, n in self.load.items() if n > 0]
+            self.served[a.owner] = max(self.served.get(a.owner, 0.0), min(busy, default=0.0))
+        self.load[a.owner] += 1
+        self._waiting.append((next(self._arrivals), a))
+
+    def pick(self, slots: int, blocked: Callable[[Waiting, list], bool]) -> list[Waiting]:
+        """Take up to `slots` requests, least-served owner first; skip (and keep) those for
+        which `blocked(request, picked so far)` is true."""
+        self._waiting = [(n, a) for n, a in self._waiting if not a.done]
+        if slots <= 0 or not self._waiting:
+            return []
+        picked: list[Waiting] = []
+        # the counters move as requests are picked: charge each pick a little so two slots
+        # don't both go to one owner only because it was behind by a few tokens
+        pending: Counter = Counter()
+        left = [a for _, a in self._waiting]  # in arrival order: ties go to the earliest
+        while len(picked) < slots and left:
+            best = min(left, key=lambda a: self.served.get(a.owner, 0.0) + pending[a.owner])
+            left.remove(best)
+            if blocked(best, picked):  # asked once: it waits for this round
+                continue
+            picked.append(best)
+            pending[best.owner] += 1.0
+        taken = {id(a) for a in picked}
+        self._waiting = [(n, a) for n, a in self._waiting if id(a) not in taken]
+        return picked
+
+    def charge(self, owner: Hashable, prompt_tokens: int = 0, generated_tokens: int = 0) -> None:
+        self.served[owner] = (self.served.get(owner, 0.0) + PROMPT_WEIGHT * prompt_tokens
+                              + GENERATED_WEIGHT * generated_tokens)
+
+    def left(self, owner: Hashable) -> None:
+        """A request of `owner` ended (finished, failed or cancelled, waiting or running)."""
+        self.load[owner] -= 1
+        if self.load[owner] <= 0:
+            del self.load[owner]
+
+    def clear(self) -> Iterable[Waiting]:
+        """Forget every waiting request (the engine fails them); returns them."""
+        out = [a for _, a in self._waiting]
+        self._waiting = []
+        return out

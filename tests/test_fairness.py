@@ -1,0 +1,114 @@
+"""A fair share of the engine: waiting requests are admitted least-served owner first, and
+one owner can hold only so many requests at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from core.config import Settings
+from core.engine.engine import Engine
+from core.engine.fairness import FairQueue
+from core.engine.requests import ChatRequest, Finished, RequestError
+
+
+@dataclass
+class Req:
+    owner: str
+    name: str
+    done: bool = False
+
+
+def test_the_least_served_owner_goes_first_and_ties_go_by_arrival():
+    q = FairQueue()
+    flood = [Req("a", f"a{i}") for i in range(6)]
+    for r in flood:
+        q.push(r)
+    assert [r.name for r in q.pick(2, lambda r, p: False)] == ["a0", "a1"]
+    q.charge("a", prompt_tokens=100, generated_tokens=10)
+    b = Req("b", "b0")
+    q.push(b)  # lifted to a's counter: no credit for having been away
+    assert q.served["b"] == q.served["a"] == 120
+    q.charge("a", generated_tokens=5)  # a's running requests go on decoding
+    assert [r.name for r in q.pick(1, lambda r, p: False)] == ["b0"]
+    assert [r.name for r in q.pick(1, lambda r, p: False)] == ["a2"]
+
+
+def test_blocked_requests_wait_and_done_ones_are_dropped():
+    q = FairQueue()
+    rs = [Req("a", "x"), Req("b", "y"), Req("c", "z")]
+    for r in rs:
+        q.push(r)
+    rs[2].done = True  # cancelled while waiting
+    picked = q.pick(3, lambda r, p: r.name == "x")
+    assert [r.name for r in picked] == ["y"] and len(q) == 1
+    assert [r.name for r in q.pick(3, lambda r, p: False)] == ["x"]
+
+
+def test_an_idle_owner_banks_no_credit():
+    q = FairQueue()
+    q.push(Req("a", "a0"))
+    q.pick(1, lambda r, p: False)
+    q.charge("a", prompt_tokens=1000)
+    q.left("a")  # a is idle now
+    q.push(Req("b", "b0"))
+    q.pick(1, lambda r, p: False)
+    q.charge("b", prompt_tokens=5000)
+    q.push(Req("a", "a1"))  # a comes back while b is busy: lifted to b's 5000
+    assert q.served["a"] == 5000
+
+
+@pytest.fixture(scope="module")
+def small_batch(tiny_model_dir):
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=2, max_prefill_batch=2, max_tokens=12, max_user_requests=8,
+                          cache_sharing="user")).start(timeout=120)
+    yield eng
+    eng.stop()
+
+
+def req(owner: str, text: str, n: int = 12) -> ChatRequest:
+    return ChatRequest(messages=[{"role": "user", "content": text}], owner=owner,
+                       sampling={"max_tokens": n, "ignore_eos": True})
+
+
+def test_a_user_behind_a_flood_gets_the_next_free_slot(small_batch):
+    """Seven requests of alice queue behind a batch of two; bob's one request, sent last,
+    must not wait for all of them (first come first served made it finish last)."""
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def run(handle, name):
+        final = handle.result()
+        assert isinstance(final, Finished)
+        with lock:
+            finished.append(name)
+
+    handles = [(small_batch.submit(req("alice", f"question {i}", n=24)), f"alice{i}") for i in range(7)]
+    time.sleep(0.05)  # alice's first two are running
+    handles.append((small_batch.submit(req("bob", "one question")), "bob"))
+    threads = [threading.Thread(target=run, args=h) for h in handles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(finished) == 8
+    # bob took the first slot that came free: alice's later requests finished after him
+    assert len(finished) - 1 - finished.index("bob") >= 3, finished
+
+
+def test_one_owner_holds_at_most_max_user_requests(small_batch):
+    held = [small_batch.submit(req("carol", f"q{i}", n=40)) for i in range(8)]
+    with pytest.raises(RequestError) as info:
+        small_batch.submit(req("carol", "one too many"))
+    assert info.value.status == 429 and info.value.code == "user_limit"
+    other = small_batch.submit(req("dave", "I am someone else", n=2))  # others are not limited
+    anonymous = small_batch.submit(req(None, "no owner: the one trusted --no-auth user", n=2))
+    for h in held:
+        h.cancel()
+    for h in held + [other, anonymous]:
+        assert isinstance(h.result(), Finished)
+    assert isinstance(small_batch.submit(req("carol", "room again", n=2)).result(), Finished)
+    assert small_batch._owner_inflight["carol"] == 0 and small_batch.stats()["inflight"] == 0
