@@ -2,15 +2,18 @@
 
 Prints, side by side in one run on one model:
   A. the seed scenario (4 system prompts x 30 questions from assets/prompts.json, 7
-     concurrent users, 2-4 turns each, greedy) through the engine with the cache on and
-     off: prompt tokens, prefill tokens computed, and the ideal (every prefix of every
-     earlier request reused);
+     concurrent users, 2-4 turns each, greedy) through the engine with the cache off and
+     on, once per --cache-sharing scope (each simulated user its own owner, as each API
+     key is): prompt tokens, prefill tokens computed, the ideal (every prefix of every
+     earlier request reused, whoever sent it), time to first token p50/p95, and what the
+     default scoped sharing (`system`) costs against sharing everything (`all`);
   B. the restore time of a P-token prefix (one node, and a path of P/64 nodes) against a
      fresh prefill of the same P tokens (goal <= 5%);
   C. cache bytes per distinct cached token, radix tree vs mlx-lm's LRUPromptCache fed the
      same finished conversations (goal <= 0.5x).
 
     python -m loadtests.bench_prefix [--model PATH | --random-dim 512 --random-layers 8]
+                                     [--cache-sharing system,all]
 """
 
 from __future__ import annotations
@@ -41,26 +44,27 @@ def lcp(a, b) -> int:
 
 
 def run_scenario(engine, systems, questions, users: int, seed: int, max_tokens: int):
-    """7 users in threads; returns one record per request."""
+    """7 users in threads, each its own owner; returns one record per request."""
     tok = engine.loaded.tokenizer
     records, lock = [], threading.Lock()
     rng = random.Random(seed)
     plans = [(rng.randrange(len(systems)), rng.sample(questions, rng.randint(2, 4))) for _ in range(users)]
 
-    def user(system, qs):
+    def user(owner, system, qs):
         msgs = [{"role": "system", "content": systems[system]}]
         for q in qs:
             msgs.append({"role": "user", "content": q})
             prompt = tok.apply_chat_template(msgs, add_generation_prompt=True)
             t0 = time.perf_counter()
-            final = engine.submit(ChatRequest(messages=msgs, sampling={"max_tokens": max_tokens})).result()
+            final = engine.submit(ChatRequest(messages=msgs, sampling={"max_tokens": max_tokens},
+                                              owner=owner)).result()
             msgs.append({"role": "assistant", "content": final.text})
             seen = tok.apply_chat_template(msgs)
             with lock:
                 records.append({"prompt": prompt, "seen": seen, "t_submit": t0,
                                 "t_done": time.perf_counter(), "usage": final.usage})
 
-    threads = [threading.Thread(target=user, args=p) for p in plans]
+    threads = [threading.Thread(target=user, args=(f"user:{i}", *p)) for i, p in enumerate(plans)]
     for t in threads:
         t.start()
     for t in threads:
@@ -79,26 +83,45 @@ def ideal_cached(records) -> int:
     return total
 
 
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
 def part_a(args, model_path, systems, questions):
     from core.engine.engine import Engine
 
-    print("\nA. seed scenario: 7 users, 4 system prompts x 30 questions, 2-4 turns, greedy")
-    print(f"{'cache':>6} {'requests':>9} {'prompt tok':>11} {'prefilled':>10} {'ideal prefill':>14} "
-          f"{'prefilled/prompt':>17} {'wall s':>7}")
-    out = {}
-    for on in (False, True):
-        eng = Engine(Settings(model=model_path, prefix_cache=on, max_batch=16)).start()
+    print(f"\nA. seed scenario: {args.users} users (one owner each), 4 system prompts x 30 questions, "
+          "2-4 turns, greedy")
+    print(f"{'cache':>13} {'requests':>9} {'prompt tok':>11} {'prefilled':>10} {'ideal prefill':>14} "
+          f"{'prefilled/prompt':>17} {'ttft p50 ms':>12} {'ttft p95 ms':>12} {'wall s':>7}")
+    runs = {}
+    for sharing in [None, *args.cache_sharing]:
+        settings = Settings(model=model_path, prefix_cache=sharing is not None, max_batch=16,
+                            **({"cache_sharing": sharing} if sharing else {}))
+        eng = Engine(settings).start()
         t0 = time.perf_counter()
         recs = run_scenario(eng, systems, questions, args.users, args.seed, args.max_tokens)
         wall = time.perf_counter() - t0
+        eng.stop()
         prompt = sum(r["usage"].prompt_tokens for r in recs)
         cached = sum(r["usage"].cached_tokens for r in recs)
         ideal = prompt - ideal_cached(recs)
-        print(f"{'on' if on else 'off':>6} {len(recs):>9} {prompt:>11} {prompt - cached:>10} {ideal:>14} "
-              f"{(prompt - cached) / prompt:>17.3f} {wall:>7.1f}")
-        out[on] = recs
-        eng.stop()
-    return out[True]
+        ttft = [r["usage"].ttft_ms for r in recs if r["usage"].ttft_ms is not None]
+        runs[sharing] = {"recs": recs, "prefilled": prompt - cached, "p50": pct(ttft, 0.5), "p95": pct(ttft, 0.95)}
+        name = f"on, {sharing}" if sharing else "off"
+        print(f"{name:>13} {len(recs):>9} {prompt:>11} {prompt - cached:>10} {ideal:>14} "
+              f"{(prompt - cached) / prompt:>17.3f} {runs[sharing]['p50']:>12.1f} {runs[sharing]['p95']:>12.1f} "
+              f"{wall:>7.1f}")
+    print("ideal prefill: as if every earlier prefix were reusable, whoever sent it (what `all` could reach)")
+    scoped = [s for s in args.cache_sharing if s != "all"]
+    if "all" in runs:
+        base = runs["all"]
+        for s in scoped:
+            r = runs[s]
+            print(f"{s} / all: prefilled {r['prefilled'] / base['prefilled']:.2f}x, "
+                  f"ttft p50 {r['p50'] / base['p50']:.2f}x, p95 {r['p95'] / base['p95']:.2f}x")
+    return runs[args.cache_sharing[0]]["recs"]
 
 
 def part_b(model, sizes):
@@ -175,7 +198,14 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sizes", default="256,1024")
+    p.add_argument("--cache-sharing", default="system,all",
+                   help="prefix-cache sharing scopes to run part A with, comma-separated (system, all, "
+                        "user); ratios are against `all` when it is listed")
     args = p.parse_args()
+    args.cache_sharing = [s.strip() for s in args.cache_sharing.split(",") if s.strip()]
+    bad = [s for s in args.cache_sharing if s not in ("system", "all", "user")]
+    if bad or not args.cache_sharing:
+        p.error(f"--cache-sharing takes system, all or user (comma-separated), got {bad or 'nothing'}")
     reexec_with_openblas("auto")
     from core.engine.model import load_model
 

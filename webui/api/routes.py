@@ -3,14 +3,16 @@
 Each request is authenticated with a bearer key from the store (unless the server runs
 with --no-auth), turned into an engine request, streamed back as server-sent events or
 returned whole, and logged in SQLite under the key's user. A client that goes away
-mid-stream cancels its request in the engine. Errors use OpenAI's error shape (see
-webui/api/errors.py).
+cancels its request in the engine, streaming or not: a stream notices when Starlette's
+response does; a whole reply has a watcher on the connection while it waits (issue 14,
+item 4: without one, clients that hung up kept their work running and their user's share
+of --max-user-requests taken). Errors use OpenAI's error shape (see webui/api/errors.py).
 
 Each accepted request's end (metrics, its row) is recorded once by a RequestEnd
 (webui/request_end.py) hooked on the handle at submit, whether or not the client stays to
 read it; the row goes through the store's queued writer, so the engine thread that ends the
-request never waits for SQLite. Routes run on the event loop, `current_user` in FastAPI's
-worker threads. No MLX here.
+request never waits for SQLite. Routes and the disconnect watchers run on the event loop,
+`current_user` in FastAPI's worker threads. No MLX here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import logging
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
@@ -39,6 +41,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("radixchat.api")
 ALIASES = {"default", "default_model"}
+CLIENT_GONE = 499  # nginx's "client closed request"; never sent, the connection is gone
+
+
+async def cancel_when_gone(request: Request, handle: RequestHandle) -> bool:
+    """Cancel `handle` once the client disconnects, and say so (True). Run it as a task
+    beside a reader that sends nothing until the end (a whole reply), and cancel it when
+    the reader is done.
+
+    The body is read by then, so the next ASGI message is `http.disconnect`, and waiting on
+    `receive` wakes the moment the server sees the close (polling `is_disconnected()` would
+    leave each gone request running for up to a poll period). Only one task may wait on
+    `receive`: never beside a StreamingResponse, which has its own."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            # anything else breaks the ASGI contract (the body is done); a server that
+            # answers at once would make this spin, so it becomes a slow poll instead
+            await asyncio.sleep(0.5)
+    except Exception:  # a server that can't say: the request just runs to its end
+        log.debug("cannot watch the connection for a disconnect", exc_info=True)
+        return False
+    handle.cancel()
+    return True
 
 
 def openai_router(engine: Engine, settings: Settings, store: Store | None, metrics: Metrics) -> APIRouter:
@@ -104,14 +128,21 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         except Exception:  # bookkeeping must never break a reply
             log.exception("could not record request metrics")
 
-    async def respond(handle: RequestHandle, stream: bool, include_usage: bool, chat: bool):
+    async def respond(request: Request, handle: RequestHandle, stream: bool, include_usage: bool,
+                      chat: bool):
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         if not stream:
+            watcher = asyncio.create_task(cancel_when_gone(request, handle))
             try:
                 async for ev in handle:  # the final event carries the whole text
                     pass
             finally:
-                handle.cancel()  # no-op once finished; frees the slot if the client left
+                watcher.cancel()
+                handle.cancel()  # no-op once finished; frees the slot if this task was cancelled
+            if watcher.done() and not watcher.cancelled() and watcher.result():
+                # the client left and the request was cancelled: its row says so (RequestEnd),
+                # and there is nobody to send a body to
+                return Response(status_code=CLIENT_GONE)
             if isinstance(ev, Failed):
                 raise ApiError(500, f"generation failed: {ev.message}", "server_error", "engine_error")
             usage = oa.usage_of(ev.usage)
@@ -162,17 +193,17 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         return oa.ModelList(data=[card]).model_dump()
 
     @router.post("/chat/completions")
-    async def chat_completions(body: oa.ChatCompletionRequest, user=Depends(current_user)):
+    async def chat_completions(request: Request, body: oa.ChatCompletionRequest, user=Depends(current_user)):
         check_model(body.model)
         handle = await submit(user, lambda: engine.asubmit(ChatRequest(
             messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                       for m in body.messages],
             sampling=Sampling(**body.sampling()), owner=owner_of(user))))
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(handle, body.stream, include, chat=True)
+        return await respond(request, handle, body.stream, include, chat=True)
 
     @router.post("/completions")
-    async def completions(body: oa.CompletionRequest, user=Depends(current_user)):
+    async def completions(request: Request, body: oa.CompletionRequest, user=Depends(current_user)):
         check_model(body.model)
         tok = engine.loaded.tokenizer
 
@@ -183,7 +214,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
 
         handle = await submit(user, build)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(handle, body.stream, include, chat=False)
+        return await respond(request, handle, body.stream, include, chat=False)
 
     @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
                       include_in_schema=False)
