@@ -123,3 +123,28 @@ def test_the_page_login_route_locks_out_a_guesser(tiny_model_dir, tmp_path):
         out = server.stop()
     assert "failed sign-in for 'alice' from 127.0.0.1" in out
     assert "Traceback" not in out
+
+
+def test_a_burst_sent_at_once_is_hashed_only_until_the_lockout():
+    """Forty wrong sign-ins arriving together queue for the one hashing thread; the lockout
+    must stop them there, not after all forty were hashed."""
+    hashed = []
+
+    def verify(name, password):
+        hashed.append(name)
+        time.sleep(0.005)
+        raise AuthFailed("wrong")
+
+    guard = SignInGuard(verify, free_failures=5)
+
+    async def one():
+        try:
+            return await guard.sign_in("alice", "wrong", addr="10.0.0.9")
+        except TooManyFailures:
+            return "429"
+
+    async def main():
+        return await asyncio.gather(*(one() for _ in range(40)))
+
+    answers = asyncio.run(main())
+    assert len(hashed) == 5 and answers.count("429") == 35, (len(hashed), answers)

@@ -6,7 +6,9 @@ doubles a lockout (1 s, 2 s, 4 s ... up to `max_lockout_s`) during which sign-in
 name or from that address are refused with 429 before any password is hashed, the right
 password included, so guessing stays slow whoever guesses. Hashing (scrypt, ~0.4 s of one
 core) runs in a pool of `hash_workers` threads, so a crowd of sign-ins queues there instead
-of taking the cores the engine needs. Failures are logged with name and address.
+of taking the cores the engine needs; the lockout is asked again in the pool right before
+each hash, so a burst of sign-ins sent at once gets `free_failures` hashes, not one each.
+Failures are logged with name and address.
 
 The client's address comes from `ClientAddress`, a small ASGI middleware, because Gradio
 calls the auth function with the name and password only. Checking the password is
@@ -19,6 +21,7 @@ import asyncio
 import contextvars
 import logging
 import math
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +57,7 @@ class SignInGuard:
         self._clock = clock
         self._failures: OrderedDict[tuple[str, str], _Failures] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=hash_workers, thread_name_prefix="radixchat-signin")
+        self._lock = threading.Lock()  # the failure table: the event loop and the pool both use it
         self.refused = 0  # sign-ins answered 429 without hashing
         self.failed = 0
 
@@ -62,22 +66,37 @@ class SignInGuard:
         name or the address is locked out (nothing is hashed then)."""
         addr = addr or _client_addr.get()
         keys = [("name", name.casefold()), ("addr", addr)]
-        wait = max(self._locked_for(k) for k in keys)
-        if wait > 0:
-            self.refused += 1
-            raise TooManyFailures(wait)
+        self._refuse_if_locked(keys)  # cheap, before queueing for the pool
         loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._pool, self._verify, name, password)
-        except AuthFailed:
-            self.failed += 1
-            for k in keys:
-                self._fail(k)
+        ok = await loop.run_in_executor(self._pool, self._check, keys, name, password)
+        if not ok:
             log.warning("failed sign-in for %r from %s", name[:64], addr)
+        return ok
+
+    def _check(self, keys, name: str, password: str) -> bool:
+        """In the hashing pool: sign-ins sent at once queue here, so the lockout is asked
+        again right before each hash; otherwise a burst would all be hashed before the
+        first failure counted."""
+        self._refuse_if_locked(keys)
+        try:
+            self._verify(name, password)
+        except AuthFailed:
+            with self._lock:
+                self.failed += 1
+                for k in keys:
+                    self._fail(k)
             return False
-        for k in keys:
-            self._failures.pop(k, None)
+        with self._lock:
+            for k in keys:
+                self._failures.pop(k, None)
         return True
+
+    def _refuse_if_locked(self, keys) -> None:
+        with self._lock:
+            wait = max(self._locked_for(k) for k in keys)
+            if wait > 0:
+                self.refused += 1
+                raise TooManyFailures(wait)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
