@@ -58,6 +58,16 @@ class Settings(BaseSettings):
     no_auth: bool = Field(False, description="Serve without sign-in or API keys")
     allow_open_lan: bool = Field(False, description="Permit --no-auth on a non-loopback host")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest accepted API request body")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="Seconds a client has to send a "
+                                    "request's line and headers (from connecting or from the request's "
+                                    "first byte) before its connection is closed")
+    body_timeout_s: float = Field(30.0, gt=0, le=3600, description="Seconds a client has to send a "
+                                  "request body once its headers are in before its connection is closed")
+    keep_alive_s: float = Field(5.0, gt=0, le=3600, description="Seconds an idle keep-alive connection "
+                                "stays open between requests")
+    max_connections: int = Field(1000, ge=1, le=1_000_000, description="Most open connections; at the "
+                                 "limit a new one closes the oldest idle one (no request under way) or, "
+                                 "with none idle, is refused at once")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Settings":

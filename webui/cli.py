@@ -105,11 +105,43 @@ def cmd_serve(args, settings: Settings) -> None:
     for line in serve_banner(settings, len(store.list_users())):
         print(line, flush=True)
     try:
-        uvicorn.run(build_app(engine, settings, store), host=settings.host, port=settings.port,
-                    log_level="warning")
+        uvicorn.run(build_app(engine, settings, store), **uvicorn_options(settings))
     finally:
         engine.stop()
         store.close()
+
+
+def uvicorn_options(settings: Settings) -> dict:
+    """How uvicorn serves: time limits and a connection cap for slow or idle clients
+    (webui/http_limits.py); no WebSockets, which nothing here uses."""
+    from webui.http_limits import Limits, limited_protocol
+
+    _room_for_connections(settings.max_connections)
+    limits = Limits(header_timeout_s=settings.header_timeout_s, body_timeout_s=settings.body_timeout_s,
+                    max_connections=settings.max_connections)
+    return {"host": settings.host, "port": settings.port, "log_level": "warning", "ws": "none",
+            "http": limited_protocol(limits), "timeout_keep_alive": settings.keep_alive_s}
+
+
+def _room_for_connections(max_connections: int, spare: int = 256) -> None:
+    """Raise this process's open-file limit (soft, up to the hard one) so that the capped
+    connections, the store and the model's files all fit; without room accept() fails and
+    new clients wait unanswered whatever the cap."""
+    try:
+        import resource
+    except ImportError:  # not on this platform: its own limits apply
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + spare
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError):
+            new = soft
+        if new < want:
+            print(f"radixchat: only {new} open files allowed here; --max-connections "
+                  f"{max_connections} may not fit", file=sys.stderr, flush=True)
 
 
 def lan_addresses() -> list[str]:

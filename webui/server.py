@@ -3,8 +3,11 @@
 /health, /metrics (Prometheus), the OpenAI-compatible /v1 routes, and the Gradio page
 (webui/page/) at "/", all on one port. The routes are registered before the page is
 mounted, so "/" catches only what they don't. The page's sign-in checks the store's users
-(off with --no-auth). Errors use OpenAI's shape. No MLX in this package: the engine is
-reached only through its thread-safe submit/cancel/stats.
+(off with --no-auth); in front of the page, webui/gate.py lets through only the Gradio routes
+the page uses and answers a page session to the sign-in that opened it, and page request
+bodies are capped like the API's. Errors use OpenAI's shape. No MLX in this package: the
+engine is reached only through its thread-safe submit/cancel/stats. Connection limits (slow
+or idle clients) are the HTTP server's, set where uvicorn starts (webui/cli.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse, Response
+from starlette.routing import Mount
 
 from core.config import Settings
 from core.engine.engine import Engine
@@ -22,6 +26,7 @@ from core.store import Store
 from webui.api.errors import BodyLimit, install_error_handlers
 from webui.api.metrics import Metrics
 from webui.api.routes import openai_router
+from webui.gate import GradioSide, PageGate
 from webui.signin import ClientAddress, SignInGuard, TooManyFailures
 
 
@@ -31,7 +36,7 @@ def build_app(engine: Engine, settings: Settings, store: Store | None = None) ->
     app.state.engine, app.state.store, app.state.metrics = engine, store, metrics
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(ClientAddress)  # outermost: the sign-in guard reads the address it keeps
+    app.add_middleware(ClientAddress)  # outside the routes: the sign-in guard reads the address it keeps
     app.include_router(openai_router(engine, settings, store, metrics))
 
     @app.get("/health")
@@ -81,3 +86,9 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
         app, page, path="/", auth=None if settings.no_auth else sign_in, auth_message=SIGN_IN_MESSAGE,
         theme=theme(), css=CSS, footer_links=["settings"], run_history=False, mcp_server=False,
         ssr_mode=False, show_error=True)
+    gradio_app = next(r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None)
+    # the sign-in form and the page's calls get no bigger bodies than an API request; the gate,
+    # outside this limit, caps the bodies it reads itself and refuses uploads unread
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, prefixes=("/gradio_api/", "/login"))
+    app.add_middleware(PageGate, side=GradioSide(gradio_app, page), no_auth=settings.no_auth,
+                       max_body=settings.max_body_bytes)  # outermost: refusals cost nothing downstream

@@ -1,0 +1,298 @@
+"""Who may reach the page's own routes: a page session answers only the sign-in that opened it.
+
+Gradio names a browser's page session by a `session_hash` the browser makes up, and trusts
+whoever names it: anyone who learnt another user's hash could read that user's reply as it
+streamed (queue/data), stop it without signing in (cancel) or end the session (heartbeat).
+`PageGate`, an ASGI middleware in front of the page, binds each session to the caller who
+first used it (queue/join or heartbeat) and refuses every other caller that names it. It
+lets through only the /gradio_api routes the page uses; uploads, file downloads, deep links,
+direct API calls and the rest answer 404 before a byte of their body is read.
+
+The caller is the signed-in user of Gradio's own sign-in cookie, looked up in Gradio's token
+table as Gradio's routes do. With --no-auth everyone is the one local user (on loopback unless
+--allow-open-lan), so there is no user to tell apart; sessions are bound instead to a
+per-browser cookie this module sets, so one browser still cannot stop another's reply. A
+client that keeps no cookies can start a session there but not come back to it.
+
+What this module reads of Gradio's internals (the App's cookie id and tokens, the queue's
+events) is in `GradioSide`. Which user may see which conversation stays the page's job
+(webui/page/). Runs on the server's event loop only, so its tables need no lock.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections import OrderedDict
+from typing import Any
+
+from starlette.datastructures import QueryParams
+from starlette.requests import cookie_parser
+
+API = "/gradio_api/"
+HEARTBEAT = "heartbeat/"
+BROWSER_COOKIE = "radixchat_browser"
+
+JOIN, DATA, CANCEL, OPEN = "join", "data", "cancel", "open"
+# The /gradio_api routes Gradio 6's browser client calls for this page, exact paths only, so
+# a variant spelling (a trailing slash, a new route in a later Gradio) is refused, not let by.
+# OPEN routes name no session: Gradio answers them, behind its own sign-in where it has one.
+ROUTES = {
+    "queue/join": JOIN,
+    "queue/data": DATA,
+    "cancel": CANCEL,
+    "reset": OPEN, "reset/": OPEN,  # a no-op in Gradio 6: /cancel does the work
+    "info": OPEN, "info/": OPEN,
+    "app_id": OPEN, "app_id/": OPEN,
+    "user": OPEN, "user/": OPEN,
+    "login_check": OPEN, "login_check/": OPEN,
+    "theme.css": OPEN,
+}
+# pages that load a saved deep link (files under Gradio's upload folder) when asked to
+DEEP_LINKED = ("/", "/config", "/config/")
+
+
+class Refused(Exception):
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+class SessionOwners:
+    """session_hash -> the caller who first used it, forgotten least recently used first.
+
+    One caller's sessions beyond `per_owner` push out that caller's own oldest, so a user who
+    opens sessions by the thousand cannot push out anyone else's; `total` bounds the whole.
+    A forgotten session is claimed again by whoever uses it next, in practice its own page."""
+
+    def __init__(self, per_owner: int = 1000, total: int = 100_000):
+        self.per_owner, self.total = per_owner, total
+        self._owner: OrderedDict[str, str] = OrderedDict()  # least recently used first
+        self._of: dict[str, OrderedDict[str, None]] = {}  # owner -> their sessions, same order
+
+    def claim(self, session: str, caller: str) -> None:
+        """Bind `session` to `caller` if nobody has it; Refused if somebody else has."""
+        owner = self._owner.get(session)
+        if owner is None:
+            self._bind(session, caller)
+        elif owner != caller:
+            raise Refused(403, "This page session belongs to another sign-in.")
+        else:
+            self._touch(session, caller)
+
+    def check(self, session: str, caller: str) -> None:
+        """Refused unless `caller` owns `session` (an unknown session is nobody's)."""
+        owner = self._owner.get(session)
+        if owner is None:
+            raise Refused(404, "Unknown page session.")
+        if owner != caller:
+            raise Refused(403, "This page session belongs to another sign-in.")
+        self._touch(session, caller)
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def _bind(self, session: str, caller: str) -> None:
+        self._owner[session] = caller
+        mine = self._of.setdefault(caller, OrderedDict())
+        mine[session] = None
+        if len(mine) > self.per_owner:
+            self._forget(next(iter(mine)))
+        while len(self._owner) > self.total:
+            self._forget(next(iter(self._owner)))
+
+    def _touch(self, session: str, caller: str) -> None:
+        self._owner.move_to_end(session)
+        self._of[caller].move_to_end(session)
+
+    def _forget(self, session: str) -> None:
+        owner = self._owner.pop(session)
+        mine = self._of[owner]
+        del mine[session]
+        if not mine:
+            del self._of[owner]
+
+
+class GradioSide:
+    """What the gate reads of the mounted Gradio app: who a request's cookies sign in (the
+    lookup Gradio's own `get_current_user` makes) and which session an event belongs to."""
+
+    def __init__(self, gradio_app, blocks):
+        self._app, self._blocks = gradio_app, blocks
+
+    def user(self, cookies: dict[str, str]) -> str | None:
+        cid = self._app.cookie_id
+        token = cookies.get(f"access-token-{cid}") or cookies.get(f"access-token-unsecure-{cid}")
+        return self._app.tokens.get(token) if token else None
+
+    def event_session(self, event_id: str) -> str | None:
+        """The session of a queued or running event; None once it is done (or never was)."""
+        event = self._blocks._queue.event_ids_to_events.get(event_id)
+        return getattr(event, "session_hash", None)
+
+
+class PageGate:
+    """ASGI middleware in front of the page (see the module's docstring)."""
+
+    def __init__(self, app, *, side: GradioSide, no_auth: bool, max_body: int,
+                 owners: SessionOwners | None = None):
+        self.app, self.side, self.no_auth, self.max_body = app, side, no_auth, max_body
+        self.owners = owners or SessionOwners()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = route_path(scope)
+        try:
+            if path.startswith(API):
+                return await self._api(path[len(API):], scope, receive, send)
+            if path in DEEP_LINKED and "deep_link" in query(scope):
+                raise Refused(404, "Not Found")
+        except Refused as e:
+            return await answer(send, e.status, e.detail, scope)
+        if self.no_auth and path == "/":
+            _, send = self._browser(scope, send)
+        await self.app(scope, receive, send)
+
+    async def _api(self, rest: str, scope, receive, send):
+        kind = ROUTES.get(rest) or (HEARTBEAT if heartbeat_session(rest) else None)
+        if kind is None:
+            raise Refused(404, "Not Found")
+        if kind == OPEN:
+            return await self.app(scope, receive, send)
+        caller, send = self._caller(scope, send)
+        if caller is None:
+            raise Refused(401, "Not authenticated")
+        if kind == HEARTBEAT:
+            self.owners.claim(heartbeat_session(rest), caller)
+        elif kind == DATA:
+            self.owners.check(one_query_value(scope, "session_hash"), caller)
+        elif scope["method"] == "POST":  # JOIN or CANCEL; Gradio answers other methods 405
+            body = await read_body(scope, receive, self.max_body)
+            self._check_body(kind, parse_json(body), caller)
+            receive = replay(body, receive)
+        await self.app(scope, receive, send)
+
+    def _check_body(self, kind: str, body: dict[str, Any], caller: str) -> None:
+        session = body.get("session_hash")
+        if not isinstance(session, str):
+            raise Refused(422, "session_hash must be a string.")
+        if kind == JOIN:
+            self.owners.claim(session, caller)
+            return
+        self.owners.check(session, caller)
+        event = body.get("event_id")
+        # /cancel closes the event it names whatever session it names with it
+        if isinstance(event, str) and self.side.event_session(event) not in (None, session):
+            raise Refused(403, "This event belongs to another page session.")
+
+    def _caller(self, scope, send):
+        if self.no_auth:
+            return self._browser(scope, send)
+        return self.side.user(request_cookies(scope)), send
+
+    def _browser(self, scope, send):
+        """This browser's id with --no-auth, and `send` that sets it first when it had none."""
+        known = request_cookies(scope).get(BROWSER_COOKIE)
+        if known:
+            return known, send
+        minted = secrets.token_urlsafe(18)
+        cookie = f"{BROWSER_COOKIE}={minted}; Path=/; HttpOnly; SameSite=Lax".encode()
+
+        async def send_with_cookie(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie)]}
+            await send(message)
+        return minted, send_with_cookie
+
+
+def route_path(scope) -> str:
+    """The path the routes match on: scope's path less its root_path, as Starlette does."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
+        return path[len(root):]
+    return path
+
+
+def heartbeat_session(rest: str) -> str | None:
+    """The session of a heartbeat/{session_hash} path (one non-empty segment), else None."""
+    session = rest[len(HEARTBEAT):] if rest.startswith(HEARTBEAT) else ""
+    return session if session and "/" not in session else None
+
+
+def header(scope, name: bytes) -> bytes | None:
+    """The first header of that name, as Starlette's Request reads it."""
+    return next((v for k, v in scope["headers"] if k == name), None)
+
+
+def request_cookies(scope) -> dict[str, str]:
+    raw = header(scope, b"cookie")
+    return cookie_parser(raw.decode("latin-1")) if raw else {}
+
+
+def query(scope) -> QueryParams:
+    """The query as the routes read it (Starlette decodes names and values alike)."""
+    return QueryParams(scope["query_string"])
+
+
+def one_query_value(scope, name: str) -> str:
+    """The value of a query parameter given once; Refused if it is missing or repeated, so
+    that what is checked here is what the route reads."""
+    values = query(scope).getlist(name)
+    if len(values) != 1:
+        raise Refused(422, f"Give {name} once.")
+    return values[0]
+
+
+async def read_body(scope, receive, limit: int) -> bytes:
+    length = header(scope, b"content-length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise Refused(413, f"Request body over {limit} bytes.")
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Refused(400, "The client went away.")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise Refused(413, f"Request body over {limit} bytes.")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The JSON object Gradio's route will read (Starlette parses with json.loads too)."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise Refused(400, "The body is not JSON.") from None
+    if not isinstance(value, dict):
+        raise Refused(422, "The body is not a JSON object.")
+    return value
+
+
+def replay(body: bytes, receive):
+    """A receive that hands on the body already read, then waits as the server's does."""
+    pending = True
+
+    async def replayed():
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replayed
+
+
+async def answer(send, status: int, detail: str, scope=None) -> None:
+    """A short JSON refusal. When the request announced a body that is left unread, the
+    connection closes after it, so the server does not go on reading a refused upload."""
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if scope is not None and (header(scope, b"transfer-encoding") or header(scope, b"content-length")
+                              not in (None, b"0")):
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
