@@ -1,8 +1,12 @@
 """Load a chat model with mlx-lm and describe it.
 
-`load_model` takes a local mlx-lm folder or a hub id (hub ids need the network the first
-time; tests only ever pass local folders). On the CPU it casts floating weights to
-float32, since half precision gets no BLAS there. Running the model is the engine's job.
+`load_model` takes a local mlx-lm folder, a llama-family GGUF file (converted once into an
+mlx-lm folder by `gguf.py`, cached in the data folder) or a hub id (hub ids need the network
+the first time; tests only ever pass local folders and files). On the CPU it casts floating
+weights to float32, since half precision gets no BLAS there; a GGUF's packed 4/8-bit weights
+are dequantized there too, since MLX's quantized CPU kernels are ~10x slower than float32
+with OpenBLAS (on a Mac GPU they stay packed). Runs on the engine thread (or the CLI's, for
+`radixchat doctor`); running the model is the engine's job.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
+
+from core.engine.gguf import GGUFInfo, converted_folder
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -29,6 +35,8 @@ class LoadedModel:
     dtype: str
     num_layers: int
     vocab_size: int  # rows of the output logits: the largest top_k a sampler can take
+    gguf: GGUFInfo | None = None  # the source file, when the model came from a GGUF
+    runs_as: str = ""  # the dtype it computes in, and whether packed weights stay packed
 
 
 def _context_length(config: dict) -> int:
@@ -46,17 +54,50 @@ def _target_dtype(requested: str) -> mx.Dtype | None:
     return None if on_gpu else mx.float32
 
 
+def _is_gguf(local: Path) -> bool:
+    if local.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(local, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:  # a folder, or nothing there
+        return False
+
+
+def _dequantize(model: nn.Module) -> None:
+    """Packed layers become float ones, their scales and biases in float32 first so the
+    weights come out exact (not rounded to the float16 of the scales)."""
+    from mlx_lm.utils import dequantize_model
+
+    up = lambda a: a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a  # noqa: E731
+    model.update(tree_map(up, model.parameters()))
+    dequantize_model(model)
+
+
+def _runs_as(model: nn.Module, dtype: str) -> str:
+    bits = sorted({m.bits for _, m in model.named_modules() if hasattr(m, "bits")})
+    if bits:
+        return f"{'/'.join(map(str, bits))}-bit packed weights, {dtype} scales"
+    return dtype
+
+
 def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None = None) -> LoadedModel:
     from mlx_lm import load
 
     local = Path(path_or_id).expanduser()
-    if path_or_id.startswith(("/", ".", "~")) or path_or_id.count("/") > 1:
+    gguf = None
+    if _is_gguf(local):
+        folder, gguf = converted_folder(local)
+        path_or_id = str(folder)
+    elif path_or_id.startswith(("/", ".", "~")) or path_or_id.count("/") > 1:
         if not (local / "config.json").is_file():
             raise FileNotFoundError(f"no mlx-lm model folder (with config.json) at {local}")
         path_or_id = str(local)
     model, tokenizer, config = load(path_or_id, return_config=True)
     target = _target_dtype(dtype)
     if target is not None:
+        if gguf is not None:
+            _dequantize(model)
         cast = lambda a: a.astype(target) if mx.issubdtype(a.dtype, mx.floating) else a  # noqa: E731
         model.update(tree_map(cast, model.parameters()))
     mx.eval(model.parameters())
@@ -65,15 +106,18 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
     first_float = next((v.dtype for _, v in params if mx.issubdtype(v.dtype, mx.floating)), mx.float32)
     # a local folder is named by its config's _name_or_path (as Hugging Face writes it), else by itself
     model_id = (config.get("_name_or_path") or Path(path_or_id).name) if Path(path_or_id).exists() else path_or_id
+    dtype_name = str(first_float).removeprefix("mlx.core.")
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
         model_id=model_id,
         context_length=context_length or _context_length(config),
         num_params=num_params,
-        dtype=str(first_float).removeprefix("mlx.core."),
+        dtype=dtype_name,
         num_layers=len(getattr(model, "layers", [])),
         vocab_size=_vocab_size(config, tokenizer),
+        gguf=gguf,
+        runs_as=_runs_as(model, dtype_name),
     )
 
 

@@ -3,7 +3,9 @@
 Reports platform, versions, MLX's device, which BLAS is mapped, float32 matmul GFLOP/s
 with the active BLAS and (on Linux) with the other one, measured in a child process since
 a preload only takes effect at exec. Then, unless told not to, loads the model and times a
-short prefill and decode. Printing is the CLI's job.
+short prefill and decode; a GGUF model is named with its file, its tensor types and the
+dtype it runs in, and one that cannot be loaded is a line, not a traceback. Runs in the
+CLI's thread; printing is the CLI's job.
 """
 
 from __future__ import annotations
@@ -62,16 +64,33 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
         yield f"{cls}.offset", f"{verdict} (captured offsets keep their value)"
     if not load:
         return
+    from core.engine.gguf import GGUFError
     from core.engine.model import load_model
 
     t0 = time.perf_counter()
-    m = load_model(settings.model, settings.dtype, settings.context_length)
     yield "model", settings.model
+    try:
+        m = load_model(settings.model, settings.dtype, settings.context_length)
+    except (GGUFError, FileNotFoundError) as e:
+        yield "model load", f"failed: {e}"
+        return
     yield "model load", f"{time.perf_counter() - t0:.1f} s"
+    yield from _gguf(m)
     yield "parameters", f"{m.num_params / 1e6:.2f}M, {m.dtype}, {m.num_layers} layers"
     yield "context length", str(m.context_length)
     yield "eos tokens", str(sorted(m.tokenizer.eos_token_ids))
     yield from _speed(m)
+
+
+def _gguf(m) -> Iterator[tuple[str, str]]:
+    if m.gguf is None:
+        return
+    yield "gguf file", m.gguf.file
+    yield "gguf converted into", m.gguf.folder
+    yield "gguf tensor types", m.gguf.types_line()
+    packed = any(t in m.gguf.tensor_types for t in ("Q4_0", "Q4_1", "Q8_0"))
+    unpacked = packed and "packed" not in m.runs_as
+    yield "runs in", m.runs_as + (" (dequantized at load)" if unpacked else "")
 
 
 def _speed(m) -> Iterator[tuple[str, str]]:
