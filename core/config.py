@@ -16,7 +16,6 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from assets import BUNDLED_MODEL
 
 
 def default_data_dir() -> Path:
@@ -31,7 +30,8 @@ def default_data_dir() -> Path:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RADIXCHAT_", extra="forbid", validate_default=True)
 
-    model: str = Field(str(BUNDLED_MODEL), description="Local mlx-lm model folder or a hub id")
+    model: str = Field("default", description="An mlx-lm model folder, a .gguf file, a hub id, or "
+                       "default (SmolLM2-135M-Instruct where installed, else tiny), smollm2, tiny")
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 serves the LAN")
     port: int = Field(8000, ge=1, le=65535, description="TCP port")
     db: Path = Field(default_factory=lambda: default_data_dir() / "radixchat.db", description="SQLite file")

@@ -102,6 +102,8 @@ def cmd_serve(args, settings: Settings) -> None:
     m = engine.loaded
     print(f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
           f"context {m.context_length}) on http://{settings.host}:{settings.port}", flush=True)
+    if m.notice:
+        print(f"radixchat: note: {m.notice}", flush=True)
     for line in serve_banner(settings, len(store.list_users())):
         print(line, flush=True)
     try:

@@ -11,6 +11,7 @@ with OpenBLAS (on a Mac GPU they stay packed). Runs on the engine thread (or the
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +21,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
+from core.engine.catalog import Card, card_of_folder, resolve
 from core.engine.gguf import GGUFInfo, converted_folder
 
+log = logging.getLogger("radixchat.models")
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
@@ -37,6 +40,8 @@ class LoadedModel:
     vocab_size: int  # rows of the output logits: the largest top_k a sampler can take
     gguf: GGUFInfo | None = None  # the source file, when the model came from a GGUF
     runs_as: str = ""  # the dtype it computes in, and whether packed weights stay packed
+    card: Card | None = None  # name, size, license, note, recommended sampling (core.engine.catalog)
+    notice: str = ""  # said once at start-up, e.g. that the default model fell back to the tiny one
 
 
 def _context_length(config: dict) -> int:
@@ -84,6 +89,10 @@ def _runs_as(model: nn.Module, dtype: str) -> str:
 def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None = None) -> LoadedModel:
     from mlx_lm import load
 
+    chosen = resolve(path_or_id)  # short names: default, smollm2, tiny
+    if chosen.notice:
+        log.warning(chosen.notice)
+    path_or_id = chosen.path
     local = Path(path_or_id).expanduser()
     gguf = None
     if _is_gguf(local):
@@ -107,6 +116,9 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
     # a local folder is named by its config's _name_or_path (as Hugging Face writes it), else by itself
     model_id = (config.get("_name_or_path") or Path(path_or_id).name) if Path(path_or_id).exists() else path_or_id
     dtype_name = str(first_float).removeprefix("mlx.core.")
+    if chosen.card is not None:
+        model_id = chosen.card.name
+    card = chosen.card or card_of_folder(local if local.is_dir() else Path(path_or_id), model_id, num_params)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -118,6 +130,8 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
         vocab_size=_vocab_size(config, tokenizer),
         gguf=gguf,
         runs_as=_runs_as(model, dtype_name),
+        card=card,
+        notice=chosen.notice,
     )
 
 

@@ -83,6 +83,9 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         except AuthFailed:
             raise ApiError(401, "invalid or revoked API key", "invalid_request_error", "invalid_api_key")
 
+    # what the model's card recommends, for requests that leave temperature or top_p out
+    recommended = dict(engine.loaded.card.sampling) if engine.loaded.card else {}
+
     def owner_of(user: User | None) -> str | None:
         """API keys count as their user; --no-auth is one trusted user (None)."""
         return f"user:{user.id}" if user is not None else None
@@ -198,7 +201,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         handle = await submit(user, lambda: engine.asubmit(ChatRequest(
             messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                       for m in body.messages],
-            sampling=Sampling(**body.sampling()), owner=owner_of(user))))
+            sampling=Sampling(**body.sampling(recommended)), owner=owner_of(user))))
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(request, handle, body.stream, include, chat=True)
 
@@ -208,7 +211,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         tok = engine.loaded.tokenizer
 
         async def build():
-            sampling = Sampling(**body.sampling())
+            sampling = Sampling(**body.sampling(recommended))
             prompt = await asyncio.to_thread(lambda: list(tok.encode(body.prompt)))  # not on the loop
             return engine.submit_tokens(prompt, sampling, owner=owner_of(user))
 

@@ -37,8 +37,9 @@ class StreamOptions(BaseModel):
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # left out: the model's recommended value (core.engine.catalog), else OpenAI's 1.0
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
@@ -69,8 +70,12 @@ class _Sampling(BaseModel):
             raise ValueError("presence_penalty and frequency_penalty are not supported (use 0)")
         return self
 
-    def sampling(self) -> dict:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+    def sampling(self, defaults: dict | None = None) -> dict:
+        """The engine's sampling fields; `defaults` fill what the request left out."""
+        defaults = defaults or {}
+        temperature = self.temperature if self.temperature is not None else defaults.get("temperature", 1.0)
+        top_p = self.top_p if self.top_p is not None else defaults.get("top_p", 1.0)
+        return {"temperature": temperature, "top_p": top_p, "top_k": self.top_k,
                 "max_tokens": self.max_tokens, "stop": self.stop or [], "seed": self.seed,
                 "ignore_eos": self.ignore_eos}
 

@@ -126,6 +126,17 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
     def closed_list(user, search: str):
         return gr.Radio(choices=[(f"{c.title}", c.id) for c in chat.archived(user, search)], value=None)
 
+    # which model answers, as its card says (core.engine.catalog)
+    card = model.card
+    recommended = dict(card.sampling) if card else {}
+    facts = ", ".join(x for x in (card.size, card.license) if x) if card else ""
+    model_line = f"`{model.model_id}`" + (f" ({facts})" if facts else "")
+    note_line = f"  \n*{card.note}*" if card and card.note else ""
+    temperature_label = "Temperature" + (
+        f" (the model card recommends {recommended['temperature']:g}"
+        + (f", with top-p {recommended['top_p']:g}" if "top_p" in recommended else "") + ")"
+        if "temperature" in recommended else "")
+
     with gr.Blocks(title="radixchat", analytics_enabled=False) as page:
         view = gr.State(View())
         header = gr.Markdown(elem_id="header")
@@ -159,8 +170,8 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                                                  label="System prompt", elem_id="preset")
                             system = gr.Textbox(label="System prompt of this tab", lines=3, max_lines=12,
                                                 elem_id="system")
-                            temperature = gr.Slider(0, 2, value=0.7, step=0.05, label="Temperature",
-                                                    elem_id="temperature")
+                            temperature = gr.Slider(0, 2, value=recommended.get("temperature", 0.7), step=0.05,
+                                                    label=temperature_label, elem_id="temperature")
                             max_tokens = gr.Slider(1, model.context_length, value=settings.max_tokens, step=1,
                                                    label="Max tokens", elem_id="max-tokens")
                         with gr.Accordion("History", open=False):
@@ -185,7 +196,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             user = who(request)
             who_line = (f"signed in as **{user.name}** · [sign out](logout)" if sign_in
                         else "no sign-in: everyone here is the same local user")
-            head = f"**radixchat** · `{model.model_id}` · {who_line}"
+            head = f"**radixchat** · {model_line} · {who_line}{note_line}"
             _, current = chat.start(user)
             return (head, *shown(user, current, view), closed_list(user, ""))
 

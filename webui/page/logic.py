@@ -161,6 +161,8 @@ class ChatPage:
                  default_max_tokens: int = 256, signed_in: bool = True):
         self.engine, self.store, self.metrics = engine, store, metrics
         self.signed_in = signed_in  # False with --no-auth: everyone is the one local user
+        card = getattr(getattr(engine, "loaded", None), "card", None)
+        self.top_p = float((card.sampling if card else {}).get("top_p", 1.0))  # the model card's
         self.model_id = model_id
         self.default_max_tokens = default_max_tokens
         self.running: dict[int, Running] = {}  # conversation id -> its reply being written
@@ -275,7 +277,8 @@ class ChatPage:
                     raise PageError("Type a message first.")
                 messages = prompt_of(conv, turns) + [{"role": "user", "content": text}]
             try:
-                sampling = Sampling(temperature=temperature, max_tokens=int(max_tokens or self.default_max_tokens))
+                sampling = Sampling(temperature=temperature, top_p=self.top_p,
+                                    max_tokens=int(max_tokens or self.default_max_tokens))
                 # templated in a worker thread; the owner keeps this conversation in the user's
                 # own part of the prefix cache and counts it against the user's share
                 handle = run.handle = await self.engine.asubmit(ChatRequest(
