@@ -112,3 +112,27 @@ def test_one_owner_holds_at_most_max_user_requests(small_batch):
         assert isinstance(h.result(), Finished)
     assert isinstance(small_batch.submit(req("carol", "room again", n=2)).result(), Finished)
     assert small_batch._owner_inflight["carol"] == 0 and small_batch.stats()["inflight"] == 0
+
+
+def test_a_newcomer_joins_a_batch_one_user_fills_without_waiting_for_a_slot(small_batch):
+    """Replies of one length started together end together: a user arriving while another
+    fills the batch would wait a whole reply. Below a fair share, a user joins over the cap."""
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def run(handle, name):
+        assert isinstance(handle.result(), Finished)
+        with lock:
+            order.append(name)
+
+    flood = [(small_batch.submit(req("erin", f"long {i}", n=60)), f"erin{i}") for i in range(4)]
+    deadline = time.time() + 30
+    while time.time() < deadline and len(small_batch._by_uid) < 2:
+        time.sleep(0.005)
+    newcomer = (small_batch.submit(req("frank", "short one", n=2)), "frank")
+    threads = [threading.Thread(target=run, args=h) for h in flood + [newcomer]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert order[0] == "frank", order  # before either of erin's running replies ended

@@ -91,6 +91,11 @@ class _Active:
         )
 
 
+def over_cap(max_batch: int) -> int:
+    """The hard batch limit: `max_batch` plus room for users below their fair share."""
+    return max_batch + max(1, max_batch // 4)
+
+
 @dataclass
 class Templated:
     """A chat request's prompt as tokens, with the positions the prefix cache cares about."""
@@ -331,7 +336,7 @@ class Engine:
         return BatchGenerator(
             self.loaded.model,
             max_tokens=s.max_tokens,
-            completion_batch_size=s.max_batch,
+            completion_batch_size=over_cap(s.max_batch),
             prefill_batch_size=s.max_prefill_batch,
             prefill_step_size=s.prefill_step,
             stream=self._mx_stream,
@@ -359,8 +364,28 @@ class Engine:
                 break
 
     def _schedule(self) -> None:
-        """Fill free batch slots from the fair queue (least-served owner first)."""
-        admit = self._fair.pick(self.settings.max_batch - len(self._by_uid), self._should_wait)
+        """Fill free batch slots from the fair queue (least-served owner first).
+
+        Equal-length replies started together also end together: a user arriving while one
+        other user fills the batch would wait a whole reply for a slot. So an owner with
+        fewer running requests than a fair share of `max_batch` (split among the owners with
+        work) may join over the cap, up to `over_cap(max_batch)`; the cap then holds the
+        others back until the batch is under it again. Without preemption this is what keeps
+        a newcomer's first token within a step or two of an idle server's.
+        """
+        soft = self.settings.max_batch
+        running = len(self._by_uid)
+        admit = self._fair.pick(soft - running, self._should_wait)
+        if len(self._fair) and running + len(admit) >= soft:
+            mine = Counter(a.owner for a in self._by_uid.values())
+            mine.update(a.owner for a in admit)
+            share = max(1, soft // max(1, len(self._fair.load)))
+
+            def over_share(a: _Active, picked: list[_Active]) -> bool:
+                return mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share or \
+                    self._should_wait(a, admit + picked)
+
+            admit += self._fair.pick(over_cap(soft) - running - len(admit), over_share)
         if admit:
             self._admit(admit)
 
