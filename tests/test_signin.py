@@ -148,3 +148,23 @@ def test_a_burst_sent_at_once_is_hashed_only_until_the_lockout():
 
     answers = asyncio.run(main())
     assert len(hashed) == 5 and answers.count("429") == 35, (len(hashed), answers)
+
+
+@pytest.mark.slow
+def test_a_locked_out_address_is_answered_before_the_page_runs(tiny_model_dir, tmp_path):
+    """The 429 for an address in a lockout comes from the address middleware: it holds for
+    any form, even one the page would reject as malformed."""
+    from tests.test_openai_api import Server
+
+    db = tmp_path / "lock.db"
+    with Store(db) as store:
+        store.create_user("alice", "correct horse battery")
+    server = Server(tiny_model_dir, db)
+    try:
+        for _ in range(5):
+            httpx.post(server.url + "/login", data={"username": "alice", "password": "nope"}, timeout=30)
+        bare = httpx.post(server.url + "/login", content=b"not a form at all", timeout=30)
+        assert bare.status_code == 429 and bare.headers["retry-after"] == "1", bare.text
+        assert "too many failed sign-ins" in bare.json()["detail"]
+    finally:
+        server.stop()

@@ -36,7 +36,10 @@ def build_app(engine: Engine, settings: Settings, store: Store | None = None) ->
     app.state.engine, app.state.store, app.state.metrics = engine, store, metrics
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(ClientAddress)  # outside the routes: the sign-in guard reads the address it keeps
+    # the page's sign-in guard; the address middleware (outside the routes) answers an
+    # address in a lockout itself and tells the guard who is signing in
+    app.state.signin = SignInGuard(store.authenticate) if store is not None else None
+    app.add_middleware(ClientAddress, guard=app.state.signin)
     app.include_router(openai_router(engine, settings, store, metrics))
 
     @app.get("/health")
@@ -72,7 +75,7 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
 
     from webui.page.layout import CSS, build_page, theme
 
-    guard = app.state.signin = SignInGuard(store.authenticate)
+    guard = app.state.signin
 
     async def sign_in(username: str, password: str) -> bool:
         try:

@@ -98,6 +98,14 @@ class SignInGuard:
                 self.refused += 1
                 raise TooManyFailures(wait)
 
+    def address_lockout(self, addr: str) -> float:
+        """Seconds left of `addr`'s lockout (0: none). Counts as a refused sign-in when > 0."""
+        with self._lock:
+            wait = self._locked_for(("addr", addr))
+            if wait > 0:
+                self.refused += 1
+            return wait
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -116,12 +124,30 @@ class SignInGuard:
 
 
 class ClientAddress:
-    """ASGI middleware: remember the client's address for the auth function of this request."""
+    """ASGI middleware: remember the client's address for the auth function of this request,
+    and answer a sign-in from an address in a lockout at once, before the form is parsed and
+    the page's stack runs: a guesser that ignores Retry-After then costs the others little."""
 
-    def __init__(self, app):
+    def __init__(self, app, guard: SignInGuard | None = None, login_path: str = "/login"):
         self.app = app
+        self.guard = guard
+        self.login_path = login_path
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope.get("client"):
-            _client_addr.set(scope["client"][0])
+            addr = scope["client"][0]
+            _client_addr.set(addr)
+            if self.guard is not None and scope["path"] == self.login_path and scope["method"] == "POST":
+                wait = self.guard.address_lockout(addr)
+                if wait > 0:
+                    await _too_many(send, wait)
+                    return
         await self.app(scope, receive, send)
+
+
+async def _too_many(send, wait: float) -> None:
+    body = f'{{"detail":"{TooManyFailures(wait)}"}}'.encode()
+    await send({"type": "http.response.start", "status": 429, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(math.ceil(wait)).encode())]})
+    await send({"type": "http.response.body", "body": body})
