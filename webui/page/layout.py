@@ -131,10 +131,11 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
     recommended = dict(card.sampling) if card else {}
     facts = ", ".join(x for x in (card.size, card.license) if x) if card else ""
     model_line = f"`{model.model_id}`" + (f" ({facts})" if facts else "")
-    note_line = f"  \n*{card.note}*" if card and card.note else ""
+    note_line = (f"  \n*{card.note}*" if card and card.note else "") + (
+        f" Its card: `{card.link}` in radixchat's repository." if card and card.link else "")
     temperature_label = "Temperature" + (
-        f" (the model card recommends {recommended['temperature']:g}"
-        + (f", with top-p {recommended['top_p']:g}" if "top_p" in recommended else "") + ")"
+        f" (model card: {recommended['temperature']:g}"
+        + (f"; top-p {recommended['top_p']:g}" if "top_p" in recommended else "") + ")"
         if "temperature" in recommended else "")
 
     with gr.Blocks(title="radixchat", analytics_enabled=False) as page:
