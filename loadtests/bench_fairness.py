@@ -33,7 +33,6 @@ import multiprocessing as mp
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ import assets
 from core.store import Store
 from loadtests.bench_vs_mlxlm import one_turn, pct
 from loadtests.benchmodel import add_model_args, resolve_model
-from tests.support.procs import free_port, start_and_wait
+from tests.support.procs import free_port, start_radixchat, stop_process
 
 PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
@@ -52,13 +51,10 @@ QUESTIONS = PROMPTS["questions"]
 
 
 def start_server(model: str, db: Path, port: int, args, log: Path) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("radixchat")), "serve", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), "--db", str(db),
-           "--max-user-requests", str(args.max_user_requests)]
+    flags = ["--max-user-requests", str(args.max_user_requests)]
     if args.max_batch:
-        cmd += ["--max-batch", str(args.max_batch),
-                "--max-prefill-batch", str(min(args.max_batch, 4))]
-    return start_and_wait(cmd, f"http://127.0.0.1:{port}/health", log)
+        flags += ["--max-batch", str(args.max_batch), "--max-prefill-batch", str(min(args.max_batch, 4))]
+    return start_radixchat(model, db, port, log, *flags)
 
 
 # ---- user A: the flood, in a child process ---------------------------------------------
@@ -210,11 +206,7 @@ def main() -> None:
         stop.set()
         if child is not None and child.is_alive():
             child.terminate()
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_process(server)
 
     sa, sb = summary(alone), summary(loaded)
     print(f"\n{'B time to first token, s':>32} {'turns':>6} {'errors':>7} {'p50':>8} {'p95':>8}")

@@ -31,8 +31,6 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import random
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -43,23 +41,9 @@ import httpx
 from core.store import Store
 from loadtests.bench_vs_mlxlm import pct
 from loadtests.benchmodel import add_model_args, resolve_model
-from tests.support.procs import free_port, start_and_wait
+from tests.support.procs import free_port, start_radixchat, stop_process
 
 PASSWORD = "correct horse battery staple"
-
-
-def start_server(model: str, db: Path, port: int, log: Path) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("radixchat")), "serve", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), "--db", str(db)]
-    return start_and_wait(cmd, f"http://127.0.0.1:{port}/health", log)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 # ---- the attackers, in a child process ---------------------------------------------------
@@ -132,7 +116,7 @@ def phase(model: str, db: Path, key: str, work: Path, name: str, args, names: in
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = work / f"server-{name}.log"
-    server = start_server(model, db, port, log)
+    server = start_radixchat(model, db, port, log)
     ctx = mp.get_context("spawn")
     stop, results = ctx.Event(), ctx.Queue()
     child, answers = None, None
@@ -154,7 +138,7 @@ def phase(model: str, db: Path, key: str, work: Path, name: str, args, names: in
         stop.set()
         if child is not None and child.is_alive():
             child.terminate()
-        stop_server(server)
+        stop_process(server)
     ok = [x for x in lat if x is not None]
     # the server logs every password it hashed and found wrong, including those whose
     # client was gone by then (a sign-in in the hashing queue runs to its end)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,3 +45,19 @@ def peak_rss_mb(pid: int) -> float:
         return float("nan")
     m = re.search(r"VmHWM:\s+(\d+) kB", text)
     return int(m.group(1)) / 1024 if m else float("nan")
+
+
+def start_radixchat(model: str, db: Path, port: int, log: Path, *flags: str, timeout: float = 300) -> subprocess.Popen:
+    """`radixchat serve` of this environment on 127.0.0.1:`port`, once /health answers."""
+    cmd = [str(Path(sys.executable).with_name("radixchat")), "serve", "--model", model,
+           "--host", "127.0.0.1", "--port", str(port), "--db", str(db), *flags]
+    return start_and_wait(cmd, f"http://127.0.0.1:{port}/health", log, timeout=timeout)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Ask a server to stop (SIGTERM), and kill it if it has not within `timeout`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
