@@ -35,12 +35,14 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 serves the LAN")
     port: int = Field(8000, ge=1, le=65535, description="TCP port")
     db: Path = Field(default_factory=lambda: default_data_dir() / "radixchat.db", description="SQLite file")
-    cache_bytes: int = Field(1 << 30, ge=0, description="Prefix cache byte budget (live tokens)")
+    cache_bytes: int | None = Field(None, ge=0, description="K/V byte budget shared by the running batch "
+                                    "and the prefix cache (default: a fifth of this machine's memory)")
     prefix_cache: bool = Field(True, description="Share a radix prefix KV cache across requests")
     cache_sharing: Literal["system", "all", "user"] = Field(
         "system", description="What the prefix cache shares between users: the system message "
         "(default), everything (one trusted user) or nothing")
-    max_batch: int = Field(16, ge=1, le=1024, description="Most sequences decoding at once")
+    max_batch: int = Field(256, ge=1, le=1024, description="Upper bound on sequences decoding at once; "
+                           "the working limit is what the K/V budget holds")
     max_prefill_batch: int = Field(4, ge=1, le=1024, description="Most prompts prefilled together")
     prefill_step: int = Field(512, ge=16, description="Prompt tokens per prefill step")
     max_queue: int = Field(256, ge=1, description="Most requests waiting or running before new ones are refused")
@@ -77,6 +79,18 @@ class Settings(BaseSettings):
             raise ValueError(f"no_auth on host {self.host} would open the server to the whole "
                              "network; add --allow-open-lan if that is what you want")
         return self
+
+
+def kv_budget(settings: Settings) -> int:
+    """The K/V byte budget: --cache-bytes, else a fifth of physical memory (at least 256 MiB),
+    which leaves the weights, the OS and everything else the rest."""
+    if settings.cache_bytes is not None:
+        return settings.cache_bytes
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return max(256 << 20, total // 5)
 
 
 def is_loopback(host: str) -> bool:

@@ -361,7 +361,9 @@ def test_dashboard_shows_aggregates_only(engine, store, users):
     presence.seen("bob")
     d = dashboard(engine, store, presence)
     assert engine.loaded.model_id in d.summary and "Users signed in | 2" in d.summary
-    assert "Prefix cache" in d.summary and "of 1.0 GiB" in d.summary
+    budget = f"of {engine.kv_budget / 2**30:.1f} GiB"
+    assert "Prefix cache" in d.summary and budget in d.summary
+    assert f"room for {engine.stats()['batch_tokens']:,} tokens of running sequences" in d.summary
     assert "tuples" not in d.summary and "alice" not in d.summary
     assert list(d.requests.columns) == ["time", "count", "series"] and d.requests["count"].sum() >= 1
     assert list(d.ttft.columns) == ["time", "ms", "series"] and len(d.ttft) >= 2

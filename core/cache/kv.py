@@ -165,3 +165,17 @@ class PrefixStore:
             assert c.keys.shape[2] == c.offset, "restored cache must hold exactly its live tokens"
             out.append(c)
         return out  # lazy: the batch merge that consumes it evaluates it
+
+
+def kv_bytes_per_token(model) -> int:
+    """K/V bytes one more token of one sequence costs, over every layer that keeps K/V (one
+    token through a fresh cache, then the size of one position). Layers whose state does not
+    grow with the sequence (SSM state) cost nothing per token."""
+    caches = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=caches)
+    total = 0
+    for c in caches:
+        keys, values = getattr(c, "keys", None), getattr(c, "values", None)
+        if isinstance(keys, mx.array) and isinstance(values, mx.array) and keys.ndim == 4:
+            total += keys[..., :1, :].nbytes + values[..., :1, :].nbytes
+    return max(1, total)

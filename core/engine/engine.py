@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from core.cache.radix import Match, common_prefix
 from core.cache.scope import CacheScope
-from core.config import Settings
+from core.config import Settings, kv_budget
 from core.engine.fairness import FairQueue
 from core.engine.handle import Outbox, RequestHandle
 from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
@@ -89,6 +89,9 @@ class _Active:
             total_ms=(now - self.t_submit) * 1e3,
             decode_tps=(self.generated - 1) / decode_s if decode_s > 0 else 0.0,
         )
+
+
+BATCH_SHARE = 0.75  # of the K/V budget, the most the running batch may set aside
 
 
 def over_cap(max_batch: int) -> int:
@@ -148,6 +151,8 @@ class Engine:
         self.offset_report: dict[str, str] = {}  # core.cache.offset_guard's verdict per cache class
         self.prefix: PrefixStore | None = None  # when the prefix cache is on
         self.scope = CacheScope("all")  # replaced from the settings when the cache is made
+        self.kv_budget = 0  # bytes of K/V the running batch and the prefix cache share
+        self.kv_bytes_per_token = 0  # what one more token of one sequence costs, measured at start
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -178,8 +183,12 @@ class Engine:
 
     def stats(self) -> dict:
         """Counters for /health and /metrics; safe to call from any thread (reads only)."""
+        bpt = self.kv_bytes_per_token
         return {"alive": self.alive, "inflight": self._inflight, "active": len(self._active),
-                "steps": self.steps, "prefix_cache": self.prefix.tree.summary() if self.prefix else None}
+                "running": len(self._by_uid), "steps": self.steps,
+                "kv_budget": self.kv_budget, "kv_bytes_per_token": bpt,
+                "batch_tokens": self.batch_room() // bpt if bpt else 0, "max_batch": self.settings.max_batch,
+                "prefix_cache": self.prefix.tree.summary() if self.prefix else None}
 
     # ---- caller side (any thread) ------------------------------------------------------
 
@@ -286,10 +295,12 @@ class Engine:
 
                 self.offset_report = ensure_offset_semantics()
                 self.loaded = load_model(s.model, s.dtype, s.context_length)
-                if s.prefix_cache:
-                    from core.cache.kv import PrefixStore
+                from core.cache.kv import PrefixStore, kv_bytes_per_token
 
-                    self.prefix = PrefixStore(self.loaded.model, s.cache_bytes)
+                self.kv_budget = kv_budget(s)
+                self.kv_bytes_per_token = kv_bytes_per_token(self.loaded.model)
+                if s.prefix_cache:
+                    self.prefix = PrefixStore(self.loaded.model, self.kv_budget)
                     self.scope = CacheScope(s.cache_sharing)
                 # a stream of this thread's own, so a later engine in the same process
                 # never touches one that was cleared (see below)
@@ -375,7 +386,15 @@ class Engine:
         """
         soft = self.settings.max_batch
         running = len(self._by_uid)
-        admit = self._fair.pick(soft - running, self._should_wait)
+        room = self.batch_room() - sum(self._need(a) for a in self._by_uid.values())
+
+        def no_room(a: _Active, picked: list[_Active]) -> bool:
+            # K/V for the whole reply is set aside at admission (nothing is preempted later);
+            # one request alone always runs, however long
+            need = self._need(a) + sum(self._need(p) for p in picked)
+            return need > room and (running or picked)
+
+        admit = self._fair.pick(soft - running, lambda a, p: no_room(a, p) or self._should_wait(a, p))
         if len(self._fair) and running + len(admit) >= soft:
             mine = Counter(a.owner for a in self._by_uid.values())
             mine.update(a.owner for a in admit)
@@ -383,11 +402,19 @@ class Engine:
 
             def over_share(a: _Active, picked: list[_Active]) -> bool:
                 return mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share or \
-                    self._should_wait(a, admit + picked)
+                    no_room(a, admit + picked) or self._should_wait(a, admit + picked)
 
             admit += self._fair.pick(over_cap(soft) - running - len(admit), over_share)
         if admit:
             self._admit(admit)
+
+    def batch_room(self) -> int:
+        """K/V bytes the running batch may hold: most of the budget; the prefix cache keeps
+        the rest at least (and evicts its unlocked entries to make room for the batch)."""
+        return int(self.kv_budget * BATCH_SHARE)
+
+    def _need(self, a: _Active) -> int:
+        return (len(a.prompt) + a.max_tokens) * self.kv_bytes_per_token
 
     def _should_wait(self, a: _Active, admitting: list[_Active]) -> bool:
         """Should `a` wait for a request that is prefilling a long prefix `a` shares?

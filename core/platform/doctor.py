@@ -79,7 +79,23 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     yield "parameters", f"{m.num_params / 1e6:.2f}M, {m.dtype}, {m.num_layers} layers"
     yield "context length", str(m.context_length)
     yield "eos tokens", str(sorted(m.tokenizer.eos_token_ids))
+    yield from _batch_limit(m, settings)
     yield from _speed(m)
+
+
+def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
+    """What the K/V budget lets the engine run at once (its working batch limit)."""
+    from core.cache.kv import kv_bytes_per_token
+    from core.config import kv_budget
+    from core.engine.engine import BATCH_SHARE
+
+    budget, bpt = kv_budget(settings), kv_bytes_per_token(m.model)
+    tokens = int(budget * BATCH_SHARE) // bpt
+    per_seq = 512 + settings.max_tokens
+    yield "kv budget", f"{budget / 2**30:.2f} GiB (--cache-bytes), {bpt:,} bytes per token"
+    yield "batch limit", (f"{tokens:,} tokens of running sequences: {min(settings.max_batch, tokens // per_seq)} "
+                          f"of {per_seq} tokens (512 prompt + --max-tokens), at most --max-batch "
+                          f"{settings.max_batch}")
 
 
 def _gguf(m) -> Iterator[tuple[str, str]]:

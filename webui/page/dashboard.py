@@ -68,6 +68,10 @@ def dashboard(engine, store, presence: Presence, *, window_s: float = 3600.0,
                      f"context {m.context_length:,} tokens |")
     lines.append(f"| Engine | {'running' if s['alive'] else 'stopped'}: {s['active']} active requests, "
                  f"{max(0, s['inflight'] - s['active'])} waiting |")
+    if s.get("batch_tokens"):
+        lines.append(f"| Batch | {s.get('running', 0)} decoding; room for {s['batch_tokens']:,} tokens of running "
+                     f"sequences ({_bytes(s['kv_bytes_per_token'])} each) in the K/V budget of "
+                     f"{_bytes(s['kv_budget'])}, at most {s['max_batch']} sequences |")
     if cache:
         lookups = cache.get("hits", 0) + cache.get("misses", 0)
         lines.append(f"| Prefix cache | {_bytes(cache.get('bytes', 0))} of {_bytes(cache.get('budget', 0))} "
