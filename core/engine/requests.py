@@ -70,6 +70,13 @@ class Sampling(BaseModel):
         return None if self.seed is None else self.seed % 2**64
 
 
+def owner_of(user_id: int | None) -> str | None:
+    """The `owner` of a signed-in user's requests, one for the page and the API alike, so the
+    same person has one namespace in the prefix cache and one share of the engine (None: the
+    one trusted user of --no-auth)."""
+    return None if user_id is None else f"user:{user_id}"
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     messages: list[ChatMessage] = Field(min_length=1)

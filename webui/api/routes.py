@@ -25,7 +25,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
+from core.engine.requests import (ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta,
+                                  owner_of)
 from core.store.types import AuthFailed, RequestRecord, User
 
 from webui.api import schema as oa
@@ -85,10 +86,6 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
 
     # what the model's card recommends, for requests that leave temperature or top_p out
     recommended = dict(engine.loaded.card.sampling) if engine.loaded.card else {}
-
-    def owner_of(user: User | None) -> str | None:
-        """API keys count as their user; --no-auth is one trusted user (None)."""
-        return f"user:{user.id}" if user is not None else None
 
     def check_model(name: str) -> None:
         if name != model_id and name not in ALIASES:
@@ -201,7 +198,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         handle = await submit(user, lambda: engine.asubmit(ChatRequest(
             messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                       for m in body.messages],
-            sampling=Sampling(**body.sampling(recommended)), owner=owner_of(user))))
+            sampling=Sampling(**body.sampling(recommended)), owner=owner_of(user and user.id))))
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(request, handle, body.stream, include, chat=True)
 
@@ -213,7 +210,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         async def build():
             sampling = Sampling(**body.sampling(recommended))
             prompt = await asyncio.to_thread(lambda: list(tok.encode(body.prompt)))  # not on the loop
-            return engine.submit_tokens(prompt, sampling, owner=owner_of(user))
+            return engine.submit_tokens(prompt, sampling, owner=owner_of(user and user.id))
 
         handle = await submit(user, build)
         include = bool(body.stream_options and body.stream_options.include_usage)

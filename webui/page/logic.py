@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from pydantic import ValidationError
 
-from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
+from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta, owner_of
 from core.store import (DEFAULT_TITLE, AlreadyExists, Conversation, Message, NotFound, RequestFigures,
                         RequestRecord, Store, StoreError, User)
 from webui.request_end import RequestEnd
@@ -187,7 +187,7 @@ class ChatPage:
     def owner(self, user: User) -> str | None:
         """Whose requests these are, for the engine's cache scope and fair share (None: the
         one trusted user of --no-auth)."""
-        return f"user:{user.id}" if self.signed_in else None
+        return owner_of(user.id if self.signed_in else None)
 
     # ---- tabs ----
 
