@@ -384,6 +384,8 @@ class Engine:
         others back until the batch is under it again. Without preemption this is what keeps
         a newcomer's first token within a step or two of an idle server's.
         """
+        if not len(self._fair):  # every loop turn comes here: nothing to do most of them
+            return
         soft = self.settings.max_batch
         running = len(self._by_uid)
         room = self.batch_room() - sum(self._need(a) for a in self._by_uid.values())
@@ -574,8 +576,9 @@ class Engine:
     def _store(self, a: _Active, tokens: list[int], caches) -> None:
         if self.prefix is None:
             return
-        # the running batch shares the budget with the tree
-        live = sum(len(a.prompt) + a.generated for a in self._active.values())
+        # the running batch shares the budget with the tree; requests still waiting in the
+        # fair queue hold no K/V yet
+        live = sum(len(b.prompt) + b.generated for b in self._by_uid.values())
         self.prefix.tree.reserved = live * self.prefix.bytes_per_token
         self.prefix.store(self.scope.key(list(tokens), a.shared_len, a.owner), caches)
 
