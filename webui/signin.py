@@ -92,16 +92,18 @@ class SignInGuard:
         return True
 
     def _refuse_if_locked(self, keys) -> None:
-        with self._lock:
-            wait = max(self._locked_for(k) for k in keys)
-            if wait > 0:
-                self.refused += 1
-                raise TooManyFailures(wait)
+        wait = self._lockout(keys)
+        if wait > 0:
+            raise TooManyFailures(wait)
 
     def address_lockout(self, addr: str) -> float:
         """Seconds left of `addr`'s lockout (0: none). Counts as a refused sign-in when > 0."""
+        return self._lockout([("addr", addr)])
+
+    def _lockout(self, keys) -> float:
+        """The longest lockout among `keys`, counted as a refusal when there is one."""
         with self._lock:
-            wait = self._locked_for(("addr", addr))
+            wait = max(self._locked_for(k) for k in keys)
             if wait > 0:
                 self.refused += 1
             return wait
