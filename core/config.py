@@ -44,7 +44,10 @@ class Settings(BaseSettings):
     max_batch: int = Field(256, ge=1, le=1024, description="Upper bound on sequences decoding at once; "
                            "the working limit is what the K/V budget holds")
     max_prefill_batch: int = Field(4, ge=1, le=1024, description="Most prompts prefilled together")
-    prefill_step: int = Field(512, ge=16, description="Prompt tokens per prefill step")
+    prefill_step: int = Field(512, ge=16, description="Most prompt tokens of one prompt per prefill step")
+    step_tokens: int = Field(256, ge=0, description="Token budget of one engine step: each decoding "
+                             "stream counts one, new prompts prefill in chunks in the rest (at least a "
+                             "quarter); 0 = mlx-lm's own order (decode, then a whole prefill step)")
     max_queue: int = Field(256, ge=1, description="Most requests waiting or running before new ones are refused")
     max_user_requests: int = Field(32, ge=1, description="Most requests one user may have waiting or "
                                    "running at once (--no-auth is one trusted user, without this limit)")

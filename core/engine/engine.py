@@ -340,18 +340,24 @@ class Engine:
     def _new_generator(self):
         from mlx_lm.generate import BatchGenerator, StopSequences
 
+        from core.engine.stepper import BudgetedBatchGenerator, check_layout
+
         s = self.settings
         # every insert names its stop sequences (eos, or none with ignore_eos)
         self._eos_stops = StopSequences([[t] for t in sorted(self.loaded.tokenizer.eos_token_ids)])
         self._no_stops = StopSequences()
-        return BatchGenerator(
-            self.loaded.model,
-            max_tokens=s.max_tokens,
-            completion_batch_size=over_cap(s.max_batch),
-            prefill_batch_size=s.max_prefill_batch,
-            prefill_step_size=s.prefill_step,
-            stream=self._mx_stream,
-        )
+        kwargs = dict(max_tokens=s.max_tokens, completion_batch_size=over_cap(s.max_batch),
+                      prefill_batch_size=s.max_prefill_batch, prefill_step_size=s.prefill_step,
+                      stream=self._mx_stream)
+        if s.step_tokens:
+            gen = BudgetedBatchGenerator(self.loaded.model, step_tokens=s.step_tokens,
+                                         on_prompt=self._on_prompt, **kwargs)
+            if check_layout(gen):
+                return gen
+            gen.close()
+            log.warning("this mlx-lm's BatchGenerator is not the one --step-tokens reorders: "
+                        "running with its own order (decode, then prefill)")
+        return BatchGenerator(self.loaded.model, **kwargs)
 
     def _drain_commands(self, block: bool) -> None:
         cmd = self._cmds.get() if block else None
@@ -487,22 +493,10 @@ class Engine:
         return guarded
 
     def _step(self) -> None:
-        t0 = time.perf_counter()
         prompt_resps, gen_resps = self._gen.next()
         self.steps += 1
         now = time.perf_counter()
-        for r in prompt_resps:
-            a = self._by_uid.get(r.uid)
-            if a is not None and a.t_admitted is None:
-                a.t_admitted = t0
-            if a is None or self.prefix is None:
-                continue
-            # Share a fresh prompt with requests that arrive while this one decodes. A hybrid
-            # model also needs a snapshot at every message end and just before the last token.
-            a.prefilled = a.prefilled or r.end_of_prompt
-            if r.end_of_prompt or (r.end_of_segment and self.prefix.hybrid):
-                for caches, tokens in self._gen.extract_cache([r.uid]).values():
-                    self._store(a, tokens, caches)
+        self._on_prompt(prompt_resps)  # the budgeted generator calls it inside its step
         for r in gen_resps:
             a = self._by_uid.get(r.uid)
             if a is None or a.done:
@@ -512,6 +506,23 @@ class Engine:
             except Exception:
                 log.exception("request %s failed", a.handle.id)
                 self._fail(a, INTERNAL_ERROR)
+
+    def _on_prompt(self, responses) -> None:
+        """Prefill progress: the generator has just computed these prompts' chunks, and
+        their caches hold exactly what each response says."""
+        now = time.perf_counter()
+        for r in responses:
+            a = self._by_uid.get(r.uid)
+            if a is not None and a.t_admitted is None:
+                a.t_admitted = now
+            if a is None or self.prefix is None:
+                continue
+            # Share a fresh prompt with requests that arrive while this one decodes. A hybrid
+            # model also needs a snapshot at every message end and just before the last token.
+            a.prefilled = a.prefilled or r.end_of_prompt
+            if r.end_of_prompt or (r.end_of_segment and self.prefix.hybrid):
+                for caches, tokens in self._gen.extract_cache([r.uid]).values():
+                    self._store(a, tokens, caches)
 
     def _on_token(self, a: _Active, r, now: float) -> None:
         token, finish_reason = r.token, r.finish_reason

@@ -1,0 +1,116 @@
+"""One engine step under a token budget: mlx-lm's BatchGenerator with its step reordered.
+
+mlx-lm's `BatchGenerator._next` decodes the running batch, then prefills up to
+`prefill_batch_size` prompts by `prefill_step_size` tokens each, and only at the *next*
+call moves a finished prompt to the decoding batch; its first token comes out one call
+later still. A newcomer therefore waits three full-batch steps for its first token, and a
+step that prefills 4 x 512 prompt tokens stalls every running stream for all of them.
+
+`BudgetedBatchGenerator` keeps the library's batches, caches, samplers and stop handling
+and changes only the order and size of the work in one step (chunked prefill, as vLLM and
+SGLang schedule it):
+
+1. prompts are prefilled first, in chunks that share `step_tokens` with the decode rows
+   (each decoding stream counts one token; prefill always gets at least a quarter of the
+   budget, so a full batch cannot starve newcomers);
+2. a prompt whose prefill ends in this step joins the decoding batch in this step;
+3. the whole batch decodes one token, which is the newcomer's first.
+
+So a newcomer's first token comes one step after it is admitted (its prefill plus one
+batched forward), and a running stream's time per token is bounded by the budget, not by
+the length of the prompts that arrive.
+
+The engine learns about prefill progress through `on_prompt`, called inside the step at
+the moment the caches match what the responses say (a segment's end before the next
+chunk, a prompt's end before its first decode), so it can snapshot the K/V there.
+
+It relies on the private layout of mlx-lm 0.32's BatchGenerator (`_prompt_batch`,
+`_generation_batch`, `_unprocessed_sequences`, `_currently_processing`); pyproject pins
+the minor version and `check_layout` refuses a generator that does not have it, in which
+case the engine falls back to the library's own order. Runs in the engine thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
+
+_LAYOUT = ("_prompt_batch", "_generation_batch", "_unprocessed_sequences", "_currently_processing",
+           "_make_batch", "_counters", "completion_batch_size", "prefill_batch_size", "prefill_step_size")
+
+
+def check_layout(gen: BatchGenerator) -> bool:
+    """Does this mlx-lm's generator have the parts the budgeted step reorders?"""
+    return all(hasattr(gen, name) for name in _LAYOUT) and hasattr(PromptProcessingBatch, "Response")
+
+
+class BudgetedBatchGenerator(BatchGenerator):
+    def __init__(self, model, *, step_tokens: int,
+                 on_prompt: Callable[[list], None], **kwargs):
+        super().__init__(model, **kwargs)
+        self.step_tokens = step_tokens
+        self.on_prompt = on_prompt
+
+    def _next(self):
+        gen = self._generation_batch
+        if len(gen) < self.completion_batch_size:
+            n = min(self.prefill_batch_size - len(self._prompt_batch),
+                    self.completion_batch_size - len(gen), len(self._unprocessed_sequences))
+            if n > 0:
+                self._prompt_batch.extend(self._make_batch(n))
+            through = self._start_decoding()  # restored from the cache up to the last token
+            if self._currently_processing:
+                self.on_prompt(self._prefill_chunk(self.step_tokens - len(gen)))
+            through += self._start_decoding()
+            if through:
+                self.on_prompt(through)
+        responses = []
+        if len(gen):
+            tic = time.perf_counter()
+            responses = gen.next()
+            self._counters.decode_time += time.perf_counter() - tic
+            self._counters.generation_tokens += len(responses)
+            self._counters.generation_steps += 1
+        return [], responses
+
+    def _start_decoding(self) -> list:
+        """Move the prompts that are down to their last token to the decoding batch.
+
+        That token's forward runs here (asynchronously): it computes the first sampled
+        token, which the decode at the end of this step reads. Returns their end-of-prompt
+        responses; their caches then hold the whole prompt, as with the library's order."""
+        rows = self._currently_processing
+        split = [i for i, (segs, _, _) in enumerate(rows) if len(segs) == 1 and len(segs[0]) == 1]
+        if not split:
+            return []
+        last = [rows[i][0][0] for i in split]
+        totals = [rows[i][2] for i in split]
+        self._currently_processing = [r for i, r in enumerate(rows) if i not in set(split)]
+        batch = self._prompt_batch.split(split).generate(last)
+        self._generation_batch.extend(batch)
+        return [PromptProcessingBatch.Response(uid, (t, t), True, True) for uid, t in zip(batch.uids, totals)]
+
+    def _prefill_chunk(self, room: int) -> list:
+        """Prefill every waiting prompt by an equal chunk that fits `room` tokens (at least
+        a quarter of the step's budget); a chunk never crosses a segment's end."""
+        rows = self._currently_processing
+        room = max(room, self.step_tokens // 4)
+        per_row = max(1, min(self.prefill_step_size, room // len(rows)))
+        prompts, responses = [], []
+        for uid, seq in zip(self._prompt_batch.uids, rows):
+            segments = seq[0]
+            take = segments[0][:per_row]
+            segments[0] = segments[0][len(take):]
+            end_of_segment = not segments[0]
+            if end_of_segment:
+                segments.pop(0)
+            seq[1] += len(take)
+            prompts.append(take)
+            responses.append(PromptProcessingBatch.Response(uid, (seq[1], seq[2]), end_of_segment, False))
+        self._counters.prompt_tokens += sum(len(p) for p in prompts)
+        tic = time.perf_counter()
+        self._prompt_batch.prompt(prompts)
+        self._counters.prompt_time += time.perf_counter() - tic
+        return responses

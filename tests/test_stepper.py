@@ -1,0 +1,91 @@
+"""The budgeted engine step (core.engine.stepper): a newcomer's first token comes in the step
+that ends its prefill, and no step prefills more than its budget leaves beside the decode.
+
+Drives the generator directly on the tiny random model, with mlx-lm's own BatchGenerator
+as the reference it must beat; the engine-level transparency lives in test_prefix_cache."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm import load
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from core.engine.stepper import BudgetedBatchGenerator, check_layout
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load(str(tiny_model_dir))[0]
+
+
+def make(model, budget: int | None, seen: list | None = None):
+    kw = dict(max_tokens=1000, completion_batch_size=16, prefill_batch_size=4, prefill_step_size=512)
+    if budget is None:
+        return BatchGenerator(model, **kw)
+    return BudgetedBatchGenerator(model, step_tokens=budget,
+                                  on_prompt=(seen.extend if seen is not None else lambda r: None), **kw)
+
+
+def insert(gen, prompt: list[int]) -> int:
+    return gen.insert([prompt], max_tokens=[1000], stop_sequences=[StopSequences()])[0]
+
+
+def decode_until_running(gen, uids: set[int]) -> None:
+    for _ in range(50):
+        if uids <= {r.uid for r in gen.next()[1]}:
+            return
+    raise AssertionError("the running requests never decoded")
+
+
+def calls_to_first_token(gen, prompt: list[int]) -> int:
+    uid = insert(gen, prompt)
+    for calls in range(1, 60):
+        if uid in {r.uid for r in gen.next()[1]}:
+            return calls
+    raise AssertionError("no first token")
+
+
+@pytest.mark.parametrize("budget", [None, 256])
+def test_a_newcomer_decodes_in_the_step_that_ends_its_prefill(model, budget):
+    gen = make(model, budget)
+    assert budget is None or check_layout(gen)
+    running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(4)}
+    decode_until_running(gen, running)
+    calls = calls_to_first_token(gen, list(range(10, 40)))
+    # mlx-lm's order: prefill, then a call to start decoding, then one to read the token
+    assert calls == (3 if budget is None else 1), calls
+    gen.close()
+
+
+def test_a_step_prefills_only_what_the_budget_leaves(model):
+    budget, decoding = 64, 4
+    seen: list = []
+    gen = make(model, budget, seen)
+    running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(decoding)}
+    decode_until_running(gen, running)
+    uid = insert(gen, list(range(3, 303)))  # 300 prompt tokens
+    before = gen._counters.prompt_tokens
+    steps = 0
+    while True:
+        _, responses = gen.next()
+        steps += 1
+        chunk, before = gen._counters.prompt_tokens - before, gen._counters.prompt_tokens
+        assert chunk <= budget - decoding, chunk  # never a whole prompt in one step
+        # the running streams decode every step, whatever is being prefilled
+        assert running <= {r.uid for r in responses}
+        if uid in {r.uid for r in responses}:
+            break
+    assert steps == -(-299 // (budget - decoding))  # ceil: the last token starts the decode
+    ends = [r for r in seen if r.uid == uid and r.end_of_prompt]
+    assert len(ends) == 1 and ends[0].progress == (300, 300)
+    gen.close()
+
+
+def test_prefill_keeps_a_share_when_the_batch_is_larger_than_the_budget(model):
+    budget = 8
+    gen = make(model, budget)
+    running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(12)}
+    decode_until_running(gen, running)
+    calls = calls_to_first_token(gen, list(range(3, 43)))  # 40 tokens, 2 per step at least
+    assert calls == -(-39 // (budget // 4))
+    gen.close()
