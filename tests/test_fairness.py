@@ -3,6 +3,7 @@ one owner can hold only so many requests at once."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass
@@ -136,3 +137,57 @@ def test_a_newcomer_joins_a_batch_one_user_fills_without_waiting_for_a_slot(smal
     for t in threads:
         t.join(120)
     assert order[0] == "frank", order  # before either of erin's running replies ended
+
+
+@pytest.fixture(scope="module")
+def wide_batch(tiny_model_dir):
+    """Room for everyone in the batch; two prompts prefill at a time, in small chunks."""
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=32, max_prefill_batch=2, step_tokens=32,
+                          max_tokens=12, cache_sharing="user")).start(timeout=120)
+    yield eng
+    eng.stop()
+
+
+def test_a_newcomer_is_prefilled_before_a_flood_that_came_first(wide_batch):
+    """The batch has room for all of gina's 20 requests, but only two prompts prefill at
+    once: hank's one request, sent after hers, must take the next prefill slot instead of
+    queueing behind all of her prompts (it did when the engine handed the generator every
+    admitted request at once)."""
+    eng = wide_batch
+    first: dict[str, float] = {}
+
+    def submit(owner: str, name: str, text: str, n: int):
+        t = time.perf_counter()
+        h = eng.submit(req(owner, text, n=n))
+        return name, t, h
+
+    flood = [submit("gina", f"gina{i}", f"flood question number {i}, " * 6, 30) for i in range(20)]
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(a.prefilled for a in list(eng._by_uid.values())):
+        time.sleep(0.001)
+    hank = submit("hank", "hank", "one short question", 2)
+    for name, t, h in flood + [hank]:
+        final = h.result()
+        assert isinstance(final, Finished), final
+        first[name] = t + final.usage.ttft_ms / 1e3
+    later = sum(first[f"gina{i}"] > first["hank"] for i in range(20))
+    assert later >= 10, sorted(first, key=first.get)
+
+
+def test_a_refused_request_costs_no_templating(small_batch, monkeypatch):
+    """A user at the limit who keeps sending is refused before the chat template runs: a
+    flood's refusals must not take the cores the batch needs."""
+    held = [small_batch.submit(req("ivy", f"q{i}", n=40)) for i in range(8)]
+    calls = []
+    real = small_batch.template
+    monkeypatch.setattr(small_batch, "template", lambda r: calls.append(r) or real(r))
+    with pytest.raises(RequestError) as info:
+        small_batch.submit(req("ivy", "one too many"))
+    assert info.value.status == 429
+    with pytest.raises(RequestError) as info:
+        asyncio.run(small_batch.asubmit(req("ivy", "and another")))
+    assert info.value.status == 429 and not calls
+    for h in held:
+        h.cancel()
+    for h in held:
+        assert isinstance(h.result(), Finished)

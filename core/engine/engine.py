@@ -72,7 +72,7 @@ class _Active:
     t_first: float | None = None
     t_last: float | None = None
     done: bool = False
-    prefilled: bool = False  # its prompt is through prefill (and in the prefix cache)
+    prefilled: bool = False  # its prompt is through prefill (and in the prefix cache, if on)
     match: Match | None = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
 
@@ -197,6 +197,7 @@ class Engine:
 
         Templating takes milliseconds to tens of them for a long conversation: from an event
         loop use `asubmit`, which does it in a worker thread."""
+        self._check_owner(request.owner)
         p = self.template(request)
         return self.submit_tokens(p.tokens, request.sampling, p.boundaries,
                                   shared_len=p.shared_len, owner=request.owner)
@@ -204,6 +205,7 @@ class Engine:
     async def asubmit(self, request: ChatRequest) -> RequestHandle:
         """`submit` for asyncio callers: the template runs in a worker thread, and the handle
         delivers its events to the calling loop."""
+        self._check_owner(request.owner)  # a flood's refusals cost no templating
         p = await asyncio.to_thread(self.template, request)
         return self.submit_tokens(p.tokens, request.sampling, p.boundaries,
                                   shared_len=p.shared_len, owner=request.owner)
@@ -259,10 +261,7 @@ class Engine:
         with self._lock:
             if self._inflight >= self.settings.max_queue:
                 raise QueueFull(self._inflight)
-            mine = self._owner_inflight[owner] if owner is not None else 0
-            if mine >= self.settings.max_user_requests:
-                raise RequestError(f"you already have {mine} requests waiting or running, the most one "
-                                   "user may have at once: retry when one has finished", 429, "user_limit")
+            self._check_owner(owner)
             self._inflight += 1
             if owner is not None:
                 self._owner_inflight[owner] += 1
@@ -277,6 +276,14 @@ class Engine:
         if self._closed:  # the engine stopped between the check above and the put: nobody
             self._fail_queued("the engine stopped")  # else will answer what is queued now
         return handle
+
+    def _check_owner(self, owner: str | None) -> None:
+        """Refuse a request of an owner who has `max_user_requests` waiting or running (a
+        read of a counter: callers check before templating, submit_tokens under the lock)."""
+        mine = self._owner_inflight[owner] if owner is not None else 0
+        if mine >= self.settings.max_user_requests:
+            raise RequestError(f"you already have {mine} requests waiting or running, the most one "
+                               "user may have at once: retry when one has finished", 429, "user_limit")
 
     def cancel(self, rid: str) -> None:
         self._cmds.put(_Cancel(rid))
@@ -394,6 +401,12 @@ class Engine:
             return
         soft = self.settings.max_batch
         running = len(self._by_uid)
+        # The generator prefills the prompts it holds first come first served: hand it only
+        # as many as it prefills at once, so the fair queue also orders prefill (a newcomer
+        # would otherwise queue inside the generator behind all of a flood's prompts).
+        prefill = self.settings.max_prefill_batch - sum(not a.prefilled for a in self._by_uid.values())
+        if prefill <= 0:
+            return
         room = self.batch_room() - sum(self._need(a) for a in self._by_uid.values())
 
         def no_room(a: _Active, picked: list[_Active]) -> bool:
@@ -402,8 +415,9 @@ class Engine:
             need = self._need(a) + sum(self._need(p) for p in picked)
             return need > room and (running or picked)
 
-        admit = self._fair.pick(soft - running, lambda a, p: no_room(a, p) or self._should_wait(a, p))
-        if len(self._fair) and running + len(admit) >= soft:
+        admit = self._fair.pick(min(soft - running, prefill),
+                                lambda a, p: no_room(a, p) or self._should_wait(a, p))
+        if len(self._fair) and running + len(admit) >= soft and len(admit) < prefill:
             mine = Counter(a.owner for a in self._by_uid.values())
             mine.update(a.owner for a in admit)
             share = max(1, soft // max(1, len(self._fair.load)))
@@ -412,7 +426,7 @@ class Engine:
                 return mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share or \
                     no_room(a, admit + picked) or self._should_wait(a, admit + picked)
 
-            admit += self._fair.pick(over_cap(soft) - running - len(admit), over_share)
+            admit += self._fair.pick(min(over_cap(soft) - running, prefill) - len(admit), over_share)
         if admit:
             self._admit(admit)
 
@@ -513,13 +527,15 @@ class Engine:
         now = time.perf_counter()
         for r in responses:
             a = self._by_uid.get(r.uid)
-            if a is not None and a.t_admitted is None:
+            if a is None:
+                continue
+            if a.t_admitted is None:
                 a.t_admitted = now
-            if a is None or self.prefix is None:
+            a.prefilled = a.prefilled or r.end_of_prompt
+            if self.prefix is None:
                 continue
             # Share a fresh prompt with requests that arrive while this one decodes. A hybrid
             # model also needs a snapshot at every message end and just before the last token.
-            a.prefilled = a.prefilled or r.end_of_prompt
             if r.end_of_prompt or (r.end_of_segment and self.prefix.hybrid):
                 for caches, tokens in self._gen.extract_cache([r.uid]).values():
                     self._store(a, tokens, caches)
