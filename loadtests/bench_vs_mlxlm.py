@@ -53,10 +53,10 @@ def plan(users: int, convs_per_user: int, seed: int) -> list[list[tuple[int, lis
 
 def start(kind: str, model: str, port: int, batch: int, log: Path) -> subprocess.Popen:
     env = blas_env()
-    if kind == "radixchat":
+    if kind.startswith("radixchat"):  # "radixchat --flag value ...": a variant with its flags
         cmd = [str(Path(sys.executable).with_name("radixchat")), "serve", "--model", model,
                "--port", str(port), "--no-auth", "--db", str(log.with_suffix(".db")),
-               "--max-batch", str(batch), "--max-prefill-batch", str(min(batch, 8))]
+               "--max-batch", str(batch), "--max-prefill-batch", str(min(batch, 8)), *kind.split()[1:]]
     else:
         cmd = [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(port),
                "--decode-concurrency", str(batch), "--prompt-concurrency", str(min(batch, 8))]
@@ -124,9 +124,10 @@ def pct(xs, q):
 
 def measure(kind, model, users, args, workdir: Path) -> dict:
     port = free_port()
-    proc = start(kind, model, port, max(users, 8), workdir / f"{kind}-{users}.log")
+    name = kind.replace(" ", "").replace("-", "")
+    proc = start(kind, model, port, max(users, 8), workdir / f"{name}-{users}.log")
     try:
-        served = "default" if kind == "radixchat" else model
+        served = "default" if kind.startswith("radixchat") else model
         res, wall = drive(f"http://127.0.0.1:{port}", served, plan(users, args.convs, args.seed),
                           args.max_tokens)
         rss = peak_rss_mb(proc.pid)
@@ -179,6 +180,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench-vs-mlxlm"))
+    p.add_argument("--variant", action="append", default=[],
+                   help="also run radixchat with these extra flags, e.g. --variant='--step-tokens 0' (repeatable)")
+    p.add_argument("--no-mlxlm", action="store_true", help="radixchat (and its variants) only")
     args = p.parse_args()
     model = resolve_model(args)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -189,19 +193,24 @@ def main() -> None:
            "lat50": "{:.2f}", "lat95": "{:.2f}", "rss": "{:.0f}"}
     summary = {}
     for users in map(int, args.users.split(",")):
-        rows = {kind: measure(kind, model, users, args, args.out) for kind in ("radixchat", "mlx_lm.server")}
+        kinds = ["radixchat"] + [f"radixchat {v}" for v in args.variant] + ([] if args.no_mlxlm else ["mlx_lm.server"])
+        rows = {kind: measure(kind, model, users, args, args.out) for kind in kinds}
         ceiling = decode_ceiling(model, users, context=300)
         summary[users] = {**rows, "ceiling": ceiling}
         print(f"\n{users} user(s)")
-        print(f"{'':>16}" + "".join(f"{c:>11}" for c in cols))
+        width = max(16, *(len(k) for k in kinds))
+        print(f"{'':>{width}}" + "".join(f"{c:>11}" for c in cols))
         for kind, r in rows.items():
-            print(f"{kind:>16}" + "".join(f"{fmt.get(c, '{}').format(r[c]):>11}" for c in cols))
-        a, b = rows["radixchat"], rows["mlx_lm.server"]
-        ratio = {c: (a[c] / b[c] if b[c] else float("nan")) for c in cols if c not in ("requests", "errors")}
-        print(f"{'ratio':>16}{'':>22}" + "".join(f"{ratio[c]:>10.2f}x" for c in cols[2:]))
+            print(f"{kind:>{width}}" + "".join(f"{fmt.get(c, '{}').format(r[c]):>11}" for c in cols))
+        a, b = rows["radixchat"], rows.get("mlx_lm.server")
+        if b is not None:
+            ratio = {c: (a[c] / b[c] if b[c] else float("nan")) for c in cols if c not in ("requests", "errors")}
+            print(f"{'ratio':>{width}}{'':>22}" + "".join(f"{ratio[c]:>10.2f}x" for c in cols[2:]))
         print(f"raw batched decode ceiling (batch {users}): {ceiling:.1f} tok/s; "
               f"radixchat output is {a['tps'] / ceiling:.0%} of it (includes prefill and think-free turns)")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if args.no_mlxlm:
+        return
     plot(summary, args.out / "comparison.png", title=f"{Path(model).name}, max_tokens {args.max_tokens}")
 
 
