@@ -58,6 +58,7 @@ def test_doctor_reports_blas_and_model(tiny_model_dir):
     assert out.returncode == 0, out.stderr
     assert "matmul gflops" in out.stdout and "parameters" in out.stdout
     assert "BatchKVCache.offset          ok" in out.stdout
+    assert "256 tokens (--step-tokens)" in out.stdout
     if sys.platform.startswith("linux"):
         assert "blas" in out.stdout
         if find_openblas() and coretype_for_cpu():

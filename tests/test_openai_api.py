@@ -201,7 +201,8 @@ def test_disconnect_mid_stream_cancels_in_engine(keyed):
     cancelled_before = server.metric('radixchat_requests_total{outcome="cancelled"}')
     with httpx.Client(base_url=server.url, timeout=30) as http:
         with http.stream("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                         json={**GOOD, "max_tokens": 400, "stream": True}) as r:
+                         # ignore_eos: a sampled end of text must not finish it before the hang-up
+                         json={**GOOD, "max_tokens": 400, "stream": True, "ignore_eos": True}) as r:
             lines = r.iter_lines()
             got = [next(lines) for _ in range(6)]
             assert any(line.startswith("data: ") for line in got)

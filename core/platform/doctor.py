@@ -96,6 +96,9 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     yield "batch limit", (f"{tokens:,} tokens of running sequences: {min(settings.max_batch, tokens // per_seq)} "
                           f"of {per_seq} tokens (512 prompt + --max-tokens), at most --max-batch "
                           f"{settings.max_batch}")
+    yield "engine step", (f"{settings.step_tokens} tokens (--step-tokens): each decoding stream one, new "
+                          f"prompts prefill in chunks in the rest" if settings.step_tokens else
+                          "mlx-lm's order (--step-tokens 0): decode, then a whole prefill step")
 
 
 def _gguf(m) -> Iterator[tuple[str, str]]:
