@@ -38,6 +38,28 @@ def test_the_least_served_owner_goes_first_and_ties_go_by_arrival():
     assert [r.name for r in q.pick(1, lambda r, p: False)] == ["a2"]
 
 
+def test_within_an_owner_the_longest_cached_prefix_goes_first_but_never_across_owners():
+    q = FairQueue()
+    cached = {"a0": 0, "a1": 0, "a2": 300, "a3": 300, "b0": 0}
+    for name in ("a0", "a1", "a2", "a3"):
+        q.push(Req("a", name))
+    asked = []
+
+    def prefer(r):
+        asked.append(r.name)
+        return cached[r.name]
+
+    # a2's prompt is cached: it goes before a0 and a1; ties (a2, a3) go by arrival
+    assert [r.name for r in q.pick(1, lambda r, p: False, prefer)] == ["a2"]
+    q.charge("a", prompt_tokens=10)
+    q.push(Req("b", "b0"))  # b was idle: lifted to a's counter, then a is charged more
+    q.charge("a", generated_tokens=5)
+    # fairness still chooses the owner: b's uncached request before a's cached one
+    assert [r.name for r in q.pick(2, lambda r, p: False, prefer)] == ["b0", "a3"]
+    # without a preference, first come first served within the owner
+    assert [r.name for r in q.pick(1, lambda r, p: False)] == ["a0"]
+
+
 def test_blocked_requests_wait_and_done_ones_are_dropped():
     q = FairQueue()
     rs = [Req("a", "x"), Req("b", "y"), Req("c", "z")]
@@ -191,3 +213,28 @@ def test_a_refused_request_costs_no_templating(small_batch, monkeypatch):
         h.cancel()
     for h in held:
         assert isinstance(h.result(), Finished)
+
+
+def test_the_engine_starts_a_users_cached_request_before_an_uncached_one(tiny_model_dir):
+    """One slot: of two waiting requests of one user, the one whose prompt is in the prefix
+    cache starts first, though it was sent second (cache-aware admission)."""
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=1, max_prefill_batch=1, max_tokens=8,
+                          cache_sharing="user")).start(timeout=120)
+    try:
+        seen = "a conversation this user had before, " * 6
+        assert isinstance(eng.submit(req("jo", seen, n=4)).result(), Finished)  # now cached
+        running = eng.submit(req("jo", "keeps the only slot busy", n=60))
+        deadline = time.time() + 30
+        while time.time() < deadline and not eng._by_uid:
+            time.sleep(0.001)
+        order: list[str] = []
+        uncached = eng.submit(req("jo", "something never asked before, " * 6, n=4))
+        again = eng.submit(req("jo", seen, n=4))
+        for name, h in (("uncached", uncached), ("again", again)):
+            h.add_done_callback(lambda final, name=name: order.append(name))
+        for h in (running, uncached, again):
+            assert isinstance(h.result(), Finished)
+        assert again.final.usage.cached_tokens > 0
+        assert order == ["again", "uncached"], order
+    finally:
+        eng.stop()

@@ -415,8 +415,13 @@ class Engine:
             need = self._need(a) + sum(self._need(p) for p in picked)
             return need > room and (running or picked)
 
+        prefer = None
+        if self.prefix is not None:
+            def prefer(a: _Active) -> int:  # cache-aware: the longest cached prefix first
+                return self.prefix.tree.peek(a.key[:-1], self.scope.min_match(a.shared_len))
+
         admit = self._fair.pick(min(soft - running, prefill),
-                                lambda a, p: no_room(a, p) or self._should_wait(a, p))
+                                lambda a, p: no_room(a, p) or self._should_wait(a, p), prefer)
         if len(self._fair) and running + len(admit) >= soft and len(admit) < prefill:
             mine = Counter(a.owner for a in self._by_uid.values())
             mine.update(a.owner for a in admit)
@@ -426,7 +431,7 @@ class Engine:
                 return mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share or \
                     no_room(a, admit + picked) or self._should_wait(a, admit + picked)
 
-            admit += self._fair.pick(min(over_cap(soft) - running, prefill) - len(admit), over_share)
+            admit += self._fair.pick(min(over_cap(soft) - running, prefill) - len(admit), over_share, prefer)
         if admit:
             self._admit(admit)
 

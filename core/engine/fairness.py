@@ -6,7 +6,8 @@ Models", Sheng et al., OSDI 2024). Each owner's counter grows by the work done f
 prompt token computed counts 1, a generated token 2 (decoding holds a batch slot for a
 whole step). An owner who had nothing waiting or running is lifted to the lowest counter of
 the owners who did, so idle time is not saved up as credit to flood the batch later. Within
-one owner, first come first served. A user with 64 requests queued and another with one
+one owner, the request with the longest cached prefix first (when the engine says), else first
+come first served. A user with 64 requests queued and another with one
 thus alternate slots, instead of the one waiting behind all 64.
 
 Pure Python, no MLX: the engine thread owns it (one instance, never shared between threads).
@@ -19,6 +20,7 @@ from collections import Counter
 from typing import Callable, Hashable, Iterable, Protocol
 
 PROMPT_WEIGHT, GENERATED_WEIGHT = 1.0, 2.0
+PREFER_AMONG = 16  # how many of one owner's waiting requests `prefer` is asked about per slot
 
 
 class Waiting(Protocol):
@@ -44,9 +46,13 @@ class FairQueue:
         self.load[a.owner] += 1
         self._waiting.append((next(self._arrivals), a))
 
-    def pick(self, slots: int, blocked: Callable[[Waiting, list], bool]) -> list[Waiting]:
+    def pick(self, slots: int, blocked: Callable[[Waiting, list], bool],
+             prefer: Callable[[Waiting], int] | None = None) -> list[Waiting]:
         """Take up to `slots` requests, least-served owner first; skip (and keep) those for
-        which `blocked(request, picked so far)` is true."""
+        which `blocked(request, picked so far)` is true. Among that owner's requests (the
+        first PREFER_AMONG of them), the one with the largest `prefer` goes first (the
+        engine passes the length of its cached prefix, as SGLang's longest-prefix-first
+        policy orders its queue), else the earliest."""
         self._waiting = [(n, a) for n, a in self._waiting if not a.done]
         if slots <= 0 or not self._waiting:
             return []
@@ -54,9 +60,15 @@ class FairQueue:
         # the counters move as requests are picked: charge each pick a little so two slots
         # don't both go to one owner only because it was behind by a few tokens
         pending: Counter = Counter()
+        score: dict[int, int] = {}  # prefer's answers, once per request per pick
         left = [a for _, a in self._waiting]  # in arrival order: ties go to the earliest
         while len(picked) < slots and left:
             best = min(left, key=lambda a: self.served.get(a.owner, 0.0) + pending[a.owner])
+            if prefer is not None:
+                # fairness chose the owner; the cache chooses which of its requests: one whose
+                # prefix is cached costs less prefill, so it starts decoding sooner
+                mine = [a for a in left if a.owner == best.owner][:PREFER_AMONG]
+                best = max(mine, key=lambda a: score.setdefault(id(a), prefer(a)))
             left.remove(best)
             if blocked(best, picked):  # asked once: it waits for this round
                 continue
