@@ -89,3 +89,24 @@ def test_prefill_keeps_a_share_when_the_batch_is_larger_than_the_budget(model):
     calls = calls_to_first_token(gen, list(range(3, 43)))  # 40 tokens, 2 per step at least
     assert calls == -(-39 // (budget // 4))
     gen.close()
+
+
+def test_the_engine_keeps_mlx_lms_order_when_the_generator_is_not_the_one_it_knows(
+        tiny_model_dir, monkeypatch, caplog):
+    """Another mlx-lm whose BatchGenerator lacks the parts the budgeted step reorders: the
+    engine says so and serves with the library's own order instead of failing every step."""
+    import core.engine.stepper as stepper
+    from core.config import Settings
+    from core.engine.engine import Engine
+    from core.engine.requests import Finished, Sampling
+
+    monkeypatch.setattr(stepper, "check_layout", lambda gen: False)
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=4, max_prefill_batch=2,
+                          max_tokens=4)).start(timeout=120)
+    try:
+        assert type(eng._gen) is BatchGenerator
+        final = eng.submit_tokens([5, 6, 7, 8], Sampling(max_tokens=3, ignore_eos=True)).result()
+        assert isinstance(final, Finished) and final.usage.generated_tokens == 3
+    finally:
+        eng.stop()
+    assert "its own order" in caplog.text
