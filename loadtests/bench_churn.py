@@ -24,15 +24,12 @@ from core.config import Settings
 from core.engine.requests import ChatRequest
 from core.platform.blas import active_blas, reexec_with_openblas
 from loadtests.benchmodel import add_model_args, resolve_model
+from loadtests.figures import pct
 
 PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
 QUESTIONS = PROMPTS["questions"]
 
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def turn(owner: str, tag: str, rng: random.Random, max_tokens: int, ignore_eos: bool) -> ChatRequest:

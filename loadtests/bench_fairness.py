@@ -41,7 +41,8 @@ import httpx
 
 import assets
 from core.store import Store
-from loadtests.bench_vs_mlxlm import one_turn, pct
+from loadtests.bench_vs_mlxlm import one_turn
+from loadtests.figures import pct
 from loadtests.benchmodel import add_model_args, resolve_model
 from tests.support.procs import free_port, start_radixchat, stop_process
 

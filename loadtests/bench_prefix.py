@@ -29,6 +29,7 @@ import assets
 from core.config import Settings
 from core.engine.requests import ChatRequest
 from loadtests.benchmodel import add_model_args, resolve_model
+from loadtests.figures import pct
 
 
 def load_scenario():
@@ -82,10 +83,6 @@ def ideal_cached(records) -> int:
         total += max((lcp(r["prompt"][:-1], s) for s in earlier), default=0)
     return total
 
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def part_a(args, model_path, systems, questions):

@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 
 from core.store import Store
-from loadtests.bench_vs_mlxlm import pct
+from loadtests.figures import pct
 from loadtests.benchmodel import add_model_args, resolve_model
 from tests.support.procs import free_port, start_radixchat, stop_process
 

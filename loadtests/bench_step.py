@@ -33,6 +33,7 @@ from core.config import Settings
 from core.engine.requests import ChatRequest, TextDelta
 from core.platform.blas import active_blas, reexec_with_openblas
 from loadtests.benchmodel import add_model_args, resolve_model
+from loadtests.figures import pct
 
 PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
@@ -40,10 +41,6 @@ QUESTIONS = PROMPTS["questions"]
 WORDS = ("river stone lamp orbit garden copper violin meadow engine harbor lantern quartz "
          "pepper canyon marble thunder saddle velvet glacier tulip").split()
 
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 class Stream:

@@ -30,6 +30,7 @@ import httpx
 from core.platform.blas import REEXEC_MARK, find_openblas, openblas_env
 import assets
 from loadtests.benchmodel import add_model_args, resolve_model
+from loadtests.figures import pct
 from tests.support.procs import free_port, peak_rss_mb, start_and_wait
 
 PROMPTS = assets.prompts()
@@ -116,10 +117,6 @@ def drive(url: str, model: str, work, max_tokens: int) -> tuple[list[dict], floa
         t.join()
     return results, time.perf_counter() - t0
 
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def measure(kind, model, users, args, workdir: Path) -> dict:
