@@ -147,6 +147,7 @@ class Engine:
         self._closed = False  # the engine thread has left its loop: nobody reads _cmds any more
         self._thread = threading.Thread(target=self._main, name="radixchat-engine", daemon=True)
         self.steps = 0
+        self._step_started = 0.0  # engine thread: when the step under way began
         self.started_at = 0.0
         self.offset_report: dict[str, str] = {}  # core.cache.offset_guard's verdict per cache class
         self.prefix: PrefixStore | None = None  # when the prefix cache is on
@@ -512,6 +513,7 @@ class Engine:
         return guarded
 
     def _step(self) -> None:
+        self._step_started = time.perf_counter()  # a request's queue time ends where its prefill begins
         prompt_resps, gen_resps = self._gen.next()
         self.steps += 1
         now = time.perf_counter()
@@ -529,13 +531,12 @@ class Engine:
     def _on_prompt(self, responses) -> None:
         """Prefill progress: the generator has just computed these prompts' chunks, and
         their caches hold exactly what each response says."""
-        now = time.perf_counter()
         for r in responses:
             a = self._by_uid.get(r.uid)
             if a is None:
                 continue
             if a.t_admitted is None:
-                a.t_admitted = now
+                a.t_admitted = self._step_started
             a.prefilled = a.prefilled or r.end_of_prompt
             if self.prefix is None:
                 continue

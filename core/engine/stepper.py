@@ -87,7 +87,8 @@ class BudgetedBatchGenerator(BatchGenerator):
             return []
         last = [rows[i][0][0] for i in split]
         totals = [rows[i][2] for i in split]
-        self._currently_processing = [r for i, r in enumerate(rows) if i not in set(split)]
+        moving = set(split)
+        self._currently_processing = [r for i, r in enumerate(rows) if i not in moving]
         batch = self._prompt_batch.split(split).generate(last)
         self._generation_batch.extend(batch)
         return [PromptProcessingBatch.Response(uid, (t, t), True, True) for uid, t in zip(batch.uids, totals)]
