@@ -3,7 +3,7 @@
 In-process engine (no HTTP): user A keeps --flood requests going (each a seed-scenario system
 prompt and a numbered question, --flood-tokens long, ignore_eos, sent again as soon as it
 ends), so A's requests keep joining and leaving the batch; user B sends --turns short turns
-one at a time. Prints B's queue time (submit to the end of its prefill) and time to first
+one at a time. Prints B's queue time (submit to the start of the step that prefills it) and time to first
 token, and the engine's step times split by what the step did: decode only, a prefill (a
 prompt joining the batch), a request leaving, or both. mlx-lm's batched cache pads every row
 to the longest and copies the whole batch when a row joins: this shows what that costs.
