@@ -525,3 +525,20 @@ def test_writers_take_turns(store, alice):
     stop.set()
     t.join()
     assert during <= 20 * 3, f"the looping writer made {during} commits while the other made 20"
+
+
+def test_opening_waits_for_another_connection_that_is_writing_a_new_file(tmp_path):
+    """SQLite refuses the switch to WAL at once, without its busy handler, while another
+    connection holds a write lock on a file still in rollback mode (several servers or
+    threads creating one file together): the store waits for it like any other write."""
+    path = tmp_path / "new.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("CREATE TABLE other_opener (x)")
+    threading.Timer(0.3, lambda: holder.execute("COMMIT")).start()
+    s = Store(path, scrypt=CHEAP, timeout_s=10)
+    try:
+        assert s.migrated_from == 0
+    finally:
+        s.close()
+        holder.close()

@@ -14,6 +14,7 @@ Times are Unix seconds (REAL): bucketing by minute is then arithmetic.
 from __future__ import annotations
 
 import sqlite3
+import time
 
 _V1_CHAT = """
 CREATE TABLE users (
@@ -99,14 +100,29 @@ def _statements(script: str):
     assert not buf.strip(), f"incomplete statement in migration: {buf!r}"
 
 
-def migrate(conn: sqlite3.Connection, target: int = LATEST) -> tuple[int, int]:
+def _wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Switch the file to WAL. SQLite answers "database is locked" at once, without its busy
+    handler, when another connection is opening or migrating the same new file (several
+    threads or processes starting together): wait for it here, as the busy handler would."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def migrate(conn: sqlite3.Connection, target: int = LATEST, timeout_s: float = 30.0) -> tuple[int, int]:
     """Bring `conn`'s database up to `target`; returns (version before, version after).
 
     `conn` must be in autocommit mode (isolation_level=None). A database newer than `target`
     is left alone and its version returned unchanged: the caller decides whether to refuse.
     """
     # journal_mode cannot change inside a transaction, and sticks to the file once set
-    conn.execute("PRAGMA journal_mode=WAL")
+    _wal(conn, timeout_s)
     conn.execute("BEGIN IMMEDIATE")
     try:
         before = version(conn)  # read under the write lock: another process may have migrated

@@ -139,7 +139,7 @@ class Store:
             if found > store_schema.LATEST:
                 raise StoreError(f"{self.path} has schema version {found}, newer than this radixchat "
                                  f"knows ({store_schema.LATEST}); upgrade radixchat")
-            self.migrated_from, _ = store_schema.migrate(conn)
+            self.migrated_from, _ = store_schema.migrate(conn, timeout_s=self._timeout_s)
         except (sqlite3.Error, StoreError) as e:
             self.close()
             if isinstance(e, StoreError):
