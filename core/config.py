@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     step_tokens: int = Field(256, ge=0, description="Token budget of one engine step: each decoding "
                              "stream counts one, new prompts prefill in chunks in the rest (at least a "
                              "quarter); 0 = mlx-lm's own order (decode, then a whole prefill step)")
+    kv_slots: bool = Field(True, description="Keep the decoding batch's K/V in buffers with spare rows "
+                           "and columns, so a request joining or leaving copies its own row, not the "
+                           "whole batch (with --step-tokens > 0); off = mlx-lm's BatchKVCache")
     max_queue: int = Field(256, ge=1, description="Most requests waiting or running before new ones are refused")
     max_user_requests: int = Field(32, ge=1, description="Most requests one user may have waiting or "
                                    "running at once (--no-auth is one trusted user, without this limit)")

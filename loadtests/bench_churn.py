@@ -9,7 +9,7 @@ prompt joining the batch), a request leaving, or both. mlx-lm's batched cache pa
 to the longest and copies the whole batch when a row joins: this shows what that costs.
 Wraps the generator's `next` to time it (engine thread; appending to a list is safe there).
 
-    python -m loadtests.bench_churn [--model tiny] [--flood 32]
+    python -m loadtests.bench_churn [--model tiny] [--flood 32] [--set kv_slots=false]
 """
 
 from __future__ import annotations
@@ -45,14 +45,18 @@ def main() -> None:
     p.add_argument("--flood-tokens", type=int, default=64)
     p.add_argument("--turns", type=int, default=30)
     p.add_argument("--think", type=float, default=0.3)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="an engine setting, e.g. --set kv_slots=false (repeatable)")
     args = p.parse_args()
     reexec_with_openblas("auto")
 
     from core.engine.engine import Engine
 
     model = resolve_model(args)
-    eng = Engine(Settings(model=model, max_user_requests=max(32, args.flood))).start()
-    print(f"model {model}; blas {active_blas()}; A: {args.flood} in flight, {args.flood_tokens} tokens each")
+    extra = dict(kv.split("=", 1) for kv in args.set)
+    eng = Engine(Settings(model=model, max_user_requests=max(32, args.flood), **extra)).start()
+    print(f"model {model}; blas {active_blas()}; A: {args.flood} in flight, {args.flood_tokens} tokens each; "
+          f"settings {extra or 'default'}")
     steps: list[tuple[float, int, int]] = []  # (seconds, requests that left, prompt tokens)
     gen = eng._gen
     plain_next = gen.next

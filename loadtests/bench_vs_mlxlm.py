@@ -1,16 +1,38 @@
-"""Benchmark radixchat against mlx-lm's own server, side by side in one run.
+"""Benchmark radixchat against mlx-lm's own server (and vllm-mlx where installed), side by
+side in one run, the way a user would compare them.
 
-For each user count (1, 7, 32 by default) each server is started fresh on a loopback
-port, on the same model with the same BLAS set-up (OpenBLAS preloaded on Linux), and
-driven by the same fixed requests: the seed scenario from assets/prompts.json (4 system
-prompts x 30 questions), multi-turn, temperature 0, fixed max_tokens, fixed random seed,
-streamed. Prints per user count: requests/s, output tokens/s, time to first token and
-latency p50/p95, errors, peak RSS, prompt tokens actually prefilled, and the ratios
-radixchat / mlx_lm.server; then the engine's ceiling on this machine (a raw batched
-greedy decode loop on the same model at the same batch size) and radixchat's output
-tokens/s as a fraction of it.
+Every server is started fresh for each measurement on a loopback port, on the same model
+with the same BLAS set-up (OpenBLAS preloaded on Linux), in two configurations:
+
+  defaults  each started exactly as a user would run it:
+              radixchat serve --model M --port P --no-auth --db D
+              python -m mlx_lm.server --model M --port P
+              vllm-mlx serve M --port P --continuous-batching
+  tuned     the same batch limits for all, N = max(users, 8) (--poisson-batch in poisson mode):
+              radixchat ... --max-batch N --max-prefill-batch min(N, 8)
+              mlx_lm.server ... --decode-concurrency N --prompt-concurrency min(N, 8)
+              vllm-mlx ... --max-num-seqs N --prefill-batch-size min(N, 8) --completion-batch-size N
+
+Two ways of sending the same fixed requests (the seed scenario of assets/prompts.json: 4
+system prompts x 30 questions, temperature 0, fixed max_tokens, fixed random seed, streamed):
+
+  --arrivals closed   (default) each of --users users holds --convs multi-turn conversations
+                      and sends its next turn when the last reply ends;
+  --arrivals poisson  requests arrive by a Poisson process at each of --rates requests/s for
+                      --duration s, each a fresh single-turn chat, sent whether or not earlier
+                      ones finished; the run then waits for those in flight.
+
+Per user count (or rate), a row per server and configuration: requests, errors, requests/s,
+output tokens/s, time to first token p50/p95, time per output token after the first (TPOT)
+p50/p95, latency p95, goodput (requests/s that met both --slo-ttft and --slo-tpot), prompt
+tokens actually prefilled, peak RSS; then the ratios radixchat / mlx_lm.server (and
+radixchat / vllm-mlx) per configuration, and in closed mode the engine's ceiling on this
+machine (a raw batched greedy decode loop on the same model at batch = users). Writes
+summary.json, table.md (ready for BENCHMARKS.md) and comparison.png into --out.
 
     python -m loadtests.bench_vs_mlxlm [--model PATH | --random-dim 1024 --random-layers 12]
+        [--users 1,7,32,64 --convs 2] [--configs defaults,tuned] [--variant='--step-tokens 0']
+    python -m loadtests.bench_vs_mlxlm --arrivals poisson --rates 0.5,1,2 --duration 60
 """
 
 from __future__ import annotations
@@ -19,6 +41,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -31,9 +54,21 @@ from core.platform.blas import REEXEC_MARK, find_openblas, openblas_env
 import assets
 from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.figures import pct
-from tests.support.procs import free_port, peak_rss_mb, start_and_wait
+from tests.support.procs import free_port, peak_rss_mb, start_and_wait, stop_process
 
 PROMPTS = assets.prompts()
+CONFIGS = ("defaults", "tuned")
+# vllm-mlx's batch limits, as `vllm-mlx serve` declares them in waybarrios/vllm-mlx
+# vllm_mlx/cli.py (serve_parser: --max-num-seqs, default 256; --prefill-batch-size, default 8;
+# --completion-batch-size, default 32; passed to its SchedulerConfig when --continuous-batching).
+# The installed version's --help is checked too before the tuned configuration is run.
+VLLM_TUNED_FLAGS = ("--max-num-seqs", "--prefill-batch-size", "--completion-batch-size")
+# (key, header, format): the columns of every table, printed and in table.md
+COLS = [("requests", "requests", "{}"), ("errors", "errors", "{}"), ("rps", "req/s", "{:.2f}"),
+        ("tps", "tps", "{:.1f}"), ("ttft50", "ttft p50", "{:.3f}"), ("ttft95", "ttft p95", "{:.3f}"),
+        ("tpot50", "tpot p50", "{:.4f}"), ("tpot95", "tpot p95", "{:.4f}"), ("lat95", "lat p95", "{:.2f}"),
+        ("goodput", "goodput", "{:.2f}"), ("prefilled", "prefilled", "{}"), ("rss", "peak rss", "{:.0f}")]
+RATIO_COLS = ("tps", "ttft95", "tpot95", "goodput")
 
 
 def blas_env() -> dict:
@@ -46,28 +81,63 @@ def blas_env() -> dict:
 
 
 def plan(users: int, convs_per_user: int, seed: int) -> list[list[tuple[int, list[str]]]]:
+    """Closed loop: per user, its conversations (system prompt index, 2-4 questions)."""
     rng = random.Random(seed)
     return [[(rng.randrange(len(PROMPTS["system_prompts"])),
               rng.sample(PROMPTS["questions"], rng.randint(2, 4))) for _ in range(convs_per_user)]
             for _ in range(users)]
 
 
-def start(kind: str, model: str, port: int, batch: int, log: Path) -> subprocess.Popen:
-    env = blas_env()
-    if kind.startswith("radixchat"):  # "radixchat --flag value ...": a variant with its flags
+def poisson_plan(rate: float, duration: float, seed: int) -> list[tuple[float, int, str]]:
+    """Open loop: (seconds after the start, system prompt index, question) per request, arriving
+    by a Poisson process of `rate` per second (exponential gaps) until `duration`."""
+    rng = random.Random(seed)
+    out, t = [], rng.expovariate(rate)
+    while t < duration:
+        out.append((t, rng.randrange(len(PROMPTS["system_prompts"])), rng.choice(PROMPTS["questions"])))
+        t += rng.expovariate(rate)
+    return out
+
+
+def vllm_mlx() -> str | None:
+    """The vllm-mlx command, on PATH or next to this Python (an optional comparison, never a dependency)."""
+    return shutil.which("vllm-mlx") or shutil.which("vllm-mlx", path=str(Path(sys.executable).parent))
+
+
+def vllm_has_batch_flags(exe: str) -> bool:
+    try:
+        text = subprocess.run([exe, "serve", "--help"], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return all(flag in text for flag in VLLM_TUNED_FLAGS)
+
+
+def server_cmd(kind: str, config: str, model: str, port: int, db: Path, batch: int) -> list[str]:
+    """The command line of one server; `kind` "radixchat --flag value ..." is a variant with its flags."""
+    tuned = config == "tuned"
+    if kind.startswith("radixchat"):
         cmd = [str(Path(sys.executable).with_name("radixchat")), "serve", "--model", model,
-               "--port", str(port), "--no-auth", "--db", str(log.with_suffix(".db")),
-               "--max-batch", str(batch), "--max-prefill-batch", str(min(batch, 8)), *kind.split()[1:]]
-    else:
-        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(port),
-               "--decode-concurrency", str(batch), "--prompt-concurrency", str(min(batch, 8))]
-    return start_and_wait(cmd, f"http://127.0.0.1:{port}/v1/models", log, env=env)
+               "--port", str(port), "--no-auth", "--db", str(db)]
+        tuning = ["--max-batch", str(batch), "--max-prefill-batch", str(min(batch, 8))]
+        return cmd + (tuning if tuned else []) + kind.split()[1:]
+    if kind == "mlx_lm.server":
+        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(port)]
+        tuning = ["--decode-concurrency", str(batch), "--prompt-concurrency", str(min(batch, 8))]
+        return cmd + (tuning if tuned else [])
+    if kind == "vllm-mlx":
+        cmd = [vllm_mlx() or "vllm-mlx", "serve", model, "--port", str(port), "--continuous-batching"]
+        tuning = ["--max-num-seqs", str(batch), "--prefill-batch-size", str(min(batch, 8)),
+                  "--completion-batch-size", str(batch)]
+        return cmd + (tuning if tuned else [])
+    raise ValueError(kind)
 
 
-def one_turn(http: httpx.Client, model: str, messages, max_tokens: int) -> dict:
+def one_turn(http: httpx.Client, model: str, messages, max_tokens: int, t0: float | None = None) -> dict:
+    """One streamed chat completion. `t0` is when the request was due (open loop): time spent
+    before it went out, e.g. waiting for a thread, counts towards its TTFT and latency."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     first, parts, usage = None, [], None
     with http.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
@@ -90,19 +160,28 @@ def one_turn(http: httpx.Client, model: str, messages, max_tokens: int) -> dict:
             "out": usage["completion_tokens"], "prompt": usage["prompt_tokens"], "cached": cached}
 
 
-def drive(url: str, model: str, work, max_tokens: int) -> tuple[list[dict], float]:
+def safe_turn(http, model, messages, max_tokens, t0=None) -> dict:
+    try:
+        return one_turn(http, model, messages, max_tokens, t0)
+    except httpx.HTTPError as e:
+        return {"error": str(e) or type(e).__name__}
+
+
+def system_message(index: int) -> dict:
+    return {"role": "system", "content": PROMPTS["system_prompts"][index]["text"]}
+
+
+def drive_closed(url: str, model: str, work, max_tokens: int) -> tuple[list[dict], float]:
+    """Each user sends its next turn when the last reply ends; a user stops at its first error."""
     results, lock = [], threading.Lock()
 
     def user(convs):
         with httpx.Client(base_url=url, timeout=600) as http:
             for system, questions in convs:
-                msgs = [{"role": "system", "content": PROMPTS["system_prompts"][system]["text"]}]
+                msgs = [system_message(system)]
                 for q in questions:
                     msgs.append({"role": "user", "content": q})
-                    try:
-                        r = one_turn(http, model, msgs, max_tokens)
-                    except httpx.HTTPError as e:
-                        r = {"error": str(e)}
+                    r = safe_turn(http, model, msgs, max_tokens)
                     with lock:
                         results.append(r)
                     if "error" in r:
@@ -118,29 +197,67 @@ def drive(url: str, model: str, work, max_tokens: int) -> tuple[list[dict], floa
     return results, time.perf_counter() - t0
 
 
+def drive_open(url: str, model: str, arrivals, max_tokens: int) -> tuple[list[dict], float]:
+    """Each arrival a fresh single-turn chat on its own thread, sent at its time whether or not
+    earlier ones finished; returns once every one has."""
+    results, lock, threads = [], threading.Lock(), []
+    # No connection limit: a pool that made requests wait for a free connection would close the loop.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    with httpx.Client(base_url=url, timeout=600, limits=limits) as http:
+        def request(due, system, question):
+            r = safe_turn(http, model, [system_message(system), {"role": "user", "content": question}],
+                          max_tokens, t0=due)
+            with lock:
+                results.append(r)
 
-def measure(kind, model, users, args, workdir: Path) -> dict:
-    port = free_port()
-    name = kind.replace(" ", "").replace("-", "")
-    proc = start(kind, model, port, max(users, 8), workdir / f"{name}-{users}.log")
-    try:
-        served = "default" if kind.startswith("radixchat") else model
-        res, wall = drive(f"http://127.0.0.1:{port}", served, plan(users, args.convs, args.seed),
-                          args.max_tokens)
-        rss = peak_rss_mb(proc.pid)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        t0 = time.perf_counter()
+        for at, system, question in arrivals:
+            time.sleep(max(0.0, t0 + at - time.perf_counter()))
+            threads.append(threading.Thread(target=request, args=(t0 + at, system, question)))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+    return results, time.perf_counter() - t0
+
+
+def tpot(r: dict) -> float | None:
+    """Seconds per output token after the first; None for an error or a reply of under 2 tokens."""
+    if "error" in r or r["out"] < 2:
+        return None
+    return (r["latency"] - r["ttft"]) / (r["out"] - 1)
+
+
+def summarize(res: list[dict], wall: float, slo_ttft: float, slo_tpot: float) -> dict:
+    """The figures of one run from its request records (see one_turn) and its wall time."""
     ok = [r for r in res if "error" not in r]
+    tpots = [t for t in map(tpot, ok) if t is not None]
+    # A reply of 0-1 tokens has no time per token: it meets the TPOT objective by having none.
+    good = [r for r in ok if r["ttft"] <= slo_ttft and (tpot(r) is None or tpot(r) <= slo_tpot)]
     return {"requests": len(res), "errors": len(res) - len(ok), "wall": wall,
             "rps": len(ok) / wall, "tps": sum(r["out"] for r in ok) / wall,
             "ttft50": pct([r["ttft"] for r in ok], 0.5), "ttft95": pct([r["ttft"] for r in ok], 0.95),
+            "tpot50": pct(tpots, 0.5), "tpot95": pct(tpots, 0.95),
             "lat50": pct([r["latency"] for r in ok], 0.5), "lat95": pct([r["latency"] for r in ok], 0.95),
-            "prefilled": sum(r["prompt"] - r["cached"] for r in ok), "prompt": sum(r["prompt"] for r in ok),
-            "rss": rss}
+            "goodput": len(good) / wall, "good": len(good),
+            "prefilled": sum(r["prompt"] - r["cached"] for r in ok), "prompt": sum(r["prompt"] for r in ok)}
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else (float("inf") if a else float("nan"))
+
+
+def measure(kind: str, config: str, model: str, batch: int, drive, work, args, log: Path) -> dict:
+    """Start one server, send it `work` with drive_closed or drive_open, stop it."""
+    port = free_port()
+    proc = start_and_wait(server_cmd(kind, config, model, port, log.with_suffix(".db"), batch),
+                          f"http://127.0.0.1:{port}/v1/models", log, env=blas_env())
+    try:
+        served = "default" if kind.startswith("radixchat") else model  # vllm-mlx: the path, as mlx_lm.server
+        res, wall = drive(f"http://127.0.0.1:{port}", served, work, args.max_tokens)
+        rss = peak_rss_mb(proc.pid)
+    finally:
+        stop_process(proc)
+    return {"server": kind, "config": config, **summarize(res, wall, args.slo_ttft, args.slo_tpot), "rss": rss}
 
 
 def decode_ceiling(model_path: str, batch: int, context: int, steps: int = 48) -> float:
@@ -161,72 +278,153 @@ for _ in range({steps}):
     mx.eval(y)
 print({batch} * {steps} / (time.perf_counter() - t0))
 """
-    env = blas_env()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=blas_env(),
                          cwd=str(Path(__file__).resolve().parent.parent))
     if out.returncode != 0:
         raise SystemExit(out.stderr[-2000:])
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def ratios_of(rows: dict) -> dict:
+    """radixchat / each other server, per configuration, on RATIO_COLS."""
+    out = {}
+    for config in CONFIGS:
+        a = rows.get(f"radixchat [{config}]")
+        for other in ("mlx_lm.server", "vllm-mlx"):
+            b = rows.get(f"{other} [{config}]")
+            if a and b:
+                out[f"radixchat/{other} [{config}]"] = {c: ratio(a[c], b[c]) for c in RATIO_COLS}
+    return out
+
+
+def print_table(title: str, rows: dict, ratios: dict) -> None:
+    width = max(24, *(len(k) for k in [*rows, *ratios]))
+    print(f"\n{title}")
+    print(f"{'':>{width}}" + "".join(f"{h:>10}" for _, h, _ in COLS))
+    for name, r in rows.items():
+        print(f"{name:>{width}}" + "".join(f"{f.format(r[c]):>10}" for c, _, f in COLS))
+    for name, q in ratios.items():
+        print(f"{name:>{width}}" + "".join(f"{q[c]:>9.2f}x" if c in q else " " * 10 for c, _, _ in COLS))
+
+
+def markdown(points: dict, axis: str) -> str:
+    """One table of every point: a row per server and configuration, then the ratio rows."""
+    lines = [f"| {axis} | server | config | " + " | ".join(h for _, h, _ in COLS) + " |",
+             "|---" * (len(COLS) + 3) + "|"]
+    for label, point in points.items():
+        for r in point["rows"].values():
+            lines.append(f"| {label} | {r['server']} | {r['config']} | "
+                         + " | ".join(f.format(r[c]) for c, _, f in COLS) + " |")
+        for name, q in point["ratios"].items():
+            servers, config = name.split(" [")
+            lines.append(f"| {label} | {servers} | {config.rstrip(']')} | "
+                         + " | ".join(f"{q[c]:.2f}x" if c in q else "" for c, _, _ in COLS) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(p)
-    p.add_argument("--users", default="1,7,32")
-    p.add_argument("--convs", type=int, default=2, help="conversations per user")
+    p.add_argument("--users", default="1,7,32,64", help="closed loop: user counts")
+    p.add_argument("--convs", type=int, default=2, help="closed loop: conversations per user")
+    p.add_argument("--arrivals", choices=("closed", "poisson"), default="closed")
+    p.add_argument("--rates", default="0.5,1,2", help="poisson: arrival rates, requests/s")
+    p.add_argument("--duration", type=float, default=60, help="poisson: seconds of arrivals per rate")
+    p.add_argument("--poisson-batch", type=int, default=64, help="poisson: N of the tuned configuration")
+    p.add_argument("--configs", default="defaults,tuned", help="defaults, tuned or both")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput: most seconds to first token")
+    p.add_argument("--slo-tpot", type=float, default=0.25, help="goodput: most seconds per later token")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench-vs-mlxlm"))
     p.add_argument("--variant", action="append", default=[],
                    help="also run radixchat with these extra flags, e.g. --variant='--step-tokens 0' (repeatable)")
     p.add_argument("--no-mlxlm", action="store_true", help="radixchat (and its variants) only")
     args = p.parse_args()
+    configs = args.configs.split(",")
+    if not configs or set(configs) - set(CONFIGS):
+        p.error(f"--configs takes {', '.join(CONFIGS)}")
     model = resolve_model(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"model {model}; max_tokens {args.max_tokens}; {args.convs} conversations per user; "
+    closed = args.arrivals == "closed"
+    load = (f"{args.convs} conversations per user" if closed else
+            f"poisson arrivals for {args.duration:g} s, single-turn")
+    print(f"model {model}; max_tokens {args.max_tokens}; {load}; configs {','.join(configs)}; "
+          f"SLO ttft <= {args.slo_ttft:g} s, tpot <= {args.slo_tpot:g} s; "
           f"blas {'openblas' if find_openblas() else 'bundled'}; {time.strftime('%Y-%m-%d %H:%M')}")
-    cols = ["requests", "errors", "rps", "tps", "ttft50", "ttft95", "lat50", "lat95", "prefilled", "rss"]
-    fmt = {"rps": "{:.2f}", "tps": "{:.1f}", "ttft50": "{:.3f}", "ttft95": "{:.3f}",
-           "lat50": "{:.2f}", "lat95": "{:.2f}", "rss": "{:.0f}"}
-    summary = {}
-    for users in map(int, args.users.split(",")):
-        kinds = ["radixchat"] + [f"radixchat {v}" for v in args.variant] + ([] if args.no_mlxlm else ["mlx_lm.server"])
-        rows = {kind: measure(kind, model, users, args, args.out) for kind in kinds}
-        ceiling = decode_ceiling(model, users, context=300)
-        summary[users] = {**rows, "ceiling": ceiling}
-        print(f"\n{users} user(s)")
-        width = max(16, *(len(k) for k in kinds))
-        print(f"{'':>{width}}" + "".join(f"{c:>11}" for c in cols))
-        for kind, r in rows.items():
-            print(f"{kind:>{width}}" + "".join(f"{fmt.get(c, '{}').format(r[c]):>11}" for c in cols))
-        a, b = rows["radixchat"], rows.get("mlx_lm.server")
-        if b is not None:
-            ratio = {c: (a[c] / b[c] if b[c] else float("nan")) for c in cols if c not in ("requests", "errors")}
-            print(f"{'ratio':>{width}}{'':>22}" + "".join(f"{ratio[c]:>10.2f}x" for c in cols[2:]))
-        print(f"raw batched decode ceiling (batch {users}): {ceiling:.1f} tok/s; "
-              f"radixchat output is {a['tps'] / ceiling:.0%} of it (includes prefill and think-free turns)")
+
+    servers = ["radixchat"] + [f"radixchat {v}" for v in args.variant]
+    vllm_configs = []
+    if not args.no_mlxlm:
+        servers.append("mlx_lm.server")
+        exe = vllm_mlx()
+        if exe is None:
+            print("vllm-mlx: not installed (pip install vllm-mlx), skipped")
+        else:
+            servers.append("vllm-mlx")
+            vllm_configs = [c for c in configs if c == "defaults" or vllm_has_batch_flags(exe)]
+            if "tuned" in configs and "tuned" not in vllm_configs:
+                print(f"vllm-mlx: `{exe} serve --help` lists no {'/'.join(VLLM_TUNED_FLAGS)}; "
+                      "its defaults configuration only")
+
+    points = {}
+    for x in (args.users if closed else args.rates).split(","):
+        if closed:
+            users = int(x)
+            batch, title = max(users, 8), f"{users} user(s)"
+            drive, work = drive_closed, plan(users, args.convs, args.seed)
+        else:
+            drive, work = drive_open, poisson_plan(float(x), args.duration, args.seed)
+            batch = args.poisson_batch
+            title = f"poisson {x} requests/s for {args.duration:g} s ({len(work)} requests)"
+        rows = {}
+        for config in configs:
+            for kind in servers:
+                if kind == "vllm-mlx" and config not in vllm_configs:
+                    continue
+                name = f"{kind} [{config}]"
+                print(f"  {title}: {name} ...", file=sys.stderr, flush=True)
+                log = args.out / f"{kind.replace(' ', '').replace('-', '')}-{config}-{x}.log"
+                rows[name] = measure(kind, config, model, batch, drive, work, args, log)
+        ratios = ratios_of(rows)
+        print_table(title, rows, ratios)
+        ceiling = None
+        if closed:  # one raw decode loop per user count: it does not depend on any server's flags
+            ceiling = decode_ceiling(model, users, context=300)
+            shares = ", ".join(f"{n} {r['tps'] / ceiling:.0%}" for n, r in rows.items() if n.startswith("radixchat"))
+            print(f"raw batched decode ceiling (batch {users}): {ceiling:.1f} tok/s; output as a share of it: "
+                  f"{shares} (includes prefill and think-free turns)")
+        points[x] = {"rows": rows, "ratios": ratios, "ceiling": ceiling}
+
+    summary = {"arrivals": args.arrivals, "model": model, "max_tokens": args.max_tokens,
+               "slo_ttft": args.slo_ttft, "slo_tpot": args.slo_tpot, "configs": configs,
+               **({"convs": args.convs} if closed else {"duration": args.duration}), "points": points}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    if args.no_mlxlm:
-        return
-    plot(summary, args.out / "comparison.png", title=f"{Path(model).name}, max_tokens {args.max_tokens}")
+    (args.out / "table.md").write_text(markdown(points, "users" if closed else "rate/s"))
+    plot(points, args.out / "comparison.png", "users" if closed else "requests/s",
+         title=f"{Path(model).name}, max_tokens {args.max_tokens}, {args.arrivals} arrivals")
+    print(f"\nwrote {args.out / 'summary.json'}, {args.out / 'table.md'}, {args.out / 'comparison.png'}")
 
 
-def plot(summary: dict, path: Path, title: str) -> None:
-    """Output tokens/s and time to first token p95 per user count, both servers."""
+def plot(points: dict, path: Path, unit: str, title: str) -> None:
+    """Output tokens/s and time to first token p95 per user count (or rate), every server and config."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    users = sorted(summary, key=int)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    labels = list(points)
+    names = list(dict.fromkeys(n for pt in points.values() for n in pt["rows"]))
+    width = 0.8 / len(names)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, label in ((axes[0], "tps", "output tokens/s"), (axes[1], "ttft95", "time to first token p95, s")):
-        for i, kind in enumerate(("radixchat", "mlx_lm.server")):
-            xs = [j + (i - 0.5) * 0.38 for j in range(len(users))]
-            ax.bar(xs, [summary[u][kind][key] for u in users], width=0.38, label=kind)
-        ax.set_xticks(range(len(users)), [f"{u} users" for u in users])
+        for i, name in enumerate(names):
+            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(labels))]
+            ax.bar(xs, [points[x]["rows"].get(name, {}).get(key, float("nan")) for x in labels],
+                   width=width, label=name)
+        ax.set_xticks(range(len(labels)), [f"{x} {unit}" for x in labels])
         ax.set_title(label)
-    axes[0].legend()
+    axes[0].legend(fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

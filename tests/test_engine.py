@@ -241,6 +241,30 @@ def test_asyncio_callers_stream_and_cancel(engine):
     assert isinstance(last, Finished) and last.finish_reason == "cancelled"
 
 
+def test_a_caller_that_fell_behind_gets_the_text_so_far_in_one_delta(engine):
+    async def main():
+        h = engine.submit(chat("lists", max_tokens=24))
+        while h.final is None:  # a client busy elsewhere while the reply is written
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # the engine's last flush reaches this loop
+        return [ev async for ev in h.batched()]
+
+    events = asyncio.run(main())
+    final = events[-1]
+    assert isinstance(final, Finished) and final.usage.generated_tokens > 2
+    assert len(events) == 2 and events[0].text == final.text
+
+
+def test_batched_deltas_add_up_to_the_final_text_as_they_come(engine):
+    async def main():
+        h = engine.submit(chat("sets", max_tokens=40))
+        return [ev async for ev in h.batched()]
+
+    events = asyncio.run(main())
+    assert all(isinstance(e, TextDelta) for e in events[:-1]) and isinstance(events[-1], Finished)
+    assert "".join(e.text for e in events[:-1]) == events[-1].text != ""
+
+
 def test_failure_while_finishing_releases_the_slot_once(engine, monkeypatch):
     from core.engine.textstream import TextStream
 

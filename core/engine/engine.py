@@ -359,7 +359,7 @@ class Engine:
                       stream=self._mx_stream)
         if s.step_tokens:
             gen = BudgetedBatchGenerator(self.loaded.model, step_tokens=s.step_tokens,
-                                         on_prompt=self._on_prompt, **kwargs)
+                                         on_prompt=self._on_prompt, slots=s.kv_slots, **kwargs)
             if check_layout(gen):
                 return gen
             gen.close()

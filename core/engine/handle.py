@@ -114,6 +114,30 @@ class RequestHandle:
             if not isinstance(ev, TextDelta):
                 return
 
+    async def batched(self):
+        """Like `async for`, but text that arrived while the caller was busy (a slow client,
+        a busy loop) comes as one delta: a client that falls behind gets fewer, larger events
+        instead of one per token, and the server serializes and sends less."""
+        if self._async is None:
+            raise TypeError("this handle was created outside an event loop")
+        q = self._async
+        while True:
+            ev = await q.get()
+            if not isinstance(ev, TextDelta):
+                yield ev
+                return
+            parts, end = [ev.text], None
+            while end is None and not q.empty():
+                nxt = q.get_nowait()
+                if isinstance(nxt, TextDelta):
+                    parts.append(nxt.text)
+                else:
+                    end = nxt
+            yield TextDelta("".join(parts)) if len(parts) > 1 else ev
+            if end is not None:
+                yield end
+                return
+
     def result(self) -> Finished | Failed:
         """Block until the request ends; returns the final event (its text is the whole reply)."""
         if self.final is not None and self._sync.empty():

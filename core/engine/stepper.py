@@ -36,6 +36,9 @@ import time
 from typing import Callable
 
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
+from mlx_lm.models.cache import BatchKVCache
+
+from core.cache.slots import SlotKVCache, swap_order
 
 _LAYOUT = ("_prompt_batch", "_generation_batch", "_unprocessed_sequences", "_currently_processing",
            "_make_batch", "_counters", "completion_batch_size", "prefill_batch_size", "prefill_step_size")
@@ -48,10 +51,16 @@ def check_layout(gen: BatchGenerator) -> bool:
 
 class BudgetedBatchGenerator(BatchGenerator):
     def __init__(self, model, *, step_tokens: int,
-                 on_prompt: Callable[[list], None], **kwargs):
+                 on_prompt: Callable[[list], None], slots: bool = True, **kwargs):
         super().__init__(model, **kwargs)
         self.step_tokens = step_tokens
         self.on_prompt = on_prompt
+        self.slots = slots
+        if slots:
+            # rows leave in the order that moves fewest slot rows; the batch's lists follow it
+            gen = self._generation_batch
+            keep_in_order = gen.filter
+            gen.filter = lambda keep: keep_in_order(swap_order(list(keep)))
 
     def _next(self):
         gen = self._generation_batch
@@ -90,6 +99,10 @@ class BudgetedBatchGenerator(BatchGenerator):
         moving = set(split)
         self._currently_processing = [r for i, r in enumerate(rows) if i not in moving]
         batch = self._prompt_batch.split(split).generate(last)
+        if self.slots and not self._generation_batch.prompt_cache:
+            # the first rows of a decoding batch: from here on, joins write into their slots
+            batch.prompt_cache = [SlotKVCache.adopt(c) if type(c) is BatchKVCache else c
+                                  for c in batch.prompt_cache]
         self._generation_batch.extend(batch)
         return [PromptProcessingBatch.Response(uid, (t, t), True, True) for uid, t in zip(batch.uids, totals)]
 

@@ -99,6 +99,9 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     yield "engine step", (f"{settings.step_tokens} tokens (--step-tokens): each decoding stream one, new "
                           f"prompts prefill in chunks in the rest" if settings.step_tokens else
                           "mlx-lm's order (--step-tokens 0): decode, then a whole prefill step")
+    yield "decoding k/v", ("slots with spare room (--kv-slots): a join or a leave copies one row"
+                           if settings.kv_slots and settings.step_tokens else
+                           "mlx-lm's BatchKVCache: a join or a leave copies the whole batch")
 
 
 def _gguf(m) -> Iterator[tuple[str, str]]:

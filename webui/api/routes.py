@@ -168,7 +168,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             try:
                 if chat:
                     yield chunk(role="assistant", content="")
-                async for ev in handle:
+                async for ev in handle.batched():  # a client that fell behind gets what is there in one event
                     if isinstance(ev, TextDelta):
                         yield chunk(content=ev.text)
                     else:

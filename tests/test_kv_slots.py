@@ -1,0 +1,142 @@
+"""The decoding batch's slot K/V (core.cache.slots): the same attention as mlx-lm's
+BatchKVCache through any sequence of joins, leaves and decodes, while a join or a leave
+writes only the rows that move; and the same greedy tokens from the engine's generator with
+slots on and off."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+from mlx_lm.generate import StopSequences
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from core.cache import offset_guard
+from core.cache.slots import SlotKVCache, swap_order
+from core.engine.stepper import BudgetedBatchGenerator
+
+H, D = 2, 4
+
+
+def single(rng: random.Random, n: int) -> KVCache:
+    c = KVCache()
+    c.update_and_fetch(mx.array([[[[rng.random() for _ in range(D)] for _ in range(n)] for _ in range(H)]]),
+                       mx.array([[[[rng.random() for _ in range(D)] for _ in range(n)] for _ in range(H)]]))
+    return c
+
+
+def decode(cache, q: mx.array, k: mx.array) -> mx.array:
+    """One decode step's attention, as mlx-lm's models run it: mask, then write, then attend."""
+    mask = cache.make_mask(q.shape[2])
+    keys, values = cache.update_and_fetch(k, k + 1)
+    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.5, mask=mask)
+
+
+def rows(cache) -> list[list]:
+    """Each row's visible keys (padding cut off) and its offset."""
+    k = cache.keys[..., : cache._idx, :] if type(cache) is BatchKVCache else cache.keys
+    pad = cache.left_padding.tolist()
+    return [(k[i, :, pad[i]:, :].tolist(), cache.offset.tolist()[i]) for i in range(len(pad))]
+
+
+def test_swap_order_fills_holes_from_the_end_and_moves_nothing_else():
+    assert swap_order([0, 1, 2, 4, 5]) == [0, 1, 2, 5, 4]
+    assert swap_order([1, 2, 3]) == [3, 1, 2]
+    assert swap_order([0, 1, 2]) == [0, 1, 2]
+    assert swap_order([5]) == [5]
+    assert swap_order([]) == []
+    keep = [0, 2, 3, 6, 7, 9]
+    order = swap_order(keep)
+    assert sorted(order) == keep and sum(i != j for i, j in enumerate(order)) == 3  # holes 1, 4, 5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_slots_attend_like_the_library_through_joins_leaves_and_decodes(seed):
+    rng = random.Random(seed)
+    first = [single(rng, rng.randint(1, 9)) for _ in range(3)]
+    lib, slot = BatchKVCache.merge(first), SlotKVCache.merge(first)
+    for step in range(60):
+        op = rng.random()
+        b = lib.offset.shape[0]
+        if op < 0.25:  # a prompt joins, sometimes longer than the whole window
+            joining = [single(rng, rng.randint(1, 3 * (lib._idx + 2))) for _ in range(rng.randint(1, 2))]
+            lib.extend(BatchKVCache.merge(joining))
+            slot.extend(BatchKVCache.merge(joining))
+        elif op < 0.45 and b > 1:  # some leave; the slot cache is told the swapped order
+            keep = sorted(rng.sample(range(b), rng.randint(1, b - 1)))
+            order = swap_order(keep)
+            lib.filter(mx.array(order))
+            slot.filter(order)
+        else:  # everyone decodes one token; what they attend to must be the same
+            k = mx.array([[[[rng.random() for _ in range(D)]] for _ in range(H)] for _ in range(b)])
+            q = k * 2 - 1
+            assert mx.allclose(decode(lib, q, k), decode(slot, q, k), atol=1e-6).item(), step
+        assert lib._idx == slot._idx and lib.left_padding.tolist() == slot.left_padding.tolist()
+        assert rows(lib) == rows(slot), step
+
+
+def test_a_join_and_a_leave_write_only_the_rows_that_move():
+    rng = random.Random(0)
+    slot = SlotKVCache.merge([single(rng, 300) for _ in range(8)])
+    slot.extend(BatchKVCache.merge([single(rng, 10)]))  # room for more rows now
+    cap = slot._k.shape[0]
+    assert cap > 10
+    buffer = slot._k
+    before = buffer + 0  # a copy to compare against
+    mx.eval(before)
+    slot.extend(BatchKVCache.merge([single(rng, 20)]))
+    assert slot._k is buffer, "a join that fits re-laid the buffer"
+    changed = mx.any(slot._k != before, axis=(1, 2, 3)).tolist()
+    assert changed == [i == 9 for i in range(cap)]
+    before = slot._k + 0
+    mx.eval(before)
+    slot.filter(swap_order([0, 1, 3, 4, 5, 6, 7, 8, 9]))
+    changed = mx.any(slot._k != before, axis=(1, 2, 3)).tolist()
+    assert changed == [i == 2 for i in range(cap)]
+
+
+def test_a_captured_offset_keeps_its_value():
+    """shared/seeds/004: every method that moves the offset rebinds it."""
+    probes = offset_guard._probes(SlotKVCache)
+    for name in ("update_and_fetch", "trim", "filter", "extend", "merge"):
+        cache, action = probes[name]()
+        captured = cache.offset
+        before = captured.tolist()
+        action(cache)
+        assert captured.tolist() == before, name
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load(str(tiny_model_dir))[0]
+
+
+def run(model, slots: bool, plan) -> dict[int, list[int]]:
+    """Greedy tokens per request for a plan of (step, prompt, max_tokens) arrivals."""
+    gen = BudgetedBatchGenerator(model, step_tokens=64, on_prompt=lambda r: None, slots=slots,
+                                 max_tokens=100, completion_batch_size=6, prefill_batch_size=2,
+                                 prefill_step_size=64)
+    out, names, pending = {}, {}, list(plan)
+    for step in range(400):
+        while pending and pending[0][0] <= step:
+            _, prompt, n = pending.pop(0)
+            uid = gen.insert([prompt], max_tokens=[n], stop_sequences=[StopSequences()])[0]
+            names[uid] = len(names)
+        for r in gen.next()[1]:
+            out.setdefault(names[r.uid], []).append(r.token)
+        if not pending and len(out) == len(plan) and not gen._generation_batch.uids \
+                and not gen._unprocessed_sequences and not gen._currently_processing:
+            break
+    gen.close()
+    return out
+
+
+def test_the_generator_gives_the_same_tokens_with_slots_on_and_off(model):
+    rng = random.Random(3)
+    plan = sorted((rng.randrange(0, 60), [rng.randrange(5, 250) for _ in range(rng.randint(3, 150))],
+                   rng.randint(1, 25)) for _ in range(16))
+    on, off = run(model, True, plan), run(model, False, plan)
+    assert len(on) == len(plan) and on == off
+    assert all(len(on[i]) == plan[i][2] for i in range(len(plan)))
