@@ -246,6 +246,11 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else (float("inf") if a else float("nan"))
 
 
+def times(q: float) -> str:
+    """A ratio as printed: 0/0 (e.g. no request met the goodput objectives on either side) is n/a."""
+    return "n/a" if q != q else f"{q:.2f}x"
+
+
 def measure(kind: str, config: str, model: str, batch: int, drive, work, args, log: Path) -> dict:
     """Start one server, send it `work` with drive_closed or drive_open, stop it."""
     port = free_port()
@@ -304,7 +309,7 @@ def print_table(title: str, rows: dict, ratios: dict) -> None:
     for name, r in rows.items():
         print(f"{name:>{width}}" + "".join(f"{f.format(r[c]):>10}" for c, _, f in COLS))
     for name, q in ratios.items():
-        print(f"{name:>{width}}" + "".join(f"{q[c]:>9.2f}x" if c in q else " " * 10 for c, _, _ in COLS))
+        print(f"{name:>{width}}" + "".join(f"{times(q[c]):>10}" if c in q else " " * 10 for c, _, _ in COLS))
 
 
 def markdown(points: dict, axis: str) -> str:
@@ -318,7 +323,7 @@ def markdown(points: dict, axis: str) -> str:
         for name, q in point["ratios"].items():
             servers, config = name.split(" [")
             lines.append(f"| {label} | {servers} | {config.rstrip(']')} | "
-                         + " | ".join(f"{q[c]:.2f}x" if c in q else "" for c, _, _ in COLS) + " |")
+                         + " | ".join(times(q[c]) if c in q else "" for c, _, _ in COLS) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -7,9 +7,11 @@ think time between turns. `ApiUser` talks to the OpenAI-compatible API (streamin
 
 Locust stops its clock at the response headers of a streamed response, so every turn
 also fires its own events: "TTFT" (to the first content) and "STREAM" (to the end).
-Run through loadtests/run.py, which bounds the run in count and time. Settings come from
-the environment: RADIXCHAT_API_KEY, RADIXCHAT_MAX_REQUESTS, RADIXCHAT_THINK_S,
-RADIXCHAT_MAX_TOKENS, RADIXCHAT_SEED, RADIXCHAT_USERS_FILE (page users' credentials).
+Run it as Locust's users do (`locust -f loadtests/locustfile.py --host URL`, with Locust's UI
+or -t/-u), or through loadtests/run.py, which starts a server and bounds the run in count and
+time. Settings come from the environment: RADIXCHAT_API_KEY, RADIXCHAT_MAX_REQUESTS (a bound
+on requests; unset: none), RADIXCHAT_THINK_S, RADIXCHAT_MAX_TOKENS, RADIXCHAT_SEED,
+RADIXCHAT_USERS_FILE (page users' credentials; unset: PageUser is skipped).
 """
 
 from __future__ import annotations
@@ -91,4 +93,11 @@ class ApiUser(HttpUser):
         return "".join(parts)
 
 
-from loadtests.page_user import PageUser  # noqa: E402,F401  (Locust finds user classes here)
+if os.environ.get("RADIXCHAT_USERS_FILE"):
+    from loadtests.page_user import PageUser  # noqa: E402,F401  (Locust finds user classes here)
+else:  # without accounts a page user cannot sign in: run the API users alone, and say so
+    import logging
+
+    logging.getLogger("radixchat.loadtest").warning(
+        "PageUser skipped: set RADIXCHAT_USERS_FILE to a JSON list of {\"name\", \"password\"} "
+        "accounts (radixchat users add) to load the page too")

@@ -2,7 +2,8 @@
 
 Used by both Locust user classes (loadtests/locustfile.py: ApiUser; loadtests/page_user.py:
 PageUser), so the bound and the counters are one per run. Settings come from the
-environment: RADIXCHAT_MAX_REQUESTS, RADIXCHAT_THINK_S, RADIXCHAT_MAX_TOKENS, RADIXCHAT_SEED.
+environment: RADIXCHAT_MAX_REQUESTS (unset: no bound), RADIXCHAT_THINK_S, RADIXCHAT_MAX_TOKENS,
+RADIXCHAT_SEED.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
 QUESTIONS = PROMPTS["questions"]
 
-MAX_REQUESTS = int(os.environ.get("RADIXCHAT_MAX_REQUESTS", "100"))
+# No bound unless asked for (loadtests/run.py asks): Locust's own -t / --iterations end a run
+MAX_REQUESTS = int(os.environ.get("RADIXCHAT_MAX_REQUESTS") or 0) or None
 THINK_S = float(os.environ.get("RADIXCHAT_THINK_S", "0.5"))
 MAX_TOKENS = int(os.environ.get("RADIXCHAT_MAX_TOKENS", "64"))
 _seeds = itertools.count(int(os.environ.get("RADIXCHAT_SEED", "0")))
@@ -35,7 +37,7 @@ def take_request_slot(environment) -> bool:
     flight to finish (so Locust and the server count the same requests), then end the run."""
     global _in_flight
     with _lock:
-        granted = next(_sent) <= MAX_REQUESTS
+        granted = MAX_REQUESTS is None or next(_sent) <= MAX_REQUESTS
         _in_flight += granted
     if granted:
         return True

@@ -42,3 +42,33 @@ def test_short_seed_run_has_no_failures_and_hits_the_cache(long_context_model, t
     assert hit > 0, summary
     for png in ("throughput.png", "latency.png", "cache_hit_ratio.png"):
         assert (out / png).stat().st_size > 1000
+
+
+def test_locust_as_its_users_run_it(long_context_model, tmp_path):
+    """`locust -f loadtests/locustfile.py --host URL` with Locust's own flags: no accounts file
+    (the page users are skipped, with a word why), no hidden bound on requests."""
+    import os
+    from pathlib import Path
+
+    from tests.support.procs import free_port, start_radixchat, stop_process
+
+    port = free_port()
+    server = start_radixchat(str(long_context_model), tmp_path / "l.db", port, tmp_path / "server.log",
+                             "--no-auth", "--max-tokens", "2")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXCHAT_")}
+        env.update(RADIXCHAT_THINK_S="0", RADIXCHAT_MAX_TOKENS="2")
+        run = subprocess.run(
+            [str(Path(sys.executable).with_name("locust")), "-f", "loadtests/locustfile.py",
+             "--host", f"http://127.0.0.1:{port}", "--headless", "-u", "4", "-r", "4", "-t", "25s",
+             "--json-file", str(tmp_path / "stats")],
+            capture_output=True, text=True, timeout=200, env=env, cwd=Path(__file__).resolve().parent.parent)
+    finally:
+        stop_process(server)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "PageUser skipped: set RADIXCHAT_USERS_FILE" in run.stderr
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    streamed = sum(e["num_requests"] for e in stats if e["method"] == "STREAM")
+    failures = sum(e["num_failures"] for e in stats)
+    # the old hidden default stopped every run at 100 requests
+    assert streamed > 100 and failures == 0, (streamed, failures)

@@ -166,17 +166,80 @@ def bad_cases(key, revoked):
         ("POST", chat, j, body(n=3), 400, "n"),
         ("POST", chat, j, body(stop=[""]), 400, "stop"),
         ("POST", chat, j, body(stream="yes please"), 400, "stream"),
-        ("POST", chat, j, body(tools=[{"type": "function"}]), 400, "tool"),
+        ("POST", chat, j, body(tools=[{"type": "function"}]), 400, "tools: tool calling"),
         ("POST", chat, j, body(presence_penalty=1.5), 400, "penalty"),
         ("POST", chat, j, body(messages=[{"role": "assistant", "content": "I said"}]), 400, "last message"),
         ("POST", chat, j, body(model="gpt-4o"), 404, "not found"),
-        ("POST", chat, j, body(messages=[{"role": "user", "content": "lists " * 3000}]), 413, "context"),
+        ("POST", chat, j, body(messages=[{"role": "user", "content": "lists " * 3000}]), 400,
+         "maximum context length"),
         ("POST", chat, j, body(messages=[{"role": "user", "content": "x" * (2 << 20)}]), 413, "body"),
         ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": ""}), 400, "prompt"),
         ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": ["a", "b"]}), 400, "one prompt"),
         ("GET", "/v1/nothing-here", auth, None, 404, "unknown route"),
         ("GET", "/v1/models", {}, None, 401, "API key"),
+        ("GET", "/v1/models/gpt-4o", auth, None, 404, "not found"),
+        # the parameter table: not implemented is refused by name, never silently ignored
+        ("POST", chat, j, body(response_format={"type": "json_object"}), 400, "response_format"),
+        ("POST", chat, j, body(logprobs=True), 400, "logprobs"),
+        ("POST", chat, j, body(top_logprobs=3), 400, "top_logprobs"),
+        ("POST", chat, j, body(logit_bias={"1": 5}), 400, "logit_bias"),
+        ("POST", chat, j, body(functions=[{"name": "f"}]), 400, "functions"),
+        ("POST", chat, j, body(tool_choice="required"), 400, "tool_choice"),
+        ("POST", chat, j, body(reasoning_effort="high"), 400, "reasoning_effort"),
+        ("POST", chat, j, body(frobnicate=1), 400, "frobnicate: unknown field"),
+        ("POST", chat, j, body(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]), 400, "text only"),
+        ("POST", chat, j, body(messages=[{"role": "tool", "content": "42", "tool_call_id": "a"}]), 400, "tool"),
+        ("POST", chat, j, body(messages=[{"role": "user", "content": "hi", "colour": "red"}]), 400, "colour"),
+        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "echo": True}), 400, "echo"),
+        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "best_of": 3}), 400,
+         "best_of"),
+        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "suffix": "z"}), 400,
+         "suffix"),
     ]
+
+
+def test_fields_that_ask_for_nothing_are_accepted(keyed):
+    """What clients send by default (off values, informational fields) is not an error."""
+    server, key, _, _ = keyed
+    auth = {"Authorization": f"Bearer {key}"}
+    quiet = {"logprobs": False, "top_logprobs": None, "response_format": {"type": "text"}, "tools": [],
+             "tool_choice": "none", "logit_bias": {}, "user": "u1", "metadata": {"a": "b"}, "store": False,
+             "service_tier": "auto", "parallel_tool_calls": True, "n": 1, "presence_penalty": 0,
+             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "bob"}]}
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        r = http.post("/v1/chat/completions", headers=auth, json={**GOOD, **quiet})
+        assert r.status_code == 200, r.text
+        r = http.post("/v1/completions", headers=auth, json={"model": "default", "prompt": "a", "max_tokens": 2,
+                                                             "echo": False, "best_of": 1, "logprobs": None})
+        assert r.status_code == 200, r.text
+        for name in ("default", server_model_id(http, auth)):
+            card = http.get(f"/v1/models/{name}", headers=auth)
+            assert card.status_code == 200 and card.json()["object"] == "model", card.text
+            assert card.json()["id"] == server_model_id(http, auth)
+
+
+def server_model_id(http, auth) -> str:
+    return http.get("/v1/models", headers=auth).json()["data"][0]["id"]
+
+
+def test_errors_carry_the_types_clients_map_to_their_exceptions(keyed):
+    """The official client (and litellm, which reads the type and the wording) raise the
+    exception a caller catches: a bad key is an AuthenticationError, a prompt over the
+    context a BadRequestError with OpenAI's code and words."""
+    import openai
+
+    server, key, revoked, _ = keyed
+    for bad in ("sk-not-a-key", revoked):
+        with pytest.raises(openai.AuthenticationError) as info:
+            client(server, bad).models.list()
+        assert info.value.body["type"] == "authentication_error" and info.value.code == "invalid_api_key"
+    with pytest.raises(openai.BadRequestError) as info:
+        client(server, key).chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "lists " * 3000}])
+    assert info.value.code == "context_length_exceeded" and info.value.body["type"] == "invalid_request_error"
+    assert info.value.message.startswith("Error code: 400") and \
+        "This model's maximum context length is" in info.value.body["message"]
 
 
 def test_bad_requests_get_clear_errors_and_server_goes_on(keyed):
@@ -233,7 +296,7 @@ def test_queue_full_is_429_with_retry_after(tmp_path):
                     pass  # until the long reply is really running in the engine
                 busy = http.post("/v1/chat/completions", json=GOOD)
             assert busy.status_code == 429 and int(busy.headers["Retry-After"]) > 0, busy.text
-            assert "busy" in busy.json()["error"]["message"]
+            assert "busy" in busy.json()["error"]["message"] and busy.json()["error"]["type"] == "requests"
     finally:
         server.stop()
 
@@ -258,13 +321,13 @@ def test_each_api_request_is_recorded_once(engine, store, tiny_model_dir):
                           json={"model": "default", "prompt": "def main():", "max_tokens": 4})
         assert plain.status_code == 200
         too_long = {**GOOD, "messages": [{"role": "user", "content": "lists " * 3000}]}
-        assert http.post("/v1/chat/completions", headers=auth, json=too_long).status_code == 413
+        assert http.post("/v1/chat/completions", headers=auth, json=too_long).status_code == 400
         text = http.get("/metrics").text
     assert store.flush()
     with sqlite3.connect(store.path) as con:
         rows = con.execute("SELECT user, finish_reason, error FROM requests ORDER BY id").fetchall()
     assert len(rows) == 4 and all(user == alice.id for user, _, _ in rows)
-    assert [r[1] is not None for r in rows] == [True, True, True, False] and rows[3][2].startswith("413")
+    assert [r[1] is not None for r in rows] == [True, True, True, False] and rows[3][2].startswith("400")
 
     def count(outcome: str) -> float:
         m = re.search(rf'^radixchat_requests_total{{outcome="{outcome}"}} ([0-9.e+-]+)$', text, re.M)

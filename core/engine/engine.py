@@ -252,8 +252,10 @@ class Engine:
         if not prompt:
             raise RequestError("the prompt is empty")
         if len(prompt) >= ctx:
+            # OpenAI's wording: clients (litellm, LangChain) recognise an overflow by it
             raise RequestError(
-                f"the prompt is {len(prompt)} tokens but the model's context is {ctx} tokens",
+                f"This model's maximum context length is {ctx} tokens. However, your messages "
+                f"resulted in {len(prompt)} tokens. Please reduce the length of the messages.",
                 413, "context_length_exceeded")
         if sampling.top_k > self.loaded.vocab_size:
             raise RequestError(f"top_k must be at most the model's vocabulary size "

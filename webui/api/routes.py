@@ -78,11 +78,12 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'",
-                           "invalid_request_error", "missing_api_key")
+                           "authentication_error", "missing_api_key")
         try:
             return store.verify_api_key(key.strip())
         except AuthFailed:
-            raise ApiError(401, "invalid or revoked API key", "invalid_request_error", "invalid_api_key")
+            # the type is what clients map: litellm reads invalid_request_error as a bad request
+            raise ApiError(401, "invalid or revoked API key", "authentication_error", "invalid_api_key")
 
     # what the model's card recommends, for requests that leave temperature or top_p out
     recommended = dict(engine.loaded.card.sampling) if engine.loaded.card else {}
@@ -100,8 +101,11 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             err = ApiError(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
         except RequestError as e:
             headers = {"Retry-After": "2"} if e.status in (429, 503) else None
-            err = ApiError(e.status, e.message, "invalid_request_error" if e.status < 429 else "server_error",
-                           e.code, headers=headers)
+            # OpenAI's statuses and types, which clients map to their exceptions: an overflow
+            # is a 400 (litellm: ContextWindowExceededError), a busy server a 429 "requests"
+            status = 400 if e.code == "context_length_exceeded" else e.status
+            type_ = {429: "requests", 503: "server_error"}.get(status, "invalid_request_error")
+            err = ApiError(status, e.message, type_, e.code, headers=headers)
         else:
             # hooked before anything is awaited: the end is recorded even if the client
             # leaves before its response starts
@@ -191,6 +195,11 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
     def models(user=Depends(current_user)):
         card = oa.ModelCard(id=model_id, created=int(engine.started_at))
         return oa.ModelList(data=[card]).model_dump()
+
+    @router.get("/models/{name:path}")
+    def model(name: str, user=Depends(current_user)):
+        check_model(name)  # the aliases answer with the served model's card, as a request would use it
+        return oa.ModelCard(id=model_id, created=int(engine.started_at)).model_dump()
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request, body: oa.ChatCompletionRequest, user=Depends(current_user)):

@@ -1,9 +1,13 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
-They follow OpenAI's schema for the fields this server implements, accept (and ignore)
-the informational fields clients commonly send, and refuse what would change the result
-but is not implemented (n > 1, tools, non-zero penalties) instead of silently ignoring
-it. Turning them into engine requests is webui/api/routes.py's job.
+They follow OpenAI's schema, with one rule for every field a request may carry
+(`FIELDS`, the README's parameter table): a field this server implements is used; an
+informational one (it cannot change the reply: `user`, `metadata`, `store`...) is accepted
+and ignored; one it does not implement is refused with a 400 naming it unless it holds its
+"off" value (`logprobs: false`, `response_format: {"type": "text"}`, null), which is what
+clients send when they mean nothing by it; a field OpenAI's API does not have is refused.
+Image, audio and file parts are refused: the model takes text only. Turning the bodies into
+engine requests is webui/api/routes.py's job.
 """
 
 from __future__ import annotations
@@ -15,16 +19,84 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+def _off(name: str, value) -> bool:
+    """Does this value of a refused field ask for nothing (what clients send by default)?"""
+    if name == "best_of":
+        return value in (None, 1)
+    return value in (None, False, 0, "", [], {}, "none", "auto") or value == {"type": "text"} \
+        or value == ["text"]
+
+
+# Both APIs: what each field a request may carry does here. "used": implemented; "ignored":
+# informational, accepted; "refused": not implemented, a 400 unless off (_off).
+COMMON = {
+    "model": "used", "max_tokens": "used", "temperature": "used", "top_p": "used", "stop": "used",
+    "stream": "used", "stream_options": "used", "seed": "used", "n": "used",
+    "presence_penalty": "used", "frequency_penalty": "used", "top_k": "used", "ignore_eos": "used",
+    "user": "ignored", "logit_bias": "refused", "logprobs": "refused",
+}
+FIELDS = {
+    "chat": {**COMMON, "messages": "used", "max_completion_tokens": "used",
+             "metadata": "ignored", "store": "ignored", "service_tier": "ignored",
+             "safety_identifier": "ignored", "prompt_cache_key": "ignored",
+             "parallel_tool_calls": "ignored", "top_logprobs": "refused", "response_format": "refused",
+             "tools": "refused", "tool_choice": "refused", "functions": "refused",
+             "function_call": "refused", "audio": "refused", "modalities": "refused",
+             "prediction": "refused", "reasoning_effort": "refused", "verbosity": "refused",
+             "web_search_options": "refused"},
+    "completions": {**COMMON, "prompt": "used", "echo": "refused", "best_of": "refused",
+                    "suffix": "refused"},
+}
+NOT_YET = {"response_format": "structured output", "tools": "tool calling", "tool_choice": "tool calling",
+           "functions": "function calling", "function_call": "function calling",
+           "audio": "audio output", "modalities": "audio output"}
+
+
+def _check_fields(data, api: str):
+    """The one rule of the module docstring, on the raw body (before pydantic reads it)."""
+    if not isinstance(data, dict):
+        return data
+    table = FIELDS[api]
+    for name, value in data.items():
+        use = table.get(name)
+        if use is None:
+            raise ValueError(f"{name}: unknown field (this server takes the fields of OpenAI's "
+                             f"{'chat completions' if api == 'chat' else 'completions'} API it lists in its README)")
+        if use == "refused" and not _off(name, value):
+            what = NOT_YET.get(name, name)
+            raise ValueError(f"{name}: {what} is not supported by this server")
+    return {k: v for k, v in data.items() if table[k] == "used"}
+
+
 class TextPart(BaseModel):
     type: Literal["text"]
     text: str
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
     name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data):
+        if not isinstance(data, dict):
+            return data
+        if data.get("role") in ("tool", "function"):
+            raise ValueError(f"{data['role']} messages need tool calling, which this server does not support")
+        if data.get("tool_calls") or data.get("function_call"):
+            raise ValueError("tool_calls: tool calling is not supported by this server")
+        parts = data.get("content")
+        if isinstance(parts, list):
+            for part in parts:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind in ("image_url", "input_image", "input_audio", "file", "image", "audio"):
+                    raise ValueError(f"content: this model takes text only (got a {kind} part)")
+        # informational fields of a message; anything else is refused by extra="forbid"
+        return {k: v for k, v in data.items() if k not in ("refusal", "tool_calls", "function_call",
+                                                          "tool_call_id", "annotations", "audio")}
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -35,7 +107,7 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     model: str
     # left out: the model's recommended value (core.engine.catalog), else OpenAI's 1.0
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -83,12 +155,14 @@ class _Sampling(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields(cls, data):
+        return _check_fields(data, "chat")
 
     @model_validator(mode="after")
     def _chat_checks(self):
-        if self.tools:
-            raise ValueError("tools: tool calling is not supported")
         if self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
         return self
@@ -96,6 +170,11 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields(cls, data):
+        return _check_fields(data, "completions")
 
     @field_validator("prompt")
     @classmethod
