@@ -52,6 +52,30 @@ def test_eight_threads_at_once_match_alone(engine):
     assert batched_steps < steps_alone / 2, (batched_steps, steps_alone)
 
 
+def test_another_users_logit_bias_and_logprobs_leave_my_reply_alone(engine):
+    """Biased and logprob-reporting rows sample through their own sampler in the same batch."""
+    mine = [run_alone(engine, chat(w, max_tokens=12)).text for w in WORDS[:3]]
+    barrier = threading.Barrier(6)
+    results: dict[int, Finished] = {}
+
+    def worker(i):
+        barrier.wait()
+        extra = {} if i < 3 else {"logit_bias": {t: 100 for t in range(5 + i, 8 + i)}, "logprobs": 3,
+                                  "temperature": 0.9 if i == 5 else 0}
+        results[i] = engine.submit(chat(WORDS[i % 3], max_tokens=12, **extra)).result()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [results[i].text for i in range(3)] == mine
+    assert all(results[i].logprobs is None for i in range(3))
+    for i in range(3, 6):  # theirs: only their favoured tokens, each reported with 3 alternatives
+        lps = results[i].logprobs
+        assert lps and all(len(e.top) == 3 for e in lps) and results[i].text != mine[i % 3]
+
+
 def test_engine_checked_offset_semantics_at_start(engine):
     assert engine.offset_report == {"BatchKVCache": "ok", "BatchRotatingKVCache": "ok"}
 

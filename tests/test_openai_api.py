@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -180,9 +181,6 @@ def bad_cases(key, revoked):
         ("GET", "/v1/models/gpt-4o", auth, None, 404, "not found"),
         # the parameter table: not implemented is refused by name, never silently ignored
         ("POST", chat, j, body(response_format={"type": "json_object"}), 400, "response_format"),
-        ("POST", chat, j, body(logprobs=True), 400, "logprobs"),
-        ("POST", chat, j, body(top_logprobs=3), 400, "top_logprobs"),
-        ("POST", chat, j, body(logit_bias={"1": 5}), 400, "logit_bias"),
         ("POST", chat, j, body(functions=[{"name": "f"}]), 400, "functions"),
         ("POST", chat, j, body(tool_choice="required"), 400, "tool_choice"),
         ("POST", chat, j, body(reasoning_effort="high"), 400, "reasoning_effort"),
@@ -342,3 +340,79 @@ def test_no_auth_on_lan_needs_explicit_flag(tiny_model_dir, tmp_path):
                          timeout=60)
     assert out.returncode != 0 and "allow-open-lan" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_logprobs_and_top_logprobs_through_the_official_client(keyed):
+    server, key, _, _ = keyed
+    c = client(server, key)
+    msgs = [{"role": "user", "content": "What does a list comprehension do?"}]
+    out = c.chat.completions.create(model="default", messages=msgs, max_tokens=8, temperature=0,
+                                    logprobs=True, top_logprobs=3)
+    entries = out.choices[0].logprobs.content
+    assert len(entries) == out.usage.completion_tokens > 0
+    # each token decoded alone: the reply's first loses its leading space in the joint decode
+    assert "".join(e.token for e in entries).lstrip() == out.choices[0].message.content.lstrip()
+    for e in entries:
+        assert len(e.top_logprobs) == 3 and e.logprob <= 0 and e.bytes == list(e.token.encode())
+        tops = [t.logprob for t in e.top_logprobs]
+        assert tops == sorted(tops, reverse=True) and sum(math.exp(t) for t in tops) <= 1 + 1e-4
+        assert abs(e.logprob - tops[0]) < 1e-4  # greedy picks the most likely token
+    # streamed, the chunks carry the same tokens and numbers
+    chunks = list(c.chat.completions.create(model="default", messages=msgs, max_tokens=8, temperature=0,
+                                            logprobs=True, top_logprobs=3, stream=True))
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in entries]
+    # without logprobs nothing is reported
+    assert c.chat.completions.create(model="default", messages=msgs, max_tokens=2).choices[0].logprobs is None
+
+
+def test_completions_logprobs_in_the_legacy_shape(keyed):
+    server, key, _, _ = keyed
+    out = client(server, key).completions.create(model="default", prompt="def main():", max_tokens=6,
+                                                 temperature=0, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == out.usage.completion_tokens
+    assert "".join(lp.tokens).lstrip() == out.choices[0].text.lstrip()
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset == sorted(lp.text_offset)
+    assert lp.text_offset[0] == 0 and all(v <= 0 for v in lp.token_logprobs)
+
+
+def test_logit_bias_moves_the_choice(keyed, tiny_model_dir):
+    import mlx.core as mx
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model_dir))
+    server, key, _, _ = keyed
+    c = client(server, key)
+    msgs = [{"role": "user", "content": "What does dict.get do?"}]
+    prompt = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    # the server's BLAS may sum in another order than this process's: near a tie its first
+    # token is one of this forward's most likely few
+    likely = mx.argsort(-model(mx.array([prompt]))[0, -1])[:5].tolist()
+
+    def first(**kw):
+        out = c.chat.completions.create(model="default", messages=msgs, max_tokens=3, temperature=0,
+                                        logprobs=True, **kw)
+        return out.choices[0].logprobs.content
+
+    plain = first()
+    greedy_first = next(t for t in likely if tok.decode([t]) == plain[0].token)  # the id banned below
+    avoided = first(logit_bias={str(greedy_first): -100})
+    # logprobs are the model's own (before the bias): the next best token, less likely
+    assert avoided[0].logprob < plain[0].logprob
+    forced = tok.encode("list")[-1]
+    assert [e.token for e in first(logit_bias={str(forced): 100})] == [tok.decode([forced])] * 3
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "needs logprobs"),
+    ({"logit_bias": {"abc": 1}}, "token ids"),
+    ({"logit_bias": {"1": 200}}, "between -100 and 100"),
+    ({"logit_bias": {"99999999": 1}}, "vocabulary"),
+])
+def test_bad_logprobs_and_bias_are_refused(keyed, extra, words):
+    server, key, _, _ = keyed
+    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={**GOOD, **extra}, timeout=30)
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text

@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from core.cache.radix import Match, common_prefix
@@ -38,7 +38,7 @@ from core.config import Settings, kv_budget
 from core.engine.fairness import FairQueue
 from core.engine.handle import Outbox, RequestHandle
 from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
-                       TextDelta, Usage)
+                                  TextDelta, TokenLogprob, Usage)
 from core.engine.textstream import TextStream
 
 if TYPE_CHECKING:  # both import MLX, which only the engine thread may load
@@ -75,6 +75,8 @@ class _Active:
     prefilled: bool = False  # its prompt is through prefill (and in the prefix cache, if on)
     match: Match | None = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
+    logprobs: list | None = None  # TokenLogprob of every generated token (with `logprobs`)
+    unsent: list = field(default_factory=list)  # those not yet attached to a delta
 
     def usage(self) -> Usage:
         now = time.perf_counter()
@@ -154,6 +156,7 @@ class Engine:
         self.scope = CacheScope("all")  # replaced from the settings when the cache is made
         self.kv_budget = 0  # bytes of K/V the running batch and the prefix cache share
         self.kv_bytes_per_token = 0  # what one more token of one sequence costs, measured at start
+        self._token_texts: dict[int, str] = {}  # token id -> its text alone (for logprobs)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -260,6 +263,9 @@ class Engine:
         if sampling.top_k > self.loaded.vocab_size:
             raise RequestError(f"top_k must be at most the model's vocabulary size "
                                f"({self.loaded.vocab_size}), got {sampling.top_k}")
+        if sampling.logit_bias and max(sampling.logit_bias) >= self.loaded.vocab_size:
+            raise RequestError(f"logit_bias: token {max(sampling.logit_bias)} is not in the model's "
+                               f"vocabulary of {self.loaded.vocab_size} tokens")
         max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
         with self._lock:
             if self._inflight >= self.settings.max_queue:
@@ -560,14 +566,48 @@ class Engine:
         self._fair.charge(a.owner, generated_tokens=1)
         is_eos = finish_reason == "stop" and token in self.loaded.tokenizer.eos_token_ids
         if not is_eos:
+            if a.sampling.logprobs is not None:
+                entry = self._token_logprob(token, r.logprobs, a.sampling.logprobs)
+                a.logprobs = (a.logprobs or []) + [entry]
+                a.unsent.append(entry)
             delta = a.stream.add(token)
             if delta:
-                a.handle._push(TextDelta(delta))
+                a.handle._push(self._delta(a, delta))
         if finish_reason is not None:  # the generator has already dropped it
             self._finish(a, "stop" if a.stream.stopped or finish_reason == "stop" else "length",
                          final=(r.prompt_cache, r.all_tokens))
         elif a.stream.stopped:
             self._finish(a, "stop")
+
+    @staticmethod
+    def _delta(a: _Active, text: str) -> TextDelta:
+        """Text released by the stream, with the log-probabilities of the tokens behind it."""
+        if a.sampling.logprobs is None:
+            return TextDelta(text)
+        sent, a.unsent = a.unsent, []
+        return TextDelta(text, logprobs=sent)
+
+    def _token_logprob(self, token: int, logprobs, top: int) -> TokenLogprob:
+        """The chosen token's log-probability and the `top` most likely, from the row's
+        normalized log-probabilities of this step (already evaluated by the generator)."""
+        import mlx.core as mx
+
+        chosen = logprobs[token]
+        if top:
+            ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+            values = logprobs[ids]
+            mx.eval(chosen, ids, values)
+            alts = sorted(zip(ids.tolist(), values.tolist()), key=lambda p: -p[1])
+        else:
+            alts = []
+        return TokenLogprob(self._token_text(token), chosen.item(),
+                            [(self._token_text(i), v) for i, v in alts])
+
+    def _token_text(self, token: int) -> str:
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.loaded.tokenizer.decode([token])
+        return text
 
     def _finish(self, a: _Active, reason: str, final=None) -> None:
         """End a request: leave the batch, cache what it computed, flush text, send Finished.
@@ -580,9 +620,10 @@ class Engine:
             self._store(a, final[1], final[0])
         self._release(a)  # before the reply ends, so a client that saw it sees the slot free
         tail = a.stream.finish()
-        if tail:
-            a.handle._push(TextDelta(tail))
-        a.handle._push(Finished(text=a.stream.text, finish_reason=reason, usage=a.usage()))
+        if tail or a.unsent:
+            a.handle._push(self._delta(a, tail))
+        a.handle._push(Finished(text=a.stream.text, finish_reason=reason, usage=a.usage(),
+                                logprobs=a.logprobs if a.sampling.logprobs is not None else None))
 
     def _fail(self, a: _Active, message: str) -> None:
         if a.uid is not None:

@@ -126,14 +126,18 @@ class RequestHandle:
             if not isinstance(ev, TextDelta):
                 yield ev
                 return
-            parts, end = [ev.text], None
+            merged, end = [ev], None
             while end is None and not q.empty():
                 nxt = q.get_nowait()
                 if isinstance(nxt, TextDelta):
-                    parts.append(nxt.text)
+                    merged.append(nxt)
                 else:
                     end = nxt
-            yield TextDelta("".join(parts)) if len(parts) > 1 else ev
+            if len(merged) == 1:
+                yield ev
+            else:
+                lps = [lp for d in merged for lp in (d.logprobs or [])] if ev.logprobs is not None else None
+                yield TextDelta("".join(d.text for d in merged), logprobs=lps)
             if end is not None:
                 yield end
                 return

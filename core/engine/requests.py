@@ -41,6 +41,7 @@ class ChatMessage(BaseModel):
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # signed or unsigned 64-bit, as clients send them
 MAX_STOP_CHARS = 1000
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 class Sampling(BaseModel):
@@ -54,6 +55,20 @@ class Sampling(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=8)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
+    # token id -> added to its log-probability before sampling (OpenAI's range); token ids
+    # are checked against the vocabulary at submit, like top_k
+    logit_bias: dict[int, float] = Field(default_factory=dict, max_length=300)
+    # report each generated token's log-probability and this many alternatives (None: off)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: dict[int, float]) -> dict[int, float]:
+        if any(not -100 <= b <= 100 for b in v.values()):
+            raise ValueError("logit_bias values must be between -100 and 100")
+        if any(t < 0 for t in v):
+            raise ValueError("logit_bias keys must be token ids (non-negative integers)")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -105,8 +120,18 @@ class Usage:
 
 
 @dataclass
+class TokenLogprob:
+    """One generated token as a request with `logprobs` sees it: its text, its
+    log-probability under the model, and the most likely alternatives (text, logprob)."""
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
 class TextDelta:
     text: str
+    logprobs: list[TokenLogprob] | None = None  # the tokens since the last delta (with `logprobs`)
 
 
 @dataclass
@@ -114,6 +139,7 @@ class Finished:
     text: str
     finish_reason: Literal["stop", "length", "cancelled"]
     usage: Usage = field(default_factory=Usage)
+    logprobs: list[TokenLogprob] | None = None  # every generated token's (with `logprobs`)
 
 
 @dataclass

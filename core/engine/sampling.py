@@ -16,14 +16,33 @@ from mlx_lm.sample_utils import apply_top_k, apply_top_p
 from core.engine.requests import Sampling
 
 
+def _biased(bias: dict[int, float]):
+    """logprobs (1, V) -> the same with `bias` added to those tokens, renormalized (OpenAI
+    adds logit_bias to the logits before any sampling step)."""
+    ids, values, vec = mx.array(list(bias)), mx.array(list(bias.values()), dtype=mx.float32), {}
+
+    def apply(logprobs: mx.array) -> mx.array:
+        if "v" not in vec:
+            vec["v"] = mx.zeros((logprobs.shape[-1],), dtype=logprobs.dtype).at[ids].add(values.astype(logprobs.dtype))
+        out = logprobs + vec["v"]
+        return out - mx.logsumexp(out, axis=-1, keepdims=True)
+
+    return apply
+
+
 def make_request_sampler(s: Sampling):
-    """Return a sampler `logprobs (1, V) -> token (1,)`, or None for greedy."""
+    """Return a sampler `logprobs (1, V) -> token (1,)`, or None for plain greedy."""
+    bias = _biased(s.logit_bias) if s.logit_bias else None
     if s.temperature == 0:
-        return None
+        if bias is None:
+            return None
+        return lambda logprobs: mx.argmax(bias(logprobs), axis=-1)
     state = {"key": mx.random.key(s.key_seed if s.seed is not None else random.getrandbits(63))}
     inv_temp = 1.0 / s.temperature
 
     def sample(logprobs: mx.array) -> mx.array:
+        if bias is not None:
+            logprobs = bias(logprobs)
         if 0 < s.top_p < 1.0:
             logprobs = apply_top_p(logprobs, s.top_p)
         if 0 < s.top_k < logprobs.shape[-1]:  # k = the whole vocabulary filters nothing

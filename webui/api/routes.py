@@ -152,29 +152,36 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             usage = oa.usage_of(ev.usage)
             if chat:
                 body = oa.ChatCompletion(id=rid, model=model_id, usage=usage, choices=[oa.ChatChoice(
-                    message=oa.ChoiceMessage(content=ev.text), finish_reason=ev.finish_reason)])
+                    message=oa.ChoiceMessage(content=ev.text), finish_reason=ev.finish_reason,
+                    logprobs=oa.chat_logprobs(ev.logprobs))])
             else:
                 body = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
-                    text=ev.text, finish_reason=ev.finish_reason)])
+                    text=ev.text, finish_reason=ev.finish_reason, logprobs=oa.completion_logprobs(ev.logprobs))])
             return JSONResponse(body.model_dump())
 
-        def chunk(content=None, finish=None, role=None, usage=None, choices=True) -> str:
+        sent = 0  # characters streamed so far (the legacy logprobs' text_offset)
+
+        def chunk(content=None, finish=None, role=None, usage=None, choices=True, logprobs=None) -> str:
             if chat:
                 c = oa.ChatCompletionChunk(id=rid, model=model_id, usage=usage, choices=[oa.ChunkChoice(
-                    delta=oa.Delta(role=role, content=content), finish_reason=finish)] if choices else [])
+                    delta=oa.Delta(role=role, content=content), finish_reason=finish,
+                    logprobs=oa.chat_logprobs(logprobs))] if choices else [])
             else:
                 c = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
-                    text=content or "", finish_reason=finish)] if choices else [])
+                    text=content or "", finish_reason=finish,
+                    logprobs=oa.completion_logprobs(logprobs, sent))] if choices else [])
             return f"data: {c.model_dump_json(exclude=None if usage else {'usage'})}\n\n"
 
         async def events():
+            nonlocal sent
             final = None
             try:
                 if chat:
                     yield chunk(role="assistant", content="")
                 async for ev in handle.batched():  # a client that fell behind gets what is there in one event
                     if isinstance(ev, TextDelta):
-                        yield chunk(content=ev.text)
+                        yield chunk(content=ev.text, logprobs=ev.logprobs)
+                        sent += len(ev.text)
                     else:
                         final = ev
                 if isinstance(final, Failed):

@@ -33,13 +33,13 @@ COMMON = {
     "model": "used", "max_tokens": "used", "temperature": "used", "top_p": "used", "stop": "used",
     "stream": "used", "stream_options": "used", "seed": "used", "n": "used",
     "presence_penalty": "used", "frequency_penalty": "used", "top_k": "used", "ignore_eos": "used",
-    "user": "ignored", "logit_bias": "refused", "logprobs": "refused",
+    "user": "ignored", "logit_bias": "used", "logprobs": "used",
 }
 FIELDS = {
     "chat": {**COMMON, "messages": "used", "max_completion_tokens": "used",
              "metadata": "ignored", "store": "ignored", "service_tier": "ignored",
              "safety_identifier": "ignored", "prompt_cache_key": "ignored",
-             "parallel_tool_calls": "ignored", "top_logprobs": "refused", "response_format": "refused",
+             "parallel_tool_calls": "ignored", "top_logprobs": "used", "response_format": "refused",
              "tools": "refused", "tool_choice": "refused", "functions": "refused",
              "function_call": "refused", "audio": "refused", "modalities": "refused",
              "prediction": "refused", "reasoning_effort": "refused", "verbosity": "refused",
@@ -123,6 +123,18 @@ class _Sampling(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
     ignore_eos: bool = False  # an extension (as vLLM's): generate exactly max_tokens
+    logit_bias: dict[str, float] | None = None  # token id (as a string, JSON's keys) -> bias
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, v):
+        if v and not all(k.strip().isdigit() for k in v):
+            raise ValueError("keys must be token ids, e.g. {\"50256\": -100}")
+        return v
+
+    def _top(self) -> int | None:
+        """How many alternatives per token to report; None: no logprobs (per API below)."""
+        return None
 
     @field_validator("stop")
     @classmethod
@@ -149,12 +161,18 @@ class _Sampling(BaseModel):
         top_p = self.top_p if self.top_p is not None else defaults.get("top_p", 1.0)
         return {"temperature": temperature, "top_p": top_p, "top_k": self.top_k,
                 "max_tokens": self.max_tokens, "stop": self.stop or [], "seed": self.seed,
-                "ignore_eos": self.ignore_eos}
+                "ignore_eos": self.ignore_eos, "logprobs": self._top(),
+                "logit_bias": {int(k): b for k, b in (self.logit_bias or {}).items()}}
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def _top(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="before")
     @classmethod
@@ -163,6 +181,8 @@ class ChatCompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _chat_checks(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
         if self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
         return self
@@ -170,6 +190,10 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
+    logprobs: int | None = Field(None, ge=0, le=5)  # the legacy API's: alternatives per token
+
+    def _top(self) -> int | None:
+        return self.logprobs
 
     @model_validator(mode="before")
     @classmethod
@@ -214,11 +238,35 @@ class ChoiceMessage(BaseModel):
     content: str
 
 
+def _token(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(entries) -> dict | None:
+    """OpenAI's chat `logprobs` object for these TokenLogprobs (None: not asked for)."""
+    if entries is None:
+        return None
+    return {"content": [{**_token(e.token, e.logprob), "top_logprobs": [_token(t, lp) for t, lp in e.top]}
+                        for e in entries], "refusal": None}
+
+
+def completion_logprobs(entries, offset: int = 0) -> dict | None:
+    """The legacy completions `logprobs` object; `offset`: characters of text before these."""
+    if entries is None:
+        return None
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [dict(e.top) for e in entries], "text_offset": offsets}
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChoiceMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -239,7 +287,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -255,7 +303,7 @@ class TextChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict | None = None
 
 
 class Completion(BaseModel):
