@@ -164,7 +164,7 @@ def bad_cases(key, revoked):
         ("POST", chat, j, body(temperature=-1), 400, "temperature"),
         ("POST", chat, j, body(temperature="hot"), 400, "temperature"),
         ("POST", chat, j, body(top_p=0), 400, "top_p"),
-        ("POST", chat, j, body(n=3), 400, "n"),
+        ("POST", chat, j, body(n=17), 400, "n"),
         ("POST", chat, j, body(stop=[""]), 400, "stop"),
         ("POST", chat, j, body(stream="yes please"), 400, "stream"),
         ("POST", chat, j, body(tools=[{"type": "function"}]), 400, "tools: tool calling"),
@@ -416,3 +416,36 @@ def test_bad_logprobs_and_bias_are_refused(keyed, extra, words):
     r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                    json={**GOOD, **extra}, timeout=30)
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_n_choices_share_one_prompt_computation(keyed):
+    server, key, _, db = keyed
+    c = client(server, key)
+    msgs = [{"role": "system", "content": SYSTEM + " n-choices test."},
+            {"role": "user", "content": "Name three uses of a generator expression, please."}]
+    out = c.chat.completions.create(model="default", messages=msgs, max_tokens=6, temperature=1.0, seed=7, n=3)
+    assert [ch.index for ch in out.choices] == [0, 1, 2] and len({ch.message.content for ch in out.choices}) > 1
+    u = out.usage
+    assert u.prompt_tokens > 20 and u.completion_tokens <= 3 * 6
+    # the prompt was computed once: each choice is a row in the store, two of them served from
+    # the cache all but the last token (the engine holds a choice until another prefilled it)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with sqlite3.connect(db) as con:
+            rows = con.execute("SELECT prompt_tokens, cached_tokens FROM requests WHERE prompt_tokens = ? "
+                               "ORDER BY id DESC LIMIT 3", (u.prompt_tokens,)).fetchall()
+        if len(rows) == 3:
+            break
+        time.sleep(0.2)
+    cached = sorted(c for _, c in rows)
+    assert cached[1] >= u.prompt_tokens - 2 and cached[0] < u.prompt_tokens - 2, rows
+    assert u.prompt_tokens_details.cached_tokens == max(0, u.prompt_tokens - sum(p - c for p, c in rows))
+    # the same seed gives the same choices; streamed, every choice comes with its index
+    again = c.chat.completions.create(model="default", messages=msgs, max_tokens=6, temperature=1.0, seed=7, n=3)
+    assert [ch.message.content for ch in again.choices] == [ch.message.content for ch in out.choices]
+    texts = {}
+    for ch in c.chat.completions.create(model="default", messages=msgs, max_tokens=6, temperature=1.0, seed=7,
+                                        n=3, stream=True, stream_options={"include_usage": True}):
+        for choice in ch.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+    assert [texts[i] for i in range(3)] == [ch.message.content for ch in out.choices]

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from core.engine.requests import (ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta,
+from core.engine.requests import (SEED_MAX, ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta,
                                   owner_of)
 from core.store.types import AuthFailed, RequestRecord, User
 
@@ -45,8 +45,14 @@ ALIASES = {"default", "default_model"}
 CLIENT_GONE = 499  # nginx's "client closed request"; never sent, the connection is gone
 
 
-async def cancel_when_gone(request: Request, handle: RequestHandle) -> bool:
-    """Cancel `handle` once the client disconnects, and say so (True). Run it as a task
+async def last_event(handle: RequestHandle):
+    async for ev in handle:
+        pass
+    return ev
+
+
+async def cancel_when_gone(request: Request, handles: list[RequestHandle]) -> bool:
+    """Cancel `handles` once the client disconnects, and say so (True). Run it as a task
     beside a reader that sends nothing until the end (a whole reply), and cancel it when
     the reader is done.
 
@@ -62,7 +68,8 @@ async def cancel_when_gone(request: Request, handle: RequestHandle) -> bool:
     except Exception:  # a server that can't say: the request just runs to its end
         log.debug("cannot watch the connection for a disconnect", exc_info=True)
         return False
-    handle.cancel()
+    for handle in handles:
+        handle.cancel()
     return True
 
 
@@ -115,6 +122,24 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         log_request(user, error=f"{err.status}: {err.message}")
         raise err
 
+    async def submit_choices(user: User | None, body, build) -> list[RequestHandle]:
+        """One engine request per choice (n), submitted together: the engine computes their
+        shared prompt once (a request waits for another prefilling its prefix) and they
+        decode side by side. With a seed, choice i samples with seed + i, so the choices
+        differ and the same request gives the same choices again."""
+        handles: list[RequestHandle] = []
+        for i in range(body.n):
+            fields = body.sampling(recommended)
+            if fields["seed"] is not None and i:
+                fields["seed"] = (fields["seed"] + i) if fields["seed"] + i <= SEED_MAX else fields["seed"] - i
+            try:  # the sampling is checked inside submit: a bad value is its 400
+                handles.append(await submit(user, lambda: build(Sampling(**fields))))
+            except BaseException:
+                for h in handles:  # all choices or none
+                    h.cancel()
+                raise
+        return handles
+
     def record(user: User | None, final: Finished | Failed) -> None:
         u = final.usage
         log_request(user, prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
@@ -132,68 +157,85 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         except Exception:  # bookkeeping must never break a reply
             log.exception("could not record request metrics")
 
-    async def respond(request: Request, handle: RequestHandle, stream: bool, include_usage: bool,
+    async def respond(request: Request, handles: list[RequestHandle], stream: bool, include_usage: bool,
                       chat: bool):
+        """The reply of one request: `handles` are its n choices (one engine request each)."""
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         if not stream:
-            watcher = asyncio.create_task(cancel_when_gone(request, handle))
-            try:
-                async for ev in handle:  # the final event carries the whole text
-                    pass
+            watcher = asyncio.create_task(cancel_when_gone(request, handles))
+            try:  # each final event carries its choice's whole text
+                finals = await asyncio.gather(*(last_event(h) for h in handles))
             finally:
                 watcher.cancel()
-                handle.cancel()  # no-op once finished; frees the slot if this task was cancelled
+                for h in handles:
+                    h.cancel()  # no-op once finished; frees the slot if this task was cancelled
             if watcher.done() and not watcher.cancelled() and watcher.result():
-                # the client left and the request was cancelled: its row says so (RequestEnd),
+                # the client left and the request was cancelled: its rows say so (RequestEnd),
                 # and there is nobody to send a body to
                 return Response(status_code=CLIENT_GONE)
-            if isinstance(ev, Failed):
-                raise ApiError(500, f"generation failed: {ev.message}", "server_error", "engine_error")
-            usage = oa.usage_of(ev.usage)
+            failed = next((ev for ev in finals if isinstance(ev, Failed)), None)
+            if failed is not None:
+                raise ApiError(500, f"generation failed: {failed.message}", "server_error", "engine_error")
+            usage = oa.usage_of_choices([ev.usage for ev in finals])
             if chat:
                 body = oa.ChatCompletion(id=rid, model=model_id, usage=usage, choices=[oa.ChatChoice(
-                    message=oa.ChoiceMessage(content=ev.text), finish_reason=ev.finish_reason,
-                    logprobs=oa.chat_logprobs(ev.logprobs))])
+                    index=i, message=oa.ChoiceMessage(content=ev.text), finish_reason=ev.finish_reason,
+                    logprobs=oa.chat_logprobs(ev.logprobs)) for i, ev in enumerate(finals)])
             else:
                 body = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
-                    text=ev.text, finish_reason=ev.finish_reason, logprobs=oa.completion_logprobs(ev.logprobs))])
+                    index=i, text=ev.text, finish_reason=ev.finish_reason,
+                    logprobs=oa.completion_logprobs(ev.logprobs)) for i, ev in enumerate(finals)])
             return JSONResponse(body.model_dump())
 
-        sent = 0  # characters streamed so far (the legacy logprobs' text_offset)
+        sent = [0] * len(handles)  # characters streamed so far per choice (legacy text_offset)
 
-        def chunk(content=None, finish=None, role=None, usage=None, choices=True, logprobs=None) -> str:
+        def chunk(i=0, content=None, finish=None, role=None, usage=None, choices=True, logprobs=None) -> str:
             if chat:
                 c = oa.ChatCompletionChunk(id=rid, model=model_id, usage=usage, choices=[oa.ChunkChoice(
-                    delta=oa.Delta(role=role, content=content), finish_reason=finish,
+                    index=i, delta=oa.Delta(role=role, content=content), finish_reason=finish,
                     logprobs=oa.chat_logprobs(logprobs))] if choices else [])
             else:
                 c = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
-                    text=content or "", finish_reason=finish,
-                    logprobs=oa.completion_logprobs(logprobs, sent))] if choices else [])
+                    index=i, text=content or "", finish_reason=finish,
+                    logprobs=oa.completion_logprobs(logprobs, sent[i]))] if choices else [])
             return f"data: {c.model_dump_json(exclude=None if usage else {'usage'})}\n\n"
 
         async def events():
-            nonlocal sent
-            final = None
+            finals: dict[int, object] = {}
+            merged: asyncio.Queue = asyncio.Queue()
+
+            async def pump(i: int, h: RequestHandle):
+                async for ev in h.batched():  # a client that fell behind gets what is there in one event
+                    merged.put_nowait((i, ev))
+
+            pumps = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
             try:
                 if chat:
-                    yield chunk(role="assistant", content="")
-                async for ev in handle.batched():  # a client that fell behind gets what is there in one event
+                    for i in range(len(handles)):
+                        yield chunk(i, role="assistant", content="")
+                while len(finals) < len(handles):
+                    i, ev = await merged.get()
                     if isinstance(ev, TextDelta):
-                        yield chunk(content=ev.text, logprobs=ev.logprobs)
-                        sent += len(ev.text)
+                        yield chunk(i, content=ev.text, logprobs=ev.logprobs)
+                        sent[i] += len(ev.text)
+                    elif isinstance(ev, Failed):
+                        finals[i] = ev
+                        yield f"data: {oa.ErrorResponse(error=oa.ErrorBody(message=ev.message, type='server_error')).model_dump_json()}\n\n"
+                        break
                     else:
-                        final = ev
-                if isinstance(final, Failed):
-                    yield f"data: {oa.ErrorResponse(error=oa.ErrorBody(message=final.message, type='server_error')).model_dump_json()}\n\n"
-                else:
-                    yield chunk(finish=final.finish_reason)
-                    if include_usage:
-                        yield chunk(usage=oa.usage_of(final.usage), choices=False)
+                        finals[i] = ev
+                        yield chunk(i, finish=ev.finish_reason)
+                if include_usage and len(finals) == len(handles) and \
+                        not any(isinstance(ev, Failed) for ev in finals.values()):
+                    yield chunk(usage=oa.usage_of_choices([finals[i].usage for i in range(len(handles))]),
+                                choices=False)
                 yield "data: [DONE]\n\n"
             finally:
-                if final is None:  # the client went away: stop generating for it
-                    handle.cancel()
+                for task in pumps:
+                    task.cancel()
+                for i, h in enumerate(handles):
+                    if i not in finals:  # the client went away, or a sibling failed: stop generating
+                        h.cancel()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -211,26 +253,28 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
     @router.post("/chat/completions")
     async def chat_completions(request: Request, body: oa.ChatCompletionRequest, user=Depends(current_user)):
         check_model(body.model)
-        handle = await submit(user, lambda: engine.asubmit(ChatRequest(
-            messages=[{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                      for m in body.messages],
-            sampling=Sampling(**body.sampling(recommended)), owner=owner_of(user and user.id))))
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
+        handles = await submit_choices(user, body, lambda sampling: engine.asubmit(ChatRequest(
+            messages=messages, sampling=sampling, owner=owner_of(user and user.id))))
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, handle, body.stream, include, chat=True)
+        return await respond(request, handles, body.stream, include, chat=True)
 
     @router.post("/completions")
     async def completions(request: Request, body: oa.CompletionRequest, user=Depends(current_user)):
         check_model(body.model)
         tok = engine.loaded.tokenizer
 
-        async def build():
-            sampling = Sampling(**body.sampling(recommended))
-            prompt = await asyncio.to_thread(lambda: list(tok.encode(body.prompt)))  # not on the loop
+        prompt = []
+
+        async def build(sampling: Sampling):
+            if not prompt:
+                prompt.extend(await asyncio.to_thread(lambda: list(tok.encode(body.prompt))))  # not on the loop
             return engine.submit_tokens(prompt, sampling, owner=owner_of(user and user.id))
 
-        handle = await submit(user, build)
+        handles = await submit_choices(user, body, build)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, handle, body.stream, include, chat=False)
+        return await respond(request, handles, body.stream, include, chat=False)
 
     @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
                       include_in_schema=False)

@@ -19,6 +19,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+MAX_CHOICES = 16  # n: each choice is a request in the engine, counted against the user's limit
+
+
 def _off(name: str, value) -> bool:
     """Does this value of a refused field ask for nothing (what clients send by default)?"""
     if name == "best_of":
@@ -118,7 +121,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     seed: int | None = None
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
@@ -148,8 +151,6 @@ class _Sampling(BaseModel):
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.n != 1:
-            raise ValueError("n: only n=1 is supported")
         if self.presence_penalty or self.frequency_penalty:
             raise ValueError("presence_penalty and frequency_penalty are not supported (use 0)")
         return self
@@ -227,6 +228,19 @@ def usage_of(u) -> Usage:
     return Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.generated_tokens,
                  total_tokens=u.prompt_tokens + u.generated_tokens,
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens))
+
+
+def usage_of_choices(usages) -> Usage:
+    """One request's usage over its n choices: the prompt counts once, the completions add up,
+    and cached_tokens are the prompt tokens the request did not compute (a prompt computed
+    once for n choices reports what one choice would)."""
+    if len(usages) == 1:
+        return usage_of(usages[0])
+    prompt = usages[0].prompt_tokens
+    computed = sum(u.prompt_tokens - u.cached_tokens for u in usages)
+    completion = sum(u.generated_tokens for u in usages)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=max(0, prompt - computed)))
 
 
 def new_id(prefix: str) -> str:
