@@ -189,7 +189,8 @@ def bad_cases(key, revoked):
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]), 400, "text only"),
         ("POST", chat, j, body(messages=[{"role": "tool", "content": "42", "tool_call_id": "a"}]), 400, "tool"),
         ("POST", chat, j, body(messages=[{"role": "user", "content": "hi", "colour": "red"}]), 400, "colour"),
-        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "echo": True}), 400, "echo"),
+        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "echo": True,
+                                                   "logprobs": 1}), 400, "echo"),
         ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "best_of": 3}), 400,
          "best_of"),
         ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "suffix": "z"}), 400,
@@ -364,6 +365,17 @@ def test_logprobs_and_top_logprobs_through_the_official_client(keyed):
     assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in entries]
     # without logprobs nothing is reported
     assert c.chat.completions.create(model="default", messages=msgs, max_tokens=2).choices[0].logprobs is None
+
+
+def test_completions_echo_starts_with_the_prompt(keyed):
+    server, key, _, _ = keyed
+    c = client(server, key)
+    plain = c.completions.create(model="default", prompt="def main():", max_tokens=5, temperature=0)
+    echoed = c.completions.create(model="default", prompt="def main():", max_tokens=5, temperature=0, echo=True)
+    assert echoed.choices[0].text == "def main():" + plain.choices[0].text
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="default", prompt="def main():", max_tokens=5, temperature=0, echo=True, stream=True) if ch.choices)
+    assert streamed == echoed.choices[0].text
 
 
 def test_completions_logprobs_in_the_legacy_shape(keyed):

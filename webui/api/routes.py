@@ -158,8 +158,9 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             log.exception("could not record request metrics")
 
     async def respond(request: Request, handles: list[RequestHandle], stream: bool, include_usage: bool,
-                      chat: bool):
-        """The reply of one request: `handles` are its n choices (one engine request each)."""
+                      chat: bool, echo: str = ""):
+        """The reply of one request: `handles` are its n choices (one engine request each);
+        `echo` starts every choice's text (completions' echo)."""
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         if not stream:
             watcher = asyncio.create_task(cancel_when_gone(request, handles))
@@ -183,7 +184,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
                     logprobs=oa.chat_logprobs(ev.logprobs)) for i, ev in enumerate(finals)])
             else:
                 body = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
-                    index=i, text=ev.text, finish_reason=ev.finish_reason,
+                    index=i, text=echo + ev.text, finish_reason=ev.finish_reason,
                     logprobs=oa.completion_logprobs(ev.logprobs)) for i, ev in enumerate(finals)])
             return JSONResponse(body.model_dump())
 
@@ -210,9 +211,11 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
 
             pumps = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
             try:
-                if chat:
-                    for i in range(len(handles)):
+                for i in range(len(handles)):
+                    if chat:
                         yield chunk(i, role="assistant", content="")
+                    elif echo:
+                        yield chunk(i, content=echo)
                 while len(finals) < len(handles):
                     i, ev = await merged.get()
                     if isinstance(ev, TextDelta):
@@ -274,7 +277,8 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
 
         handles = await submit_choices(user, body, build)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, handles, body.stream, include, chat=False)
+        return await respond(request, handles, body.stream, include, chat=False,
+                             echo=body.prompt if body.echo else "")
 
     @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
                       include_in_schema=False)

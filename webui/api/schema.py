@@ -47,7 +47,7 @@ FIELDS = {
              "function_call": "refused", "audio": "refused", "modalities": "refused",
              "prediction": "refused", "reasoning_effort": "refused", "verbosity": "refused",
              "web_search_options": "refused"},
-    "completions": {**COMMON, "prompt": "used", "echo": "refused", "best_of": "refused",
+    "completions": {**COMMON, "prompt": "used", "echo": "used", "best_of": "refused",
                     "suffix": "refused"},
 }
 NOT_YET = {"response_format": "structured output", "tools": "tool calling", "tool_choice": "tool calling",
@@ -192,6 +192,14 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
     logprobs: int | None = Field(None, ge=0, le=5)  # the legacy API's: alternatives per token
+    echo: bool = False  # the reply starts with the prompt
+
+    @model_validator(mode="after")
+    def _echo(self):
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo: with logprobs it needs the prompt's log-probabilities, which this "
+                             "server does not report")
+        return self
 
     def _top(self) -> int | None:
         return self.logprobs
