@@ -59,7 +59,7 @@ BAD = [  # (changes to a good body, expected status)
     ({"max_tokens": 0}, 400),
     ({"stop": ["x" * 5000]}, 400),
     ({"stop": ""}, 400),
-    ({"n": 3}, 400),
+    ({"n": 17}, 400),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "http://x"}]}]}, 400),
     ({"messages": [{"role": "tool", "content": "hi"}]}, 400),
     ({"messages": []}, 400),
