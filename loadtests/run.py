@@ -43,14 +43,13 @@ def start_server(args, db: Path, port: int, log: Path) -> subprocess.Popen:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                pass
+    """Each sample name's value summed over its labels (model_name, reasons...)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
     return out
 
 
@@ -91,7 +90,7 @@ def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> t
     failures = sum(int(r["Failure Count"]) for r in stats.values())
     ttft = [r for (t, n), r in stats.items() if t == "TTFT"]
     stream = [r for (t, n), r in stats.items() if t == "STREAM"]
-    out_tokens = metrics.get("radixchat_generated_tokens_total", 0)  # both classes, server side
+    out_tokens = metrics.get("radixchat:generation_tokens_total", 0)  # both classes, server side
     by_class = {kind: sum(int(r["Request Count"]) for r in stream if r["Name"].startswith(kind))
                 for kind in ("chat", "page")}
 
@@ -102,8 +101,8 @@ def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> t
         total = sum(int(r["Request Count"]) for r in rows)
         return sum(float(r[col] or 0) * int(r["Request Count"]) for r in rows) / max(total, 1)
 
-    prompt = metrics.get("radixchat_prompt_tokens_total", 0)
-    cached = metrics.get("radixchat_cached_prompt_tokens_total", 0)
+    prompt = metrics.get("radixchat:prompt_tokens_total", 0)
+    cached = metrics.get("radixchat:prefix_cache_hits_total", 0)
     missing = requests - store_requests
     ok = failures == 0 and user_errors == 0 and missing <= 0 and requests > 0
     lines = [
@@ -124,9 +123,9 @@ def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> t
         f"| full stream p50 / p95 | {pct(stream, '50%'):.0f} / {pct(stream, '95%'):.0f} ms |",
         f"| prompt tokens / served from cache | {prompt:.0f} / {cached:.0f} |",
         f"| cache hit ratio (prompt tokens) | {cached / prompt if prompt else 0:.3f} |",
-        f"| cache nodes / bytes / evictions | {metrics.get('radixchat_cache_nodes', 0):.0f} / "
-        f"{metrics.get('radixchat_cache_bytes', 0) / 2**20:.1f} MiB / "
-        f"{metrics.get('radixchat_cache_evictions', 0):.0f} |",
+        f"| cache nodes / bytes / evictions | {metrics.get('radixchat:prefix_cache_nodes', 0):.0f} / "
+        f"{metrics.get('radixchat:prefix_cache_bytes', 0) / 2**20:.1f} MiB / "
+        f"{metrics.get('radixchat:prefix_cache_evictions_total', 0):.0f} |",
         f"| peak server memory (RSS) | {rss:.0f} MiB |", "",
         "Plots: throughput.png, latency.png, cache_hit_ratio.png. Raw: locust_final.json "
         "(final counts), locust_*.csv (history).",

@@ -62,7 +62,7 @@ def in_flight(server: Server) -> int:
 
 def test_clients_that_leave_non_streaming_requests_stop_them(served):
     server, key, db = served
-    cancelled_before = server.metric('radixchat_requests_total{outcome="cancelled"}')
+    cancelled_before = server.metric("radixchat:request_success_total", finished_reason="cancelled")
     # ignore_eos and a max_tokens beyond the context: each would run to the context's end,
     # seconds of work for the whole batch, if nothing stopped it
     long = {"model": "default", "max_tokens": 100_000, "ignore_eos": True, "temperature": 0}
@@ -89,7 +89,7 @@ def test_clients_that_leave_non_streaming_requests_stop_them(served):
         time.sleep(0.05)
     h = health(server)
     assert h["active_requests"] == 0 and h["queue_depth"] == 0, h
-    assert server.metric("radixchat_cache_locks") == 0
+    assert server.metric("radixchat:prefix_cache_locks") == 0
 
     # each is recorded once (the store writes from a queue), as cancelled, well short of
     # the length it asked for
@@ -105,7 +105,7 @@ def test_clients_that_leave_non_streaming_requests_stop_them(served):
     assert len(rows) == len(socks), rows
     assert all(reason == "cancelled" and error is None for reason, _, error in rows), rows
     assert all(generated < CONTEXT // 2 for _, generated, _ in rows), rows
-    assert server.metric('radixchat_requests_total{outcome="cancelled"}') == cancelled_before + len(socks)
+    assert server.metric("radixchat:request_success_total", finished_reason="cancelled") == cancelled_before + len(socks)
 
     # and the server serves on
     r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,

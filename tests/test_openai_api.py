@@ -20,6 +20,7 @@ from core.store import Store
 sys.path.insert(0, os.path.dirname(__file__))
 from test_cli import RADIXCHAT  # noqa: E402
 
+from tests.support.metrics import metric_value  # noqa: E402
 from tests.support.procs import free_port  # noqa: E402
 
 
@@ -49,10 +50,8 @@ class Server:
         out, _ = self.proc.communicate(timeout=30)
         return out
 
-    def metric(self, name: str) -> float:
-        text = httpx.get(self.url + "/metrics").text
-        m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
+    def metric(self, name: str, **labels: str) -> float:
+        return metric_value(httpx.get(self.url + "/metrics").text, name, **labels)
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +259,7 @@ def test_bad_requests_get_clear_errors_and_server_goes_on(keyed):
 
 def test_disconnect_mid_stream_cancels_in_engine(keyed):
     server, key, _, _ = keyed
-    cancelled_before = server.metric('radixchat_requests_total{outcome="cancelled"}')
+    cancelled_before = server.metric("radixchat:request_success_total", finished_reason="cancelled")
     with httpx.Client(base_url=server.url, timeout=30) as http:
         with http.stream("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                          # ignore_eos: a sampled end of text must not finish it before the hang-up
@@ -272,12 +271,12 @@ def test_disconnect_mid_stream_cancels_in_engine(keyed):
         deadline = time.time() + 10
         while time.time() < deadline:
             health = http.get("/health").json()
-            if health["active_requests"] == 0 and server.metric("radixchat_cache_locks") == 0:
+            if health["active_requests"] == 0 and server.metric("radixchat:prefix_cache_locks") == 0:
                 break
             time.sleep(0.1)
         assert health["active_requests"] == 0 and health["queue_depth"] == 0
-        assert server.metric("radixchat_cache_locks") == 0
-        assert server.metric('radixchat_requests_total{outcome="cancelled"}') == cancelled_before + 1
+        assert server.metric("radixchat:prefix_cache_locks") == 0
+        assert server.metric("radixchat:request_success_total", finished_reason="cancelled") == cancelled_before + 1
 
 
 def test_queue_full_is_429_with_retry_after(tmp_path):
@@ -328,11 +327,10 @@ def test_each_api_request_is_recorded_once(engine, store, tiny_model_dir):
     assert len(rows) == 4 and all(user == alice.id for user, _, _ in rows)
     assert [r[1] is not None for r in rows] == [True, True, True, False] and rows[3][2].startswith("400")
 
-    def count(outcome: str) -> float:
-        m = re.search(rf'^radixchat_requests_total{{outcome="{outcome}"}} ([0-9.e+-]+)$', text, re.M)
-        return float(m.group(1)) if m else 0.0
-
-    assert (count("ok"), count("rejected"), count("cancelled"), count("error")) == (3, 1, 0, 0)
+    ended = metric_value(text, "radixchat:request_success_total")
+    refused = metric_value(text, "radixchat:request_refused_total", reason="context_length_exceeded")
+    cancelled = metric_value(text, "radixchat:request_success_total", finished_reason="cancelled")
+    assert (ended, refused, cancelled, metric_value(text, "radixchat:request_failure_total")) == (3, 1, 0, 0)
 
 
 def test_no_auth_on_lan_needs_explicit_flag(tiny_model_dir, tmp_path):
@@ -461,3 +459,59 @@ def test_n_choices_share_one_prompt_computation(keyed):
         for choice in ch.choices:
             texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
     assert [texts[i] for i in range(3)] == [ch.message.content for ch in out.choices]
+
+
+def test_metrics_have_vllms_names_types_and_labels(keyed):
+    """Dashboards built for vLLM work with the prefix changed: the names, counters for totals,
+    histograms from 1 ms, model_name on every series, refusals counted by reason."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server, key, _, _ = keyed
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                         json={**GOOD, "max_tokens": 5, "temperature": 0}).status_code == 200
+        before = server.metric("radixchat:request_refused_total", reason="invalid_api_key")
+        assert http.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                         json={**GOOD, "top_p": 0}).status_code == 400
+        text = http.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    want = {"radixchat:time_to_first_token_seconds": "histogram",
+            "radixchat:inter_token_latency_seconds": "histogram",
+            "radixchat:e2e_request_latency_seconds": "histogram",
+            "radixchat:request_queue_time_seconds": "histogram",
+            "radixchat:request_prefill_time_seconds": "histogram",
+            "radixchat:request_decode_time_seconds": "histogram",
+            "radixchat:prompt_tokens": "counter", "radixchat:generation_tokens": "counter",
+            "radixchat:prefix_cache_queries": "counter", "radixchat:prefix_cache_hits": "counter",
+            "radixchat:prefix_cache_lookups": "counter", "radixchat:prefix_cache_evictions": "counter",
+            "radixchat:request_success": "counter", "radixchat:request_refused": "counter",
+            "radixchat:num_requests_running": "gauge", "radixchat:num_requests_waiting": "gauge"}
+    assert {name: families[name].type for name in want if name in families} == want
+    model = families["radixchat:prompt_tokens"].samples[0].labels["model_name"]
+    assert model and all(s.labels.get("model_name") == model for f in families.values() for s in f.samples
+                              if f.name.startswith("radixchat:"))
+    buckets = sorted(float(s.labels["le"]) for s in families["radixchat:time_to_first_token_seconds"].samples
+                     if s.name.endswith("_bucket"))
+    assert buckets[0] == 0.001
+    assert metric_value(text, "radixchat:request_refused_total", reason="invalid_api_key") == before + 1
+    assert metric_value(text, "radixchat:request_refused_total", reason="invalid_value") >= 1
+    assert metric_value(text, "radixchat:inter_token_latency_seconds_count") >= 4
+
+
+def test_the_grafana_dashboard_asks_for_series_the_server_has(keyed):
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server, key, _, _ = keyed
+    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={**GOOD, "max_tokens": 5, "temperature": 0}, timeout=30)
+    assert r.status_code == 200  # a request's end creates its labelled series
+    httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer nope"})  # and a refusal
+    dash = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana-radixchat.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    asked = {n for e in exprs for n in re.findall(r"radixchat:[a-z0-9_]+", e)}
+    served = {s.name for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+              for s in f.samples}
+    assert len(asked) >= 12 and asked <= served, asked - served

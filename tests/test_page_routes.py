@@ -124,7 +124,7 @@ def test_another_user_cannot_read_stop_or_end_a_page_session(server):
     assert msgs[-1]["msg"] == "process_completed" and msgs[-1]["success"], msgs[-1]
     text = json.dumps(msgs)
     assert DONE in text and "stopped" not in text
-    assert server.metric('radixchat_requests_total{outcome="cancelled"}') == 0
+    assert server.metric("radixchat:request_success_total", finished_reason="cancelled") == 0
 
     # bob's own session works as ever
     r, his = bob.join("respond", ["Bison-3391 what is a dict?", None, 0, 8, None])

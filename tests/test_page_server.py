@@ -26,7 +26,7 @@ def test_routes_answer_beside_the_page_and_sign_in_uses_the_store(engine, store,
     app = build_app(engine, Settings(model=str(tiny_model_dir)), store)
     with TestClient(app) as http:
         assert http.get("/health").json()["engine_alive"]
-        assert "radixchat_active_requests" in http.get("/metrics").text
+        assert "radixchat:num_requests_running" in http.get("/metrics").text
         assert http.get("/v1/models").status_code == 401  # the API still wants a key
         assert http.get("/v1/nothing").json()["error"]["code"] == "not_found"
         page = http.get("/")

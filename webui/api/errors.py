@@ -47,19 +47,31 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
+def count_refusal(app, path: str, reason: str) -> None:
+    """An API request refused before it generated: counted by reason on /metrics (if the
+    app has them; the page counts its own)."""
+    metrics = getattr(app.state, "metrics", None)
+    if metrics is not None and path.startswith("/v1/"):
+        metrics.rejected(reason)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
+        if exc.status < 500:
+            count_refusal(request.app, request.url.path, exc.code or str(exc.status))
         return error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
+        count_refusal(request.app, request.url.path, "invalid_value")
         return error_response(400, message, param=param, code="invalid_value")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        count_refusal(request.app, request.url.path, code or str(exc.status_code))
         return error_response(exc.status_code, str(exc.detail), code=code)
 
 
@@ -78,7 +90,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await self._too_large(send)
+            return await self._too_large(scope, send)
         seen = 0
         started = False
 
@@ -100,9 +112,11 @@ class BodyLimit:
             await self.app(scope, counting_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await self._too_large(send)
+                await self._too_large(scope, send)
 
-    async def _too_large(self, send):
+    async def _too_large(self, scope, send):
+        if scope.get("app") is not None:
+            count_refusal(scope["app"], scope["path"], "body_too_large")
         body = json.dumps({"error": {"message": f"request body over {self.limit} bytes",
                                      "type": "invalid_request_error", "param": None,
                                      "code": "body_too_large"}}).encode()

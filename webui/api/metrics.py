@@ -1,10 +1,16 @@
 """Prometheus metrics for /metrics, through prometheus_client on a registry of our own.
 
+Named as vLLM names its own under a `radixchat:` prefix (`vllm:time_to_first_token_seconds`
+is `radixchat:time_to_first_token_seconds` here), so dashboards built for vLLM or SGLang
+need only the prefix changed; docs/grafana-radixchat.json is one for these. Totals are
+counters, times are histograms from 1 ms, and every series carries `model_name`.
+
 Request outcomes, token counts and latency histograms are observed once per request, in
 the engine thread as it ends, by the request's RequestEnd (webui/request_end.py), for the
-API and the page alike; refusals are counted by whoever was refused. Queue depth, active
-requests and the prefix cache's figures are read from the engine at scrape time, in the
-thread serving /metrics. No MLX here: only engine.stats().
+API and the page alike; refusals (4xx, 429, 503) are counted by reason by whoever refused:
+the API's error handlers (webui/api/errors.py) and the page. Running and waiting requests
+and the prefix cache's figures are read from the engine at scrape time, in the thread
+serving /metrics. No MLX here: only engine.stats().
 """
 
 from __future__ import annotations
@@ -12,68 +18,126 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from core.engine.requests import Failed, Finished
 
 if TYPE_CHECKING:
     from core.engine.engine import Engine
 
-_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
+P = "radixchat:"
+# from 1 ms (a cached prompt's first token on a small model) to minutes (a long queue)
+_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0,
+                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 
 class _EngineCollector:
+    """Scrape-time figures: what runs and waits now, and the prefix cache's own counters."""
+
     def __init__(self, engine: Engine):
         self.engine = engine
 
     def collect(self):
         s = self.engine.stats()
-        yield GaugeMetricFamily("radixchat_engine_alive", "1 while the engine thread runs", value=int(s["alive"]))
-        yield GaugeMetricFamily("radixchat_queue_depth", "Requests waiting for a batch slot",
-                                value=max(0, s["inflight"] - s["active"]))
-        yield GaugeMetricFamily("radixchat_active_requests", "Requests in the engine", value=s["active"])
-        cache = s.get("prefix_cache") or {}
-        for key, help_ in (("nodes", "Radix tree nodes"), ("cached_tokens", "Tokens held by the cache"),
-                           ("bytes", "Live K/V bytes held by the cache"), ("budget", "Cache byte budget"),
-                           ("hits", "Lookups that reused a prefix"), ("misses", "Lookups that reused nothing"),
-                           ("hit_tokens", "Prompt tokens served from the cache"),
-                           ("evictions", "Nodes evicted to fit the budget"),
-                           ("locks", "Cache paths locked by running requests"),
-                           ("restore_ms", "Total time spent restoring cached prefixes, ms")):
-            yield GaugeMetricFamily(f"radixchat_cache_{key}", help_, value=cache.get(key, 0))
+        model = self.engine.loaded.model_id if self.engine.loaded else ""
+
+        def gauge(name, help_, value):
+            g = GaugeMetricFamily(P + name, help_, labels=["model_name"])
+            g.add_metric([model], value)
+            return g
+
+        def counter(name, help_, value):
+            c = CounterMetricFamily(P + name, help_, labels=["model_name"])
+            c.add_metric([model], value)
+            return c
+
+        yield gauge("engine_alive", "1 while the engine thread runs", int(s["alive"]))
+        yield gauge("num_requests_running", "Requests in the engine's batch (prefilling or decoding)", s["running"])
+        yield gauge("num_requests_waiting", "Requests waiting for a batch slot",
+                    max(0, s["inflight"] - s["running"]))
+        cache = s.get("prefix_cache")
+        if cache is None:
+            return
+        yield gauge("prefix_cache_nodes", "Radix tree nodes", cache["nodes"])
+        yield gauge("prefix_cache_tokens", "Tokens held by the prefix cache", cache["cached_tokens"])
+        yield gauge("prefix_cache_bytes", "Live K/V bytes held by the prefix cache", cache["bytes"])
+        yield gauge("prefix_cache_budget_bytes", "The K/V byte budget (prefix cache and running batch)",
+                    cache["budget"])
+        yield gauge("prefix_cache_usage_perc", "Prefix cache bytes over the budget (0-1)",
+                    cache["bytes"] / cache["budget"] if cache["budget"] else 0.0)
+        yield gauge("prefix_cache_locks", "Cache paths locked by running requests", cache["locks"])
+        lookups = CounterMetricFamily(P + "prefix_cache_lookups", "Cache lookups by result",
+                                      labels=["model_name", "result"])
+        lookups.add_metric([model, "hit"], cache["hits"])
+        lookups.add_metric([model, "miss"], cache["misses"])
+        yield lookups
+        yield counter("prefix_cache_evictions", "Nodes evicted to fit the budget", cache["evictions"])
+        yield counter("prefix_cache_restore_seconds", "Time spent restoring cached prefixes",
+                      cache["restore_ms"] / 1e3)
 
 
 class Metrics:
     def __init__(self, engine: Engine):
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("radixchat_requests", "Requests by outcome", ["outcome"], registry=r)
-        self.prompt_tokens = Counter("radixchat_prompt_tokens", "Prompt tokens", registry=r)
-        self.cached_tokens = Counter("radixchat_cached_prompt_tokens", "Prompt tokens from the cache", registry=r)
-        self.generated_tokens = Counter("radixchat_generated_tokens", "Generated tokens", registry=r)
-        self.ttft = Histogram("radixchat_time_to_first_token_seconds", "Time to first token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.latency = Histogram("radixchat_request_latency_seconds", "Submit to last token",
-                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.registry = r = CollectorRegistry()
+        self.model = engine.loaded.model_id if engine.loaded else ""
+        m = ["model_name"]
+
+        def hist(name, help_):
+            return Histogram(P + name, help_, m, buckets=_TIME_BUCKETS, registry=r)
+
+        self.success = Counter(P + "request_success", "Requests that ended, by finish reason",
+                               m + ["finished_reason"], registry=r)
+        self.failure = Counter(P + "request_failure", "Requests the engine failed", m, registry=r)
+        self.refused = Counter(P + "request_refused", "Requests refused before generating, by reason "
+                               "(the error code: invalid_value, queue_full, invalid_api_key, ...)",
+                               m + ["reason"], registry=r)
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of ended requests", m, registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens", m, registry=r)
+        self.cache_queries = Counter(P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                     m, registry=r)
+        self.cache_hits = Counter(P + "prefix_cache_hits", "Prompt tokens served from the prefix cache",
+                                  m, registry=r)
+        self.ttft = hist("time_to_first_token_seconds", "Submit to first token")
+        self.itl = hist("inter_token_latency_seconds", "Time between generated tokens (each request's "
+                        "mean gap, once per gap)")
+        self.e2e = hist("e2e_request_latency_seconds", "Submit to last token")
+        self.queue = hist("request_queue_time_seconds", "Submit to the step that begins its prefill")
+        self.prefill = hist("request_prefill_time_seconds", "Start of prefill to first token")
+        self.decode = hist("request_decode_time_seconds", "First token to last token")
         r.register(_EngineCollector(engine))
+        # every series exists from the start (at 0), so a dashboard's rates are not "no data"
+        for metric in (self.failure, self.prompt_tokens, self.generation_tokens, self.cache_queries,
+                       self.cache_hits, self.ttft, self.itl, self.e2e, self.queue, self.prefill, self.decode):
+            metric.labels(self.model)
+        for reason in ("stop", "length", "cancelled"):
+            self.success.labels(self.model, reason)
 
     def observe(self, final: Finished | Failed) -> None:
         """One request's end. Counters and histograms only: cheap enough for the engine thread."""
-        u = final.usage
+        u, model = final.usage, self.model
         if isinstance(final, Failed):
-            outcome = "error"
+            self.failure.labels(model).inc()
         else:
-            outcome = "cancelled" if final.finish_reason == "cancelled" else "ok"
-        self.requests.labels(outcome).inc()
-        self.prompt_tokens.inc(u.prompt_tokens)
-        self.cached_tokens.inc(u.cached_tokens)
-        self.generated_tokens.inc(u.generated_tokens)
-        if u.ttft_ms is not None:
-            self.ttft.observe(u.ttft_ms / 1e3)
-        self.latency.observe(u.total_ms / 1e3)
+            self.success.labels(model, final.finish_reason).inc()
+        self.prompt_tokens.labels(model).inc(u.prompt_tokens)
+        self.generation_tokens.labels(model).inc(u.generated_tokens)
+        self.cache_queries.labels(model).inc(u.prompt_tokens)
+        self.cache_hits.labels(model).inc(u.cached_tokens)
+        self.e2e.labels(model).observe(u.total_ms / 1e3)
+        if u.ttft_ms is None:  # ended before its first token (cancelled, failed)
+            return
+        self.ttft.labels(model).observe(u.ttft_ms / 1e3)
+        self.queue.labels(model).observe(u.queue_ms / 1e3)
+        self.prefill.labels(model).observe(max(0.0, u.ttft_ms - u.queue_ms) / 1e3)
+        self.decode.labels(model).observe(max(0.0, u.total_ms - u.ttft_ms) / 1e3)
+        gaps = u.generated_tokens - 1
+        if gaps > 0 and u.decode_tps > 0:
+            itl = self.itl.labels(model)
+            for _ in range(gaps):
+                itl.observe(1.0 / u.decode_tps)
 
-    def rejected(self) -> None:
-        self.requests.labels("rejected").inc()
+    def rejected(self, reason: str = "refused") -> None:
+        self.refused.labels(self.model, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

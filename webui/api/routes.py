@@ -118,9 +118,8 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             # leaves before its response starts
             RequestEnd(handle, metrics, lambda final, _text: record(user, final))
             return handle
-        metrics.rejected()
         log_request(user, error=f"{err.status}: {err.message}")
-        raise err
+        raise err  # counted on /metrics by the error handler, with the others refused
 
     async def submit_choices(user: User | None, body, build) -> list[RequestHandle]:
         """One engine request per choice (n), submitted together: the engine computes their
