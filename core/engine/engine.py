@@ -75,6 +75,7 @@ class _Active:
     prefilled: bool = False  # its prompt is through prefill (and in the prefix cache, if on)
     match: Match | None = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
+    grammar: str | None = None  # the compiled JSON schema its reply must follow
     logprobs: list | None = None  # TokenLogprob of every generated token (with `logprobs`)
     unsent: list = field(default_factory=list)  # those not yet attached to a delta
 
@@ -266,6 +267,7 @@ class Engine:
         if sampling.logit_bias and max(sampling.logit_bias) >= self.loaded.vocab_size:
             raise RequestError(f"logit_bias: token {max(sampling.logit_bias)} is not in the model's "
                                f"vocabulary of {self.loaded.vocab_size} tokens")
+        grammar = self._grammar(sampling.json_schema) if sampling.json_schema is not None else None
         max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
         with self._lock:
             if self._inflight >= self.settings.max_queue:
@@ -281,10 +283,23 @@ class Engine:
         rid = f"req-{next(self._ids)}"
         handle = RequestHandle(rid, len(prompt), self.cancel, loop, self._outbox)
         self._cmds.put(_Submit(_Active(handle, prompt, sampling, max_tokens, time.perf_counter(),
-                                       boundaries=boundaries or [], shared_len=shared_len, owner=owner)))
+                                       boundaries=boundaries or [], shared_len=shared_len, owner=owner,
+                                       grammar=grammar)))
         if self._closed:  # the engine stopped between the check above and the put: nobody
             self._fail_queued("the engine stopped")  # else will answer what is queued now
         return handle
+
+    def _grammar(self, schema: dict) -> str:
+        """The request's compiled schema, checked in the caller's thread (a bad schema is
+        refused before it is queued; the engine thread only builds the matcher)."""
+        from core.engine import constrain
+
+        try:
+            grammar = constrain.grammar_for(schema)
+            constrain.Constraint(grammar, self.loaded.tokenizer, self.loaded.vocab_size)  # tokenizer built once
+        except constrain.SchemaError as e:
+            raise RequestError(f"response_format: {e}", code="invalid_schema") from None
+        return grammar
 
     def _check_owner(self, owner: str | None) -> None:
         """Refuse a request of an owner who has `max_user_requests` waiting or running (a
@@ -476,7 +491,13 @@ class Engine:
         samplers, prompts, caches, prefixes, ok = [], [], [], [], []
         for a in new:  # one request's bad sampler must not keep the others out
             try:
-                sampler = make_request_sampler(a.sampling)
+                constraint = None
+                if a.grammar is not None:
+                    from core.engine.constrain import Constraint
+
+                    constraint = Constraint(a.grammar, self.loaded.tokenizer, self.loaded.vocab_size)
+                sampler = make_request_sampler(a.sampling, constraint) if constraint else \
+                    make_request_sampler(a.sampling)
             except Exception:
                 log.exception("request %s: no sampler", a.handle.id)
                 self._fail(a, INTERNAL_ERROR)

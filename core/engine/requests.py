@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class RequestError(ValueError):
@@ -60,6 +60,15 @@ class Sampling(BaseModel):
     logit_bias: dict[int, float] = Field(default_factory=dict, max_length=300)
     # report each generated token's log-probability and this many alternatives (None: off)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # the reply is JSON valid against this schema ({"type": "object"}: any JSON object),
+    # enforced while sampling (core/engine/constrain.py)
+    json_schema: dict | None = None
+
+    @model_validator(mode="after")
+    def _schema_ends(self):
+        if self.json_schema is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be used with a JSON schema: the reply ends where the JSON does")
+        return self
 
     @field_validator("logit_bias")
     @classmethod

@@ -30,8 +30,18 @@ def _biased(bias: dict[int, float]):
     return apply
 
 
-def make_request_sampler(s: Sampling):
-    """Return a sampler `logprobs (1, V) -> token (1,)`, or None for plain greedy."""
+def make_request_sampler(s: Sampling, constraint=None):
+    """Return a sampler `logprobs (1, V) -> token (1,)`, or None for plain greedy.
+    `constraint` (core.engine.constrain.Constraint) masks what its grammar forbids first."""
+    if constraint is not None:
+        inner = make_request_sampler(s) or (lambda logprobs: mx.argmax(logprobs, axis=-1))
+
+        def constrained(logprobs: mx.array) -> mx.array:
+            token = inner(constraint.mask(logprobs))
+            constraint.chose(token)
+            return token
+
+        return constrained
     bias = _biased(s.logit_bias) if s.logit_bias else None
     if s.temperature == 0:
         if bias is None:

@@ -42,7 +42,7 @@ FIELDS = {
     "chat": {**COMMON, "messages": "used", "max_completion_tokens": "used",
              "metadata": "ignored", "store": "ignored", "service_tier": "ignored",
              "safety_identifier": "ignored", "prompt_cache_key": "ignored",
-             "parallel_tool_calls": "ignored", "top_logprobs": "used", "response_format": "refused",
+             "parallel_tool_calls": "ignored", "top_logprobs": "used", "response_format": "used",
              "tools": "refused", "tool_choice": "refused", "functions": "refused",
              "function_call": "refused", "audio": "refused", "modalities": "refused",
              "prediction": "refused", "reasoning_effort": "refused", "verbosity": "refused",
@@ -166,11 +166,42 @@ class _Sampling(BaseModel):
                 "logit_bias": {int(k): b for k, b in (self.logit_bias or {}).items()}}
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None  # the schema is always enforced here
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema: give it exactly with type json_schema")
+        return self
+
+    def schema(self) -> dict | None:
+        """The JSON schema the reply must follow (None: free text)."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        return self.json_schema.schema_ if self.json_schema else None
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+
+    def sampling(self, defaults: dict | None = None) -> dict:
+        schema = self.response_format.schema() if self.response_format else None
+        return {**super().sampling(defaults), "json_schema": schema}
 
     def _top(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

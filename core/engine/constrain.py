@@ -1,0 +1,91 @@
+"""Structured output: a request's JSON schema enforced token by token with llguidance.
+
+llguidance (Microsoft's Low-level Guidance, the engine behind Guidance and used by vLLM,
+SGLang and llama.cpp) compiles a JSON schema to a grammar and, at every step, gives the
+set of tokens that keep the output a valid prefix; everything else is masked out before
+sampling, so the finished reply parses and validates whatever the model is. Measured here:
+0.16 ms a token on the bundled 4k-token vocabulary, 0.40 ms on SmolLM2's 49k (a 32-row
+decode step of SmolLM2 takes ~300 ms). Chosen over outlines (an index built per schema,
+seconds for large vocabularies) and lm-format-enforcer (per-token work in Python).
+
+`grammar_for` turns a schema into a grammar and checks it (any thread: the caller's, so a
+bad schema is refused before it is queued). `Constraint` is one request's matcher, driven
+by its sampler in the engine thread: at each call it first consumes the token the previous
+call chose (mlx-lm samples the next token before the engine sees the last one), then masks
+the step's log-probabilities. The tokenizer llguidance needs is built once per model.
+
+Whitespace is compact (no free newlines or indentation): small models otherwise fill a
+reply with blank lines that the grammar allows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+
+_COMPACT = {"whitespace_flexible": False}
+_tokenizers: dict[int, object] = {}
+_lock = threading.Lock()
+
+
+class SchemaError(ValueError):
+    pass
+
+
+def grammar_for(schema: dict) -> str:
+    """The llguidance grammar of a JSON schema; raises SchemaError with the reason."""
+    import llguidance
+
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_COMPACT)
+    except (ValueError, TypeError) as e:
+        raise SchemaError(f"not a usable JSON schema: {e}") from None
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error and not error.startswith("WARNING"):
+        raise SchemaError(f"not a usable JSON schema: {error}")
+    return grammar
+
+
+def _tokenizer(tokenizer, vocab_size: int):
+    """llguidance's view of the model's tokenizer (~0.5 s to build: once per model)."""
+    import llguidance.hf
+
+    key = id(tokenizer)
+    with _lock:
+        if key not in _tokenizers:
+            _tokenizers[key] = llguidance.hf.from_tokenizer(
+                tokenizer._tokenizer, n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_token_ids))
+        return _tokenizers[key]
+
+
+class Constraint:
+    """One request's grammar state. Engine thread only."""
+
+    def __init__(self, grammar: str, tokenizer, vocab_size: int):
+        import llguidance
+        from llguidance.numpy import allocate_token_bitmask
+
+        self.matcher = llguidance.LLMatcher(_tokenizer(tokenizer, vocab_size), grammar, log_level=0)
+        if self.matcher.is_error():
+            raise SchemaError(self.matcher.get_error())
+        self.vocab_size = vocab_size
+        self.bitmask = allocate_token_bitmask(1, vocab_size)
+        self.previous = None  # the token array the last call returned
+
+    def mask(self, logprobs):
+        """`logprobs` (1, V) with every token the grammar forbids at -inf."""
+        import mlx.core as mx
+        from llguidance.numpy import fill_next_token_bitmask
+
+        if self.previous is not None:
+            token = int(self.previous.item())
+            if not self.matcher.consume_token(token):
+                raise RuntimeError(f"structured output: {self.matcher.get_error()}")
+        fill_next_token_bitmask(self.matcher, self.bitmask, 0)
+        allowed = np.unpackbits(self.bitmask[0].view(np.uint8), bitorder="little")[: logprobs.shape[-1]]
+        return mx.where(mx.array(allowed.astype(bool)), logprobs, -mx.inf)
+
+    def chose(self, token) -> None:
+        self.previous = token
