@@ -53,30 +53,44 @@ def page_model(tmp_path_factory) -> Path:
     return build_random_model(tmp_path_factory.mktemp("page") / "page-model", dim=128, layers=4, context=2048)
 
 
-@pytest.fixture(scope="module")
-def server(page_model, tmp_path_factory):
+def page_server(model, folder: Path, *flags: str):
+    """A real server with the page, its store holding PASSWORDS' users; stop it with stop_clean."""
     if not Path(CHROMIUM).exists():
         pytest.fail("Debian's chromium is missing: run `.ci/setup --test` (apt-get install chromium)")
-    db = tmp_path_factory.mktemp("page-db") / "page.db"
+    db = folder / "page.db"
     with Store(db, scrypt=CHEAP) as store:
         for name, password in PASSWORDS.items():
             store.create_user(name, password)
-    srv = Server(page_model, db, "--max-tokens", "200", "--max-batch", "8")
-    yield srv
+    srv = Server(model, db, *flags)
+    srv.db = db
+    return srv
+
+
+def stop_clean(srv) -> None:
     out = srv.stop()
     assert "Traceback" not in out, out
 
 
+@pytest.fixture(scope="module")
+def server(page_model, tmp_path_factory):
+    srv = page_server(page_model, tmp_path_factory.mktemp("page-db"), "--max-tokens", "200", "--max-batch", "8")
+    yield srv
+    stop_clean(srv)
+
+
 class Shots:
-    def __init__(self):
-        shutil.rmtree(SHOTS, ignore_errors=True)
-        SHOTS.mkdir(parents=True)
+    """Numbered screenshots in a folder of test-output/ that each run starts empty."""
+
+    def __init__(self, folder: Path = SHOTS):
+        self.folder = folder
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
         self.n = 0
-        print(f"\nscreenshots: {SHOTS}")
+        print(f"\nscreenshots: {folder}")
 
     def __call__(self, page, name: str) -> None:
         self.n += 1
-        page.screenshot(path=str(SHOTS / f"{self.n:02d}-{name}.png"))
+        page.screenshot(path=str(self.folder / f"{self.n:02d}-{name}.png"))
 
 
 def sign_in(page, url: str, name: str) -> None:
@@ -218,7 +232,7 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
             while (health := httpx.get(server.url + "/health").json())["active_requests"] and time.time() < deadline:
                 time.sleep(0.05)
             assert health["active_requests"] == 0 and health["queue_depth"] == 0
-            assert server.metric('radixchat_requests_total{outcome="cancelled"}') == 1
+            assert server.metric("radixchat:request_success_total", finished_reason="cancelled") == 1
             shot(alice, "alice-stopped")
 
             # a reload keeps every tab and message

@@ -14,6 +14,7 @@ from tests.support.cheap import cheap_scrypt
 
 from core.engine.requests import QueueFull, RequestError
 from webui.cli import serve_banner
+from webui.page import markup
 from webui.page.dashboard import Presence, dashboard
 from webui.page.logic import LOCAL_USER, ChatPage, PageError, visible_turns
 
@@ -205,7 +206,7 @@ def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, u
     assert [m.role for m in history] == ["user", "assistant"] and history[1].request is not None
     stats = store.request_metrics([history[1].request])[history[1].request]
     assert stats.finish_reason in ("stop", "length") and stats.prompt_tokens > 10
-    assert history[1].content in final
+    assert markup.shown(history[1].content) in final  # as the chat area shows it
     assert page.conversation(alice, conv.id).title == "What does list.append do?"  # named after it
     assert len(metrics.finals) == 1 and page.running == {}
 
@@ -241,7 +242,7 @@ def test_stop_cancels_in_the_engine_and_keeps_the_text(engine, store, users):
     reply_msg = store.history(alice, conv.id)[-1]
     stats = store.request_metrics([reply_msg.request])[reply_msg.request]
     assert stats.finish_reason == "cancelled" and reply_msg.content
-    assert reply_msg.content in shown[-1][-1]["content"]
+    assert markup.shown(reply_msg.content) in shown[-1][-1]["content"]
     assert page.stop(alice, conv.id) is False  # nothing running any more
 
 
@@ -343,7 +344,7 @@ def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, user
     history = store.history(alice, conv.id)
     assert [m.role for m in history] == ["user", "assistant", "assistant"]
     assert [m.id for m in visible_turns(history)] == [history[0].id, history[2].id]
-    assert len(shown[-1]) == 2 and history[2].content in shown[-1][1]["content"]
+    assert len(shown[-1]) == 2 and markup.shown(history[2].content) in shown[-1][1]["content"]
     # the model sees only the newest reply: the next turn's prompt alternates roles
     reply(page, alice, conv.id, "Thanks.", temperature=0, max_tokens=4)
     assert [m["role"] for m in page.messages(alice, conv.id)] == ["user", "assistant"] * 2

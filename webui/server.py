@@ -5,9 +5,11 @@
 mounted, so "/" catches only what they don't. The page's sign-in checks the store's users
 (off with --no-auth); in front of the page, webui/gate.py lets through only the Gradio routes
 the page uses and answers a page session to the sign-in that opened it, and page request
-bodies are capped like the API's. Errors use OpenAI's shape. No MLX in this package: the
-engine is reached only through its thread-safe submit/cancel/stats. Connection limits (slow
-or idle clients) are the HTTP server's, set where uvicorn starts (webui/cli.py).
+bodies are capped like the API's. Outermost, every response carries a Content-Security-Policy
+that lets the page load nothing but this server's files (webui/page/csp.py). Errors use
+OpenAI's shape. No MLX in this package: the engine is reached only through its thread-safe
+submit/cancel/stats. Connection limits (slow or idle clients) are the HTTP server's, set
+where uvicorn starts (webui/cli.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from webui.api.errors import BodyLimit, install_error_handlers
 from webui.api.metrics import Metrics
 from webui.api.routes import openai_router
 from webui.gate import GradioSide, PageGate
+from webui.page.csp import ContentPolicy
 from webui.signin import ClientAddress, SignInGuard, TooManyFailures
 
 
@@ -61,11 +64,8 @@ def build_app(engine: Engine, settings: Settings, store: Store | None = None) ->
 
     if store is not None:
         mount_page(app, engine, settings, store, metrics)
+    app.add_middleware(ContentPolicy)  # outermost: every response, refusals included
     return app
-
-
-SIGN_IN_MESSAGE = ("Sign in with your radixchat user. No user yet? Whoever runs the server adds one "
-                   "with <code>radixchat users add NAME</code>.")
 
 
 def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, metrics: Metrics) -> None:
@@ -73,7 +73,8 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
-    from webui.page.layout import CSS, build_page, theme
+    from webui.page import signed_out
+    from webui.page.layout import CSS, build_page, sign_in_message, theme
 
     guard = app.state.signin
 
@@ -85,8 +86,10 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
 
     page = build_page(engine, settings, store, metrics, sign_in=not settings.no_auth)
     app.state.page = page
+    signed_out.install(app)  # before the page's mount, which takes every path left
     gr.mount_gradio_app(
-        app, page, path="/", auth=None if settings.no_auth else sign_in, auth_message=SIGN_IN_MESSAGE,
+        app, page, path="/", auth=None if settings.no_auth else sign_in,
+        auth_message=sign_in_message(engine.loaded), head=signed_out.HEAD,
         theme=theme(), css=CSS, footer_links=["settings"], run_history=False, mcp_server=False,
         ssr_mode=False, show_error=True)
     gradio_app = next(r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None)

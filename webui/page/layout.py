@@ -2,7 +2,11 @@
 
 Layout and wiring only. What the buttons do is webui/page/logic.py (tabs, replies, stop,
 errors as sentences); the Server tab's figures are webui/page/dashboard.py. webui/server.py
-mounts the page at "/" behind Gradio's sign-in, checked against the store's users.
+mounts the page at "/" behind Gradio's sign-in, checked against the store's users, with the
+sign-in page's words from `sign_in_message`. "Sign out" is Gradio's /logout in the same tab;
+a tab whose sign-in ended elsewhere goes to the sign-in page (webui/page/signed_out.py).
+Nothing the page shows is fetched from elsewhere: system fonts, messages as text, code and
+links (webui/page/markup.py), and a Content-Security-Policy (webui/page/csp.py).
 
 The tab strip is a radio group styled as tabs, one choice per open conversation, over one
 chat area. A reply keeps streaming when its tab is left; the chat area shows it only while
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import html
 import json
 import logging
 from dataclasses import dataclass
@@ -49,6 +54,7 @@ CSS = """
 #conv-tabs input[type=radio] { display: none; }
 #tab-row { align-items: end; gap: 6px; }
 #new-tab { max-width: 44px; }
+#top-row { align-items: center; }
 #chat button[aria-label="Clear"] { display: none; }
 .rc-stats { font-size: 0.8em; opacity: 0.7; }
 """
@@ -57,6 +63,22 @@ CSS = """
 def theme() -> gr.themes.Base:
     """Gradio's default look with the system's fonts: nothing is fetched from elsewhere."""
     return gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)
+
+
+def model_facts(model) -> str:
+    """What the model's card says of its size and license, e.g. "135M parameters, Apache-2.0"."""
+    card = model.card
+    return ", ".join(x for x in (card.size, card.license) if x) if card else ""
+
+
+def sign_in_message(model) -> str:
+    """The sign-in page's words (HTML, shown by Gradio above the form): the server, the model
+    it serves, and how to get a user."""
+    facts = model_facts(model)
+    served = f"<code>{html.escape(model.model_id)}</code>" + (f" ({html.escape(facts)})" if facts else "")
+    return (f"This is <strong>radixchat</strong>, serving {served}.<br>"
+            "Sign in with your radixchat user. No user yet? Whoever runs the server adds one "
+            "with <code>radixchat users add NAME</code>.")
 
 
 def load_presets(path: Path | None = None) -> dict[str, str]:
@@ -75,6 +97,12 @@ class View:
     conv: int | None = None
 
 
+def notice(e: PageError) -> None:
+    """A PageError as a notice. Gradio shows a notice's text as (sanitized) HTML; escaped, it
+    is text, whatever of a request or a reply it quotes."""
+    gr.Warning(html.escape(e.message))
+
+
 def _notices(n_outputs: int):
     """Turn a PageError into a notice on the page, leaving the outputs as they are."""
     def wrap(fn):
@@ -83,7 +111,7 @@ def _notices(n_outputs: int):
             try:
                 return fn(*args, **kwargs)
             except PageError as e:
-                gr.Warning(e.message)
+                notice(e)
                 skip = tuple(gr.skip() for _ in range(n_outputs))
                 return skip[0] if n_outputs == 1 else skip
         return inner
@@ -129,7 +157,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
     # which model answers, as its card says (core.engine.catalog)
     card = model.card
     recommended = dict(card.sampling) if card else {}
-    facts = ", ".join(x for x in (card.size, card.license) if x) if card else ""
+    facts = model_facts(model)
     model_line = f"`{model.model_id}`" + (f" ({facts})" if facts else "")
     note_line = (f"  \n*{card.note}*" if card and card.note else "") + (
         f" Its card: `{card.link}` in radixchat's repository." if card and card.link else "")
@@ -140,7 +168,12 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
 
     with gr.Blocks(title="radixchat", analytics_enabled=False) as page:
         view = gr.State(View())
-        header = gr.Markdown(elem_id="header")
+        with gr.Row(elem_id="top-row", equal_height=True):
+            header = gr.Markdown(elem_id="header")
+            # a plain link in this tab: /logout ends the session on the server and lands on the
+            # sign-in page (a Markdown link would open a new tab and leave this one signed in)
+            gr.Button("Sign out", link="logout", link_target="_self", size="sm", scale=0, min_width=90,
+                      elem_id="sign-out", visible=sign_in)
         with gr.Tabs():
             with gr.Tab("Chat", id="chat") as chat_section:
                 with gr.Row(elem_id="tab-row", equal_height=True):
@@ -148,8 +181,12 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                     new = gr.Button("+", elem_id="new-tab", scale=0, min_width=44, size="sm")
                 with gr.Row():
                     with gr.Column(scale=4):
+                        # messages arrive as Markdown whose HTML is text (logic.row, markup.py); the
+                        # sanitizer stays on behind that, custom tags are not let through, and LaTeX
+                        # is off: its renderer pastes text into the page as HTML
                         chatbot = gr.Chatbot(show_label=False, elem_id="chat", height=540, buttons=["copy"],
-                                             feedback_options=None,
+                                             feedback_options=None, sanitize_html=True, render_markdown=True,
+                                             allow_tags=False, latex_delimiters=[],
                                              placeholder="Replies stream here, with time to first token, "
                                                          "tokens/s and cached prompt tokens under each.")
                         with gr.Row():
@@ -195,7 +232,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         @_notices(7)
         def on_load(view: View, request: gr.Request):
             user = who(request)
-            who_line = (f"signed in as **{user.name}** · [sign out](logout)" if sign_in
+            who_line = (f"signed in as **{user.name}**" if sign_in
                         else "no sign-in: everyone here is the same local user")
             head = f"**radixchat** · {model_line} · {who_line}{note_line}"
             _, current = chat.start(user)
@@ -275,7 +312,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                             other = skip
                         yield other, skip, skip, skip
             except PageError as e:
-                gr.Warning(e.message)
+                notice(e)
                 yield skip, skip, skip, skip
 
         async def respond_again(conv_id, temp, n_tokens, view: View, request: gr.Request):

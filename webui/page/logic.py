@@ -11,10 +11,12 @@ finished, stopped or failed, exactly once, also when the page goes away mid-stre
 it is being stored: the page hands that to a RequestEnd (webui/request_end.py) the moment the
 engine takes the request. Per message the page reads the store once, before the reply, and
 writes the message and the reply; what the chat area shows meanwhile and afterwards is
-built from what it already holds. Stop cancels the request in the engine. Regenerate writes a new
-reply to the last message; the newest reply to a message is the one shown and the one the
-model sees later (the store keeps the older ones). Refusals (queue full, prompt too long,
-engine down, bad input) raise `PageError` with a sentence meant for the person at the page.
+built from what it already holds, each message through one function (`row`: its text as
+Markdown of text, code and links only, webui/page/markup.py). Stop cancels the request in
+the engine. Regenerate writes a new reply to the last message; the newest reply to a message
+is the one shown and the one the model sees later (the store keeps the older ones).
+Refusals (queue full, prompt too long, engine down, bad input) raise `PageError` with a
+sentence meant for the person at the page.
 
 Threads: `reply` runs on the event loop and sends reads and writes to worker threads; the
 other methods are synchronous and run where the page calls them (Gradio's worker threads).
@@ -37,6 +39,7 @@ from pydantic import ValidationError
 from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta, owner_of
 from core.store import (DEFAULT_TITLE, AlreadyExists, Conversation, Message, NotFound, RequestFigures,
                         RequestRecord, Store, StoreError, User)
+from webui.page import markup
 from webui.request_end import RequestEnd
 
 if TYPE_CHECKING:
@@ -118,14 +121,21 @@ def title_from(text: str) -> str:
     return words if len(words) <= TITLE_CHARS else words[: TITLE_CHARS - 1].rstrip() + "…"
 
 
-def bubble(text: str, figures: RequestFigures | None = None, streaming: bool = False) -> str:
-    """An answer's Markdown, with its figures in a small line under it."""
-    body = text if text.strip() else ("…" if streaming else "*(no text)*")
+def row(role: str, text: str, figures: RequestFigures | None = None, streaming: bool = False) -> dict:
+    """One message as the chat area shows it. Its text goes through `markup.shown` here and
+    nowhere else, for stored turns and a reply being written alike, so HTML in a message or
+    a reply shows as typed and nothing in it is fetched. Under an answer: its figures, or a
+    cursor while it is being written."""
+    body = markup.shown(text)
+    if role == "user":
+        return {"role": "user", "content": body}
+    if not text.strip():
+        body = "…" if streaming else "*(no text)*"
     if streaming:
-        return body + " ▍"
-    if figures is None:
-        return body
-    return f'{body}\n\n<span class="rc-stats">{html.escape(stats_line(figures))}</span>'
+        body += " ▍"
+    elif figures is not None:
+        body += f'\n\n<span class="rc-stats">{html.escape(stats_line(figures))}</span>'
+    return {"role": "assistant", "content": body}
 
 
 def chat_rows(history: list[Message], figures: dict[int, RequestFigures],
@@ -137,10 +147,9 @@ def chat_rows(history: list[Message], figures: dict[int, RequestFigures],
     if streaming is not None:
         while turns and turns[-1].role == "assistant":  # being regenerated
             turns.pop()
-    out = [{"role": m.role, "content": m.content if m.role == "user"
-            else bubble(m.content, figures.get(m.request))} for m in turns]
+    out = [row(m.role, m.content, figures.get(m.request)) for m in turns]
     if streaming is not None:
-        out.append({"role": "assistant", "content": bubble(streaming, streaming=True)})
+        out.append(row("assistant", streaming, streaming=True))
     return out
 
 
@@ -307,7 +316,7 @@ class ChatPage:
                     run.text += ev.text
                     if time.monotonic() - last >= STREAM_EVERY_S:
                         last = time.monotonic()
-                        yield shown[:-1] + [{"role": "assistant", "content": bubble(run.text, streaming=True)}]
+                        yield shown[:-1] + [row("assistant", run.text, streaming=True)]
                 else:
                     final = ev
             self._let_go(end, question, run.text)

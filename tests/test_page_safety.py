@@ -1,0 +1,327 @@
+"""The page never loads anything from elsewhere, and signing out is a thing of the same tab.
+
+A real server and Debian's Chromium (the fixtures and helpers of test_page_browser.py).
+
+Content: a small HTTP listener on another loopback port records every request it gets. alice
+sends a message holding HTML, a script, a markdown image and a link, all pointing at it, and a
+reply holding the same and more (stored through the store: the test model writes no HTML) is
+shown. The listener gets no request, no script runs, the HTML shows as typed, the image is a
+link, code is code; the page's responses carry a Content-Security-Policy and every request
+the browser makes goes to the server (or data:). Sign-out: alice in two tabs, bob in another
+browser. Sign out in tab 1 lands on the sign-in page in that tab and ends the session on the
+server; tab 2's next message brings the sign-in page, never "Error", and alice's chats are
+gone from it; bob chats on. A tab whose cookie was removed does the same. Last, 200 random
+mixes of Markdown's and HTML's marks, tags and images go through Gradio's own renderer: no
+element that could fetch or run anything comes out. Screenshots at 1280 and 390 px go to
+test-output/page-safety/.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.store import Store
+from tests.support.procs import free_port
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tests.test_page_browser import (  # noqa: E402
+    ARGS, CHEAP, CHROMIUM, DONE, Shots, page_server, send, sign_in, stop_clean)
+
+pytestmark = pytest.mark.slow
+
+SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-safety"
+LOCAL = ("data:",)
+WIDE, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
+# what Chromium reports when the page's policy blocks something (there should be nothing to block)
+VIOLATIONS = """document.addEventListener('securitypolicyviolation', e =>
+  (window.__csp = window.__csp || []).push(e.violatedDirective + ' ' + e.blockedURI));"""
+# a bare "Error" anywhere on the page, reported to the test even if the page goes away right after
+ERRORS = """new MutationObserver(() => {
+  const text = document.body ? document.body.innerText : '';
+  if (/\\bError\\b/.test(text)) window.__sawError(text.slice(0, 300));
+}).observe(document, {subtree: true, childList: true, characterData: true});"""
+MESSAGE_PARTS = ":is(#chat [data-testid=bot], #chat [data-testid=user])"
+FETCHERS = ("img, iframe, script, object, embed, video, audio, source, link, style, meta, form, input, "
+            "svg:not(button svg), .mermaid, .latex-block")
+
+
+class Listener:
+    """An HTTP server on another loopback port that records every request it gets."""
+
+    def __init__(self):
+        self.hits: list[str] = []
+        hits = self.hits
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "image/gif")
+                self.end_headers()
+
+            do_POST = do_HEAD = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def listener():
+    lis = Listener()
+    yield lis
+    lis.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    srv = page_server(tiny_model_dir, tmp_path_factory.mktemp("page-safety"), "--max-tokens", "12")
+    yield srv
+    stop_clean(srv)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def shots():
+    return Shots(SHOTS)
+
+
+def context(browser, server, outside: list[str]):
+    """A browser context that notes every request to anywhere but the server."""
+    ctx = browser.new_context(viewport=WIDE)
+    ctx.on("request", lambda r: r.url.startswith((server.url, *LOCAL)) or outside.append(r.url))
+    ctx.add_init_script(VIOLATIONS)
+    return ctx
+
+
+ANSWERED = """([mark, done]) => {
+  const last = role => [...document.querySelectorAll(`#chat [data-testid=${role}]`)].pop();
+  const asked = last('user'), answer = last('bot');
+  return !!asked && !!answer && asked.innerText.includes(mark) && answer.innerText.includes(done)
+    && !!(asked.compareDocumentPosition(answer) & Node.DOCUMENT_POSITION_FOLLOWING);
+}"""
+
+
+def say(page, text: str, timeout: float = 60_000) -> None:
+    """Send a message in the tab in view and wait for its answer to finish."""
+    send(page, text)
+    page.wait_for_function(ANSWERED, arg=[text.split()[0], DONE], timeout=timeout)
+
+
+def new_tab(page) -> None:
+    """Open a new chat tab ("+") and wait until it is the one in view."""
+    page.locator("#new-tab").click()
+    page.wait_for_function("document.querySelector('#chat') && !document.querySelector('#chat [data-testid=user]')")
+
+
+def both_widths(page, shot, name: str) -> None:
+    shot(page, f"{name}-1280")
+    page.set_viewport_size(PHONE)
+    page.wait_for_timeout(300)
+    shot(page, f"{name}-390")
+    page.set_viewport_size(WIDE)
+
+
+def test_html_in_messages_and_replies_shows_as_typed_and_nothing_is_fetched(server, listener, browser, shots):
+    leak = listener.url
+    typed_img, typed_script = f'<img src="{leak}/a?leak=1">', "<script>window.__pwned=1</script>"
+    message = (f"Hostile-7781 {typed_img} {typed_script} and a picture ![x]({leak}/b) "
+               f"and [a link]({leak}/c)")
+    reply = "\n".join([
+        f'Reply-8893 <img src="{leak}/r?leak=2"> <script>window.__pwned=2</script>',
+        f"![y]({leak}/d) <iframe src=\"{leak}/e\"></iframe>",
+        f'`<img src="{leak}/f">` and ``<b>`` and <a href="{leak}/g" onclick="window.__pwned=3">x</a>',
+        f'[d]: {leak}/h "a title',  # a definition whose title would run over the fence below
+        "```",
+        '"',
+        f'<img src="{leak}/i">',
+        "```",
+        "```mermaid",
+        f'graph TD; A["<img src={leak}/j>"]-->B',
+        "```",
+        f'$$<img src="{leak}/k">$$',
+        f"[x](y`) ![z]({leak}/l) `",
+        "```python",
+        'if a < b and c & d: print("<ok>")',
+        "```",
+    ])
+    outside: list[str] = []
+    ctx = context(browser, server, outside)
+    page = ctx.new_page()
+    try:
+        first = page.goto(server.url)
+        page.wait_for_selector("input[type=password]")
+        both_widths(page, shots, "sign-in")
+        sign_in_text = page.locator("body").inner_text()
+        sign_in(page, server.url, "alice")
+        page.wait_for_selector("#conv-tabs label", timeout=30_000)
+
+        say(page, message)  # shown as it is sent, from the live path
+        with Store(server.db, scrypt=CHEAP) as store:  # a reply that holds the same, from history
+            alice = store.get_user("alice")
+            conv = next(c for c in store.list_conversations(alice) if c.title.startswith("Hostile-7781"))
+            store.append_message(alice, conv.id, "assistant", reply)
+        page.reload()
+        page.wait_for_function("document.querySelector('#chat')?.innerText.includes('Reply-8893')", timeout=30_000)
+        page.wait_for_timeout(1500)  # anything the page would fetch, it has asked for by now
+        chat = page.locator("#chat").inner_text()
+        both_widths(page, shots, "hostile-chat")
+
+        assert listener.hits == [], f"the page fetched from another host: {listener.hits}"
+        assert page.evaluate("window.__pwned") is None
+        assert typed_img in chat and typed_script in chat  # shown as typed, in the message
+        assert f'Reply-8893 <img src="{leak}/r?leak=2"> <script>window.__pwned=2</script>' in chat
+        assert f'<img src="{leak}/f">' in chat and f'<img src="{leak}/i">' in chat
+        assert page.locator(f"{MESSAGE_PARTS} :is({FETCHERS})").count() == 0
+        for path in ("/b", "/c", "/d"):  # the images are links to their address
+            assert page.locator(f'#chat a[href="{leak}{path}"]').count() == 1, path
+        code = page.locator("#chat pre code").all_inner_texts()
+        assert 'if a < b and c & d: print("<ok>")' in "\n".join(code), code
+        assert page.evaluate("window.__csp || []") == []
+
+        # the Server tab's plots draw under the policy
+        page.get_by_role("tab", name="Server").click()
+        page.wait_for_function("document.querySelectorAll('#requests-plot svg.marks, #ttft-plot svg.marks').length >= 2",
+                               timeout=20_000)
+        assert page.evaluate("window.__csp || []") == []
+
+        # every page response carries the policy; the sign-in page names the server and the model
+        csp = first.headers.get("content-security-policy", "")
+        assert "default-src 'self'" in csp and "http" not in csp, csp
+        model = httpx.get(server.url + "/health").json()["model"]
+        assert "radixchat" in sign_in_text and model in sign_in_text, sign_in_text
+        for path in ("/", "/theme.css", "/config", "/gradio_api/info"):
+            assert "content-security-policy" in httpx.get(server.url + path).headers, path
+    finally:
+        ctx.close()
+    assert outside == [], f"the page fetched from elsewhere: {outside}"
+    assert listener.hits == []
+
+
+def test_sign_out_in_the_same_tab_and_a_signed_out_tab_shows_the_sign_in_page(server, browser, shots):
+    outside: list[str] = []
+    alice_ctx, bob_ctx = context(browser, server, outside), context(browser, server, outside)
+    try:
+        tab1 = alice_ctx.new_page()
+        sign_in(tab1, server.url, "alice")
+        tab1.wait_for_selector("#conv-tabs label", timeout=30_000)
+        new_tab(tab1)  # the first test's long tab would leave no room in the test model's context
+        say(tab1, "Alpaca-1171 what is a list?")
+        tab2 = alice_ctx.new_page()  # the same browser: signed in already
+        errors: list[str] = []
+        tab2.expose_binding("__sawError", lambda source, text: errors.append(text))
+        tab2.add_init_script(ERRORS)
+        tab2.goto(server.url)
+        tab2.wait_for_function("document.querySelector('#chat')?.innerText.includes('Alpaca-1171')",
+                               timeout=30_000)
+        bob = bob_ctx.new_page()
+        sign_in(bob, server.url, "bob")
+        bob.wait_for_selector("#conv-tabs label", timeout=30_000)
+        say(bob, "Bison-3391 what is a dict?")
+        old_cookies = {c["name"]: c["value"] for c in alice_ctx.cookies()}
+        assert httpx.get(server.url + "/config", cookies=old_cookies).status_code == 200
+
+        # sign out in tab 1: this tab, the sign-in page, and the session is over on the server
+        tab1.get_by_role("link", name=re.compile("sign out", re.I)).click()
+        tab1.wait_for_selector("input[type=password]", timeout=15_000)
+        assert len(alice_ctx.pages) == 2, [p.url for p in alice_ctx.pages]
+        assert tab1.url.rstrip("/") == server.url
+        assert "Alpaca-1171" not in tab1.locator("body").inner_text()
+        assert httpx.get(server.url + "/config", cookies=old_cookies).status_code == 401
+        shots(tab1, "signed-out-1280")
+
+        # tab 2 still shows alice's chats until its next message, which brings the sign-in page
+        send(tab2, "Anchor-2283 are you still there?")
+        tab2.wait_for_selector("input[type=password]", timeout=15_000)
+        tab2.wait_for_timeout(500)
+        assert errors == [], errors
+        assert "Alpaca-1171" not in tab2.locator("body").inner_text()
+        both_widths(tab2, shots, "signed-out-elsewhere")
+
+        # bob, in another browser, chats on
+        say(bob, "Beacon-4405 what is a set?")
+        assert "Bison-3391" in bob.locator("#chat").inner_text()
+
+        # a tab whose cookie was removed: its next action brings the sign-in page too
+        sign_in(tab1, server.url, "alice")
+        tab1.wait_for_selector("#conv-tabs label", timeout=30_000)
+        tab2.goto(server.url)
+        tab2.wait_for_selector("#conv-tabs label", timeout=30_000)
+        alice_ctx.clear_cookies()
+        tab2.locator("#new-tab").click()
+        tab2.wait_for_selector("input[type=password]", timeout=15_000)
+        tab2.wait_for_timeout(500)
+        assert errors == [], errors
+        assert "Alpaca-1171" not in tab2.locator("body").inner_text()
+        for page in (tab1, tab2, bob):
+            assert page.evaluate("window.__csp || []") == []
+    finally:
+        alice_ctx.close()
+        bob_ctx.close()
+    assert outside == [], f"the page fetched from elsewhere: {outside}"
+
+
+def hostile_texts(leak: str, n: int, seed: int = 7) -> list[str]:
+    """Random texts of Markdown's and HTML's marks, and of tags and images pointing at `leak`."""
+    marks = ["<", ">", "&", "`", "```", "~~~", "```mermaid", "\n", "\n\n", "  ", "    ", "\\", "!", "[", "]",
+             "(", ")", ":", '"', "'", "|", "---", "*", "_", "~~", "#", "- ", "> ", "1. ", "a", "b c", "\t", "```py",
+             "`` ` ``", "$$", "<!--", "-->", "&#60;", "\\`", "<code>", "</code>", f"![a]({leak}/i1)",
+             f"[l]: {leak}/i2", f"<img src={leak}/i3>", "<script>window.__pwned=1</script>",
+             f"<iframe src={leak}/i4>", f'<a href="{leak}/i5" onclick="window.__pwned=2">',
+             "<svg onload=window.__pwned=3>", f"{leak}/i6", f'"{leak}/i7"']
+    rng = random.Random(seed)
+    return ["".join(rng.choice(marks) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+
+
+def test_random_hostile_text_through_the_real_renderer_fetches_nothing(server, listener, browser):
+    """What markup.py makes of random mixes of marks, as Gradio's own marked and sanitizer render it."""
+    listener.hits.clear()  # this test's own
+    texts = hostile_texts(listener.url, 200)
+    with Store(server.db, scrypt=CHEAP) as store:
+        alice = store.get_user("alice")
+        conv = store.create_conversation(alice, "Fuzz")
+        for i, text in enumerate(texts):
+            store.append_message(alice, conv.id, "user", f"U{i} {text}")
+            store.append_message(alice, conv.id, "assistant", f"A{i} {text}")
+    outside: list[str] = []
+    ctx = context(browser, server, outside)
+    page = ctx.new_page()
+    try:
+        sign_in(page, server.url, "alice")  # the tab used last, the one just written, is in view
+        page.wait_for_function(f"document.querySelectorAll('#chat [data-testid=bot]').length == {len(texts)}",
+                               timeout=60_000)
+        page.wait_for_timeout(1500)
+        assert listener.hits == [], listener.hits
+        assert page.evaluate("window.__pwned") is None
+        found = page.locator(f"{MESSAGE_PARTS} :is({FETCHERS})")
+        assert found.count() == 0, [found.nth(i).evaluate("e => e.outerHTML") for i in range(min(5, found.count()))]
+        assert page.evaluate("window.__csp || []") == []
+    finally:
+        ctx.close()
+    assert outside == []
