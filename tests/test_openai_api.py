@@ -167,7 +167,7 @@ def bad_cases(key, revoked):
         ("POST", chat, j, body(n=17), 400, "n"),
         ("POST", chat, j, body(stop=[""]), 400, "stop"),
         ("POST", chat, j, body(stream="yes please"), 400, "stream"),
-        ("POST", chat, j, body(tools=[{"type": "function"}]), 400, "tools: tool calling"),
+        ("POST", chat, j, body(tools=[{"type": "function"}]), 400, "tools.0.function"),
         ("POST", chat, j, body(presence_penalty=1.5), 400, "penalty"),
         ("POST", chat, j, body(messages=[{"role": "assistant", "content": "I said"}]), 400, "last message"),
         ("POST", chat, j, body(model="gpt-4o"), 404, "not found"),
@@ -186,7 +186,7 @@ def bad_cases(key, revoked):
         ("POST", chat, j, body(frobnicate=1), 400, "frobnicate: unknown field"),
         ("POST", chat, j, body(messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]), 400, "text only"),
-        ("POST", chat, j, body(messages=[{"role": "tool", "content": "42", "tool_call_id": "a"}]), 400, "tool"),
+        ("POST", chat, j, body(messages=[{"role": "tool", "content": "42"}]), 400, "tool_call_id"),
         ("POST", chat, j, body(messages=[{"role": "user", "content": "hi", "colour": "red"}]), 400, "colour"),
         ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "echo": True,
                                                    "logprobs": 1}), 400, "echo"),

@@ -49,6 +49,17 @@ def grammar_for(schema: dict) -> str:
     return grammar
 
 
+def grammar_of_lark(lark: str) -> str:
+    """An llguidance Lark grammar (tool calls: core/engine/tools.py), checked."""
+    import llguidance
+
+    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error and not error.startswith("WARNING"):
+        raise SchemaError(f"not a usable grammar: {error}")
+    return grammar
+
+
 def _tokenizer(tokenizer, vocab_size: int):
     """llguidance's view of the model's tokenizer (~0.5 s to build: once per model)."""
     import llguidance.hf

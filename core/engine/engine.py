@@ -223,12 +223,18 @@ class Engine:
             raise TypeError("submit takes a ChatRequest")
         if self.loaded is None:
             raise RequestError("the engine is not running", 503, "engine_unavailable")
-        messages = [m.model_dump() for m in request.messages]
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
         tok = self.loaded.tokenizer
         hybrid = self.prefix is not None and self.prefix.hybrid
+        extra = {}
+        if request.tools:
+            if self.tool_format() is None:
+                raise RequestError("tools: this model's chat template has no tool-call format",
+                                   code="tools_unsupported")
+            extra["tools"] = request.tools
         with self._tok_lock:
             try:
-                prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True))
+                prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True, **extra))
                 # Snapshots pay off where a later prompt continues this one: after a leading
                 # system prompt (shared by many conversations) and before the last message
                 # (the end of the previous turn). Two templatings, not one per message.
@@ -238,7 +244,7 @@ class Engine:
                     wanted.add(system)  # the cache's sharing scope needs it too
                 ends = {}
                 for k in sorted(wanted):
-                    head = list(tok.apply_chat_template(messages[:k]))
+                    head = list(tok.apply_chat_template(messages[:k], **extra))
                     if prompt[: len(head)] == head:
                         ends[k] = len(head)
             except Exception as e:  # a template may reject an order of roles
@@ -267,7 +273,8 @@ class Engine:
         if sampling.logit_bias and max(sampling.logit_bias) >= self.loaded.vocab_size:
             raise RequestError(f"logit_bias: token {max(sampling.logit_bias)} is not in the model's "
                                f"vocabulary of {self.loaded.vocab_size} tokens")
-        grammar = self._grammar(sampling.json_schema) if sampling.json_schema is not None else None
+        grammar = self._grammar(sampling.json_schema, sampling.lark) \
+            if sampling.json_schema is not None or sampling.lark is not None else None
         max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
         with self._lock:
             if self._inflight >= self.settings.max_queue:
@@ -289,16 +296,23 @@ class Engine:
             self._fail_queued("the engine stopped")  # else will answer what is queued now
         return handle
 
-    def _grammar(self, schema: dict) -> str:
-        """The request's compiled schema, checked in the caller's thread (a bad schema is
-        refused before it is queued; the engine thread only builds the matcher)."""
+    def tool_format(self) -> str | None:
+        """The tool-call family of the model's chat template (core/engine/tools.py), or None."""
+        from core.engine.tools import family
+
+        return family(getattr(self.loaded.tokenizer, "chat_template", None)) if self.loaded else None
+
+    def _grammar(self, schema: dict | None, lark: str | None = None) -> str:
+        """The request's compiled schema or grammar, checked in the caller's thread (a bad
+        one is refused before it is queued; the engine thread only builds the matcher)."""
         from core.engine import constrain
 
         try:
-            grammar = constrain.grammar_for(schema)
+            grammar = constrain.grammar_for(schema) if lark is None else constrain.grammar_of_lark(lark)
             constrain.Constraint(grammar, self.loaded.tokenizer, self.loaded.vocab_size)  # tokenizer built once
         except constrain.SchemaError as e:
-            raise RequestError(f"response_format: {e}", code="invalid_schema") from None
+            raise RequestError(f"{'response_format' if lark is None else 'tools'}: {e}",
+                               code="invalid_schema") from None
         return grammar
 
     def _check_owner(self, owner: str | None) -> None:

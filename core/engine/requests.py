@@ -35,8 +35,12 @@ class QueueFull(RequestError):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    # tool calling (core/engine/tools.py): an assistant's calls, and which call a tool answers
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # signed or unsigned 64-bit, as clients send them
@@ -63,11 +67,15 @@ class Sampling(BaseModel):
     # the reply is JSON valid against this schema ({"type": "object"}: any JSON object),
     # enforced while sampling (core/engine/constrain.py)
     json_schema: dict | None = None
+    # or this llguidance Lark grammar (tool_choice "required" or a named function)
+    lark: str | None = None
 
     @model_validator(mode="after")
     def _schema_ends(self):
-        if self.json_schema is not None and self.ignore_eos:
+        if (self.json_schema is not None or self.lark is not None) and self.ignore_eos:
             raise ValueError("ignore_eos cannot be used with a JSON schema: the reply ends where the JSON does")
+        if self.json_schema is not None and self.lark is not None:
+            raise ValueError("a reply follows one grammar: a JSON schema or a tool call, not both")
         return self
 
     @field_validator("logit_bias")
@@ -105,6 +113,8 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     messages: list[ChatMessage] = Field(min_length=1)
     sampling: Sampling = Field(default_factory=Sampling)
+    # functions the model may call, given to its chat template (OpenAI's `tools` shape)
+    tools: list[dict] | None = None
     # who sends it: after the system message, the prefix cache keeps this request's tokens
     # where only the same owner's requests find them (None: the one user of --no-auth)
     owner: str | None = None

@@ -18,6 +18,18 @@ TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+# the same, teaching the Hermes/Qwen tool-call format (for the tool-calling tests)
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|system|>You may call these tools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "Call one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call><|end|>{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'assistant' and m.get('tool_calls') %}<|assistant|>{% for c in m['tool_calls'] %}"
+    "<tool_call>\n{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}"
+    "\n</tool_call>{% endfor %}<|end|>"
+    "{%- elif m['role'] == 'tool' %}<|user|><tool_response>\n{{ m['content'] }}\n</tool_response><|end|>"
+    "{%- else %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{%- endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 SPECIALS = ["<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|pad|>"]
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -28,7 +40,7 @@ CORPUS = [
 ] * 20
 
 
-def build_tokenizer(out: Path, vocab_size: int = 400) -> int:
+def build_tokenizer(out: Path, vocab_size: int = 400, template: str = TEMPLATE) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -41,7 +53,7 @@ def build_tokenizer(out: Path, vocab_size: int = 400) -> int:
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": "<|end|>", "pad_token": "<|pad|>",
-        "chat_template": TEMPLATE, "model_max_length": 4096,
+        "chat_template": template, "model_max_length": 4096,
     }))
     return tok.get_vocab_size()
 
@@ -112,13 +124,14 @@ def _sharpen(model, arch: str, vocab: int, dim: int) -> None:
 
 
 def build_random_model(out: Path, seed: int = 0, dim: int = 64, layers: int = 2,
-                       context: int = 512, vocab_size: int = 400, arch: str = "llama") -> Path:
+                       context: int = 512, vocab_size: int = 400, arch: str = "llama",
+                       template: str = TEMPLATE) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab = build_tokenizer(out, vocab_size)
+    vocab = build_tokenizer(out, vocab_size, template)
     config = CONFIGS[arch](dim, layers, vocab, context)
     (out / "config.json").write_text(json.dumps(config))
     mx.random.seed(seed)

@@ -29,7 +29,7 @@ from core.engine.requests import (SEED_MAX, ChatRequest, Failed, Finished, Reque
                                   owner_of)
 from core.store.types import AuthFailed, RequestRecord, User
 
-from webui.api import schema as oa
+from webui.api import schema as oa, toolcalls
 from webui.api.errors import ApiError
 from webui.request_end import RequestEnd
 
@@ -157,9 +157,10 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             log.exception("could not record request metrics")
 
     async def respond(request: Request, handles: list[RequestHandle], stream: bool, include_usage: bool,
-                      chat: bool, echo: str = ""):
+                      chat: bool, echo: str = "", tool_family: str | None = None):
         """The reply of one request: `handles` are its n choices (one engine request each);
-        `echo` starts every choice's text (completions' echo)."""
+        `echo` starts every choice's text (completions' echo); with `tool_family`, calls in
+        the text become tool_calls (webui/api/toolcalls.py)."""
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         if not stream:
             watcher = asyncio.create_task(cancel_when_gone(request, handles))
@@ -178,9 +179,14 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
                 raise ApiError(500, f"generation failed: {failed.message}", "server_error", "engine_error")
             usage = oa.usage_of_choices([ev.usage for ev in finals])
             if chat:
-                body = oa.ChatCompletion(id=rid, model=model_id, usage=usage, choices=[oa.ChatChoice(
-                    index=i, message=oa.ChoiceMessage(content=ev.text), finish_reason=ev.finish_reason,
-                    logprobs=oa.chat_logprobs(ev.logprobs)) for i, ev in enumerate(finals)])
+                choices = []
+                for i, ev in enumerate(finals):
+                    content, calls, called = toolcalls.reply(tool_family, ev.text)
+                    choices.append(oa.ChatChoice(
+                        index=i, message=oa.ChoiceMessage(content=content, tool_calls=calls),
+                        finish_reason="tool_calls" if called else ev.finish_reason,
+                        logprobs=oa.chat_logprobs(ev.logprobs)))
+                body = oa.ChatCompletion(id=rid, model=model_id, usage=usage, choices=choices)
             else:
                 body = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
                     index=i, text=echo + ev.text, finish_reason=ev.finish_reason,
@@ -189,10 +195,13 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
 
         sent = [0] * len(handles)  # characters streamed so far per choice (legacy text_offset)
 
-        def chunk(i=0, content=None, finish=None, role=None, usage=None, choices=True, logprobs=None) -> str:
+        streams = [toolcalls.Stream(tool_family) for _ in handles] if tool_family else None
+
+        def chunk(i=0, content=None, finish=None, role=None, usage=None, choices=True, logprobs=None,
+                  calls=None) -> str:
             if chat:
                 c = oa.ChatCompletionChunk(id=rid, model=model_id, usage=usage, choices=[oa.ChunkChoice(
-                    index=i, delta=oa.Delta(role=role, content=content), finish_reason=finish,
+                    index=i, delta=oa.Delta(role=role, content=content, tool_calls=calls), finish_reason=finish,
                     logprobs=oa.chat_logprobs(logprobs))] if choices else [])
             else:
                 c = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
@@ -218,15 +227,25 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
                 while len(finals) < len(handles):
                     i, ev = await merged.get()
                     if isinstance(ev, TextDelta):
-                        yield chunk(i, content=ev.text, logprobs=ev.logprobs)
-                        sent[i] += len(ev.text)
+                        text = streams[i].feed(ev.text) if streams else ev.text
+                        if text or not streams:
+                            yield chunk(i, content=text, logprobs=ev.logprobs)
+                        sent[i] += len(text)
                     elif isinstance(ev, Failed):
                         finals[i] = ev
                         yield f"data: {oa.ErrorResponse(error=oa.ErrorBody(message=ev.message, type='server_error')).model_dump_json()}\n\n"
                         break
                     else:
                         finals[i] = ev
-                        yield chunk(i, finish=ev.finish_reason)
+                        finish = ev.finish_reason
+                        if streams:
+                            rest, calls = streams[i].finish()
+                            if rest:
+                                yield chunk(i, content=rest)
+                            if calls:
+                                yield chunk(i, calls=calls)
+                                finish = "tool_calls"
+                        yield chunk(i, finish=finish)
                 if include_usage and len(finals) == len(handles) and \
                         not any(isinstance(ev, Failed) for ev in finals.values()):
                     yield chunk(usage=oa.usage_of_choices([finals[i].usage for i in range(len(handles))]),
@@ -255,12 +274,18 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
     @router.post("/chat/completions")
     async def chat_completions(request: Request, body: oa.ChatCompletionRequest, user=Depends(current_user)):
         check_model(body.model)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in body.messages]
+        family = engine.tool_format() if body.calls_tools() else None
+        try:
+            tools, lark = toolcalls.request_side(body, family)
+        except toolcalls.ToolsUnsupported as e:
+            raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
+        messages = [m.for_template() for m in body.messages]
         handles = await submit_choices(user, body, lambda sampling: engine.asubmit(ChatRequest(
-            messages=messages, sampling=sampling, owner=owner_of(user and user.id))))
+            messages=messages, tools=tools, sampling=sampling.model_copy(update={"lark": lark}),
+            owner=owner_of(user and user.id))))
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, handles, body.stream, include, chat=True)
+        return await respond(request, handles, body.stream, include, chat=True,
+                             tool_family=family if tools else None)
 
     @router.post("/completions")
     async def completions(request: Request, body: oa.CompletionRequest, user=Depends(current_user)):

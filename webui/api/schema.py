@@ -12,6 +12,7 @@ engine requests is webui/api/routes.py's job.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Literal
@@ -43,7 +44,7 @@ FIELDS = {
              "metadata": "ignored", "store": "ignored", "service_tier": "ignored",
              "safety_identifier": "ignored", "prompt_cache_key": "ignored",
              "parallel_tool_calls": "ignored", "top_logprobs": "used", "response_format": "used",
-             "tools": "refused", "tool_choice": "refused", "functions": "refused",
+             "tools": "used", "tool_choice": "used", "functions": "refused",
              "function_call": "refused", "audio": "refused", "modalities": "refused",
              "prediction": "refused", "reasoning_effort": "refused", "verbosity": "refused",
              "web_search_options": "refused"},
@@ -76,21 +77,48 @@ class TextPart(BaseModel):
     text: str
 
 
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None  # calls are always held to the parameters' schema here
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str  # JSON, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # the call a tool message answers
 
     @model_validator(mode="before")
     @classmethod
     def _text_only(cls, data):
         if not isinstance(data, dict):
             return data
-        if data.get("role") in ("tool", "function"):
-            raise ValueError(f"{data['role']} messages need tool calling, which this server does not support")
-        if data.get("tool_calls") or data.get("function_call"):
-            raise ValueError("tool_calls: tool calling is not supported by this server")
+        if data.get("role") == "function" or data.get("function_call"):
+            raise ValueError("the legacy function-calling fields are not supported: use tools")
         parts = data.get("content")
         if isinstance(parts, list):
             for part in parts:
@@ -98,11 +126,42 @@ class Message(BaseModel):
                 if kind in ("image_url", "input_image", "input_audio", "file", "image", "audio"):
                     raise ValueError(f"content: this model takes text only (got a {kind} part)")
         # informational fields of a message; anything else is refused by extra="forbid"
-        return {k: v for k, v in data.items() if k not in ("refusal", "tool_calls", "function_call",
-                                                          "tool_call_id", "annotations", "audio")}
+        return {k: v for k, v in data.items() if k not in ("refusal", "annotations", "audio")}
+
+    @model_validator(mode="after")
+    def _has_content(self):
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content: missing (only an assistant message with tool_calls may leave it out)")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: a tool message says which call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message makes calls")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict:
+        """The message as chat templates take it (arguments as objects, as HF templates expect)."""
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _loads_or_text(c.function.arguments)}}
+                for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name and self.role == "tool":
+            out["name"] = self.name
+        return out
+
+
+def _loads_or_text(arguments: str):
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 class StreamOptions(BaseModel):
@@ -192,12 +251,39 @@ class ResponseFormat(BaseModel):
         return self.json_schema.schema_ if self.json_schema else None
 
 
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+    @model_validator(mode="after")
+    def _tools_checks(self):
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in \
+                {t.function.name for t in self.tools or []}:
+            raise ValueError("tool_choice: names a function that is not in tools")
+        if self.tool_choice == "required" and not self.tools:
+            raise ValueError("tool_choice: required needs tools")
+        if self.calls_tools() and self.response_format and self.response_format.type != "text":
+            raise ValueError("response_format: cannot be combined with tools")
+        return self
+
+    def calls_tools(self) -> bool:
+        """Are tools given to the model (tool_choice "none" keeps them away)?"""
+        return bool(self.tools) and self.tool_choice != "none"
 
     def sampling(self, defaults: dict | None = None) -> dict:
         schema = self.response_format.schema() if self.response_format else None
@@ -288,7 +374,8 @@ def new_id(prefix: str) -> str:
 
 class ChoiceMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict] | None = None
 
 
 def _token(text: str, logprob: float) -> dict:
@@ -334,6 +421,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict] | None = None
 
 
 class ChunkChoice(BaseModel):

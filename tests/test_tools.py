@@ -1,0 +1,123 @@
+"""Tool calling: the three template families' formats parsed, a forced call through the API
+on a random model whose template teaches the Hermes format (the grammar makes even random
+weights call correctly), the round trip with the tool's answer, and a clear 400 where the
+template has no tool format."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import httpx
+import pytest
+
+from core.engine import tools as formats
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tests.test_openai_api import GOOD, Server, client  # noqa: E402
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+                   "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
+                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
+                                       "properties": {"zone": {"enum": ["UTC", "CET"]}}}}}
+
+
+@pytest.mark.parametrize("fam, text, content, calls", [
+    ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>',
+     "Let me look.", [("get_time", {"zone": "UTC"})]),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call><tool_call>{"name": "b", "arguments": '
+     '{"x": 1}}</tool_call>', "", [("a", {}), ("b", {"x": 1})]),
+    ("hermes", "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+    ("llama3", '<|python_tag|>{"name": "get_time", "parameters": {"zone": "CET"}}', "", [("get_time", {"zone": "CET"})]),
+    ("llama3", "It is sunny.", "It is sunny.", []),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_time", "arguments": {"zone": "UTC"}}]', "",
+     [("get_time", {"zone": "UTC"})]),
+])
+def test_each_family_parses_its_calls(fam, text, content, calls):
+    got_content, got = formats.parse(fam, text)
+    assert got_content == content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == calls
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in got)
+
+
+def test_families_are_read_off_the_templates():
+    from tests.support.randmodel import TEMPLATE, TOOL_TEMPLATE
+
+    assert formats.family(TOOL_TEMPLATE) == "hermes" and formats.family(TEMPLATE) is None
+    assert formats.family("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]") == "mistral"
+    assert formats.family("{% if tools %}<|python_tag|>{% endif %}<|eot_id|>") == "llama3"
+
+
+def test_streaming_holds_back_what_may_become_a_call():
+    s = formats.held_back
+    assert s("hermes", "Hello <tool") == len("Hello ")
+    assert s("hermes", "Hello <b>") == len("Hello <b>")
+    assert s("hermes", "Hi <tool_call>{") == len("Hi ")
+    assert s("llama3", "  {") == 0 and s("llama3", "Sure") == 4
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory):
+    from tests.support.randmodel import TOOL_TEMPLATE, build_random_model
+
+    model = build_random_model(tmp_path_factory.mktemp("tools") / "m", template=TOOL_TEMPLATE, context=2048)
+    srv = Server(model, tmp_path_factory.mktemp("tools-db") / "t.db", "--no-auth", "--max-tokens", "120")
+    yield srv
+    assert "Traceback" not in srv.stop()
+
+
+def check_weather(call) -> dict:
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "days"} and args["city"] in ("Paris", "Oslo", "Lima") and 1 <= args["days"] <= 7
+    return args
+
+
+def test_a_required_call_round_trip_through_the_official_client(tool_server):
+    c = client(tool_server, "none")
+    msgs = [{"role": "user", "content": "What is the weather in Oslo for three days?"}]
+    out = c.chat.completions.create(model="default", messages=msgs, tools=[WEATHER, TIME],
+                                    tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                    temperature=0)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    check_weather(choice.message.tool_calls[0])
+    # the same streamed: no text, one tool_calls delta, the same call
+    chunks = list(c.chat.completions.create(model="default", messages=msgs, tools=[WEATHER, TIME],
+                                            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                            temperature=0, stream=True))
+    deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+    assert not "".join(d.content or "" for d in deltas)
+    streamed = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert [json.loads(tc.function.arguments) for tc in streamed] == [
+        json.loads(choice.message.tool_calls[0].function.arguments)]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    # "required" with two tools: one of them, valid either way
+    req = c.chat.completions.create(model="default", messages=msgs, tools=[WEATHER, TIME], tool_choice="required",
+                                    temperature=1.0, seed=3).choices[0].message.tool_calls[0]
+    assert req.function.name in ("get_weather", "get_time") and json.loads(req.function.arguments)
+    # the round trip: the call and the tool's answer go back into the conversation
+    call = choice.message.tool_calls[0]
+    follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "snow"}'}]
+    after = c.chat.completions.create(model="default", messages=follow, tools=[WEATHER, TIME], max_tokens=5,
+                                      temperature=0)
+    assert after.usage.prompt_tokens > out.usage.prompt_tokens + 10
+
+
+def test_tools_on_a_model_without_a_tool_format_is_a_clear_400(tiny_model_dir, tmp_path):
+    srv = Server(tiny_model_dir, tmp_path / "x.db", "--no-auth")
+    try:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={**GOOD, "tools": [WEATHER]}, timeout=30)
+        assert r.status_code == 400 and "no tool-call format" in r.json()["error"]["message"], r.text
+        # tool_choice "none" keeps the tools away from the model: served
+        r = httpx.post(srv.url + "/v1/chat/completions", json={**GOOD, "tools": [WEATHER], "tool_choice": "none"},
+                       timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        srv.stop()

@@ -1,0 +1,65 @@
+"""Tool calls in API replies: the request side (tools to the template, the grammar that
+forces a call) and the reply side (calls parsed out of the text, streamed or not).
+
+The formats and the parsing are core/engine/tools.py's; this module applies them to one
+OpenAI request. A streamed reply shows its text as it comes except from where a call
+starts (or may start: a prefix of the family's marker at the end is held back); at the
+end the calls go out as one `tool_calls` delta and the finish reason is "tool_calls".
+Runs on the server's event loop; no MLX.
+"""
+
+from __future__ import annotations
+
+from core.engine import tools as formats
+
+
+class ToolsUnsupported(ValueError):
+    pass
+
+
+def request_side(body, family: str | None) -> tuple[list[dict] | None, str | None]:
+    """(the tools for the chat template, the Lark grammar a forced call needs) of `body`."""
+    if not body.calls_tools():
+        return None, None
+    if family is None:
+        raise ToolsUnsupported("tools: this model's chat template has no tool-call format")
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    choice = body.tool_choice
+    if choice == "required":
+        return tools, formats.grammar(family, tools)
+    if choice not in (None, "auto"):  # a named function
+        return tools, formats.grammar(family, tools, only=choice.function.name)
+    return tools, None
+
+
+def reply(family: str | None, text: str) -> tuple[str | None, list[dict] | None, bool]:
+    """(content, tool_calls, called) of a whole reply."""
+    if family is None:
+        return text, None, False
+    content, calls = formats.parse(family, text)
+    if not calls:
+        return text, None, False
+    return (content or None), calls, True
+
+
+class Stream:
+    """One streamed choice's text, with what may be a call held back."""
+
+    def __init__(self, family: str):
+        self.family, self.text, self.shown = family, "", 0
+
+    def feed(self, delta: str) -> str:
+        """The text to send now."""
+        self.text += delta
+        cut = formats.held_back(self.family, self.text)
+        if cut <= self.shown:
+            return ""
+        out, self.shown = self.text[self.shown:cut], cut
+        return out
+
+    def finish(self) -> tuple[str, list[dict] | None]:
+        """(text still to send, the calls as a streamed delta's tool_calls, or None)."""
+        _, calls = formats.parse(self.family, self.text)
+        if not calls:
+            return self.text[self.shown:], None
+        return "", [{"index": k, **call} for k, call in enumerate(calls)]
