@@ -18,6 +18,7 @@ request never waits for SQLite. Routes and the disconnect watchers run on the ev
 from __future__ import annotations
 
 import asyncio
+import time
 import logging
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -27,9 +28,9 @@ from pydantic import ValidationError
 
 from core.engine.requests import (SEED_MAX, ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta,
                                   owner_of)
-from core.store.types import AuthFailed, RequestRecord, User
+from core.store.types import AuthFailed, RequestRecord, StoreError, User
 
-from webui.api import schema as oa, toolcalls
+from webui.api import responses as rs, schema as oa, toolcalls
 from webui.api.errors import ApiError
 from webui.request_end import RequestEnd
 
@@ -303,6 +304,116 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(request, handles, body.stream, include, chat=False,
                              echo=body.prompt if body.echo else "")
+
+    def continue_from(user: User, response_id: str) -> tuple[int, list[dict]]:
+        """(the conversation to go on in, its messages up to and with that response's reply);
+        store thread. Another user's id and an unknown one get the same 404."""
+        gone = ApiError(404, f"response {response_id!r} not found", code="not_found", param="previous_response_id")
+        ids = rs.parse_id(response_id)
+        if ids is None:
+            raise gone
+        conv, msg = ids
+        try:
+            history = store.history(user, conv)
+        except StoreError:
+            raise gone from None
+        at = next((i for i, m in enumerate(history) if m.id == msg and m.role == "user"), None)
+        if at is None:
+            raise gone
+        end = at + 1 + (at + 1 < len(history) and history[at + 1].role == "assistant")
+        kept = [{"role": m.role, "content": m.content} for m in history[:end]]
+        if end < len(history):  # it went on after that response: branch, leaving it as it was
+            conv = store.create_conversation(user, store.get_conversation(user, conv).title).id
+            for m in kept:
+                store.append_message(user, conv, m["role"], m["content"])
+        return conv, kept
+
+    def start_turn(user: User, conv: int | None, turn: list[dict]) -> tuple[int, int]:
+        """Keep this turn's input in the user's conversation (a new one without `conv`);
+        (conversation, the last input message's id). Store thread."""
+        if conv is None:
+            title = next((m["content"] for m in turn if m["role"] == "user"), "Response")[:60].strip() or "Response"
+            conv = store.create_conversation(user, title).id
+        last = None
+        for m in turn:
+            if m["role"] in ("user", "assistant"):
+                last = store.append_message(user, conv, m["role"], m["content"])
+        return conv, last.id
+
+    @router.post("/responses")
+    async def responses(request: Request, body: rs.ResponsesRequest, user=Depends(current_user)):
+        check_model(body.model)
+        try:
+            turn, schema = body.messages(), body.schema()
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        if not turn or turn[-1]["role"] != "user":
+            raise ApiError(400, "input: the last message must come from the user", param="input")
+        keep = body.store and store is not None and user is not None
+        conv, history = None, []
+        if body.previous_response_id:
+            if user is None or store is None:
+                raise ApiError(400, "previous_response_id: responses are kept per signed-in user, and with "
+                               "--no-auth there is none", param="previous_response_id")
+            conv, history = await asyncio.to_thread(continue_from, user, body.previous_response_id)
+        system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+        fields = {"temperature": body.temperature if body.temperature is not None else
+                  recommended.get("temperature", 1.0),
+                  "top_p": body.top_p if body.top_p is not None else recommended.get("top_p", 1.0),
+                  "max_tokens": body.max_output_tokens, "seed": body.seed, "json_schema": schema}
+        handle = await submit(user, lambda: engine.asubmit(ChatRequest(
+            messages=system + history + turn, sampling=Sampling(**fields), owner=owner_of(user and user.id))))
+        rid, previous = rs.new_id("resp"), body.previous_response_id
+        if keep:
+            try:
+                conv, msg = await asyncio.to_thread(start_turn, user, conv, turn)
+            except StoreError as e:
+                handle.cancel()
+                raise ApiError(400, f"input: {e}") from None
+            rid = f"resp_{conv}_{msg}"
+
+        async def keep_reply(text: str) -> None:
+            if keep:
+                await asyncio.to_thread(store.append_message, user, conv, "assistant", text)
+
+        if not body.stream:
+            watcher = asyncio.create_task(cancel_when_gone(request, [handle]))
+            try:
+                final = await last_event(handle)
+            finally:
+                watcher.cancel()
+                handle.cancel()
+            if isinstance(final, Failed):
+                raise ApiError(500, f"generation failed: {final.message}", "server_error", "engine_error")
+            await keep_reply(final.text)
+            status = "completed" if final.finish_reason != "cancelled" else "incomplete"
+            return JSONResponse(rs.response_object(rid, model_id, final.text, status, final.usage, previous,
+                                                   rs.new_id("msg"), time.time()))
+
+        events = rs.Events(rid, model_id, previous)
+
+        async def stream():
+            final = None
+            try:
+                for e in events.start():
+                    yield e
+                async for ev in handle.batched():
+                    if isinstance(ev, TextDelta):
+                        yield events.delta(ev.text)
+                    else:
+                        final = ev
+                if isinstance(final, Failed):
+                    yield events.failed(final.message)
+                    return
+                await keep_reply(final.text)
+                for e in events.end(rid, final.text, final.usage):
+                    yield e
+            finally:
+                if final is None:
+                    handle.cancel()
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
                       include_in_schema=False)
