@@ -240,6 +240,25 @@ def test_errors_carry_the_types_clients_map_to_their_exceptions(keyed):
         "This model's maximum context length is" in info.value.body["message"]
 
 
+def test_litellm_raises_what_its_callers_catch(keyed):
+    """litellm maps by status, type and OpenAI's wording: a bad key is its AuthenticationError,
+    a prompt over the context its ContextWindowExceededError (what agents catch to trim)."""
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # no fetch of its price list at import
+    import litellm
+
+    server, key, _, _ = keyed
+
+    def ask(api_key, words):
+        return litellm.completion(model="openai/default", api_base=server.url + "/v1", api_key=api_key,
+                                  messages=[{"role": "user", "content": words}], max_tokens=3, num_retries=0)
+
+    with pytest.raises(litellm.AuthenticationError):
+        ask("sk-not-a-key", "hi")
+    with pytest.raises(litellm.ContextWindowExceededError):
+        ask(key, "lists " * 3000)
+    assert ask(key, "hi").choices[0].message.content is not None
+
+
 def test_bad_requests_get_clear_errors_and_server_goes_on(keyed):
     server, key, revoked, _ = keyed
     cases = bad_cases(key, revoked)
