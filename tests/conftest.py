@@ -43,3 +43,11 @@ def store(tmp_path):
     s = Store(tmp_path / "test.db", scrypt=cheap_scrypt())
     yield s
     s.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright, for the page's browser tests."""
+    from tests.test_page_browser import chromium
+
+    yield from chromium()

@@ -57,6 +57,11 @@ class Server:
 
 @pytest.fixture(scope="module")
 def keyed(tiny_model_dir, tmp_path_factory):
+    yield from keyed_server(tiny_model_dir, tmp_path_factory)
+
+
+def keyed_server(tiny_model_dir, tmp_path_factory):
+    """(server, alice's key, a revoked key, the db): a real server whose API wants keys."""
     db = tmp_path_factory.mktemp("api") / "api.db"
     with Store(db) as store:
         alice = store.create_user("alice", "correct horse battery")

@@ -66,6 +66,16 @@ def page_server(model, folder: Path, *flags: str):
     return srv
 
 
+def chromium():
+    """Debian's Chromium through Playwright, for a fixture to `yield from`."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
 def stop_clean(srv) -> None:
     out = srv.stop()
     assert "Traceback" not in out, out
@@ -225,8 +235,10 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
             send(alice, LONG)
             alice.wait_for_function(f"(({LAST_BOT})()).includes('▍') && (({LAST_BOT})()).length > 60",
                                     timeout=30_000)
-            alice.locator("#stop").click()
+            alice.wait_for_function("document.querySelector('#send').innerText.trim() == 'Stop'")
+            alice.locator("#send").click()  # the one Send/Stop button
             alice.wait_for_function(f"(({LAST_BOT})()).includes('stopped')", timeout=30_000)
+            alice.wait_for_function("document.querySelector('#send').innerText.trim() == 'Send'")
             stopped_text = alice.evaluate(LAST_BOT)
             deadline = time.time() + 10
             while (health := httpx.get(server.url + "/health").json())["active_requests"] and time.time() < deadline:

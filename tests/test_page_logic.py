@@ -371,6 +371,27 @@ def test_dashboard_shows_aggregates_only(engine, store, users):
     assert Presence(window_s=0).count() == 0
 
 
+def test_dashboard_usage_is_ones_own_beside_everyones(engine, store, users):
+    alice, bob = users
+    page = ChatPage(engine, store, model_id="tiny")
+    for user, n in ((alice, 1), (bob, 2)):
+        conv = page.new_tab(user)
+        for i in range(n):
+            reply(page, user, conv.id, f"question {i}", temperature=0, max_tokens=4)
+    presence = Presence()
+    presence.seen("alice")
+    d = dashboard(engine, store, presence, you=alice)
+    assert "Users signed in | 1 user (active in the last 5 minutes)" in d.summary
+    assert "| Requests | 1 request (0 failed) | 3 requests (0 failed) |" in d.usage
+    assert "alice" not in d.usage + d.summary and "bob" not in d.usage + d.summary
+    assert set(d.ttft["series"]) == {"p50", "p95", "your p50"}
+    assert abs((d.x_lim[1] - d.x_lim[0]) - 3600) <= 60  # the plots span the hour their titles say
+    mine, everyone = store.usage(user=bob), store.usage()
+    assert (mine.requests, everyone.requests) == (2, 3) and mine.ttft_p50_ms is not None
+    assert store.usage(user=bob, now=time.time() + 7200).requests == 0
+    assert sum(b.requests for b in store.stats(user=alice)) == 1
+
+
 # ---- the serve command's banner ----
 
 def test_serve_banner_names_lan_addresses_and_how_to_add_users():

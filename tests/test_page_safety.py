@@ -34,7 +34,7 @@ from tests.support.procs import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))
 from tests.test_page_browser import (  # noqa: E402
-    ARGS, CHEAP, CHROMIUM, DONE, Shots, page_server, send, sign_in, stop_clean)
+    CHEAP, DONE, Shots, page_server, send, sign_in, stop_clean)
 
 pytestmark = pytest.mark.slow
 
@@ -95,16 +95,6 @@ def server(tiny_model_dir, tmp_path_factory):
     srv = page_server(tiny_model_dir, tmp_path_factory.mktemp("page-safety"), "--max-tokens", "12")
     yield srv
     stop_clean(srv)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,12 @@ import httpx
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import GOOD, Server, client, keyed  # noqa: E402,F401
+from tests.test_openai_api import Server, client, keyed_server  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_model_dir, tmp_path_factory):
+    yield from keyed_server(tiny_model_dir, tmp_path_factory)
 
 
 def test_a_response_then_its_follow_up_in_the_users_conversation(keyed):

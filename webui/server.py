@@ -90,7 +90,7 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
     gr.mount_gradio_app(
         app, page, path="/", auth=None if settings.no_auth else sign_in,
         auth_message=sign_in_message(engine.loaded), head=signed_out.HEAD,
-        theme=theme(), css=CSS, footer_links=["settings"], run_history=False, mcp_server=False,
+        theme=theme(), css=CSS, footer_links=[], run_history=False, mcp_server=False,
         ssr_mode=False, show_error=True)
     gradio_app = next(r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None)
     # the sign-in form and the page's calls get no bigger bodies than an API request; the gate,

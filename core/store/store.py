@@ -601,19 +601,35 @@ class Store:
             log.exception("store writer: %d queued records lost", len(work))
 
     def stats(self, *, window_s: float = 3600.0, bucket_s: float = 60.0,
-              now: float | None = None) -> list[StatsBucket]:
+              now: float | None = None, user: User | int | None = None) -> list[StatsBucket]:
         """The dashboard's series: one StatsBucket per `bucket_s` over the last `window_s`,
-        oldest first, empty buckets included."""
+        oldest first, empty buckets included; with `user`, of that user's requests only."""
         if not (0 < bucket_s <= window_s) or window_s / bucket_s > 10_000:
             raise Invalid("need 0 < bucket_s <= window_s and at most 10,000 buckets")
         end = time.time() if now is None else now
         start = end - window_s
+        return store_report.buckets(self._stats_rows(start, end, user), start, end, bucket_s)
+
+    def usage(self, *, window_s: float = 3600.0, now: float | None = None,
+              user: User | int | None = None) -> StatsBucket:
+        """The last `window_s` as one StatsBucket (its percentiles over the whole window, its
+        start the window's); with `user`, of that user's requests only."""
+        if not window_s > 0:
+            raise Invalid("need window_s > 0")
+        end = time.time() if now is None else now
+        start = end - window_s
+        # shifted to start at 0 and one bucket wider than the window: exactly one bucket
+        rows = [(r[0] - start, *r[1:]) for r in self._stats_rows(start, end, user)]
+        return replace(store_report.buckets(rows, 0.0, window_s, window_s * 2)[0], start=start)
+
+    def _stats_rows(self, start: float, end: float, user: User | int | None) -> list[tuple]:
+        mine = "" if user is None else " AND user = ?"
         with self._tx(write=False) as db:
-            rows = db.execute(
+            return db.execute(
                 "SELECT created, ttft_ms, prompt_tokens, cached_tokens, generated_tokens, decode_tps, "
                 "error IS NOT NULL OR finish_reason = 'error' FROM requests "
-                "WHERE created >= ? AND created <= ?", [start, end]).fetchall()
-        return store_report.buckets(rows, start, end, bucket_s)
+                "WHERE created >= ? AND created <= ?" + mine,
+                [start, end] + ([] if user is None else [user_id(user)])).fetchall()
 
     def totals(self) -> dict[str, int]:
         """Counts for the dashboard's header: users, conversations, messages, requests, errors,

@@ -1,8 +1,10 @@
 """The Server tab's figures: model, prefix cache, load, and per-minute series from the store.
 
 Aggregates only: counts, token totals, latencies. Nothing here reads a message or a title,
-so no user ever sees another's text through it. `Presence` counts who is signed in: names
-seen by the page in the last few minutes, kept in memory. No MLX, no Gradio.
+so no user ever sees another's text through it. Beside the server's totals, the one who
+looks sees their own usage over the same hour, and nobody else's by name. `Presence`
+counts who is signed in: names seen by the page in the last few minutes, kept in memory.
+Runs in Gradio's worker threads (the Server tab's refresh). No MLX, no Gradio.
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ from datetime import datetime
 import pandas as pd
 
 SIGNED_IN_WINDOW_S = 300.0
+WINDOW_S, BUCKET_S = 3600.0, 60.0  # the plots' titles say "per minute (last hour)"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """ "1 user", "2 users", "1,024 tokens"."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 class Presence:
@@ -41,7 +49,11 @@ class Presence:
 class Dashboard:
     summary: str  # Markdown
     requests: pd.DataFrame  # time, count, series ("answered" / "failed")
-    ttft: pd.DataFrame  # time, ms, series ("p50" / "p95")
+    ttft: pd.DataFrame  # time, ms, series ("p50" / "p95" / "your p50")
+    # the plots' time axis, the whole window even where it holds no point (seconds on the
+    # same naive local clock as the frames' times, as Gradio's plots want an x_lim)
+    x_lim: tuple[float, float]
+    usage: str = ""  # Markdown: the last hour, yours beside everyone's
 
 
 def _bytes(n: float) -> str:
@@ -56,8 +68,33 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "n/a"
 
 
-def dashboard(engine, store, presence: Presence, *, window_s: float = 3600.0,
-              bucket_s: float = 60.0) -> Dashboard:
+def _local(ts: float) -> pd.Timestamp:
+    return pd.Timestamp(datetime.fromtimestamp(ts))  # the server's local time
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.0f} ms"
+
+
+def _usage_cells(b) -> list[str]:
+    return [f"{plural(b.requests, 'request')} ({b.errors:,} failed)",
+            f"{plural(b.prompt_tokens, 'prompt token')}, {b.generated_tokens:,} generated",
+            "n/a" if b.cache_hit_ratio is None else f"{100 * b.cache_hit_ratio:.0f}%",
+            f"p50 {_ms(b.ttft_p50_ms)}, p95 {_ms(b.ttft_p95_ms)}"]
+
+
+def usage_table(mine, everyone) -> str:
+    """The last hour: one user's requests beside all of them (no one else's apart)."""
+    rows = ["Requests", "Tokens", "Prompt tokens from the cache", "Time to first token"]
+    lines = ["| Last hour | You | Everyone |", "|---|---|---|"]
+    for name, a, b in zip(rows, _usage_cells(mine), _usage_cells(everyone)):
+        lines.append(f"| {name} | {a} | {b} |")
+    return "\n".join(lines)
+
+
+def dashboard(engine, store, presence: Presence, *, window_s: float = WINDOW_S,
+              bucket_s: float = BUCKET_S, you=None) -> Dashboard:
+    """The Server tab; with `you` (a User), that user's own figures beside the server's."""
     s = engine.stats()
     m = engine.loaded
     cache = s.get("prefix_cache")
@@ -66,40 +103,51 @@ def dashboard(engine, store, presence: Presence, *, window_s: float = 3600.0,
     if m is not None:
         lines.append(f"| Model | `{m.model_id}`: {m.num_params / 1e6:,.1f}M parameters, {m.dtype}, "
                      f"context {m.context_length:,} tokens |")
-    lines.append(f"| Engine | {'running' if s['alive'] else 'stopped'}: {s['active']} active requests, "
-                 f"{max(0, s['inflight'] - s['active'])} waiting |")
+    lines.append(f"| Engine | {'running' if s['alive'] else 'stopped'}: {plural(s['active'], 'active request')}, "
+                 f"{max(0, s['inflight'] - s['active']):,} waiting |")
     if s.get("batch_tokens"):
-        lines.append(f"| Batch | {s.get('running', 0)} decoding; room for {s['batch_tokens']:,} tokens of running "
-                     f"sequences ({_bytes(s['kv_bytes_per_token'])} each) in the K/V budget of "
-                     f"{_bytes(s['kv_budget'])}, at most {s['max_batch']} sequences |")
+        lines.append(f"| Batch | {s.get('running', 0):,} decoding; room for {plural(s['batch_tokens'], 'token')} "
+                     f"of running sequences ({_bytes(s['kv_bytes_per_token'])} each) in the K/V budget of "
+                     f"{_bytes(s['kv_budget'])}, at most {plural(s['max_batch'], 'sequence')} |")
     if cache:
         lookups = cache.get("hits", 0) + cache.get("misses", 0)
         lines.append(f"| Prefix cache | {_bytes(cache.get('bytes', 0))} of {_bytes(cache.get('budget', 0))} "
                      f"({_pct(cache.get('bytes', 0), cache.get('budget', 0))} full), "
-                     f"{cache.get('cached_tokens', 0):,} tokens in {cache.get('nodes', 0):,} nodes, "
-                     f"{cache.get('evictions', 0):,} evictions |")
-        lines.append(f"| Cache hits | {_pct(cache.get('hits', 0), lookups)} of {lookups:,} lookups since start; "
-                     f"{_pct(totals['cached_tokens'], totals['prompt_tokens'])} of all prompt tokens "
-                     "served from the cache |")
+                     f"{plural(cache.get('cached_tokens', 0), 'token')} in {plural(cache.get('nodes', 0), 'node')}, "
+                     f"{plural(cache.get('evictions', 0), 'eviction')} |")
+        lines.append(f"| Cache hits | {_pct(cache.get('hits', 0), lookups)} of {plural(lookups, 'lookup')} "
+                     f"since start; {_pct(totals['cached_tokens'], totals['prompt_tokens'])} of all prompt "
+                     "tokens served from the cache |")
     else:
         lines.append("| Prefix cache | off |")
-    lines.append(f"| Users signed in | {presence.count()} (active in the last "
-                 f"{presence.window_s / 60:.0f} minutes) |")
-    lines.append(f"| All time | {totals['requests']:,} requests ({totals['errors']:,} failed), "
+    lines.append(f"| Users signed in | {plural(presence.count(), 'user')} (active in the last "
+                 f"{plural(round(presence.window_s / 60), 'minute')}) |")
+    lines.append(f"| All time | {plural(totals['requests'], 'request')} ({totals['errors']:,} failed), "
                  f"{totals['prompt_tokens']:,} prompt and {totals['generated_tokens']:,} generated tokens, "
-                 f"{totals['users']:,} users, {totals['conversations']:,} conversations |")
+                 f"{plural(totals['users'], 'user')}, {plural(totals['conversations'], 'conversation')} |")
 
-    buckets = store.stats(window_s=window_s, bucket_s=bucket_s)
+    now = time.time()
+    buckets = store.stats(window_s=window_s, bucket_s=bucket_s, now=now)
     rows, ttft = [], []
     for b in buckets:
-        t = pd.Timestamp(datetime.fromtimestamp(b.start))  # the server's local time
+        t = _local(b.start)
         rows.append((t, b.requests - b.errors, "answered"))
         rows.append((t, b.errors, "failed"))
         if b.ttft_p50_ms is not None:
-            ttft.append((t, b.ttft_p50_ms, "p50"))
-            ttft.append((t, b.ttft_p95_ms, "p95"))
+            ttft.append((t, round(b.ttft_p50_ms, 1), "p50"))  # the axis shows as many digits
+            ttft.append((t, round(b.ttft_p95_ms, 1), "p95"))
+    usage = ""
+    if you is not None:
+        for b in store.stats(window_s=window_s, bucket_s=bucket_s, now=now, user=you):
+            if b.ttft_p50_ms is not None:
+                ttft.append((_local(b.start), round(b.ttft_p50_ms, 1), "your p50"))
+        usage = usage_table(store.usage(window_s=window_s, now=now, user=you),
+                            store.usage(window_s=window_s, now=now))
+    first = buckets[0].start if buckets else now - window_s
     return Dashboard(
         summary="\n".join(lines),
         requests=pd.DataFrame(rows, columns=["time", "count", "series"]),
         ttft=pd.DataFrame(ttft, columns=["time", "ms", "series"]),
+        x_lim=(_local(first).value / 1e9, _local(now).value / 1e9),
+        usage=usage,
     )

@@ -10,7 +10,14 @@ links (webui/page/markup.py), and a Content-Security-Policy (webui/page/csp.py).
 
 The tab strip is a radio group styled as tabs, one choice per open conversation, over one
 chat area. A reply keeps streaming when its tab is left; the chat area shows it only while
-its tab is the one in view (`View`, per browser session). No MLX here.
+its tab is the one in view (`View`, per browser session). One button sends, and reads "Stop"
+while a reply is being written in the tab in view (`action`). Export downloads the tab as
+the store exports it: the text comes through the page's own queue, and the browser saves it
+(`SAVE`), since the gate (webui/gate.py) serves no files. The temperature starts at the model
+card's recommendation, or 0 (greedy) for a model without one.
+
+Runs on the server's event loop (the page's async handlers) and Gradio's worker threads
+(the others). No MLX here.
 """
 
 from __future__ import annotations
@@ -43,6 +50,22 @@ SYSTEM_FONTS = ["system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica N
 MONO_FONTS = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "Liberation Mono", "monospace"]
 NO_PROMPT, CUSTOM = "None", "Custom"
 REFRESH_S = 3.0  # the Server tab's refresh, while it is open
+SEND, STOP = "Send", "Stop"
+# the browser saves an export handed to it as {name, type, text}; "" is nothing to save
+SAVE = """(payload) => {
+  if (!payload) return [];
+  const file = JSON.parse(payload);
+  const url = URL.createObjectURL(new Blob([file.text], {type: file.type}));
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = file.name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
+  return [];
+}"""
+MEDIA_TYPES = {"md": "text/markdown", "json": "application/json"}
 
 CSS = """
 #conv-tabs .wrap { gap: 2px; border-bottom: 1px solid var(--border-color-primary); }
@@ -54,9 +77,13 @@ CSS = """
 #conv-tabs input[type=radio] { display: none; }
 #tab-row { align-items: end; gap: 6px; }
 #new-tab { max-width: 44px; }
+#compose { flex-wrap: nowrap; align-items: end; }
+#compose #send { flex: 0 0 auto; min-width: 72px; }
 #top-row { align-items: center; }
 #chat button[aria-label="Clear"] { display: none; }
 .rc-stats { font-size: 0.8em; opacity: 0.7; }
+/* the Server tab's row names break between words, not inside them, on a phone */
+:is(#server-summary, #your-usage) :is(th, td) { overflow-wrap: normal; word-break: normal; }
 """
 
 
@@ -144,12 +171,16 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         open_tabs = chat.tabs(user) if open_tabs is None else open_tabs
         return gr.Radio(choices=[(c.title, c.id) for c in open_tabs], value=current)
 
+    def action(writing: bool):
+        """The one Send/Stop button, as it reads for a tab: Stop while a reply is written there."""
+        return gr.Button(STOP if writing else SEND, variant="stop" if writing else "primary")
+
     def shown(user, conv_id: int, view: View):
-        """Everything that changes when a tab comes into view: strip, chat, title, prompt."""
+        """Everything that changes when a tab comes into view: strip, chat, title, prompt, button."""
         view.conv = conv_id
         conv = chat.conversation(user, conv_id)
         return (strip(user, conv_id), chat.messages(user, conv_id), conv.title,
-                conv.system_prompt, preset_of(conv.system_prompt))
+                conv.system_prompt, preset_of(conv.system_prompt), action(chat.writing(user, conv_id)))
 
     def closed_list(user, search: str):
         return gr.Radio(choices=[(f"{c.title}", c.id) for c in chat.archived(user, search)], value=None)
@@ -189,13 +220,13 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                                              allow_tags=False, latex_delimiters=[],
                                              placeholder="Replies stream here, with time to first token, "
                                                          "tokens/s and cached prompt tokens under each.")
-                        with gr.Row():
+                        # one row that never wraps, so Send/Stop stays beside the box on a phone
+                        with gr.Row(elem_id="compose"):
                             message = gr.Textbox(placeholder="Message (Enter sends, Shift+Enter: new line)",
                                                  show_label=False, lines=1, max_lines=10, scale=8,
-                                                 elem_id="message", autofocus=True)
-                            send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
+                                                 elem_id="message", autofocus=True, min_width=0)
+                            send = gr.Button(SEND, variant="primary", scale=0, min_width=72, elem_id="send")
                         with gr.Row():
-                            stop = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
                             regenerate = gr.Button("Regenerate", size="sm", elem_id="regenerate")
                     with gr.Column(scale=1, min_width=260):
                         with gr.Accordion("This tab", open=True):
@@ -203,12 +234,16 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                             with gr.Row():
                                 rename = gr.Button("Rename", size="sm", elem_id="rename")
                                 close = gr.Button("Close tab", size="sm", elem_id="close-tab")
+                            with gr.Row():
+                                export_md = gr.Button("Export Markdown", size="sm", elem_id="export-md")
+                                export_json = gr.Button("Export JSON", size="sm", elem_id="export-json")
+                            exported = gr.Textbox(visible=False, elem_id="exported")
                         with gr.Accordion("Settings", open=True):
                             preset = gr.Dropdown([NO_PROMPT, *presets, CUSTOM], value=NO_PROMPT,
                                                  label="System prompt", elem_id="preset")
                             system = gr.Textbox(label="System prompt of this tab", lines=3, max_lines=12,
                                                 elem_id="system")
-                            temperature = gr.Slider(0, 2, value=recommended.get("temperature", 0.7), step=0.05,
+                            temperature = gr.Slider(0, 2, value=recommended.get("temperature", 0.0), step=0.05,
                                                     label=temperature_label, elem_id="temperature")
                             max_tokens = gr.Slider(1, model.context_length, value=settings.max_tokens, step=1,
                                                    label="Max tokens", elem_id="max-tokens")
@@ -219,6 +254,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                             reopen = gr.Button("Reopen", size="sm", elem_id="reopen")
             with gr.Tab("Server", id="server") as server_section:
                 summary = gr.Markdown(elem_id="server-summary")
+                usage = gr.Markdown(elem_id="your-usage")
                 with gr.Row():
                     requests_plot = gr.BarPlot(x="time", y="count", color="series", y_title="requests",
                                                label="Requests per minute (last hour)", elem_id="requests-plot")
@@ -227,9 +263,9 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                                                elem_id="ttft-plot")
                 timer = gr.Timer(REFRESH_S, active=False)
 
-        tab_view = [tabs, chatbot, title, system, preset]
+        tab_view = [tabs, chatbot, title, system, preset, send]
 
-        @_notices(7)
+        @_notices(8)
         def on_load(view: View, request: gr.Request):
             user = who(request)
             who_line = (f"signed in as **{user.name}**" if sign_in
@@ -238,11 +274,11 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             _, current = chat.start(user)
             return (head, *shown(user, current, view), closed_list(user, ""))
 
-        @_notices(5)
+        @_notices(6)
         def switch(conv_id, view: View, request: gr.Request):
             return shown(who(request), conv_id, view)
 
-        @_notices(5)
+        @_notices(6)
         def new_tab(system_text, view: View, request: gr.Request):
             user = who(request)
             return shown(user, chat.new_tab(user, system_text).id, view)
@@ -253,7 +289,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             conv = chat.rename(user, conv_id, new_title)
             return strip(user, conv_id), conv.title
 
-        @_notices(6)
+        @_notices(7)
         def close_tab(conv_id, query, view: View, request: gr.Request):
             user = who(request)
             return (*shown(user, chat.close(user, conv_id), view), closed_list(user, query))
@@ -262,7 +298,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         def find_closed(query, request: gr.Request):
             return closed_list(who(request), query)
 
-        @_notices(6)
+        @_notices(7)
         def reopen_tab(conv_id, query, view: View, request: gr.Request):
             user = who(request)
             if conv_id is None:
@@ -284,14 +320,25 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
 
         async def respond(text, conv_id, temp, n_tokens, view: View, request: gr.Request, again=False):
             """Stream a reply into the chat area while its tab is in view (outputs: chat, message box,
-            strip, title). A refusal leaves the typed text in the box and shows a notice."""
+            strip, title, Send/Stop). A refusal leaves the typed text in the box and shows a notice."""
             skip = gr.skip()
             try:
                 user = await asyncio.to_thread(who, request)
                 if conv_id is None:
                     conv_id = (await asyncio.to_thread(chat.new_tab, user)).id
                 view.conv = conv_id
-                first, visible = True, True
+                first, visible, reads_stop = True, True, None
+
+                def button():
+                    """The button for the tab in view, when that changed: this reply began or ended,
+                    or another tab (writing or not) came into view meanwhile."""
+                    nonlocal reads_stop
+                    writing = chat.writing(user, view.conv)
+                    if writing == reads_stop:
+                        return skip
+                    reads_stop = writing
+                    return action(writing)
+
                 async for msgs in chat.reply(user, conv_id, text, temperature=temp, max_tokens=n_tokens,
                                              regenerate=again):
                     here = view.conv == conv_id
@@ -299,35 +346,65 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                         open_tabs = await asyncio.to_thread(chat.tabs, user)
                         title_now = next((c.title for c in open_tabs if c.id == conv_id), skip)
                         yield (msgs if here else skip, skip if again else "", strip(user, view.conv, open_tabs),
-                               title_now if here else skip)
+                               title_now if here else skip, button())
                         visible, first = here, False
                     elif here:
                         visible = True
-                        yield msgs, skip, skip, skip
+                        yield msgs, skip, skip, skip, button()
                     elif visible:  # its tab was left: make sure the chat area shows the one in view
                         visible = False
                         try:
                             other = await asyncio.to_thread(chat.messages, user, view.conv)
                         except PageError:
                             other = skip
-                        yield other, skip, skip, skip
+                        yield other, skip, skip, skip, button()
+                if not first:  # ended: the tab in view reads Send again, unless it writes too
+                    yield skip, skip, skip, skip, button()
             except PageError as e:
                 notice(e)
-                yield skip, skip, skip, skip
+                yield skip, skip, skip, skip, skip  # refused before it began, or after its last yield
 
         async def respond_again(conv_id, temp, n_tokens, view: View, request: gr.Request):
             async for out in respond(None, conv_id, temp, n_tokens, view, request, again=True):
                 yield out
 
-        def stop_reply(conv_id, request: gr.Request):
-            if conv_id is not None and not chat.stop(who(request), conv_id):
-                gr.Info("Nothing is being written in this tab.")
+        async def send_pressed(label, text, conv_id, temp, n_tokens, view: View, request: gr.Request):
+            """The button read Send when pressed: send (Stop is `stop_pressed`, outside the queue)."""
+            if label == STOP:
+                yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                return
+            async for out in respond(text, conv_id, temp, n_tokens, view, request):
+                yield out
 
-        @_notices(3)
+        @_notices(1)
+        def stop_pressed(label, conv_id, request: gr.Request):
+            """The button read Stop when pressed: cancel the tab's reply in the engine (what it wrote
+            stays; its own event turns the button back to Send). Not queued behind the replies."""
+            if label != STOP:
+                return gr.skip()
+            if conv_id is None or not chat.stop(who(request), conv_id):
+                return action(False)  # it ended meanwhile
+            return gr.skip()
+
+        def export(fmt: str):
+            def export_tab(conv_id, request: gr.Request):
+                """The tab as the store exports it, for the browser to save (SAVE)."""
+                try:
+                    name, text = chat.export(who(request), conv_id, fmt)
+                except PageError as e:
+                    notice(e)
+                    return ""  # nothing to save, whatever an earlier export left here
+                return json.dumps({"name": name, "type": MEDIA_TYPES[fmt], "text": text})
+            export_tab.__name__ = f"export_{fmt}"
+            return export_tab
+
+        @_notices(4)
         def refresh(request: gr.Request):
-            who(request)  # an open Server tab counts as being signed in
-            d = dashboard(engine, store, presence)
-            return d.summary, d.requests, d.ttft
+            you = who(request)  # an open Server tab counts as being signed in
+            d = dashboard(engine, store, presence, you=you)
+            # both plots span the whole window their titles name, points or not
+            return (d.summary, d.usage, gr.BarPlot(d.requests, x_lim=list(d.x_lim)),
+                    gr.ScatterPlot(d.ttft, x_lim=list(d.x_lim)))
 
         private = {"api_visibility": "private"}
         generating = {"concurrency_id": "generate", "show_progress": "hidden", "trigger_mode": "multiple",
@@ -341,14 +418,20 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         reopen.click(reopen_tab, [archived, search, view], [*tab_view, archived], **private)
         preset.input(apply_preset, [preset, tabs], [system], **private)
         system.blur(save_system, [system, tabs], [preset], **private)
-        gr.on([message.submit, send.click], respond, [message, tabs, temperature, max_tokens, view],
-              [chatbot, message, tabs, title], **generating)
-        regenerate.click(respond_again, [tabs, temperature, max_tokens, view], [chatbot, message, tabs, title],
-                         **generating)
-        stop.click(stop_reply, [tabs], None, concurrency_limit=None, **private)
+        replying = [chatbot, message, tabs, title, send]
+        message.submit(respond, [message, tabs, temperature, max_tokens, view], replying, **generating)
+        # one click, two events: each acts only if the button read its word when pressed
+        send.click(send_pressed, [send, message, tabs, temperature, max_tokens, view], replying, **generating)
+        send.click(stop_pressed, [send, tabs], [send], concurrency_limit=None, show_progress="hidden",
+                   **private)
+        regenerate.click(respond_again, [tabs, temperature, max_tokens, view], replying, **generating)
+        for button, fmt in ((export_md, "md"), (export_json, "json")):
+            button.click(export(fmt), [tabs], [exported], **private).then(None, [exported], None, js=SAVE,
+                                                                          **private)
+        server_view = [summary, usage, requests_plot, ttft_plot]
         server_section.select(lambda: gr.Timer(active=True), None, timer, **private).then(
-            refresh, None, [summary, requests_plot, ttft_plot], **private)
+            refresh, None, server_view, **private)
         chat_section.select(lambda: gr.Timer(active=False), None, timer, **private)
-        timer.tick(refresh, None, [summary, requests_plot, ttft_plot], show_progress="hidden", **private)
+        timer.tick(refresh, None, server_view, show_progress="hidden", **private)
     page.queue(default_concurrency_limit=settings.max_batch)
     return page

@@ -1,4 +1,4 @@
-"""What the chat page does, without the page: tabs, replies, stop, and readable errors.
+"""What the chat page does, without the page: tabs, replies, stop, export, readable errors.
 
 `ChatPage` holds the store, the engine and the metrics, and every method takes the signed-in
 user, so the page (webui/page/layout.py) is only layout and wiring, and these can be tested without
@@ -15,8 +15,9 @@ built from what it already holds, each message through one function (`row`: its 
 Markdown of text, code and links only, webui/page/markup.py). Stop cancels the request in
 the engine. Regenerate writes a new reply to the last message; the newest reply to a message
 is the one shown and the one the model sees later (the store keeps the older ones).
-Refusals (queue full, prompt too long, engine down, bad input) raise `PageError` with a
-sentence meant for the person at the page.
+Export hands out the store's own Markdown and JSON exports of a tab. Refusals (queue full,
+prompt too long, engine down, bad input) raise `PageError` with a sentence meant for the
+person at the page.
 
 Threads: `reply` runs on the event loop and sends reads and writes to worker threads; the
 other methods are synchronous and run where the page calls them (Gradio's worker threads).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import html
+import re
 import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -338,6 +340,21 @@ class ChatPage:
             if end is not None and not end.released:  # the page went away (or failed) mid-reply
                 run.handle.cancel()
                 self._let_go(end, question, run.text)
+
+    def writing(self, user: User, conv_id: int | None) -> bool:
+        """Whether a reply of this user's is being written in this tab (its button reads Stop)."""
+        run = self.running.get(conv_id) if conv_id is not None else None
+        return run is not None and run.user_id == user.id
+
+    def export(self, user: User, conv_id: int | None, fmt: str) -> tuple[str, str]:
+        """The tab's conversation as the store exports it ("md" or "json"), with a file name.
+        Someone else's conversation is "not found", like any of its tabs."""
+        if conv_id is None:
+            raise PageError("Open a tab first.")
+        text = self._guard(self.store.export_conversation, user, conv_id, fmt)
+        title = self._guard(self.store.get_conversation, user, conv_id).title
+        stem = re.sub(r"[^A-Za-z0-9]+", "-", title).strip("-")[:TITLE_CHARS].strip("-").lower() or "chat"
+        return f"radixchat-{conv_id}-{stem}.{fmt}", text
 
     def stop(self, user: User, conv_id: int) -> bool:
         """Cancel the reply being written in this tab, in the engine. False if there is none."""
