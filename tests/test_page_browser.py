@@ -292,7 +292,7 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
             alice.get_by_text("History").click()
             alice.locator("#search textarea, #search input").first.fill("generators")
             alice.wait_for_function("[...document.querySelectorAll('#archived label')].map(l => l.innerText.trim())"
-                                    ".join() == 'Generators, stopped'")
+                                    ".join().startsWith('Generators, stopped')")
             alice.locator("#archived label").first.click()
             alice.locator("#reopen").click()
             alice.wait_for_function(f"({TAB_LABELS})().join() == '{WORDS['alice'][0]},Generators, stopped'")
@@ -311,3 +311,84 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
             browser.close()
     assert outside == [], f"the page fetched from elsewhere: {outside}"
     print(f"browser test took {time.time() - t0:.0f} s")
+
+
+FOUND = "() => [...document.querySelectorAll('#archived label')].map(l => l.innerText.trim())"
+QUOKKA = "Quokka-7781 where do <b>they</b> live?"  # the word is only in the message, with markup
+
+
+def search_history(page, query: str) -> None:
+    if not page.locator("#search textarea, #search input").first.is_visible():
+        page.get_by_text("History").click()
+    page.locator("#search textarea, #search input").first.fill(query)
+    page.wait_for_function("document.querySelector('#archived').innerText.includes('Found')")
+
+
+def test_history_search_finds_ones_own_chats_by_their_messages(server):
+    """alice finds her closed chat by a word that is only in a message, sees its title and the
+    matching text (markup shown as typed), and opens it as a tab; bob, at a phone's width,
+    searching the same word finds only his own chat."""
+    from playwright.sync_api import sync_playwright
+
+    shot = Shots(SHOTS.parent / "page-search")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            widths = {"alice": 1280, "bob": 390}
+            pages = {name: browser.new_context(viewport={"width": w, "height": 900 if w > 400 else 844}).new_page()
+                     for name, w in widths.items()}
+            alice, bob = pages["alice"], pages["bob"]
+            for name, page in pages.items():
+                sign_in(page, server.url, name)
+                page.wait_for_selector("#conv-tabs label", timeout=30_000)
+                page.locator("#new-tab").click()
+                page.wait_for_function(f"({TAB_LABELS})().includes('New chat')")
+            send(alice, QUOKKA)
+            send(bob, "Quokka-7781 do wombats and quokkas meet?")
+            for page in pages.values():
+                page.wait_for_function(f"(({LAST_BOT})()).includes('{DONE}')", timeout=60_000)
+
+            # alice names the chat without the word, closes it, and finds it by its message
+            alice.locator("#title textarea, #title input").first.fill("Marsupials")
+            alice.locator("#rename").click()
+            alice.wait_for_function(f"({TAB_LABELS})().includes('Marsupials')")
+            alice.locator("#close-tab").click()
+            alice.wait_for_function(f"!({TAB_LABELS})().includes('Marsupials')")
+            search_history(alice, "quokka")
+            alice.wait_for_function(f"({FOUND})().length == 1")
+            [label] = alice.evaluate(FOUND)
+            assert label.startswith("Marsupials — ") and QUOKKA in label, label
+            assert alice.locator("#archived label b, #archived label script").count() == 0  # text, not HTML
+            alice.locator("#reopen").scroll_into_view_if_needed()
+            shot(alice, "alice-1280-found-by-message")
+            alice.locator("#archived label").first.click()
+            alice.locator("#reopen").click()
+            alice.wait_for_function("document.querySelector('#conv-tabs label.selected')?.innerText.trim()"
+                                    " == 'Marsupials'")
+            alice.wait_for_function("document.querySelector('#chat').innerText.includes('Quokka-7781')")
+            shot(alice, "alice-1280-opened")
+
+            # bob, at 390 px, finds his own chat and nothing of alice's
+            search_history(bob, "quokka")
+            bob.wait_for_function(f"({FOUND})().length >= 1")
+            bob.wait_for_timeout(500)
+            found = bob.evaluate(FOUND)
+            assert len(found) == 1 and found[0].startswith("Quokka-7781 do wombats"), found
+            assert "Marsupials" not in bob.locator("body").inner_text()
+            assert "they" not in " ".join(found)
+            assert bob.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+            bob.locator("#archived").scroll_into_view_if_needed()
+            shot(bob, "bob-390-found-only-his")
+
+            # the other width for each
+            alice.set_viewport_size({"width": 390, "height": 844})
+            search_history(alice, "quokka")
+            alice.wait_for_function(f"({FOUND})().length == 1")
+            alice.locator("#archived").scroll_into_view_if_needed()
+            shot(alice, "alice-390-found")
+            bob.set_viewport_size({"width": 1280, "height": 900})
+            bob.wait_for_timeout(300)
+            assert bob.evaluate(FOUND) == found
+            shot(bob, "bob-1280-found-only-his")
+        finally:
+            browser.close()

@@ -141,6 +141,34 @@ def test_a_user_never_reaches_another_users_tabs(store, users):
     assert [m.content for m in store.history(alice, conv.id)] == ["alice's secret"]
 
 
+def test_history_search_finds_titles_and_messages_of_ones_own_chats_and_opens_them(store, users):
+    alice, bob = users
+    page = ChatPage(Refusing(QueueFull(1)), store)
+    trip = page.new_tab(alice)
+    page.rename(alice, trip.id, "Trip")
+    store.append_message(alice, trip.id, "user", "Is the <b>aquarium</b> in Lisbon open on Mondays?")
+    page.close(alice, trip.id)  # closed: found by a word of its message, not of its title
+    still_open = page.new_tab(alice)
+    page.rename(alice, still_open.id, "Aquarium tickets")
+    store.append_message(alice, still_open.id, "user", "two adults")
+    theirs = page.new_tab(bob)
+    store.append_message(bob, theirs.id, "user", "the aquarium in bob's town")
+
+    assert page.find(alice) == [("Trip", trip.id)]  # no query: the closed tabs
+    found = page.find(alice, "  aquarium ")
+    assert [i for _, i in found] == [still_open.id, trip.id]  # a title match first
+    assert found[0][0] == "Aquarium tickets"
+    assert found[1][0].startswith("Trip — ") and "<b>aquarium</b> in Lisbon" in found[1][0]  # as typed
+    assert [i for _, i in page.find(bob, "aquarium")] == [theirs.id]
+    assert page.find(alice, 'AND "*') == [] and page.find(alice, "lisbon trip") == []
+
+    assert page.open(alice, trip.id).archived is None  # a closed one is reopened as a tab
+    assert trip.id in [c.id for c in page.tabs(alice)]
+    assert page.open(alice, still_open.id).id == still_open.id
+    with pytest.raises(PageError, match="no longer exists"):
+        page.open(bob, trip.id)
+
+
 def test_no_sign_in_means_one_local_user_made_on_demand(store):
     page = ChatPage(Refusing(QueueFull(1)), store)
     first = page.user(None)

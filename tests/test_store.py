@@ -542,3 +542,103 @@ def test_opening_waits_for_another_connection_that_is_writing_a_new_file(tmp_pat
     finally:
         s.close()
         holder.close()
+
+
+# ---- full-text search ----
+
+def test_search_finds_a_word_inside_a_message_and_in_a_title(store, alice):
+    trip = store.create_conversation(alice, "Trip planning")
+    store.append_message(alice, trip.id, "user", "Should we visit the aquarium in Lisbon next spring?")
+    other = store.create_conversation(alice, "Groceries")
+    store.append_message(alice, other.id, "user", "milk and eggs")
+    [hit] = store.search_conversations(alice, "aquarium")
+    assert hit.conversation.id == trip.id and "aquarium" in hit.snippet
+    assert [h.conversation.id for h in store.search_conversations(alice, "GROCERIES")] == [other.id]
+    assert [h.conversation.id for h in store.search_conversations(alice, "lisbon spring")] == [trip.id]
+    assert [h.conversation.id for h in store.search_conversations(alice, "aquar")] == [trip.id]  # as typed so far
+    assert store.search_conversations(alice, "lisbon eggs") == []  # every word must occur
+    # archived ones too, and a rename is indexed at once
+    store.archive_conversation(alice, trip.id)
+    assert [h.conversation.id for h in store.search_conversations(alice, "aquarium")] == [trip.id]
+    store.rename_conversation(alice, other.id, "Shopping")
+    assert store.search_conversations(alice, "groceries") == []
+    assert [h.conversation.id for h in store.search_conversations(alice, "shopping")] == [other.id]
+    for empty in ("", "   ", "\n"):
+        assert store.search_conversations(alice, empty) == []
+
+
+def test_search_ranks_better_matches_first(store, alice):
+    once = store.create_conversation(alice, "Long chat")
+    store.append_message(alice, once.id, "user", "A long message about many things: " + "filler words " * 60
+                         + "and one mention of kayak at the end.")
+    often = store.create_conversation(alice, "Short chat")
+    store.append_message(alice, often.id, "user", "kayak kayak: which kayak should I buy?")
+    titled = store.create_conversation(alice, "Kayak")
+    store.append_message(alice, titled.id, "user", "paddles")
+    hits = store.search_conversations(alice, "kayak")
+    assert [h.conversation.id for h in hits] == [titled.id, often.id, once.id]
+    assert "kayak" in hits[2].snippet and len(hits[2].snippet) < 200  # a short piece, not the message
+    assert len(store.search_conversations(alice, "kayak", limit=2)) == 2
+
+
+@pytest.mark.parametrize("query", ['"', '""', "*", "AND", "OR NOT", "-", "a -b", ":", "title:x", "content:kayak",
+                                   "NEAR(a b)", "(", ")", "^kayak", "kayak*", '"kayak', "{content}: kayak",
+                                   "+", "'", "\\", "%_", "\x00", "kayak AND", "AND kayak OR"])
+def test_search_takes_fts_syntax_as_text_and_never_raises(store, alice, query):
+    conv = store.create_conversation(alice, "Boats")
+    store.append_message(alice, conv.id, "user", "a kayak AND a canoe, not NEAR the title")
+    hits = store.search_conversations(alice, query)
+    assert all(h.conversation.id == conv.id for h in hits)
+    if query in ("^kayak", "kayak*", '"kayak', "kayak AND"):  # its words are all in the message
+        assert [h.conversation.id for h in hits] == [conv.id]
+    if query in ("content:kayak", "{content}: kayak", "AND kayak OR"):  # no column filter, no operator
+        assert hits == []
+
+
+def test_search_never_returns_another_users_conversations(store, alice, bob):
+    mine = store.create_conversation(alice, "Alice's notes")
+    store.append_message(alice, mine.id, "user", "the zeppelin plan, alice's version")
+    theirs = store.create_conversation(bob, "Bob's notes")
+    store.append_message(bob, theirs.id, "user", "the zeppelin plan, bob's version")
+    store.append_reply(bob, theirs.id, "zeppelin zeppelin zeppelin", RequestRecord())
+    bobs_titled = store.create_conversation(bob, "zeppelin")
+    assert [h.conversation.id for h in store.search_conversations(alice, "zeppelin")] == [mine.id]
+    assert {h.conversation.id for h in store.search_conversations(bob, "zeppelin")} == {theirs.id, bobs_titled.id}
+    assert all("bob" not in h.snippet for h in store.search_conversations(alice, "zeppelin plan version"))
+    assert store.search_conversations(alice, "bob") == []
+
+
+def test_deleting_a_conversation_removes_it_from_the_index(store, alice, bob):
+    conv = store.create_conversation(alice, "Walrus facts")
+    store.append_message(alice, conv.id, "user", "walrus tusks")
+    store.append_reply(alice, conv.id, "a walrus uses its tusks", RequestRecord())
+    gone_with_user = store.create_conversation(bob, "walrus too")
+    store.append_message(bob, gone_with_user.id, "user", "walrus")
+    store.delete_conversation(alice, conv.id)
+    assert store.search_conversations(alice, "walrus") == []
+    store.remove_user("bob")
+    with sqlite3.connect(store.path) as c:  # the index itself, not only the join, holds nothing
+        assert c.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'walrus'").fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM titles_fts WHERE titles_fts MATCH 'walrus'").fetchone() == (0,)
+        assert c.execute("INSERT INTO messages_fts(messages_fts, rank) VALUES ('integrity-check', 1)") is not None
+
+
+def test_a_database_from_before_search_gets_the_index_on_open(tmp_path):
+    path = tmp_path / "v2.db"
+    c = sqlite3.connect(path, isolation_level=None)
+    assert store_schema.migrate(c, target=2) == (0, 2)
+    c.execute("INSERT INTO users (name, password_hash, created) VALUES ('olga', ?, 1.0)",
+              [auth.hash_password("olga-password", CHEAP)])
+    c.execute("INSERT INTO conversations (owner, title, created, updated) VALUES (1, 'old chat', 1.0, 1.0)")
+    c.execute("INSERT INTO messages (conversation, role, content, created) VALUES (1, 'user', 'the old "
+              "narwhal story', 1.0)")
+    c.close()
+    store = Store(path, scrypt=CHEAP)
+    assert store.migrated_from == 2
+    olga = store.authenticate("olga", "olga-password")
+    [hit] = store.search_conversations(olga, "narwhal")
+    assert hit.conversation.id == 1 and "narwhal" in hit.snippet
+    assert [h.conversation.id for h in store.search_conversations(olga, "old chat")] == [1]
+    store.append_message(olga, 1, "user", "a new orca story")
+    assert [h.conversation.id for h in store.search_conversations(olga, "orca")] == [1]
+    store.close()

@@ -12,7 +12,7 @@ from core.store.types import (
     DEFAULT_TITLE, MAX_ERROR_CHARS, MAX_LABEL_CHARS, MAX_LIST, MAX_MESSAGE_CHARS, MAX_MODEL_CHARS,
     MAX_NAME_CHARS, MAX_PASSWORD_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS, MIN_PASSWORD_CHARS,
     NAME_RULE, ROLES, AlreadyExists, ApiKey, AuthFailed, Conversation, Invalid, Message, NotFound,
-    RequestFigures, RequestRecord, StoreError, User, as_id, check_name, check_password, check_text,
+    RequestFigures, RequestRecord, SearchHit, StoreError, User, as_id, check_name, check_password, check_text,
     clean_title, is_valid_name, user_id)
 
 __all__ = [
@@ -20,5 +20,5 @@ __all__ = [
     "MAX_MODEL_CHARS", "MAX_NAME_CHARS", "MAX_PASSWORD_CHARS", "MAX_SYSTEM_PROMPT_CHARS",
     "MAX_TITLE_CHARS", "MIN_PASSWORD_CHARS", "NAME_RULE", "ROLES", "AlreadyExists", "ApiKey",
     "AuthFailed", "Conversation", "Invalid", "Message", "NotFound", "RequestFigures", "RequestRecord",
-    "StoreError", "User", "as_id", "check_name", "check_password", "check_text", "clean_title",
+    "SearchHit", "StoreError", "User", "as_id", "check_name", "check_password", "check_text", "clean_title",
     "is_valid_name", "user_id"]

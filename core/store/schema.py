@@ -82,7 +82,41 @@ CREATE INDEX requests_by_conversation ON requests(conversation);
 ALTER TABLE messages ADD COLUMN request INTEGER REFERENCES requests(id) ON DELETE SET NULL;
 """
 
-MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS]
+# Full-text search over one's own conversations: titles and message texts, each in an
+# external-content FTS5 table (the text stays in its own table; the index holds only tokens),
+# kept in step by triggers, also when a conversation's deletion cascades to its messages.
+# The owner is not in the index: a search joins to conversations and filters on owner in SQL.
+# The last two statements index what an older database already holds.
+_V3_SEARCH = """
+CREATE VIRTUAL TABLE messages_fts USING fts5(
+    content, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2');
+CREATE VIRTUAL TABLE titles_fts USING fts5(
+    title, content='conversations', content_rowid='id', tokenize='unicode61 remove_diacritics 2');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER titles_fts_insert AFTER INSERT ON conversations BEGIN
+    INSERT INTO titles_fts(rowid, title) VALUES (new.id, new.title);
+END;
+CREATE TRIGGER titles_fts_delete AFTER DELETE ON conversations BEGIN
+    INSERT INTO titles_fts(titles_fts, rowid, title) VALUES ('delete', old.id, old.title);
+END;
+CREATE TRIGGER titles_fts_update AFTER UPDATE OF title ON conversations BEGIN
+    INSERT INTO titles_fts(titles_fts, rowid, title) VALUES ('delete', old.id, old.title);
+    INSERT INTO titles_fts(rowid, title) VALUES (new.id, new.title);
+END;
+INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+INSERT INTO titles_fts(titles_fts) VALUES ('rebuild');
+"""
+
+MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS, _V3_SEARCH]
 LATEST = len(MIGRATIONS)
 
 

@@ -14,6 +14,8 @@ writes: a crash may lose them, never a row that a synchronous call returned.
 
 Isolation: every read or change of a conversation or message takes the requesting user,
 and a conversation of someone else is `NotFound`, exactly like one that does not exist.
+Search (`search_conversations`) reads FTS5 indexes of titles and messages that triggers keep
+in step (core.store.schema); it joins them to conversations and filters on the owner in SQL.
 
 Not here: the schema and migrations (core.store.schema), hashing (core.store.auth), export and
 dashboard formatting (core.store.report), sessions, cookies and HTTP (webui). No MLX.
@@ -43,7 +45,7 @@ from core.store import schema as store_schema
 from core.store.report import StatsBucket
 from core.store.types import (
     DEFAULT_TITLE, MAX_LABEL_CHARS, MAX_LIST, MAX_MESSAGE_CHARS, MAX_PASSWORD_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS, ROLES, AlreadyExists, ApiKey,
-    AuthFailed, Conversation, Invalid, Message, NotFound, RequestFigures, RequestRecord, StoreError, User, as_id,
+    AuthFailed, Conversation, Invalid, Message, NotFound, RequestFigures, RequestRecord, SearchHit, StoreError, User, as_id,
     check_name, check_password, check_text, clean_title, is_valid_name, user_id)
 
 log = logging.getLogger("radixchat.store")
@@ -51,6 +53,20 @@ log = logging.getLogger("radixchat.store")
 ASYNC_QUEUE_MAX = 10_000  # past this, metrics are dropped (and counted) rather than block the engine
 _ASYNC_BATCH = 256
 _TOUCH_EVERY_S = 60.0  # how stale a key's last_used may get: saves a write per API call
+
+
+MAX_SEARCH_CHARS = 1_000
+MAX_SEARCH_WORDS = 16
+SNIPPET_TOKENS = 12  # about how many words of the matching text a search hit shows
+# the words of a query as FTS5's unicode61 tokenizer sees them: letters and digits
+_WORD = re.compile(r"[^\W_]+")
+
+
+def fts_query(text: str) -> str:
+    """A user's search as an FTS5 query of its words, each a quoted prefix ("word"*): every
+    word must occur, and nothing typed is read as FTS5 syntax. "" when it has no words."""
+    words = _WORD.findall(text)[:MAX_SEARCH_WORDS]
+    return " ".join(f'"{w}"*' for w in words)
 
 
 class _Touch:
@@ -397,6 +413,40 @@ class Store:
         args += [max(0, min(int(limit), MAX_LIST)), max(0, int(offset))]
         with self._tx(write=False) as db:
             return [Conversation(*r) for r in db.execute(sql, args)]
+
+    def search_conversations(self, user: User | int, query: str, limit: int = 50) -> list[SearchHit]:
+        """The user's conversations, open and archived, whose title, or one of whose messages,
+        holds every word of `query` (a word also as the start of a longer one; case and accents
+        aside),
+        best match first, each with a short snippet of the text that matched. The query is
+        words only: FTS5's syntax (quotes, *, AND, -, column:) is taken as text. An empty
+        query, or one without words, finds nothing. The owner filter is in the SQL."""
+        check_text(query or "", "search", MAX_SEARCH_CHARS, allow_empty=True)
+        match = fts_query(query or "")
+        if not match:
+            return []
+        uid = user_id(user)
+        # both indexes, each joined to its conversation and filtered by owner; per conversation
+        # its best hit (bm25: lower is better; a title hit counts double) and that hit's snippet
+        sql = f"""
+            WITH hits AS (
+                SELECT c.id AS conv, 2 * bm25(titles_fts) AS score,
+                       snippet(titles_fts, 0, '', '', '…', {SNIPPET_TOKENS}) AS snip
+                FROM titles_fts JOIN conversations c ON c.id = titles_fts.rowid
+                WHERE titles_fts MATCH :q AND c.owner = :uid
+                UNION ALL
+                SELECT c.id, bm25(messages_fts), snippet(messages_fts, 0, '', '', '…', {SNIPPET_TOKENS})
+                FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid
+                JOIN conversations c ON c.id = m.conversation
+                WHERE messages_fts MATCH :q AND c.owner = :uid),
+            best AS (SELECT conv, min(score) AS score, snip FROM hits GROUP BY conv)
+            SELECT c.id, c.owner, c.title, c.system_prompt, c.created, c.updated, c.archived, best.snip
+            FROM best JOIN conversations c ON c.id = best.conv AND c.owner = :uid
+            ORDER BY best.score, c.updated DESC, c.id DESC LIMIT :limit"""
+        args = {"q": match, "uid": uid, "limit": max(0, min(int(limit), MAX_LIST))}
+        with self._tx(write=False) as db:
+            return [SearchHit(Conversation(*r[:7]), " ".join(r[7].split()))
+                    for r in db.execute(sql, args)]
 
     def _update_conv(self, user: User | int, conv_id: int, sets: str, args: list) -> Conversation:
         uid = user_id(user)

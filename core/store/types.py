@@ -82,6 +82,14 @@ class Conversation:
 
 
 @dataclass(frozen=True)
+class SearchHit:
+    """A conversation that matches a search, with a short piece of the text that matched
+    (plain user text: escape it wherever it is shown as HTML)."""
+    conversation: Conversation
+    snippet: str
+
+
+@dataclass(frozen=True)
 class Message:
     id: int
     conversation: int

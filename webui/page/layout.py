@@ -183,7 +183,9 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                 conv.system_prompt, preset_of(conv.system_prompt), action(chat.writing(user, conv_id)))
 
     def closed_list(user, search: str):
-        return gr.Radio(choices=[(f"{c.title}", c.id) for c in chat.archived(user, search)], value=None)
+        """The History panel: closed tabs, or what a search found (labels are shown as text)."""
+        return gr.Radio(choices=chat.find(user, search), value=None,
+                        label="Found" if (search or "").strip() else "Closed tabs")
 
     # which model answers, as its card says (core.engine.catalog)
     card = model.card
@@ -248,10 +250,10 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                             max_tokens = gr.Slider(1, model.context_length, value=settings.max_tokens, step=1,
                                                    label="Max tokens", elem_id="max-tokens")
                         with gr.Accordion("History", open=False):
-                            search = gr.Textbox(label="Search closed tabs by title", max_lines=1,
-                                                elem_id="search")
+                            search = gr.Textbox(label="Search all your chats (titles and messages)",
+                                                max_lines=1, elem_id="search")
                             archived = gr.Radio(label="Closed tabs", elem_id="archived")
-                            reopen = gr.Button("Reopen", size="sm", elem_id="reopen")
+                            reopen = gr.Button("Open", size="sm", elem_id="reopen")
             with gr.Tab("Server", id="server") as server_section:
                 summary = gr.Markdown(elem_id="server-summary")
                 usage = gr.Markdown(elem_id="your-usage")
@@ -302,8 +304,8 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         def reopen_tab(conv_id, query, view: View, request: gr.Request):
             user = who(request)
             if conv_id is None:
-                raise PageError("Pick a closed tab in the list first.")
-            conv = chat.reopen(user, conv_id)
+                raise PageError("Pick a chat in the list first.")
+            conv = chat.open(user, conv_id)
             return (*shown(user, conv.id, view), closed_list(user, query))
 
         @_notices(1)

@@ -3,7 +3,8 @@
 `ChatPage` holds the store, the engine and the metrics, and every method takes the signed-in
 user, so the page (webui/page/layout.py) is only layout and wiring, and these can be tested without
 a browser. A tab is an open (not archived) conversation; closing one archives it (or deletes
-it if nothing was said in it); the history lists archived ones and reopens them. Everything
+it if nothing was said in it); the history lists archived ones, searches all of the user's conversations by the words of
+their titles and messages (the store's full-text index), and opens what it finds as a tab. Everything
 a tab shows comes from SQLite, so a reload or a second browser sees the same tabs.
 
 A reply streams from the engine; it is stored with its request metrics when it ends,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
 LOCAL_USER = "local"  # who everyone is with --no-auth
 TITLE_CHARS = 40  # a new tab is named after the start of its first message
+SEARCH_HITS = 50  # the most conversations a History search lists
 STREAM_EVERY_S = 0.05  # at most this often a streaming reply is sent to the browser
 
 
@@ -244,6 +246,23 @@ class ChatPage:
 
     def reopen(self, user: User, conv_id: int) -> Conversation:
         return self._guard(self.store.restore_conversation, user, conv_id)
+
+    def find(self, user: User, query: str = "") -> list[tuple[str, int]]:
+        """The History panel's list, as (label, conversation id): with no query, the closed
+        tabs; with one, the user's conversations, open or closed, whose title or messages
+        hold its words (the store's full-text search), best first, each labelled with its
+        title and the piece of text that matched. Labels are plain text, shown as text."""
+        if not (query or "").strip():
+            return [(c.title, c.id) for c in self.archived(user)]
+        hits = self._guard(self.store.search_conversations, user, query, limit=SEARCH_HITS)
+        return [(h.conversation.title if h.snippet in ("", h.conversation.title)
+                 else f"{h.conversation.title} — {h.snippet}", h.conversation.id) for h in hits]
+
+    def open(self, user: User, conv_id: int) -> Conversation:
+        """Open a conversation found in the History panel as a tab: a closed one is reopened,
+        an open one just comes into view."""
+        conv = self._guard(self.store.get_conversation, user, conv_id)
+        return self.reopen(user, conv.id) if conv.archived is not None else conv
 
     def conversation(self, user: User, conv_id: int) -> Conversation:
         return self._guard(self.store.get_conversation, user, conv_id)
