@@ -26,7 +26,10 @@ import re
 import time
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from webui.api.schema import _off, new_id  # noqa: F401  (new_id: for routes too)
+from core.store import Store
+from core.store.types import StoreError, User
+from webui.api.errors import ApiError
+from webui.api.schema import _off, new_id
 
 # what each field does here (the one rule of webui/api/schema.py)
 FIELDS = {"model": "used", "input": "used", "instructions": "used", "stream": "used",
@@ -105,6 +108,42 @@ class ResponsesRequest(BaseModel):
 def parse_id(response_id: str) -> tuple[int, int] | None:
     m = ID.match(response_id)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def continue_from(store: Store, user: User, response_id: str) -> tuple[int, list[dict]]:
+    """(the conversation to go on in, its messages up to and with that response's reply);
+    store thread. Another user's id and an unknown one get the same 404."""
+    gone = ApiError(404, f"response {response_id!r} not found", code="not_found", param="previous_response_id")
+    ids = parse_id(response_id)
+    if ids is None:
+        raise gone
+    conv, msg = ids
+    try:
+        history = store.history(user, conv)
+    except StoreError:
+        raise gone from None
+    at = next((i for i, m in enumerate(history) if m.id == msg and m.role == "user"), None)
+    if at is None:
+        raise gone
+    end = at + 1 + (at + 1 < len(history) and history[at + 1].role == "assistant")
+    kept = [{"role": m.role, "content": m.content} for m in history[:end]]
+    if end < len(history):  # it went on after that response: branch, leaving it as it was
+        conv = store.create_conversation(user, store.get_conversation(user, conv).title).id
+        for m in kept:
+            store.append_message(user, conv, m["role"], m["content"])
+    return conv, kept
+
+def start_turn(store: Store, user: User, conv: int | None, turn: list[dict]) -> tuple[int, int]:
+    """Keep this turn's input in the user's conversation (a new one without `conv`);
+    (conversation, the last input message's id). Store thread."""
+    if conv is None:
+        title = next((m["content"] for m in turn if m["role"] == "user"), "Response")[:60].strip() or "Response"
+        conv = store.create_conversation(user, title).id
+    last = None
+    for m in turn:
+        if m["role"] in ("user", "assistant"):
+            last = store.append_message(user, conv, m["role"], m["content"])
+    return conv, last.id
 
 
 def response_object(rid: str, model: str, text: str, status: str, usage, previous: str | None,

@@ -305,41 +305,6 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         return await respond(request, handles, body.stream, include, chat=False,
                              echo=body.prompt if body.echo else "")
 
-    def continue_from(user: User, response_id: str) -> tuple[int, list[dict]]:
-        """(the conversation to go on in, its messages up to and with that response's reply);
-        store thread. Another user's id and an unknown one get the same 404."""
-        gone = ApiError(404, f"response {response_id!r} not found", code="not_found", param="previous_response_id")
-        ids = rs.parse_id(response_id)
-        if ids is None:
-            raise gone
-        conv, msg = ids
-        try:
-            history = store.history(user, conv)
-        except StoreError:
-            raise gone from None
-        at = next((i for i, m in enumerate(history) if m.id == msg and m.role == "user"), None)
-        if at is None:
-            raise gone
-        end = at + 1 + (at + 1 < len(history) and history[at + 1].role == "assistant")
-        kept = [{"role": m.role, "content": m.content} for m in history[:end]]
-        if end < len(history):  # it went on after that response: branch, leaving it as it was
-            conv = store.create_conversation(user, store.get_conversation(user, conv).title).id
-            for m in kept:
-                store.append_message(user, conv, m["role"], m["content"])
-        return conv, kept
-
-    def start_turn(user: User, conv: int | None, turn: list[dict]) -> tuple[int, int]:
-        """Keep this turn's input in the user's conversation (a new one without `conv`);
-        (conversation, the last input message's id). Store thread."""
-        if conv is None:
-            title = next((m["content"] for m in turn if m["role"] == "user"), "Response")[:60].strip() or "Response"
-            conv = store.create_conversation(user, title).id
-        last = None
-        for m in turn:
-            if m["role"] in ("user", "assistant"):
-                last = store.append_message(user, conv, m["role"], m["content"])
-        return conv, last.id
-
     @router.post("/responses")
     async def responses(request: Request, body: rs.ResponsesRequest, user=Depends(current_user)):
         check_model(body.model)
@@ -355,7 +320,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             if user is None or store is None:
                 raise ApiError(400, "previous_response_id: responses are kept per signed-in user, and with "
                                "--no-auth there is none", param="previous_response_id")
-            conv, history = await asyncio.to_thread(continue_from, user, body.previous_response_id)
+            conv, history = await asyncio.to_thread(rs.continue_from, store, user, body.previous_response_id)
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         fields = {"temperature": body.temperature if body.temperature is not None else
                   recommended.get("temperature", 1.0),
@@ -366,7 +331,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         rid, previous = rs.new_id("resp"), body.previous_response_id
         if keep:
             try:
-                conv, msg = await asyncio.to_thread(start_turn, user, conv, turn)
+                conv, msg = await asyncio.to_thread(rs.start_turn, store, user, conv, turn)
             except StoreError as e:
                 handle.cancel()
                 raise ApiError(400, f"input: {e}") from None
