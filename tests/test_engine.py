@@ -76,6 +76,28 @@ def test_another_users_logit_bias_and_logprobs_leave_my_reply_alone(engine):
         assert lps and all(len(e.top) == 3 for e in lps) and results[i].text != mine[i % 3]
 
 
+def test_a_schema_compiles_in_a_worker_thread_never_the_engines_or_the_loops(engine, monkeypatch):
+    """However long a user's schema takes to compile, no other stream waits for it."""
+    import core.engine.constrain as constrain
+
+    threads, real = [], constrain.grammar_for
+
+    def watched(schema):
+        threads.append(threading.current_thread().name)
+        return real(schema)
+
+    monkeypatch.setattr(constrain, "grammar_for", watched)
+
+    async def main():
+        loop_thread = threading.current_thread().name
+        h = await engine.asubmit(chat("lists", max_tokens=20, json_schema={"type": "object"}))
+        return loop_thread, [ev async for ev in h][-1]
+
+    loop_thread, final = asyncio.run(main())
+    assert isinstance(final, Finished) and len(threads) == 1
+    assert threads[0] not in ("radixchat-engine", loop_thread), threads
+
+
 def test_engine_checked_offset_semantics_at_start(engine):
     assert engine.offset_report == {"BatchKVCache": "ok", "BatchRotatingKVCache": "ok"}
 

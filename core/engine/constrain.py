@@ -9,11 +9,13 @@ mask's conversion (0.58 s once per model for its tokenizer), lm-format-enforcer 
 ms a token (0.93 s once); a 32-row decode step takes ~300 ms. outlines was not measured: its
 vocabulary index needs the Hub or a hand conversion of the tokenizer.
 
-`grammar_for` turns a schema into a grammar and checks it (any thread: the caller's, so a
-bad schema is refused before it is queued). `Constraint` is one request's matcher, driven
-by its sampler in the engine thread: at each call it first consumes the token the previous
-call chose (mlx-lm samples the next token before the engine sees the last one), then masks
-the step's log-probabilities. The tokenizer llguidance needs is built once per model.
+`grammar_for` turns a schema into a grammar and checks it; `Constraint` is one request's
+matcher. Both are built in the caller's thread (a worker thread for asyncio callers), so a
+bad schema is refused before it is queued and compiling a large one never stalls the engine
+thread. The engine thread only drives the matcher, through the request's sampler: at each
+call it first consumes the token the previous call chose (mlx-lm samples the next token
+before the engine sees the last one), then masks the step's log-probabilities. The
+tokenizer llguidance needs is built once per model.
 
 Whitespace is compact (no free newlines or indentation): small models otherwise fill a
 reply with blank lines that the grammar allows.

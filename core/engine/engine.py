@@ -75,7 +75,7 @@ class _Active:
     prefilled: bool = False  # its prompt is through prefill (and in the prefix cache, if on)
     match: Match | None = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
-    grammar: str | None = None  # the compiled JSON schema its reply must follow
+    constraint: object | None = None  # core.engine.constrain.Constraint: the grammar its reply follows
     logprobs: list | None = None  # TokenLogprob of every generated token (with `logprobs`)
     unsent: list = field(default_factory=list)  # those not yet attached to a delta
 
@@ -208,12 +208,14 @@ class Engine:
                                   shared_len=p.shared_len, owner=request.owner)
 
     async def asubmit(self, request: ChatRequest) -> RequestHandle:
-        """`submit` for asyncio callers: the template runs in a worker thread, and the handle
-        delivers its events to the calling loop."""
+        """`submit` for asyncio callers: the template and any grammar are built in a worker
+        thread, and the handle delivers its events to the calling loop."""
         self._check_owner(request.owner)  # a flood's refusals cost no templating
         p = await asyncio.to_thread(self.template, request)
+        constraint = await asyncio.to_thread(self.constraint, request.sampling) \
+            if request.sampling.json_schema is not None or request.sampling.lark is not None else None
         return self.submit_tokens(p.tokens, request.sampling, p.boundaries,
-                                  shared_len=p.shared_len, owner=request.owner)
+                                  shared_len=p.shared_len, owner=request.owner, constraint=constraint)
 
     def template(self, request: ChatRequest) -> Templated:
         """The prompt's tokens, where its system message ends and, for models with
@@ -253,7 +255,7 @@ class Engine:
         return Templated(prompt, boundaries, ends.get(system, 0) if system else 0)
 
     def submit_tokens(self, prompt: list[int], sampling: Sampling, boundaries: list[int] | None = None,
-                      *, shared_len: int = 0, owner: str | None = None) -> RequestHandle:
+                      *, shared_len: int = 0, owner: str | None = None, constraint=None) -> RequestHandle:
         """Queue an already tokenized prompt (plain completions: no system message, so all
         of it lives in `owner`'s part of the prefix cache)."""
         if not self._ready.is_set() or self._stopping or self._closed:
@@ -273,8 +275,8 @@ class Engine:
         if sampling.logit_bias and max(sampling.logit_bias) >= self.loaded.vocab_size:
             raise RequestError(f"logit_bias: token {max(sampling.logit_bias)} is not in the model's "
                                f"vocabulary of {self.loaded.vocab_size} tokens")
-        grammar = self._grammar(sampling.json_schema, sampling.lark) \
-            if sampling.json_schema is not None or sampling.lark is not None else None
+        if constraint is None and (sampling.json_schema is not None or sampling.lark is not None):
+            constraint = self.constraint(sampling)
         max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
         with self._lock:
             if self._inflight >= self.settings.max_queue:
@@ -291,7 +293,7 @@ class Engine:
         handle = RequestHandle(rid, len(prompt), self.cancel, loop, self._outbox)
         self._cmds.put(_Submit(_Active(handle, prompt, sampling, max_tokens, time.perf_counter(),
                                        boundaries=boundaries or [], shared_len=shared_len, owner=owner,
-                                       grammar=grammar)))
+                                       constraint=constraint)))
         if self._closed:  # the engine stopped between the check above and the put: nobody
             self._fail_queued("the engine stopped")  # else will answer what is queued now
         return handle
@@ -302,18 +304,20 @@ class Engine:
 
         return family(getattr(self.loaded.tokenizer, "chat_template", None)) if self.loaded else None
 
-    def _grammar(self, schema: dict | None, lark: str | None = None) -> str:
-        """The request's compiled schema or grammar, checked in the caller's thread (a bad
-        one is refused before it is queued; the engine thread only builds the matcher)."""
+    def constraint(self, sampling: Sampling):
+        """The request's grammar, compiled into its matcher in the caller's thread: a bad one
+        is refused before it is queued, and however long a user's schema takes to compile
+        (llguidance's limits bound it), the engine thread, which every stream waits on,
+        never compiles anything."""
         from core.engine import constrain
 
+        lark = sampling.lark
         try:
-            grammar = constrain.grammar_for(schema) if lark is None else constrain.grammar_of_lark(lark)
-            constrain.Constraint(grammar, self.loaded.tokenizer, self.loaded.vocab_size)  # tokenizer built once
+            grammar = constrain.grammar_for(sampling.json_schema) if lark is None else constrain.grammar_of_lark(lark)
+            return constrain.Constraint(grammar, self.loaded.tokenizer, self.loaded.vocab_size)
         except constrain.SchemaError as e:
             raise RequestError(f"{'response_format' if lark is None else 'tools'}: {e}",
                                code="invalid_schema") from None
-        return grammar
 
     def _check_owner(self, owner: str | None) -> None:
         """Refuse a request of an owner who has `max_user_requests` waiting or running (a
@@ -505,12 +509,7 @@ class Engine:
         samplers, prompts, caches, prefixes, ok = [], [], [], [], []
         for a in new:  # one request's bad sampler must not keep the others out
             try:
-                constraint = None
-                if a.grammar is not None:
-                    from core.engine.constrain import Constraint
-
-                    constraint = Constraint(a.grammar, self.loaded.tokenizer, self.loaded.vocab_size)
-                sampler = make_request_sampler(a.sampling, constraint) if constraint else \
+                sampler = make_request_sampler(a.sampling, a.constraint) if a.constraint else \
                     make_request_sampler(a.sampling)
             except Exception:
                 log.exception("request %s: no sampler", a.handle.id)
