@@ -642,3 +642,30 @@ def test_a_database_from_before_search_gets_the_index_on_open(tmp_path):
     store.append_message(olga, 1, "user", "a new orca story")
     assert [h.conversation.id for h in store.search_conversations(olga, "orca")] == [1]
     store.close()
+
+
+def test_share_owner_only_same_token_until_revoked(store, alice, bob):
+    conv = store.create_conversation(alice, "plans")
+    store.append_message(alice, conv.id, "user", "hello <b>bob</b>")
+    with pytest.raises(NotFound):
+        store.share_conversation(bob, conv.id)
+    token = store.share_conversation(alice, conv.id)
+    assert len(token) >= 32 and store.share_conversation(alice, conv.id) == token
+    assert store.share_token(alice, conv.id) == token
+    title, msgs = store.shared_conversation(token)
+    assert title == "plans" and [m.content for m in msgs] == ["hello <b>bob</b>"]
+    with pytest.raises(NotFound):
+        store.revoke_share(bob, conv.id)
+    with pytest.raises(NotFound):
+        store.share_token(bob, conv.id)
+    assert store.shared_conversation(token)[0] == "plans"  # bob's attempt changed nothing
+    assert store.revoke_share(alice, conv.id) is True
+    assert store.share_token(alice, conv.id) is None
+    for wrong in (token, "", "x" * 32, token[:-1], None):
+        with pytest.raises(NotFound):
+            store.shared_conversation(wrong)
+    again = store.share_conversation(alice, conv.id)
+    assert again != token and store.shared_conversation(again)[0] == "plans"
+    store.delete_conversation(alice, conv.id)
+    with pytest.raises(NotFound):
+        store.shared_conversation(again)

@@ -73,7 +73,7 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
-    from webui.page import signed_out
+    from webui.page import shared, signed_out
     from webui.page.layout import CSS, build_page, sign_in_message, theme
 
     guard = app.state.signin
@@ -87,6 +87,7 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
     page = build_page(engine, settings, store, metrics, sign_in=not settings.no_auth)
     app.state.page = page
     signed_out.install(app)  # before the page's mount, which takes every path left
+    shared.install(app, store, no_auth=settings.no_auth)  # /shared/{token}: read-only, signed-in users
     gr.mount_gradio_app(
         app, page, path="/", auth=None if settings.no_auth else sign_in,
         auth_message=sign_in_message(engine.loaded), head=signed_out.HEAD,
@@ -96,5 +97,6 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
     # the sign-in form and the page's calls get no bigger bodies than an API request; the gate,
     # outside this limit, caps the bodies it reads itself and refuses uploads unread
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, prefixes=("/gradio_api/", "/login"))
-    app.add_middleware(PageGate, side=GradioSide(gradio_app, page), no_auth=settings.no_auth,
+    app.state.page_side = side = GradioSide(gradio_app, page)  # who a page cookie signs in
+    app.add_middleware(PageGate, side=side, no_auth=settings.no_auth,
                        max_body=settings.max_body_bytes)  # outermost: refusals cost nothing downstream

@@ -116,7 +116,18 @@ INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
 INSERT INTO titles_fts(titles_fts) VALUES ('rebuild');
 """
 
-MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS, _V3_SEARCH]
+# a conversation's read-only link on the LAN (the page's "Share"): at most one live token per
+# conversation; "Stop sharing" deletes the row, and deleting the conversation deletes it too.
+# The token is kept as is, not hashed, so that sharing again can show the owner the same link.
+_V4_SHARES = """
+CREATE TABLE shares (
+    conversation INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+    token TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL
+);
+"""
+
+MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS, _V3_SEARCH, _V4_SHARES]
 LATEST = len(MIGRATIONS)
 
 

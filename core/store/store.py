@@ -28,6 +28,7 @@ import collections
 import logging
 import queue
 import re
+import secrets
 import sqlite3
 import threading
 import time
@@ -474,6 +475,54 @@ class Store:
         with self._tx(write=True) as db:
             conv = self._conv(db, user_id(user), conv_id)
             db.execute("DELETE FROM conversations WHERE id = ?", [conv.id])
+
+    # ---- read-only links (the page's "Share") ----
+
+    def share_conversation(self, user: User | int, conv_id: int) -> str:
+        """The token of the conversation's read-only link, made now if it has none; the owner
+        only (another user's conversation is NotFound). Sharing again gives the same token
+        until `revoke_share`. Unguessable (secrets.token_urlsafe(24), 192 bits) and kept as
+        is rather than hashed: the owner must be able to see the same link again, and the file
+        that would hold the token already holds the conversation it opens."""
+        uid = user_id(user)
+        with self._tx(write=True) as db:
+            conv = self._conv(db, uid, conv_id)
+            row = db.execute("SELECT token FROM shares WHERE conversation = ?", [conv.id]).fetchone()
+            if row is not None:
+                return row[0]
+            token = secrets.token_urlsafe(24)
+            db.execute("INSERT INTO shares (conversation, token, created) VALUES (?, ?, ?)",
+                       [conv.id, token, time.time()])
+            return token
+
+    def share_token(self, user: User | int, conv_id: int) -> str | None:
+        """The conversation's live token, or None when it is not shared; owner only."""
+        with self._tx(write=False) as db:
+            conv = self._conv(db, user_id(user), conv_id)
+            row = db.execute("SELECT token FROM shares WHERE conversation = ?", [conv.id]).fetchone()
+            return row[0] if row else None
+
+    def revoke_share(self, user: User | int, conv_id: int) -> bool:
+        """Ends the conversation's link (its token is then NotFound); owner only. True if it
+        was shared. Sharing afterwards makes a new token."""
+        with self._tx(write=True) as db:
+            conv = self._conv(db, user_id(user), conv_id)
+            return db.execute("DELETE FROM shares WHERE conversation = ?", [conv.id]).rowcount > 0
+
+    def shared_conversation(self, token: str) -> tuple[str, list[Message]]:
+        """(title, messages) of the conversation that `token` opens, for any reader; NotFound,
+        the same for each, for a wrong or revoked token and for a conversation since deleted."""
+        if not isinstance(token, str) or not token or len(token) > 200:
+            raise NotFound("shared conversation not found")
+        with self._tx(write=False) as db:
+            row = db.execute("SELECT c.id, c.title FROM shares s JOIN conversations c ON c.id = s.conversation "
+                             "WHERE s.token = ?", [token]).fetchone()
+            if row is None:
+                raise NotFound("shared conversation not found")
+            msgs = [Message(*r) for r in db.execute(
+                "SELECT id, conversation, role, content, created, request FROM messages "
+                "WHERE conversation = ? ORDER BY id", [row[0]])]
+            return row[1], msgs
 
     # ---- messages ----
 

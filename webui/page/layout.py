@@ -13,7 +13,8 @@ chat area. A reply keeps streaming when its tab is left; the chat area shows it 
 its tab is the one in view (`View`, per browser session). One button sends, and reads "Stop"
 while a reply is being written in the tab in view (`action`). Export downloads the tab as
 the store exports it: the text comes through the page's own queue, and the browser saves it
-(`SAVE`), since the gate (webui/gate.py) serves no files. The temperature starts at the model
+(`SAVE`), since the gate (webui/gate.py) serves no files. "Share" shows the tab's read-only
+link on the request's own host (webui/page/shared.py serves it); "Stop sharing" ends it. The temperature starts at the model
 card's recommendation, or 0 (greedy) for a model without one.
 
 Runs on the server's event loop (the page's async handlers) and Gradio's worker threads
@@ -37,6 +38,7 @@ import assets
 
 from webui.page.dashboard import Presence, dashboard
 from webui.page.logic import ChatPage, PageError
+from webui.page.shared import link as shared_link
 
 if TYPE_CHECKING:
     from core.config import Settings
@@ -240,6 +242,13 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                                 export_md = gr.Button("Export Markdown", size="sm", elem_id="export-md")
                                 export_json = gr.Button("Export JSON", size="sm", elem_id="export-json")
                             exported = gr.Textbox(visible=False, elem_id="exported")
+                            with gr.Row():
+                                share = gr.Button("Share", size="sm", elem_id="share")
+                                unshare = gr.Button("Stop sharing", size="sm", elem_id="unshare")
+                            # the read-only link (webui/page/shared.py), for signed-in users here
+                            share_link = gr.Textbox(label="Read-only link for users of this server",
+                                                    interactive=False, max_lines=1, elem_id="share-link",
+                                                    placeholder="Not shared", buttons=["copy"])
                         with gr.Accordion("Settings", open=True):
                             preset = gr.Dropdown([NO_PROMPT, *presets, CUSTOM], value=NO_PROMPT,
                                                  label="System prompt", elem_id="preset")
@@ -400,6 +409,28 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             export_tab.__name__ = f"export_{fmt}"
             return export_tab
 
+        def link_of(token: str | None, request: gr.Request) -> str:
+            """The link on the request's own host: what the owner's browser reached is what
+            another browser on the LAN can reach too."""
+            if not token:
+                return ""
+            host = request.headers.get("host") or "localhost"
+            return shared_link(f"http://{host}", token)
+
+        @_notices(1)
+        def share_tab(conv_id, request: gr.Request):
+            return link_of(chat.share(who(request), conv_id), request)
+
+        @_notices(1)
+        def unshare_tab(conv_id, request: gr.Request):
+            chat.unshare(who(request), conv_id)
+            gr.Info("Stopped sharing: the link now shows \"not found\".")
+            return ""
+
+        @_notices(1)
+        def share_shown(conv_id, request: gr.Request):
+            return link_of(chat.share_token(who(request), conv_id), request)
+
         @_notices(4)
         def refresh(request: gr.Request):
             you = who(request)  # an open Server tab counts as being signed in
@@ -430,6 +461,9 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         for button, fmt in ((export_md, "md"), (export_json, "json")):
             button.click(export(fmt), [tabs], [exported], **private).then(None, [exported], None, js=SAVE,
                                                                           **private)
+        share.click(share_tab, [tabs], [share_link], **private)
+        unshare.click(unshare_tab, [tabs], [share_link], **private)
+        tabs.change(share_shown, [tabs], [share_link], show_progress="hidden", **private)
         server_view = [summary, usage, requests_plot, ttft_plot]
         server_section.select(lambda: gr.Timer(active=True), None, timer, **private).then(
             refresh, None, server_view, **private)

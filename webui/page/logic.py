@@ -270,6 +270,22 @@ class ChatPage:
     def set_system_prompt(self, user: User, conv_id: int, text: str) -> Conversation:
         return self._guard(self.store.set_system_prompt, user, conv_id, text or "")
 
+    def share(self, user: User, conv_id: int | None) -> str:
+        """The token of the tab's read-only link (the same until `unshare`); owner only."""
+        if conv_id is None:
+            raise PageError("Open a tab first.")
+        return self._guard(self.store.share_conversation, user, conv_id)
+
+    def share_token(self, user: User, conv_id: int | None) -> str | None:
+        """The tab's live token, None when it is not shared."""
+        return None if conv_id is None else self._guard(self.store.share_token, user, conv_id)
+
+    def unshare(self, user: User, conv_id: int | None) -> bool:
+        """End the tab's link: its token is "not found" from now on."""
+        if conv_id is None:
+            raise PageError("Open a tab first.")
+        return self._guard(self.store.revoke_share, user, conv_id)
+
     # ---- messages ----
 
     def messages(self, user: User, conv_id: int) -> list[dict]:
