@@ -189,12 +189,12 @@ def test_failing_request_fails_alone(engine, monkeypatch):
 
     real = core.engine.sampling.make_request_sampler
 
-    def faulty(s):
+    def faulty(s, constraint=None):
         if s.seed == 666:
             def boom(logprobs):
                 raise RuntimeError("sampler exploded")
             return boom
-        return real(s)
+        return real(s, constraint)
 
     monkeypatch.setattr(core.engine.sampling, "make_request_sampler", faulty)
     expected = [run_alone(engine, chat(w, max_tokens=12)).text for w in WORDS[:3]]
@@ -213,10 +213,10 @@ def test_a_sampler_that_cannot_be_built_fails_only_its_request(engine, monkeypat
 
     real = core.engine.sampling.make_request_sampler
 
-    def faulty(s):
+    def faulty(s, constraint=None):
         if s.seed == 667:
             raise TypeError("key(): incompatible function arguments")
-        return real(s)
+        return real(s, constraint)
 
     monkeypatch.setattr(core.engine.sampling, "make_request_sampler", faulty)
     expected = [run_alone(engine, chat(w, max_tokens=10)).text for w in WORDS[:4]]

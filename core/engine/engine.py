@@ -76,7 +76,7 @@ class _Active:
     match: Match | None = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
     constraint: object | None = None  # core.engine.constrain.Constraint: the grammar its reply follows
-    logprobs: list | None = None  # TokenLogprob of every generated token (with `logprobs`)
+    logprobs: list = field(default_factory=list)  # TokenLogprob of every generated token (with `logprobs`)
     unsent: list = field(default_factory=list)  # those not yet attached to a delta
 
     def usage(self) -> Usage:
@@ -213,7 +213,7 @@ class Engine:
         self._check_owner(request.owner)  # a flood's refusals cost no templating
         p = await asyncio.to_thread(self.template, request)
         constraint = await asyncio.to_thread(self.constraint, request.sampling) \
-            if request.sampling.json_schema is not None or request.sampling.lark is not None else None
+            if request.sampling.constrained else None
         return self.submit_tokens(p.tokens, request.sampling, p.boundaries,
                                   shared_len=p.shared_len, owner=request.owner, constraint=constraint)
 
@@ -275,7 +275,7 @@ class Engine:
         if sampling.logit_bias and max(sampling.logit_bias) >= self.loaded.vocab_size:
             raise RequestError(f"logit_bias: token {max(sampling.logit_bias)} is not in the model's "
                                f"vocabulary of {self.loaded.vocab_size} tokens")
-        if constraint is None and (sampling.json_schema is not None or sampling.lark is not None):
+        if constraint is None and sampling.constrained:
             constraint = self.constraint(sampling)
         max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
         with self._lock:
@@ -509,8 +509,7 @@ class Engine:
         samplers, prompts, caches, prefixes, ok = [], [], [], [], []
         for a in new:  # one request's bad sampler must not keep the others out
             try:
-                sampler = make_request_sampler(a.sampling, a.constraint) if a.constraint else \
-                    make_request_sampler(a.sampling)
+                sampler = make_request_sampler(a.sampling, a.constraint)
             except Exception:
                 log.exception("request %s: no sampler", a.handle.id)
                 self._fail(a, INTERNAL_ERROR)
@@ -602,7 +601,7 @@ class Engine:
         if not is_eos:
             if a.sampling.logprobs is not None:
                 entry = self._token_logprob(token, r.logprobs, a.sampling.logprobs)
-                a.logprobs = (a.logprobs or []) + [entry]
+                a.logprobs.append(entry)
                 a.unsent.append(entry)
             delta = a.stream.add(token)
             if delta:

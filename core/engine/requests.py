@@ -70,9 +70,14 @@ class Sampling(BaseModel):
     # or this llguidance Lark grammar (tool_choice "required" or a named function)
     lark: str | None = None
 
+    @property
+    def constrained(self) -> bool:
+        """Does the reply follow a grammar (a JSON schema or a forced tool call)?"""
+        return self.json_schema is not None or self.lark is not None
+
     @model_validator(mode="after")
     def _schema_ends(self):
-        if (self.json_schema is not None or self.lark is not None) and self.ignore_eos:
+        if self.constrained and self.ignore_eos:
             raise ValueError("ignore_eos cannot be used with a JSON schema: the reply ends where the JSON does")
         if self.json_schema is not None and self.lark is not None:
             raise ValueError("a reply follows one grammar: a JSON schema or a tool call, not both")
