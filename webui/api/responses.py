@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from core.store import Store
 from core.store.types import StoreError, User
 from webui.api.errors import ApiError
-from webui.api.schema import _off, new_id
+from webui.api.schema import check_fields, new_id, with_defaults
 
 # what each field does here (the one rule of webui/api/schema.py)
 FIELDS = {"model": "used", "input": "used", "instructions": "used", "stream": "used",
@@ -60,15 +60,12 @@ class ResponsesRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _fields(cls, data):
-        if not isinstance(data, dict):
-            return data
-        for name, value in data.items():
-            use = FIELDS.get(name)
-            if use is None:
-                raise ValueError(f"{name}: unknown field (this server takes the Responses API fields its README lists)")
-            if use == "refused" and not _off(name, value):
-                raise ValueError(f"{name}: not supported by this server")
-        return {k: v for k, v in data.items() if FIELDS[k] == "used"}
+        return check_fields(data, FIELDS, "Responses")
+
+    def sampling(self, defaults: dict | None) -> dict:
+        """The engine's sampling fields; `defaults` fill what the request left out."""
+        return {**with_defaults(self.temperature, self.top_p, defaults), "max_tokens": self.max_output_tokens,
+                "seed": self.seed, "json_schema": self.schema()}
 
     def messages(self) -> list[dict]:
         """This turn's input as chat messages."""

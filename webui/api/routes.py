@@ -18,8 +18,8 @@ request never waits for SQLite. Routes and the disconnect watchers run on the ev
 from __future__ import annotations
 
 import asyncio
-import time
 import logging
+import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Request
@@ -50,6 +50,22 @@ async def last_event(handle: RequestHandle):
     async for ev in handle:
         pass
     return ev
+
+
+async def wait_for_ends(request: Request, handles: list[RequestHandle]) -> tuple[list, bool]:
+    """(every handle's final event, whether the client left meanwhile: then the requests were
+    cancelled), for a reply sent whole at the end; a failed request is the reply's 500."""
+    watcher = asyncio.create_task(cancel_when_gone(request, handles))
+    try:  # each final event carries its request's whole text
+        finals = await asyncio.gather(*(last_event(h) for h in handles))
+    finally:
+        watcher.cancel()
+        for h in handles:
+            h.cancel()  # no-op once finished; frees the slot if this task was cancelled
+    failed = next((ev for ev in finals if isinstance(ev, Failed)), None)
+    if failed is not None:
+        raise ApiError(500, f"generation failed: {failed.message}", "server_error", "engine_error")
+    return finals, watcher.done() and not watcher.cancelled() and watcher.result()
 
 
 async def cancel_when_gone(request: Request, handles: list[RequestHandle]) -> bool:
@@ -164,20 +180,11 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         the text become tool_calls (webui/api/toolcalls.py)."""
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         if not stream:
-            watcher = asyncio.create_task(cancel_when_gone(request, handles))
-            try:  # each final event carries its choice's whole text
-                finals = await asyncio.gather(*(last_event(h) for h in handles))
-            finally:
-                watcher.cancel()
-                for h in handles:
-                    h.cancel()  # no-op once finished; frees the slot if this task was cancelled
-            if watcher.done() and not watcher.cancelled() and watcher.result():
+            finals, gone = await wait_for_ends(request, handles)
+            if gone:
                 # the client left and the request was cancelled: its rows say so (RequestEnd),
                 # and there is nobody to send a body to
                 return Response(status_code=CLIENT_GONE)
-            failed = next((ev for ev in finals if isinstance(ev, Failed)), None)
-            if failed is not None:
-                raise ApiError(500, f"generation failed: {failed.message}", "server_error", "engine_error")
             usage = oa.usage_of_choices([ev.usage for ev in finals])
             if chat:
                 choices = []
@@ -308,8 +315,9 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
     @router.post("/responses")
     async def responses(request: Request, body: rs.ResponsesRequest, user=Depends(current_user)):
         check_model(body.model)
-        try:
-            turn, schema = body.messages(), body.schema()
+        try:  # checked here, where a bad input or format is this route's 400
+            turn = body.messages()
+            body.schema()
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if not turn or turn[-1]["role"] != "user":
@@ -322,12 +330,9 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
                                "--no-auth there is none", param="previous_response_id")
             conv, history = await asyncio.to_thread(rs.continue_from, store, user, body.previous_response_id)
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-        fields = {"temperature": body.temperature if body.temperature is not None else
-                  recommended.get("temperature", 1.0),
-                  "top_p": body.top_p if body.top_p is not None else recommended.get("top_p", 1.0),
-                  "max_tokens": body.max_output_tokens, "seed": body.seed, "json_schema": schema}
         handle = await submit(user, lambda: engine.asubmit(ChatRequest(
-            messages=system + history + turn, sampling=Sampling(**fields), owner=owner_of(user and user.id))))
+            messages=system + history + turn, sampling=Sampling(**body.sampling(recommended)),
+            owner=owner_of(user and user.id))))
         rid, previous = rs.new_id("resp"), body.previous_response_id
         if keep:
             try:
@@ -342,14 +347,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
                 await asyncio.to_thread(store.append_message, user, conv, "assistant", text)
 
         if not body.stream:
-            watcher = asyncio.create_task(cancel_when_gone(request, [handle]))
-            try:
-                final = await last_event(handle)
-            finally:
-                watcher.cancel()
-                handle.cancel()
-            if isinstance(final, Failed):
-                raise ApiError(500, f"generation failed: {final.message}", "server_error", "engine_error")
+            (final,), _ = await wait_for_ends(request, [handle])
             await keep_reply(final.text)
             status = "completed" if final.finish_reason != "cancelled" else "incomplete"
             return JSONResponse(rs.response_object(rid, model_id, final.text, status, final.usage, previous,

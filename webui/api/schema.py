@@ -56,20 +56,28 @@ NOT_YET = {"response_format": "structured output", "tools": "tool calling", "too
            "audio": "audio output", "modalities": "audio output"}
 
 
-def _check_fields(data, api: str):
-    """The one rule of the module docstring, on the raw body (before pydantic reads it)."""
+def check_fields(data, table: dict[str, str], api: str):
+    """The one rule of the module docstring, on the raw body (before pydantic reads it):
+    `table` says what each field of `api` (its name, for the message) does here."""
     if not isinstance(data, dict):
         return data
-    table = FIELDS[api]
     for name, value in data.items():
         use = table.get(name)
         if use is None:
             raise ValueError(f"{name}: unknown field (this server takes the fields of OpenAI's "
-                             f"{'chat completions' if api == 'chat' else 'completions'} API it lists in its README)")
+                             f"{api} API it lists in its README)")
         if use == "refused" and not _off(name, value):
             what = NOT_YET.get(name, name)
             raise ValueError(f"{name}: {what} is not supported by this server")
     return {k: v for k, v in data.items() if table[k] == "used"}
+
+
+def with_defaults(temperature: float | None, top_p: float | None, defaults: dict | None) -> dict:
+    """The request's temperature and top_p; what it left out from `defaults` (the model card's
+    recommendation), else OpenAI's 1.0."""
+    defaults = defaults or {}
+    return {"temperature": temperature if temperature is not None else defaults.get("temperature", 1.0),
+            "top_p": top_p if top_p is not None else defaults.get("top_p", 1.0)}
 
 
 class TextPart(BaseModel):
@@ -216,10 +224,7 @@ class _Sampling(BaseModel):
 
     def sampling(self, defaults: dict | None = None) -> dict:
         """The engine's sampling fields; `defaults` fill what the request left out."""
-        defaults = defaults or {}
-        temperature = self.temperature if self.temperature is not None else defaults.get("temperature", 1.0)
-        top_p = self.top_p if self.top_p is not None else defaults.get("top_p", 1.0)
-        return {"temperature": temperature, "top_p": top_p, "top_k": self.top_k,
+        return {**with_defaults(self.temperature, self.top_p, defaults), "top_k": self.top_k,
                 "max_tokens": self.max_tokens, "stop": self.stop or [], "seed": self.seed,
                 "ignore_eos": self.ignore_eos, "logprobs": self._top(),
                 "logit_bias": {int(k): b for k, b in (self.logit_bias or {}).items()}}
@@ -295,7 +300,7 @@ class ChatCompletionRequest(_Sampling):
     @model_validator(mode="before")
     @classmethod
     def _fields(cls, data):
-        return _check_fields(data, "chat")
+        return check_fields(data, FIELDS["chat"], "chat completions")
 
     @model_validator(mode="after")
     def _chat_checks(self):
@@ -324,7 +329,7 @@ class CompletionRequest(_Sampling):
     @model_validator(mode="before")
     @classmethod
     def _fields(cls, data):
-        return _check_fields(data, "completions")
+        return check_fields(data, FIELDS["completions"], "completions")
 
     @field_validator("prompt")
     @classmethod
