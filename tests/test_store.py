@@ -418,15 +418,20 @@ def test_16_threads_x_200_mixed_operations(tmp_path):
 
 # ---- schema and migrations ----
 
-def test_old_schema_migrates_forward_keeping_rows(tmp_path):
-    path = tmp_path / "old.db"
+def old_database(path, version: int, message: str) -> None:
+    """A database file at schema `version` holding olga, her 'old chat' and its one message."""
     c = sqlite3.connect(path, isolation_level=None)
-    assert store_schema.migrate(c, target=1) == (0, 1)
+    assert store_schema.migrate(c, target=version) == (0, version)
     c.execute("INSERT INTO users (name, password_hash, created) VALUES ('olga', ?, 1.0)",
               [auth.hash_password("olga-password", CHEAP)])
     c.execute("INSERT INTO conversations (owner, title, created, updated) VALUES (1, 'old chat', 1.0, 1.0)")
-    c.execute("INSERT INTO messages (conversation, role, content, created) VALUES (1, 'user', 'hello', 1.0)")
+    c.execute("INSERT INTO messages (conversation, role, content, created) VALUES (1, 'user', ?, 1.0)", [message])
     c.close()
+
+
+def test_old_schema_migrates_forward_keeping_rows(tmp_path):
+    path = tmp_path / "old.db"
+    old_database(path, 1, "hello")
 
     store = Store(path, scrypt=CHEAP)
     assert store.migrated_from == 1
@@ -625,14 +630,7 @@ def test_deleting_a_conversation_removes_it_from_the_index(store, alice, bob):
 
 def test_a_database_from_before_search_gets_the_index_on_open(tmp_path):
     path = tmp_path / "v2.db"
-    c = sqlite3.connect(path, isolation_level=None)
-    assert store_schema.migrate(c, target=2) == (0, 2)
-    c.execute("INSERT INTO users (name, password_hash, created) VALUES ('olga', ?, 1.0)",
-              [auth.hash_password("olga-password", CHEAP)])
-    c.execute("INSERT INTO conversations (owner, title, created, updated) VALUES (1, 'old chat', 1.0, 1.0)")
-    c.execute("INSERT INTO messages (conversation, role, content, created) VALUES (1, 'user', 'the old "
-              "narwhal story', 1.0)")
-    c.close()
+    old_database(path, 2, "the old narwhal story")
     store = Store(path, scrypt=CHEAP)
     assert store.migrated_from == 2
     olga = store.authenticate("olga", "olga-password")

@@ -45,20 +45,23 @@ def grammar_for(schema: dict) -> str:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_COMPACT)
     except (ValueError, TypeError) as e:
         raise SchemaError(f"not a usable JSON schema: {e}") from None
-    error = llguidance.LLMatcher.validate_grammar(grammar)
-    if error and not error.startswith("WARNING"):
-        raise SchemaError(f"not a usable JSON schema: {error}")
-    return grammar
+    return _checked(grammar, "JSON schema")
 
 
 def grammar_of_lark(lark: str) -> str:
     """An llguidance Lark grammar (tool calls: core/engine/tools.py), checked."""
     import llguidance
 
-    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "grammar")
+
+
+def _checked(grammar: str, what: str) -> str:
+    """`grammar` if llguidance accepts it (warnings pass); SchemaError with its reason if not."""
+    import llguidance
+
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error and not error.startswith("WARNING"):
-        raise SchemaError(f"not a usable grammar: {error}")
+        raise SchemaError(f"not a usable {what}: {error}")
     return grammar
 
 
