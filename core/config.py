@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     kv_slots: bool = Field(True, description="Keep the decoding batch's K/V in buffers with spare rows "
                            "and columns, so a request joining or leaving copies its own row, not the "
                            "whole batch (with --step-tokens > 0); off = mlx-lm's BatchKVCache")
+    cpu_ops: bool = Field(True, description="On a CPU (Linux), run the model's attention and SwiGLU "
+                          "in forms MLX's CPU backend computes faster (core/engine/cpu_ops.py); no "
+                          "effect on a Mac's GPU; off = mlx-lm's own functions")
     max_queue: int = Field(256, ge=1, description="Most requests waiting or running before new ones are refused")
     max_user_requests: int = Field(32, ge=1, description="Most requests one user may have waiting or "
                                    "running at once (--no-auth is one trusted user, without this limit)")

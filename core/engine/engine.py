@@ -344,6 +344,11 @@ class Engine:
 
                 self.offset_report = ensure_offset_semantics()
                 self.loaded = load_model(s.model, s.dtype, s.context_length)
+                if s.cpu_ops:
+                    from core.engine import cpu_ops
+
+                    self.cpu_ops = cpu_ops.install(self.loaded.model)
+                    cpu_ops.use_here(True)
                 from core.cache.kv import PrefixStore, kv_bytes_per_token
 
                 self.kv_budget = kv_budget(s)

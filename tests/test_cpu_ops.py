@@ -1,0 +1,113 @@
+"""core.engine.cpu_ops: the CPU forms of attention and SwiGLU compute what mlx-lm's functions
+compute (every mask shape mlx-lm passes, grouped and plain heads, decode and prefill), the
+engine takes them only in its own thread and only with --cpu-ops, and an engine's greedy
+tokens are the same with them on and off."""
+
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.activations import swiglu as library_swiglu
+
+from core.config import Settings
+from core.engine import cpu_ops
+from core.engine.engine import Engine
+from core.engine.requests import ChatRequest, Finished
+
+TOL = 2e-5
+
+
+def library(q, k, v, scale, mask):
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+def qkv(batch: int, heads: int, kv_heads: int, length: int, total: int, seed: int = 0):
+    mx.random.seed(seed)
+    return (mx.random.normal((batch, heads, length, 16)), mx.random.normal((batch, kv_heads, total, 16)),
+            mx.random.normal((batch, kv_heads, total, 16)))
+
+
+def causal(length: int, total: int) -> mx.array:
+    return mx.arange(total - length, total)[:, None] >= mx.arange(total)[None]
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 4), (3, 1)])
+@pytest.mark.parametrize("length,total", [(1, 23), (5, 23), (7, 7)])
+def test_attention_equals_the_library_for_every_mask_form(heads, kv_heads, length, total):
+    q, k, v = qkv(3, heads, kv_heads, length, total)
+    # left padding as a batch cache has it: row i ignores its first 2*i positions
+    padded = causal(length, total)[None, None] & (mx.arange(total)[None, None, None] >= 2 * mx.arange(3)[:, None, None, None])
+    additive = mx.where(padded, 0.0, -1e9)
+    per_head = mx.broadcast_to(padded, (3, heads, length, total)) & (mx.arange(heads)[None, :, None, None] != 1)
+    soft = mx.random.uniform(-3.0, 0.0, (3, 1, length, total))  # a bias, as ALiBi adds
+    masks = {"none": None, "bool": padded, "additive": additive, "soft": soft, "per-head": per_head,
+             "2-d": causal(length, total)}
+    if length > 1:
+        masks["causal"] = "causal"
+    for name, mask in masks.items():
+        want = library(q, k, v, 0.25, mask if mask != "causal" else causal(length, total))
+        got = cpu_ops.attention(q, k, v, 0.25, mask)
+        assert got.shape == want.shape, name
+        assert mx.abs(got - want).max().item() < TOL, name
+
+
+def test_swiglu_equals_the_library_including_saturated_gates():
+    mx.random.seed(1)
+    gate = mx.concatenate([mx.random.normal((2, 64)) * 4, mx.array([[-200.0, -90.0, 0.0, 90.0, 200.0] * 4] * 2)], axis=1)
+    x = mx.random.normal(gate.shape)
+    want, got = library_swiglu(gate, x), cpu_ops.swiglu(gate, x)
+    assert not mx.isnan(got).any().item()
+    assert (mx.abs(got - want) <= 1e-6 * (1 + mx.abs(want))).all().item()
+
+
+def test_the_fast_form_runs_only_in_a_thread_that_asked_for_it(tiny_model_dir, monkeypatch):
+    from mlx_lm import load
+
+    model, _ = load(str(tiny_model_dir))
+    modules = cpu_ops.install(model)
+    assert modules == ["mlx_lm.models.llama"]
+    calls = []
+    real = cpu_ops.attention
+    monkeypatch.setattr(cpu_ops, "attention", lambda *a: calls.append(1) or real(*a))
+    tokens = mx.array([[1, 2, 3, 4]])
+
+    def forward(on: bool, out: list):
+        cpu_ops.use_here(on)
+        out.append(model(tokens))
+        mx.eval(out)
+
+    results: list = []
+    for on in (False, True):
+        t = threading.Thread(target=forward, args=(on, results))
+        t.start()
+        t.join()
+        if not on:
+            assert calls == [], "a thread that did not ask took the fast form"
+    assert len(calls) == len(model.layers)
+    assert mx.abs(results[0] - results[1]).max().item() < 1e-4
+
+
+def greedy_replies(model_dir, on: bool) -> list[str]:
+    eng = Engine(Settings(model=str(model_dir), cpu_ops=on, max_batch=8, max_tokens=20)).start(timeout=120)
+    try:
+        handles = [eng.submit(ChatRequest(messages=[
+            {"role": "system", "content": "You answer questions about Python."},
+            {"role": "user", "content": f"Tell me about {w}" + " please" * (i % 3)}]))
+            for i, w in enumerate(["lists", "tuples", "dicts", "sets", "generators", "classes"])]
+        finals = [h.result() for h in handles]
+        assert all(isinstance(f, Finished) for f in finals), finals
+        return [f.text for f in finals]
+    finally:
+        eng.stop()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_an_engine_answers_the_same_with_cpu_ops_on_and_off(tmp_path, arch):
+    from tests.support.randmodel import build_random_model
+
+    model_dir = build_random_model(tmp_path / arch, arch=arch, layers=2)
+    off, on = greedy_replies(model_dir, False), greedy_replies(model_dir, True)
+    assert on == off
+    assert len(set(on)) > 1
