@@ -266,12 +266,17 @@ def measure(kind: str, config: str, model: str, batch: int, drive, work, args, l
 
 
 def decode_ceiling(model_path: str, batch: int, context: int, steps: int = 48) -> float:
-    """Tokens/s of a bare batched greedy decode loop: no scheduler, no HTTP."""
+    """Tokens/s of a bare batched greedy decode loop: no scheduler, no HTTP, with radixchat's
+    model ops (--cpu-ops on a CPU: the fastest this model decodes here; loadtests.bench_decode
+    compares them with mlx-lm's)."""
     code = f"""
 import time, mlx.core as mx
+from core.engine import cpu_ops
 from core.engine.model import load_model
 from mlx_lm.models.cache import make_prompt_cache
 m = load_model({model_path!r}).model
+cpu_ops.install(m)
+cpu_ops.use_here(True)
 cache = make_prompt_cache(m)
 x = mx.array([[(i * 7 + b) % 500 + 10 for i in range({context})] for b in range({batch})])
 mx.eval(m(x, cache=cache))
