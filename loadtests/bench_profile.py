@@ -17,6 +17,7 @@ ceiling loadtests.bench_decode measures). On Linux it first re-executes itself w
 OpenBLAS (core.platform.blas).
 
     python -m loadtests.bench_profile [--model tiny] [--users 32] [--turns 3] [--set cpu_ops=false]
+        [--first-token-forward]
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="an engine setting, e.g. --set cpu_ops=false (repeatable)")
+    p.add_argument("--first-token-forward", action="store_true",
+                   help="run a newcomer's last prompt token in a forward of its own, as mlx-lm does "
+                        "(the stepper's order before it ran that token in the batch's decode)")
     args = p.parse_args()
     reexec_with_openblas()
     from mlx_lm.generate import GenerationBatch
@@ -83,6 +87,8 @@ def main() -> None:
     from core.engine import engine as engine_module
     from core.engine.stepper import BudgetedBatchGenerator
 
+    if args.first_token_forward:
+        BudgetedBatchGenerator._unstepped = lambda self, prompts, last: prompts.generate(last)
     clock = Clock()
     clock.wrap(BudgetedBatchGenerator, "_prefill_chunk", "prefill chunks")
     clock.wrap(BudgetedBatchGenerator, "_start_decoding", "first tokens")
@@ -99,7 +105,8 @@ def main() -> None:
     settings = Settings(model=resolve_model(args), **overrides)
     engine = engine_module.Engine(settings).start()
     print(f"model {settings.model}; BLAS {active_blas()}; {args.users} users x {args.turns} turns, "
-          f"max_tokens {args.max_tokens}; settings {overrides or 'defaults'}")
+          f"max_tokens {args.max_tokens}; settings {overrides or 'defaults'}"
+          f"{'; first-token forward' if args.first_token_forward else ''}")
     tokens: list[int] = []
     rng = random.Random(args.seed)
     threads = [threading.Thread(target=user, args=(engine, random.Random(rng.random()), args.turns,

@@ -1,5 +1,6 @@
-"""The budgeted engine step (core.engine.stepper): a newcomer's first token comes in the step
-that ends its prefill, and no step prefills more than its budget leaves beside the decode.
+"""The budgeted engine step (core.engine.stepper): a newcomer's last prompt token runs in the
+batch's decode of the step that ends its prefill (no forward of its own), its first token
+comes out of the next step, and no step prefills more than its budget leaves beside the decode.
 
 Drives the generator directly on the tiny random model, with mlx-lm's own BatchGenerator
 as the reference it must beat; the engine-level transparency lives in test_prefix_cache."""
@@ -45,16 +46,64 @@ def calls_to_first_token(gen, prompt: list[int]) -> int:
     raise AssertionError("no first token")
 
 
+class Counted:
+    """The model, counting its forwards."""
+
+    def __init__(self, model):
+        self.model, self.forwards = model, 0
+
+    def __call__(self, *args, **kwargs):
+        self.forwards += 1
+        return self.model(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
 @pytest.mark.parametrize("budget", [None, 256])
-def test_a_newcomer_decodes_in_the_step_that_ends_its_prefill(model, budget):
-    gen = make(model, budget)
+def test_a_newcomers_last_prompt_token_runs_in_the_batchs_decode(model, budget):
+    counted = Counted(model)
+    gen = make(counted, budget)
     assert budget is None or check_layout(gen)
     running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(4)}
     decode_until_running(gen, running)
+    before = counted.forwards
     calls = calls_to_first_token(gen, list(range(10, 40)))
-    # mlx-lm's order: prefill, then a call to start decoding, then one to read the token
-    assert calls == (3 if budget is None else 1), calls
+    # mlx-lm's order: a call to prefill, one to start decoding (the last prompt token's own
+    # forward), one to read the token; budgeted: prefill and decode in one call, read in the next
+    assert calls == (3 if budget is None else 2), calls
+    # budgeted: one prefill chunk and two batched decodes; mlx-lm: and the one-token forward
+    assert counted.forwards - before == (1 + calls + (budget is None)), counted.forwards - before
     gen.close()
+
+
+def test_a_newcomers_first_token_is_the_one_its_own_forward_would_give(model):
+    """The first tokens with the last prompt token run in the batch are mlx-lm's, including
+    a prompt whose last token is a stop token of its own (it must not stop there), a reply of
+    one token, and a prompt of one token (no K/V before its last token: its own forward)."""
+    stop = StopSequences([[39]])
+    replies = {}
+    for budget in (None, 256):
+        gen = make(model, budget)
+        running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(3)}
+        decode_until_running(gen, running)
+        uids = gen.insert([list(range(10, 40)), [9, 8, 7], [11, 12, 13]], max_tokens=[6, 1, 5],
+                          stop_sequences=[stop, StopSequences(), StopSequences()])
+        uids += gen.insert([[21]], max_tokens=[4], stop_sequences=[StopSequences()])  # one token: no K/V yet
+        got: dict[int, list] = {u: [] for u in uids}
+        ends = {}
+        for _ in range(30):
+            for r in gen.next()[1]:
+                if r.uid in got:
+                    got[r.uid].append(r.token)
+                    if r.finish_reason:
+                        ends[r.uid] = r.finish_reason
+            if len(ends) == len(uids):
+                break
+        replies[budget] = [(got[u], ends.get(u)) for u in uids]
+        gen.close()
+    assert replies[256] == replies[None]
+    assert [len(t) for t, _ in replies[256]] == [6, 1, 5, 4] and replies[256][1][1] == "length"
 
 
 def test_a_step_prefills_only_what_the_budget_leaves(model):
@@ -75,9 +124,11 @@ def test_a_step_prefills_only_what_the_budget_leaves(model):
         assert running <= {r.uid for r in responses}
         if uid in {r.uid for r in responses}:
             break
-    assert steps == -(-299 // (budget - decoding))  # ceil: the last token starts the decode
+    # ceil: the last token runs in the decode of the step that ends the prefill, the first
+    # generated one comes out of the next
+    assert steps == -(-299 // (budget - decoding)) + 1
     ends = [r for r in seen if r.uid == uid and r.end_of_prompt]
-    assert len(ends) == 1 and ends[0].progress == (300, 300)
+    assert len(ends) == 1 and ends[0].progress == (299, 300)
     gen.close()
 
 
@@ -87,7 +138,7 @@ def test_prefill_keeps_a_share_when_the_batch_is_larger_than_the_budget(model):
     running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(12)}
     decode_until_running(gen, running)
     calls = calls_to_first_token(gen, list(range(3, 43)))  # 40 tokens, 2 per step at least
-    assert calls == -(-39 // (budget // 4))
+    assert calls == -(-39 // (budget // 4)) + 1
     gen.close()
 
 

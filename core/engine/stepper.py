@@ -13,19 +13,26 @@ SGLang schedule it):
 1. prompts are prefilled first, in chunks that share `step_tokens` with the decode rows
    (each decoding stream counts one token; prefill always gets at least a quarter of the
    budget, so a full batch cannot starve newcomers);
-2. a prompt whose prefill ends in this step joins the decoding batch in this step;
-3. the whole batch decodes one token, which is the newcomer's first.
+2. a prompt whose prefill ends in this step joins the decoding batch in this step, its
+   last prompt token still to run;
+3. the whole batch decodes one token: for a newcomer that forward is its last prompt
+   token's, which samples its first token. (mlx-lm runs that token as a forward of its
+   own, and every forward reads all the weights: on this CPU, with SmolLM2 and 32 users,
+   230 ms a join against 390 ms for the whole batch's decode; loadtests/bench_profile.)
 
-So a newcomer's first token comes one step after it is admitted (its prefill plus one
-batched forward), and a running stream's time per token is bounded by the budget, not by
-the length of the prompts that arrive.
+So a newcomer's first token comes out of the step after the one it joined in (its prefill
+plus one batched forward), and a running stream's time per token is bounded by the budget,
+not by the length of the prompts that arrive. The step that runs a newcomer's last prompt
+token returns that token as mlx-lm returns every input; `_next` drops it, and the row's
+count and stop matcher are set so that it neither counts nor stops there.
 
 The engine learns about prefill progress through `on_prompt`, called inside the step at
 the moment the caches match what the responses say (a segment's end before the next
 chunk, a prompt's end before its first decode), so it can snapshot the K/V there.
 
 It relies on the private layout of mlx-lm 0.32's BatchGenerator (`_prompt_batch`,
-`_generation_batch`, `_unprocessed_sequences`, `_currently_processing`); pyproject pins
+`_generation_batch`, `_unprocessed_sequences`, `_currently_processing`) and GenerationBatch
+(the per-row lists `_next_tokens` ... `_matchers` that its constructor fills); pyproject pins
 the minor version and `check_layout` refuses a generator that does not have it, in which
 case the engine falls back to the library's own order. Runs in the engine thread only.
 """
@@ -35,7 +42,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch, StopSequences, TokenBuffer
 from mlx_lm.models.cache import BatchKVCache
 
 from core.cache.slots import SlotKVCache, swap_order
@@ -44,9 +52,17 @@ _LAYOUT = ("_prompt_batch", "_generation_batch", "_unprocessed_sequences", "_cur
            "_make_batch", "_counters", "completion_batch_size", "prefill_batch_size", "prefill_step_size")
 
 
+_ROWS = ("uids", "prompt_cache", "tokens", "samplers", "logits_processors", "stop_sequences", "max_tokens",
+         "_next_tokens", "_next_logprobs", "_token_context", "_num_tokens", "_matchers")
+NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
+
+
 def check_layout(gen: BatchGenerator) -> bool:
     """Does this mlx-lm's generator have the parts the budgeted step reorders?"""
-    return all(hasattr(gen, name) for name in _LAYOUT) and hasattr(PromptProcessingBatch, "Response")
+    rows = GenerationBatch.empty(gen.model, gen._generation_batch.fallback_sampler) \
+        if hasattr(gen, "_generation_batch") else None
+    return all(hasattr(gen, name) for name in _LAYOUT) and hasattr(PromptProcessingBatch, "Response") \
+        and rows is not None and all(hasattr(rows, name) for name in _ROWS)
 
 
 class BudgetedBatchGenerator(BatchGenerator):
@@ -56,6 +72,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         self.step_tokens = step_tokens
         self.on_prompt = on_prompt
         self.slots = slots
+        self._warming: set[int] = set()  # rows whose last prompt token the next decode runs
         if slots:
             # rows leave in the order that moves fewest slot rows; the batch's lists follow it
             gen = self._generation_batch
@@ -79,6 +96,8 @@ class BudgetedBatchGenerator(BatchGenerator):
         if len(gen):
             tic = time.perf_counter()
             responses = gen.next()
+            if self._warming:
+                responses = self._warmed(gen, responses)
             self._counters.decode_time += time.perf_counter() - tic
             self._counters.generation_tokens += len(responses)
             self._counters.generation_steps += 1
@@ -87,9 +106,10 @@ class BudgetedBatchGenerator(BatchGenerator):
     def _start_decoding(self) -> list:
         """Move the prompts that are down to their last token to the decoding batch.
 
-        That token's forward runs here (asynchronously): it computes the first sampled
-        token, which the decode at the end of this step reads. Returns their end-of-prompt
-        responses; their caches then hold the whole prompt, as with the library's order."""
+        That token runs in the decode at the end of this step, beside the batch's (see the
+        module's docstring). Returns their end-of-prompt responses; their caches then hold
+        the whole prompt but that token, which the responses' progress says (or, for a
+        one-token prompt, as in mlx-lm's order, the whole prompt)."""
         rows = self._currently_processing
         split = [i for i, (segs, _, _) in enumerate(rows) if len(segs) == 1 and len(segs[0]) == 1]
         if not split:
@@ -98,13 +118,16 @@ class BudgetedBatchGenerator(BatchGenerator):
         totals = [rows[i][2] for i in split]
         moving = set(split)
         self._currently_processing = [r for i, r in enumerate(rows) if i not in moving]
-        batch = self._prompt_batch.split(split).generate(last)
+        prompts = self._prompt_batch.split(split)
+        # a one-token prompt has no K/V before its last token: it runs as mlx-lm runs it
+        folded = min(totals) > 1
+        batch = self._unstepped(prompts, last) if folded else prompts.generate(last)
         if self.slots and not self._generation_batch.prompt_cache:
             # the first rows of a decoding batch: from here on, joins write into their slots
             batch.prompt_cache = [SlotKVCache.adopt(c) if type(c) is BatchKVCache else c
                                   for c in batch.prompt_cache]
         self._generation_batch.extend(batch)
-        return [PromptProcessingBatch.Response(uid, (t, t), True, True) for uid, t in zip(batch.uids, totals)]
+        return [PromptProcessingBatch.Response(uid, (t - folded, t), True, True) for uid, t in zip(batch.uids, totals)]
 
     def _prefill_chunk(self, room: int) -> list:
         """Prefill every waiting prompt by an equal chunk that fits `room` tokens (at least
@@ -128,3 +151,30 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._prompt_batch.prompt(prompts)
         self._counters.prompt_time += time.perf_counter() - tic
         return responses
+
+    def _unstepped(self, prompts: PromptProcessingBatch, last: list[list[int]]) -> GenerationBatch:
+        """These prompts as decoding rows whose next input is their last prompt token (what
+        mlx-lm's `PromptProcessingBatch.generate` builds, without its one-token forward)."""
+        rows = GenerationBatch.empty(prompts.model, prompts.fallback_sampler)
+        n = len(prompts.uids)
+        rows.uids, rows.prompt_cache, rows.tokens = prompts.uids, prompts.prompt_cache, prompts.tokens
+        rows.samplers, rows.logits_processors = prompts.samplers, prompts.logits_processors
+        rows.stop_sequences = prompts.stop_sequences
+        rows.max_tokens = [m + 1 for m in prompts.max_tokens]  # the last prompt token comes back once
+        rows._next_tokens = mx.array([t[-1] for t in last], dtype=mx.uint32)
+        rows._next_logprobs = [mx.zeros((1,))] * n  # returned with that token, which is dropped
+        rows._token_context = [TokenBuffer(t) for t in prompts.tokens]
+        rows._num_tokens = [0] * n
+        rows._matchers = [NEVER_STOPS.matcher() for _ in range(n)]
+        self._warming.update(rows.uids)
+        return rows
+
+    def _warmed(self, gen: GenerationBatch, responses: list) -> list:
+        """Drop the responses that carry a newcomer's last prompt token; from here on its
+        stop sequences count."""
+        for i, uid in enumerate(gen.uids):
+            if uid in self._warming:
+                gen._matchers[i] = gen.stop_sequences[i].matcher()
+        kept = [r for r in responses if r.uid not in self._warming]
+        self._warming.clear()
+        return kept
