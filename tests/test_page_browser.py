@@ -1,8 +1,8 @@
 """The page end to end: a real server, Chromium through Playwright, two users at once.
 
-alice and bob sign in from two browser contexts, each opens two tabs and chats in both;
-replies stream; alice stops one mid-stream and the engine has nothing left running; a
-reload keeps every tab and message; neither ever sees the other's tabs or text; nothing is
+alice and bob sign in from two browser contexts, each starts two chats ("New chat") and chats
+in both; replies stream; alice stops one mid-stream and the engine has nothing left running; a
+reload keeps every chat and message; neither ever sees the other's chats or text; nothing is
 fetched from anywhere but the server. Screenshots of each step go to test-output/page/.
 Debian's Chromium, never `playwright install` (see DESIGN.md).
 """
@@ -41,7 +41,7 @@ CODE = "Aspen-6627 why does **this** fail?\n```python\nitems = [1, 2]\nitems.pus
 
 LAST_BOT = """() => { const b = [...document.querySelectorAll('#chat [data-testid=bot]')];
                       return b.length ? b[b.length - 1].innerText : ''; }"""
-TAB_LABELS = "() => [...document.querySelectorAll('#conv-tabs label')].map(l => l.innerText.trim())"
+CHATS = "() => [...document.querySelectorAll('#conv-list label')].map(l => l.innerText.trim())"  # newest first
 DONE = "prompt tokens from cache"  # the figures line under a finished answer
 
 
@@ -110,6 +110,12 @@ def sign_in(page, url: str, name: str) -> None:
     page.get_by_role("button", name="Login").click()
 
 
+def ready(page, timeout: float = 30_000) -> None:
+    """Wait until the page after sign-in has loaded (its header names who is signed in)."""
+    page.wait_for_function("(document.querySelector('#header')?.innerText || '').includes('signed in as')",
+                           timeout=timeout)
+
+
 def set_number(page, elem_id: str, value) -> None:
     box = page.locator(f"#{elem_id} input[type=number]")
     box.fill(str(value))
@@ -153,17 +159,28 @@ def streamed(renders: list[str]) -> int:
     return len({r for r in renders if "▍" in r})
 
 
-def open_tab(page, index: int) -> str:
-    page.locator("#conv-tabs label").nth(index).click()
-    page.wait_for_function(f"document.querySelectorAll('#conv-tabs label')[{index}].classList.contains('selected')")
-    page.wait_for_function("(() => { const u = document.querySelectorAll('#chat [data-testid=user]');"
-                           f"return u.length && document.querySelector('#title textarea, #title input').value"
-                           f" == document.querySelectorAll('#conv-tabs label')[{index}].innerText.trim(); }})()")
+def open_chat(page, title: str) -> str:
+    """Pick a chat in the sidebar by its title; its text once it is in view."""
+    page.locator("#conv-list label", has_text=title).first.click()
+    page.wait_for_function("([t]) => document.querySelector('#conv-list label.selected')?.innerText.trim() == t"
+                           " && document.querySelector('#title textarea, #title input').value == t"
+                           " && !!document.querySelector('#chat [data-testid=user]')", arg=[title])
     page.wait_for_timeout(200)
     return page.locator("#chat").inner_text()
 
 
-def test_two_users_tabs_streaming_stop_reload_isolation(server):
+def new_chat(page) -> None:
+    """"New chat" in the sidebar (on a phone, its drawer opened first), and wait until the chat
+    area is empty."""
+    if not page.evaluate("document.querySelector('#sidebar').classList.contains('open')"):
+        page.locator("#sidebar .toggle-button").click()
+        page.wait_for_function("document.querySelector('#sidebar').classList.contains('open')")
+        page.wait_for_timeout(400)  # it slides
+    page.locator("#new-chat").click()
+    page.wait_for_function("document.querySelector('#chat') && !document.querySelector('#chat [data-testid=user]')")
+
+
+def test_two_users_chats_streaming_stop_reload_isolation(server):
     from playwright.sync_api import sync_playwright
 
     shot = Shots()
@@ -188,37 +205,36 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
             for name, page in pages.items():
                 sign_in(page, server.url, name)
             for page in pages.values():
-                page.wait_for_selector("#conv-tabs label", timeout=30_000)
+                ready(page)
                 set_number(page, "temperature", 0)  # greedy: the same long replies every run
                 record(page)
             assert "signed in as alice" in alice.locator("#header").inner_text()
 
-            # each sends in a first tab, at once; both replies stream
+            # each sends in a first chat, at once; both replies stream
             for name, page in pages.items():
                 send(page, WORDS[name][0])
             first = watch(pages)
-            print("partial renders, first tabs:", {n: streamed(r) for n, r in first.items()})
+            print("partial renders, first chats:", {n: streamed(r) for n, r in first.items()})
             assert streamed(first["alice"]) >= 3 and streamed(first["bob"]) >= 3, first
-            shot(alice, "alice-first-tab")
-            shot(bob, "bob-first-tab")
+            shot(alice, "alice-first-chat")
+            shot(bob, "bob-first-chat")
 
-            # each opens a second tab with "+" and chats there too
+            # each starts a second chat ("New chat") and chats there too
             for page in pages.values():
-                page.locator("#new-tab").click()
-            for page in pages.values():
-                page.wait_for_function(f"({TAB_LABELS})().length == 2")
+                new_chat(page)
             for name, page in pages.items():
                 send(page, WORDS[name][1])
             second = watch(pages)
-            print("partial renders, second tabs:", {n: streamed(r) for n, r in second.items()})
+            print("partial renders, second chats:", {n: streamed(r) for n, r in second.items()})
             assert streamed(second["alice"]) >= 3 and streamed(second["bob"]) >= 3, second
-            for name, page in pages.items():  # each tab is named after its first message
-                assert page.evaluate(TAB_LABELS) == WORDS[name]
-            shot(alice, "alice-second-tab")
+            for name, page in pages.items():  # each chat is named after its first message, newest first
+                page.wait_for_function(f"({CHATS})().length == 2")
+                assert page.evaluate(CHATS) == WORDS[name][::-1]
+            shot(alice, "alice-second-chat")
 
-            # back in her first tab, alice goes on with that conversation: Markdown and code
+            # back in her first chat, alice goes on with that conversation: Markdown and code
             # render, and the earlier turns come from the prefix cache
-            open_tab(alice, 0)
+            open_chat(alice, WORDS["alice"][0])
             send(alice, CODE)
             reply = watch({"alice": alice}, answers=2)["alice"][-1]
             figures = r"(\d+) of (\d+) prompt tokens from cache"
@@ -227,8 +243,12 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
             assert first_prompt <= cached < prompt, reply  # at least the whole first prompt
             assert alice.locator("#chat pre code").count() >= 1 and alice.locator("#chat strong").count() >= 1
             assert alice.locator("#chat .rc-stats").count() == 2  # figures under every answer
+            # a copy button on every message, and on the code block
+            messages = alice.locator("#chat :is([data-testid=user], [data-testid=bot])").count()
+            assert alice.locator("#chat button[aria-label='Copy message']").count() == messages == 4
+            assert alice.locator("#chat button.copy_code_button").count() >= 1
             shot(alice, "alice-markdown-and-cache")
-            open_tab(alice, 1)
+            open_chat(alice, WORDS["alice"][1])
 
             # alice stops a long reply mid-stream: the engine drops it, the text stays
             set_number(alice, "max-tokens", 1500)
@@ -247,15 +267,16 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
             assert server.metric("radixchat:request_success_total", finished_reason="cancelled") == 1
             shot(alice, "alice-stopped")
 
-            # a reload keeps every tab and message
-            before = {name: page.evaluate(TAB_LABELS) for name, page in pages.items()}
+            # a reload keeps every chat and message
+            before = {name: page.evaluate(CHATS) for name, page in pages.items()}
             seen_text = {}
             for name, page in pages.items():
                 page.reload()
-                page.wait_for_selector("#conv-tabs label", timeout=30_000)
+                ready(page)
+                page.wait_for_function(f"({CHATS})().length == {len(before[name])}")
                 record(page)
-                assert page.evaluate(TAB_LABELS) == before[name]
-                seen_text[name] = [open_tab(page, i) for i in range(len(before[name]))]
+                assert page.evaluate(CHATS) == before[name]
+                seen_text[name] = [open_chat(page, words) for words in WORDS[name]]
                 for words, text in zip(WORDS[name], seen_text[name]):
                     assert words in text and DONE in text
             assert "items.push(3)" in seen_text["alice"][0]
@@ -264,7 +285,7 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
             shot(alice, "alice-after-reload")
             shot(bob, "bob-after-reload")
 
-            # neither sees the other's tabs or text, anywhere on the page
+            # neither sees the other's chats or text, anywhere on the page
             for name, other in (("alice", "bob"), ("bob", "alice")):
                 everything = pages[name].locator("body").inner_text() + "".join(seen_text[name])
                 for words in WORDS[other]:
@@ -276,28 +297,29 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
                                     timeout=15_000)
             summary = alice.locator("#server-summary").inner_text()
             assert "page-model" in summary and "Prefix cache" in summary
-            for words in WORDS["bob"] + WORDS["alice"]:
-                assert words.split()[0] not in alice.locator("body").inner_text()
             alice.wait_for_timeout(1500)  # let the plots draw
+            server_tab = " ".join(alice.locator("#server-summary, #your-usage, #requests-plot, #ttft-plot")
+                                  .all_inner_texts())
+            for words in WORDS["bob"] + WORDS["alice"]:  # figures only (her own chats stay in her sidebar)
+                assert words.split()[0] not in server_tab
+            for words in WORDS["bob"]:
+                assert words.split()[0] not in alice.locator("body").inner_text()  # let the plots draw
             shot(alice, "server-tab")
 
-            # rename a tab, close it, find it in the history and reopen it
+            # rename a chat, open another, find it with the search and open it again
             alice.get_by_role("tab", name="Chat").click()
-            open_tab(alice, 1)
+            open_chat(alice, WORDS["alice"][1])
             alice.locator("#title textarea, #title input").first.fill("Generators, stopped")
             alice.locator("#rename").click()
-            alice.wait_for_function(f"({TAB_LABELS})()[1] == 'Generators, stopped'")
-            alice.locator("#close-tab").click()
-            alice.wait_for_function(f"({TAB_LABELS})().length == 1")
-            alice.get_by_text("History").click()
+            alice.wait_for_function(f"({CHATS})().includes('Generators, stopped')")
+            open_chat(alice, WORDS["alice"][0])
             alice.locator("#search textarea, #search input").first.fill("generators")
-            alice.wait_for_function("[...document.querySelectorAll('#archived label')].map(l => l.innerText.trim())"
-                                    ".join().startsWith('Generators, stopped')")
-            alice.locator("#archived label").first.click()
-            alice.locator("#reopen").click()
-            alice.wait_for_function(f"({TAB_LABELS})().join() == '{WORDS['alice'][0]},Generators, stopped'")
-            assert LONG in alice.locator("#chat").inner_text()
-            shot(alice, "alice-reopened")
+            alice.wait_for_function(f"({CHATS})().length == 1 && ({CHATS})()[0].startsWith('Generators, stopped')")
+            alice.locator("#conv-list label").first.click()
+            alice.wait_for_function(f"document.querySelector('#chat').innerText.includes({LONG!r})")
+            alice.locator("#search textarea, #search input").first.fill("")
+            alice.wait_for_function(f"({CHATS})().length == 2")
+            shot(alice, "alice-found-again")
 
             # a refusal is a readable notice, and the typed text stays in the box
             send(alice, "lists " * 2500)
@@ -313,21 +335,22 @@ def test_two_users_tabs_streaming_stop_reload_isolation(server):
     print(f"browser test took {time.time() - t0:.0f} s")
 
 
-FOUND = "() => [...document.querySelectorAll('#archived label')].map(l => l.innerText.trim())"
 QUOKKA = "Quokka-7781 where do <b>they</b> live?"  # the word is only in the message, with markup
 
 
-def search_history(page, query: str) -> None:
-    if not page.locator("#search textarea, #search input").first.is_visible():
-        page.get_by_text("History").click()
+def search_chats(page, query: str) -> None:
+    """Type in the sidebar's search (a phone opens its drawer first)."""
+    if not page.evaluate("document.querySelector('#sidebar').classList.contains('open')"):
+        page.locator("#sidebar .toggle-button").click()
+        page.wait_for_function("document.querySelector('#sidebar').classList.contains('open')")
+        page.wait_for_timeout(400)  # it slides
     page.locator("#search textarea, #search input").first.fill(query)
-    page.wait_for_function("document.querySelector('#archived').innerText.includes('Found')")
 
 
-def test_history_search_finds_ones_own_chats_by_their_messages(server):
-    """alice finds her closed chat by a word that is only in a message, sees its title and the
-    matching text (markup shown as typed), and opens it as a tab; bob, at a phone's width,
-    searching the same word finds only his own chat."""
+def test_search_finds_ones_own_chats_by_their_messages(server):
+    """alice finds her chat by a word that is only in a message, sees its title and the
+    matching text (markup shown as typed), and opens it; bob, at a phone's width, searching
+    the same word finds only his own chat."""
     from playwright.sync_api import sync_playwright
 
     shot = Shots(SHOTS.parent / "page-search")
@@ -340,55 +363,50 @@ def test_history_search_finds_ones_own_chats_by_their_messages(server):
             alice, bob = pages["alice"], pages["bob"]
             for name, page in pages.items():
                 sign_in(page, server.url, name)
-                page.wait_for_selector("#conv-tabs label", timeout=30_000)
-                page.locator("#new-tab").click()
-                page.wait_for_function(f"({TAB_LABELS})().includes('New chat')")
+                ready(page)
+                new_chat(page)
             send(alice, QUOKKA)
             send(bob, "Quokka-7781 do wombats and quokkas meet?")
             for page in pages.values():
                 page.wait_for_function(f"(({LAST_BOT})()).includes('{DONE}')", timeout=60_000)
 
-            # alice names the chat without the word, closes it, and finds it by its message
+            # alice names the chat without the word, starts another, and finds it by its message
             alice.locator("#title textarea, #title input").first.fill("Marsupials")
             alice.locator("#rename").click()
-            alice.wait_for_function(f"({TAB_LABELS})().includes('Marsupials')")
-            alice.locator("#close-tab").click()
-            alice.wait_for_function(f"!({TAB_LABELS})().includes('Marsupials')")
-            search_history(alice, "quokka")
-            alice.wait_for_function(f"({FOUND})().length == 1")
-            [label] = alice.evaluate(FOUND)
+            alice.wait_for_function(f"({CHATS})().includes('Marsupials')")
+            new_chat(alice)
+            search_chats(alice, "quokka")
+            alice.wait_for_function(f"({CHATS})().length == 1 && ({CHATS})()[0].startsWith('Marsupials')")
+            [label] = alice.evaluate(CHATS)
             assert label.startswith("Marsupials — ") and QUOKKA in label, label
-            assert alice.locator("#archived label b, #archived label script").count() == 0  # text, not HTML
-            alice.locator("#reopen").scroll_into_view_if_needed()
+            assert alice.locator("#conv-list label b, #conv-list label script").count() == 0  # text, not HTML
             shot(alice, "alice-1280-found-by-message")
-            alice.locator("#archived label").first.click()
-            alice.locator("#reopen").click()
-            alice.wait_for_function("document.querySelector('#conv-tabs label.selected')?.innerText.trim()"
-                                    " == 'Marsupials'")
+            alice.locator("#conv-list label").first.click()
+            alice.wait_for_function("document.querySelector('#conv-list label.selected')?.innerText.trim()"
+                                    ".startsWith('Marsupials')")
             alice.wait_for_function("document.querySelector('#chat').innerText.includes('Quokka-7781')")
             shot(alice, "alice-1280-opened")
 
             # bob, at 390 px, finds his own chat and nothing of alice's
-            search_history(bob, "quokka")
-            bob.wait_for_function(f"({FOUND})().length >= 1")
+            search_chats(bob, "quokka")
+            bob.wait_for_function(f"({CHATS})().length == 1")
             bob.wait_for_timeout(500)
-            found = bob.evaluate(FOUND)
+            found = bob.evaluate(CHATS)
             assert len(found) == 1 and found[0].startswith("Quokka-7781 do wombats"), found
             assert "Marsupials" not in bob.locator("body").inner_text()
             assert "they" not in " ".join(found)
-            assert bob.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
-            bob.locator("#archived").scroll_into_view_if_needed()
+            assert bob.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
             shot(bob, "bob-390-found-only-his")
 
             # the other width for each
             alice.set_viewport_size({"width": 390, "height": 844})
-            search_history(alice, "quokka")
-            alice.wait_for_function(f"({FOUND})().length == 1")
-            alice.locator("#archived").scroll_into_view_if_needed()
+            alice.wait_for_timeout(500)
+            search_chats(alice, "quokka")
+            alice.wait_for_function(f"({CHATS})().length == 1")
             shot(alice, "alice-390-found")
             bob.set_viewport_size({"width": 1280, "height": 900})
             bob.wait_for_timeout(300)
-            assert bob.evaluate(FOUND) == found
+            assert bob.evaluate(CHATS) == found
             shot(bob, "bob-1280-found-only-his")
         finally:
             browser.close()

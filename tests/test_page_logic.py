@@ -1,8 +1,9 @@
-"""The chat page's handlers without a browser: tabs, replies, stop, notices, dashboard, banner."""
+"""The chat page's handlers without a browser: the sidebar's chats, replies, stop, notices, dashboard, banner."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -79,94 +80,122 @@ def reply(page, user, conv, text, **kw) -> list:
     return asyncio.run(collect(page.reply(user, conv, text, **kw)))
 
 
-# ---- tabs ----
+# ---- the sidebar ----
 
-def test_tabs_create_rename_close_reopen_and_survive_a_reload(store, users):
-    alice, bob = users
+def test_sidebar_lists_every_chat_newest_first_and_new_chat_reuses_an_empty_one(store, users):
+    alice, _ = users
     page = ChatPage(Refusing(QueueFull(1)), store)
-    tabs, current = page.start(alice)  # a first visit opens a first tab
-    assert [c.title for c in tabs] == ["New chat"] and current == tabs[0].id
-    second = page.new_tab(alice, "Be brief.")
-    third = page.new_tab(alice)
-    assert [c.id for c in page.tabs(alice)] == [tabs[0].id, second.id, third.id]
-    assert page.conversation(alice, second.id).system_prompt == "Be brief."
-
-    assert page.rename(alice, second.id, "  Lists   and dicts ").title == "Lists and dicts"
+    assert page.start(alice) is None and page.conversations(alice) == []  # a first visit: a new chat, nothing made
+    first = page.new_chat(alice, "Be brief.")
+    again = page.new_chat(alice)  # still empty and untitled: the same one, and clean
+    assert again.id == first.id and again.system_prompt == ""
+    store.append_message(alice, first.id, "user", "What is a list?")
+    page.rename(alice, first.id, "  Lists   and dicts ")
+    second = page.new_chat(alice)
+    assert second.id != first.id
+    store.append_message(alice, second.id, "user", "What is a tuple?")
+    old = store.create_conversation(alice, "Archived long ago")
+    store.append_message(alice, old.id, "user", "sets")
+    store.archive_conversation(alice, old.id)  # archived means nothing here: listed like any other
+    assert [c.id for c in page.conversations(alice)] == [old.id, second.id, first.id]
+    store.append_message(alice, first.id, "user", "And a dict?")  # activity moves a chat up
+    assert page.find(alice) == [("Lists and dicts", first.id), ("Archived long ago", old.id),
+                                ("New chat", second.id)]
     with pytest.raises(PageError, match="empty"):
-        page.rename(alice, second.id, "   ")
-    store.append_message(alice, second.id, "user", "What is a list?")
-    # tabs keep the order they were opened in, not the order of activity
-    assert [c.id for c in page.tabs(alice)] == [tabs[0].id, second.id, third.id]
+        page.rename(alice, first.id, "   ")
+    with pytest.raises(PageError, match="first message"):
+        page.rename(alice, None, "a new chat has no title yet")
 
-    # closing a tab with messages archives it; closing an empty one discards it
-    assert page.close(alice, second.id) == tabs[0].id  # its left neighbour comes into view
-    assert page.close(alice, third.id) == tabs[0].id
-    assert [c.id for c in page.tabs(alice)] == [tabs[0].id]
-    assert [c.title for c in page.archived(alice)] == ["Lists and dicts"]
-    assert [c.id for c in page.archived(alice, "DICTS")] == [second.id]  # search ignores case
-    assert page.archived(alice, "tuples") == []
+    # the chat opened last is the one a reload, or another browser, opens
+    assert page.start(alice) == first.id  # none noted yet: the newest
+    page.show(alice, second.id)
+    assert ChatPage(Refusing(QueueFull(1)), store).start(alice) == second.id
+    assert page.messages(alice, None) == []  # a new chat shows nothing
+
+
+def test_delete_hides_a_chat_at_once_and_undo_brings_it_back(store, users):
+    alice, _ = users
+    page = ChatPage(Refusing(QueueFull(1)), store)
+    keep, gone = page.new_chat(alice), None
+    store.append_message(alice, keep.id, "user", "keep me")
+    gone = page.new_chat(alice)
+    store.append_message(alice, gone.id, "user", "Walrus-1 delete me")
+    page.show(alice, gone.id)
+    assert page.delete(alice, gone.id).id == gone.id
+    assert [c.id for c in page.conversations(alice)] == [keep.id]
+    assert page.find(alice, "walrus") == []
+    assert page.start(alice) == keep.id  # the open one went: the newest opens
     with pytest.raises(PageError, match="no longer exists"):
-        page.conversation(alice, third.id)
-
-    page.reopen(alice, second.id)
-    assert page.archived(alice) == []
-    # a reload, or the same user in another browser: a fresh page on the same database
-    again = ChatPage(Refusing(QueueFull(1)), store)
-    tabs2, current2 = again.start(alice)
-    assert [c.id for c in tabs2] == [tabs[0].id, second.id]
-    assert current2 == second.id  # the tab last used
-    assert again.messages(alice, second.id) == [{"role": "user", "content": "What is a list?"}]
-
-    # closing the last tab opens a fresh one
-    page.close(alice, tabs[0].id)
-    last = page.close(alice, second.id)
-    assert [c.id for c in page.tabs(alice)] == [last] and last not in (tabs[0].id, second.id)
+        page.messages(alice, gone.id)
+    with pytest.raises(PageError, match="nothing to delete"):
+        page.delete(alice, None)
+    assert page.undo_delete(alice, gone.id).id == gone.id
+    assert page.messages(alice, gone.id) == [{"role": "user", "content": "Walrus-1 delete me"}]
+    with pytest.raises(PageError, match="Too late"):
+        page.undo_delete(alice, gone.id)  # nothing to undo any more
+    page.delete(alice, gone.id)
+    with sqlite3.connect(store.path) as c:  # past the undo window
+        c.execute("UPDATE conversations SET deleted = deleted - 3600")
+    with pytest.raises(PageError, match="Too late"):
+        page.undo_delete(alice, gone.id)
 
 
-def test_a_user_never_reaches_another_users_tabs(store, users):
+def test_a_user_never_reaches_another_users_chats(store, users):
     alice, bob = users
     page = ChatPage(Refusing(QueueFull(1)), store)
-    conv = page.new_tab(alice)
+    conv = page.new_chat(alice)
     store.append_message(alice, conv.id, "user", "alice's secret")
-    assert page.start(bob)[0][0].id != conv.id
-    assert all(c.owner == bob.id for c in page.tabs(bob))
+    assert page.new_chat(bob).id != conv.id  # never another user's empty chat
+    assert all(c.owner == bob.id for c in page.conversations(bob))
     for action in (lambda: page.messages(bob, conv.id), lambda: page.rename(bob, conv.id, "mine"),
-                   lambda: page.close(bob, conv.id), lambda: page.reopen(bob, conv.id),
-                   lambda: page.set_system_prompt(bob, conv.id, "x"),
-                   lambda: reply(page, bob, conv.id, "hello")):
+                   lambda: page.delete(bob, conv.id), lambda: page.show(bob, conv.id),
+                   lambda: page.set_system_prompt(bob, conv.id, "x"), lambda: page.export(bob, conv.id, "md"),
+                   lambda: page.share(bob, conv.id), lambda: reply(page, bob, conv.id, "hello")):
         with pytest.raises(PageError, match="no longer exists"):
             action()
+    page.delete(alice, conv.id)
+    with pytest.raises(PageError, match="Too late"):
+        page.undo_delete(bob, conv.id)  # bob can't bring back what alice deleted
+    page.undo_delete(alice, conv.id)
     assert page.stop(bob, conv.id) is False
-    assert page.archived(bob, "secret") == []
+    assert page.find(bob, "secret") == [] and page.start(bob) != conv.id
     assert [m.content for m in store.history(alice, conv.id)] == ["alice's secret"]
 
 
-def test_history_search_finds_titles_and_messages_of_ones_own_chats_and_opens_them(store, users):
+def test_search_finds_titles_and_messages_of_ones_own_chats(store, users):
     alice, bob = users
     page = ChatPage(Refusing(QueueFull(1)), store)
-    trip = page.new_tab(alice)
+    trip = page.new_chat(alice)
     page.rename(alice, trip.id, "Trip")
     store.append_message(alice, trip.id, "user", "Is the <b>aquarium</b> in Lisbon open on Mondays?")
-    page.close(alice, trip.id)  # closed: found by a word of its message, not of its title
-    still_open = page.new_tab(alice)
-    page.rename(alice, still_open.id, "Aquarium tickets")
-    store.append_message(alice, still_open.id, "user", "two adults")
-    theirs = page.new_tab(bob)
+    tickets = page.new_chat(alice)
+    page.rename(alice, tickets.id, "Aquarium tickets")
+    store.append_message(alice, tickets.id, "user", "two adults")
+    theirs = page.new_chat(bob)
     store.append_message(bob, theirs.id, "user", "the aquarium in bob's town")
 
-    assert page.find(alice) == [("Trip", trip.id)]  # no query: the closed tabs
     found = page.find(alice, "  aquarium ")
-    assert [i for _, i in found] == [still_open.id, trip.id]  # a title match first
+    assert [i for _, i in found] == [tickets.id, trip.id]  # a title match first
     assert found[0][0] == "Aquarium tickets"
     assert found[1][0].startswith("Trip — ") and "<b>aquarium</b> in Lisbon" in found[1][0]  # as typed
     assert [i for _, i in page.find(bob, "aquarium")] == [theirs.id]
     assert page.find(alice, 'AND "*') == [] and page.find(alice, "lisbon trip") == []
 
-    assert page.open(alice, trip.id).archived is None  # a closed one is reopened as a tab
-    assert trip.id in [c.id for c in page.tabs(alice)]
-    assert page.open(alice, still_open.id).id == still_open.id
-    with pytest.raises(PageError, match="no longer exists"):
-        page.open(bob, trip.id)
+
+def test_the_view_follows_the_browsers_latest_change():
+    """A message sent to a new chat right after "New chat" makes that chat and keeps it in
+    view, whichever of the two events the server runs first."""
+    from webui.page.layout import View
+
+    for new_chat_first in (True, False):
+        view = View(conv=7, epoch=3)
+        steps = [lambda: view.follow(None, 4, change=True), lambda: view.follow(12, 4)]  # "New chat", its message
+        for step in steps if new_chat_first else steps[::-1]:
+            step()
+        assert (view.conv, view.epoch) == (12, 4)
+    view = View(conv=12, epoch=4)
+    assert not view.follow(7, 3) and view.conv == 12  # a late reply's stamp: older, ignored
+    assert view.follow(7, 5, change=True) and view.conv == 7  # a later pick
 
 
 def test_no_sign_in_means_one_local_user_made_on_demand(store):
@@ -192,7 +221,7 @@ def test_refusals_are_readable_notices_and_store_nothing(store, users, error, wo
     metrics = Counting()
     engine = Refusing(error)
     page = ChatPage(engine, store, metrics)
-    conv = page.new_tab(alice)
+    conv = page.new_chat(alice)
     with pytest.raises(PageError) as e:
         reply(page, alice, conv.id, "What is a tuple?")
     assert words in e.value.message and error.message in e.value.message
@@ -206,7 +235,7 @@ def test_bad_input_is_refused_before_the_engine(store, users):
     alice, _ = users
     engine = Refusing(QueueFull(1))
     page = ChatPage(engine, store)
-    conv = page.new_tab(alice)
+    conv = page.new_chat(alice)
     with pytest.raises(PageError, match="Type a message"):
         reply(page, alice, conv.id, "   ")
     with pytest.raises(PageError, match="temperature"):
@@ -222,7 +251,7 @@ def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, u
     alice, _ = users
     metrics = Counting()
     page = ChatPage(engine, store, metrics, model_id="tiny")
-    conv = page.new_tab(alice, "You are a terse Python tutor. Answer about lists and dicts.")
+    conv = page.new_chat(alice, "You are a terse Python tutor. Answer about lists and dicts.")
     shown = reply(page, alice, conv.id, "What does list.append do?", temperature=0, max_tokens=200)
     assert len(shown) >= 3  # at once, while streaming, at the end
     assert shown[0][-1]["content"].endswith("▍") and shown[0][0]["content"] == "What does list.append do?"
@@ -248,7 +277,7 @@ def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, u
 def test_stop_cancels_in_the_engine_and_keeps_the_text(engine, store, users):
     alice, _ = users
     page = ChatPage(engine, store, model_id="tiny")
-    conv = page.new_tab(alice)
+    conv = page.new_chat(alice)
 
     async def scenario():
         gen = page.reply(alice, conv.id, "Tell me everything about generators.", temperature=0, max_tokens=450)
@@ -278,7 +307,7 @@ def test_a_page_that_goes_away_mid_reply_still_stores_it(engine, store, users):
     alice, _ = users
     metrics = Counting()
     page = ChatPage(engine, store, metrics, model_id="tiny")
-    conv = page.new_tab(alice)
+    conv = page.new_chat(alice)
 
     async def leave_early():
         gen = page.reply(alice, conv.id, "Explain dicts at length.", temperature=0, max_tokens=450)
@@ -304,7 +333,7 @@ def test_a_page_that_goes_away_while_storing_stores_the_reply_once(engine, store
     alice, _ = users
     metrics = Counting()
     page = ChatPage(engine, store, metrics, model_id="tiny")
-    conv = page.new_tab(alice)
+    conv = page.new_chat(alice)
     write = Held(monkeypatch, store, held)
 
     async def leave_during_the_write():
@@ -335,7 +364,7 @@ def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
     loop), the question, the reply."""
     alice, _ = users
     page = ChatPage(engine, store, Counting(), model_id="tiny")
-    conv = page.new_tab(alice, "Be brief.")
+    conv = page.new_chat(alice, "Be brief.")
     reply(page, alice, conv.id, "What is a set?", temperature=0, max_tokens=4)
 
     calls = Counter()
@@ -366,7 +395,7 @@ def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
 def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, users):
     alice, _ = users
     page = ChatPage(engine, store, model_id="tiny")
-    conv = page.new_tab(alice)
+    conv = page.new_chat(alice)
     reply(page, alice, conv.id, "What is a set?", temperature=0, max_tokens=6)
     shown = reply(page, alice, conv.id, None, temperature=1.5, max_tokens=6, regenerate=True)
     history = store.history(alice, conv.id)
@@ -383,7 +412,7 @@ def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, user
 def test_dashboard_shows_aggregates_only(engine, store, users):
     alice, _ = users
     page = ChatPage(engine, store, model_id="tiny")
-    conv = page.new_tab(alice)
+    conv = page.new_chat(alice)
     reply(page, alice, conv.id, "my private question about tuples", temperature=0, max_tokens=4)
     presence = Presence()
     presence.seen("alice")
@@ -403,7 +432,7 @@ def test_dashboard_usage_is_ones_own_beside_everyones(engine, store, users):
     alice, bob = users
     page = ChatPage(engine, store, model_id="tiny")
     for user, n in ((alice, 1), (bob, 2)):
-        conv = page.new_tab(user)
+        conv = page.new_chat(user)
         for i in range(n):
             reply(page, user, conv.id, f"question {i}", temperature=0, max_tokens=4)
     presence = Presence()
@@ -437,7 +466,7 @@ def test_serve_banner_names_lan_addresses_and_how_to_add_users():
 def test_one_reply_at_a_time_per_tab_even_when_sent_together(engine, store, users):
     alice, _ = users
     page = ChatPage(engine, store, model_id="tiny")
-    conv = page.new_tab(alice)
+    conv = page.new_chat(alice)
 
     async def both():
         return await asyncio.gather(collect(page.reply(alice, conv.id, "first", temperature=0, max_tokens=8)),
@@ -448,3 +477,68 @@ def test_one_reply_at_a_time_per_tab_even_when_sent_together(engine, store, user
     assert sum(isinstance(r, PageError) for r in results) == 1
     assert [m.role for m in store.history(alice, conv.id)] == ["user", "assistant"]
     assert page.running == {} and engine.stats()["active"] == 0
+
+
+def test_a_message_to_a_new_chat_lands_in_a_new_chat(engine, store, users):
+    """"New chat" then at once a message: it starts a chat of its own (the user's empty one, if
+    any), with the system prompt typed for it, never the chat that was in view before; two
+    sent to new chats at once get a chat each."""
+    alice, bob = users
+    page = ChatPage(engine, store, model_id="tiny")
+    before = page.new_chat(alice, "Be brief.")
+    reply(page, alice, before.id, "first chat", temperature=0, max_tokens=4)
+    empty = store.create_conversation(alice)
+    told: list[int] = []
+    shown = reply(page, alice, None, "Zebra-9 a new chat", temperature=0, max_tokens=4, system_prompt="Be kind.",
+                  started=told.append)
+    assert told == [empty.id]  # the empty one, not a new one beside it
+    assert [m.content for m in store.history(alice, empty.id)][0] == "Zebra-9 a new chat"
+    assert "Zebra-9" in shown[-1][0]["content"]
+    conv = page.conversation(alice, empty.id)
+    assert conv.system_prompt == "Be kind." and conv.title == "Zebra-9 a new chat"
+    assert [m.content for m in store.history(alice, before.id)][0] == "first chat"
+    assert len(store.history(alice, before.id)) == 2
+    assert ChatPage(engine, store).start(alice) == empty.id  # and a reload opens it
+
+    async def together():
+        return await asyncio.gather(*(collect(page.reply(u, None, f"together {i}", temperature=0, max_tokens=4))
+                                      for i, u in enumerate((alice, alice, bob))))
+
+    asyncio.run(together())
+    made = [c for c in page.conversations(alice) if c.title.startswith("together")]
+    assert len(made) == 2 and all(len(store.history(alice, c.id)) == 2 for c in made)
+    assert [c.title for c in page.conversations(bob)] == ["together 2"]
+    with pytest.raises(PageError, match="Type a message"):
+        reply(page, alice, None, "  ")
+    with pytest.raises(PageError, match="no message to answer"):
+        reply(page, alice, None, None, regenerate=True)
+    assert page.running == {} and engine.stats()["active"] == 0
+
+
+def test_deleting_a_chat_stops_its_reply(engine, store, users):
+    alice, _ = users
+    page = ChatPage(engine, store, model_id="tiny")
+    conv = page.new_chat(alice)
+
+    async def delete_midway():
+        shown = []
+        async for rows in page.reply(alice, conv.id, "tell me a long story", temperature=0, max_tokens=4000):
+            shown.append(rows)
+            if len(shown) == 2:
+                await asyncio.to_thread(page.delete, alice, conv.id)
+        return shown
+
+    asyncio.run(delete_midway())
+    assert page.running == {} and engine.stats()["active"] == 0
+    assert page.conversations(alice) == []
+    page.undo_delete(alice, conv.id)  # back, with the question; the stopped reply had nowhere to go
+    assert [m.role for m in store.history(alice, conv.id)] == ["user"]
+
+
+def test_a_chat_made_for_a_later_send_is_never_handed_out_twice(store, users):
+    """Scripted clients of the page (the load test's PageUser) make a chat, then send in it: two
+    sessions of one user must not be given the same empty one."""
+    alice, _ = users
+    page = ChatPage(Refusing(QueueFull(1)), store)
+    first, second = page.new_chat(alice, "Be brief.", reuse=False), page.new_chat(alice, reuse=False)
+    assert first.id != second.id and first.system_prompt == "Be brief."

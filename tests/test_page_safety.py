@@ -34,7 +34,7 @@ from tests.support.procs import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))
 from tests.test_page_browser import (  # noqa: E402
-    CHEAP, DONE, Shots, page_server, send, sign_in, stop_clean)
+    CHEAP, DONE, Shots, new_chat, page_server, ready, send, sign_in, stop_clean)
 
 pytestmark = pytest.mark.slow
 
@@ -119,15 +119,9 @@ ANSWERED = """([mark, done]) => {
 
 
 def say(page, text: str, timeout: float = 60_000) -> None:
-    """Send a message in the tab in view and wait for its answer to finish."""
+    """Send a message in the chat in view and wait for its answer to finish."""
     send(page, text)
     page.wait_for_function(ANSWERED, arg=[text.split()[0], DONE], timeout=timeout)
-
-
-def new_tab(page) -> None:
-    """Open a new chat tab ("+") and wait until it is the one in view."""
-    page.locator("#new-tab").click()
-    page.wait_for_function("document.querySelector('#chat') && !document.querySelector('#chat [data-testid=user]')")
 
 
 def both_widths(page, shot, name: str) -> None:
@@ -170,7 +164,7 @@ def test_html_in_messages_and_replies_shows_as_typed_and_nothing_is_fetched(serv
         both_widths(page, shots, "sign-in")
         sign_in_text = page.locator("body").inner_text()
         sign_in(page, server.url, "alice")
-        page.wait_for_selector("#conv-tabs label", timeout=30_000)
+        ready(page)
 
         say(page, message)  # shown as it is sent, from the live path
         with Store(server.db, scrypt=CHEAP) as store:  # a reply that holds the same, from history
@@ -220,8 +214,8 @@ def test_sign_out_in_the_same_tab_and_a_signed_out_tab_shows_the_sign_in_page(se
     try:
         tab1 = alice_ctx.new_page()
         sign_in(tab1, server.url, "alice")
-        tab1.wait_for_selector("#conv-tabs label", timeout=30_000)
-        new_tab(tab1)  # the first test's long tab would leave no room in the test model's context
+        ready(tab1)
+        new_chat(tab1)  # the first test's long chat would leave no room in the test model's context
         say(tab1, "Alpaca-1171 what is a list?")
         tab2 = alice_ctx.new_page()  # the same browser: signed in already
         errors: list[str] = []
@@ -232,7 +226,7 @@ def test_sign_out_in_the_same_tab_and_a_signed_out_tab_shows_the_sign_in_page(se
                                timeout=30_000)
         bob = bob_ctx.new_page()
         sign_in(bob, server.url, "bob")
-        bob.wait_for_selector("#conv-tabs label", timeout=30_000)
+        ready(bob)
         say(bob, "Bison-3391 what is a dict?")
         old_cookies = {c["name"]: c["value"] for c in alice_ctx.cookies()}
         assert httpx.get(server.url + "/config", cookies=old_cookies).status_code == 200
@@ -260,11 +254,11 @@ def test_sign_out_in_the_same_tab_and_a_signed_out_tab_shows_the_sign_in_page(se
 
         # a tab whose cookie was removed: its next action brings the sign-in page too
         sign_in(tab1, server.url, "alice")
-        tab1.wait_for_selector("#conv-tabs label", timeout=30_000)
+        ready(tab1)
         tab2.goto(server.url)
-        tab2.wait_for_selector("#conv-tabs label", timeout=30_000)
+        ready(tab2)
         alice_ctx.clear_cookies()
-        tab2.locator("#new-tab").click()
+        tab2.locator("#new-chat").click()
         tab2.wait_for_selector("input[type=password]", timeout=15_000)
         tab2.wait_for_timeout(500)
         assert errors == [], errors
@@ -303,7 +297,9 @@ def test_random_hostile_text_through_the_real_renderer_fetches_nothing(server, l
     ctx = context(browser, server, outside)
     page = ctx.new_page()
     try:
-        sign_in(page, server.url, "alice")  # the tab used last, the one just written, is in view
+        sign_in(page, server.url, "alice")
+        ready(page)
+        page.locator("#conv-list label", has_text="Fuzz").click()
         page.wait_for_function(f"document.querySelectorAll('#chat [data-testid=bot]').length == {len(texts)}",
                                timeout=60_000)
         page.wait_for_timeout(1500)

@@ -39,7 +39,7 @@ def test_routes_answer_beside_the_page_and_sign_in_uses_the_store(engine, store,
         config = http.get("/config")
         assert config.status_code == 200
         body = config.text
-        assert "conv-tabs" in body and "fonts.googleapis" not in body
+        assert "conv-list" in body and "fonts.googleapis" not in body
         assert "fonts.googleapis" not in http.get("/theme.css").text
 
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_page_browser import Shots, page_server, sign_in, stop_clean  # noqa: E402
+from tests.test_page_browser import Shots, page_server, ready, sign_in, stop_clean  # noqa: E402
 from tests.test_page_safety import PHONE, WIDE, Listener, context, say  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,7 @@ def test_share_read_only_link_for_signed_in_users_then_revoke(server, listener, 
     try:
         alice = alice_ctx.new_page()
         sign_in(alice, server.url, "alice")
-        alice.wait_for_selector("#conv-tabs label", timeout=30_000)
+        ready(alice)
         say(alice, message)
         alice.locator("#share").click()
         alice.wait_for_function(f"({LINK}).includes('/shared/')", timeout=20_000)
@@ -79,7 +79,7 @@ def test_share_read_only_link_for_signed_in_users_then_revoke(server, listener, 
         # bob, signed in, reads it: the title and the messages, HTML as typed
         bob = bob_ctx.new_page()
         sign_in(bob, server.url, "bob")
-        bob.wait_for_selector("#conv-tabs label", timeout=30_000)
+        ready(bob)
         opened = bob.goto(link)
         assert opened.status == 200
         assert "default-src 'self'" in opened.headers.get("content-security-policy", "")

@@ -667,3 +667,94 @@ def test_share_owner_only_same_token_until_revoked(store, alice, bob):
     store.delete_conversation(alice, conv.id)
     with pytest.raises(NotFound):
         store.shared_conversation(again)
+
+
+# ---- the page's sidebar: delete with undo, a fresh chat, the open conversation ----
+
+def test_delete_hides_at_once_undo_brings_back_and_later_it_is_gone(store, alice, bob):
+    conv = store.create_conversation(alice, "Walrus plans")
+    store.append_message(alice, conv.id, "user", "walrus tusks")
+    token = store.share_conversation(alice, conv.id)
+    with pytest.raises(NotFound):
+        store.mark_deleted(bob, conv.id)  # not his to delete
+    assert store.mark_deleted(alice, conv.id).title == "Walrus plans"
+    # gone from every read, its owner's too: list, search, history, its link, export
+    assert store.list_conversations(alice, archived=None) == []
+    assert store.search_conversations(alice, "walrus") == []
+    for read in (lambda: store.history(alice, conv.id), lambda: store.shared_conversation(token),
+                 lambda: store.export_conversation(alice, conv.id), lambda: store.get_conversation(alice, conv.id),
+                 lambda: store.append_message(alice, conv.id, "user", "more")):
+        with pytest.raises(NotFound):
+            read()
+    with pytest.raises(NotFound):
+        store.undelete_conversation(bob, conv.id)  # only its owner brings it back
+    back = store.undelete_conversation(alice, conv.id)
+    assert back.id == conv.id and [m.content for m in store.history(alice, conv.id)] == ["walrus tusks"]
+    assert store.shared_conversation(token)[0] == "Walrus plans"
+    with pytest.raises(NotFound):
+        store.undelete_conversation(alice, conv.id)  # nothing to undo now
+
+    # past the undo window it can't come back, and the next delete removes it for good
+    store.mark_deleted(alice, conv.id)
+    with sqlite3.connect(store.path) as c:
+        c.execute("UPDATE conversations SET deleted = deleted - 3600 WHERE id = ?", [conv.id])
+    with pytest.raises(NotFound):
+        store.undelete_conversation(alice, conv.id)
+    other = store.create_conversation(bob, "bob's")
+    store.mark_deleted(bob, other.id)
+    with sqlite3.connect(store.path) as c:
+        assert c.execute("SELECT id FROM conversations").fetchall() == [(other.id,)]
+        assert c.execute("SELECT count(*) FROM messages").fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'walrus'").fetchone() == (0,)
+    assert store.purge_deleted(older_than_s=0) == 1
+
+
+def test_fresh_conversation_reuses_an_empty_untitled_one(store, alice, bob):
+    first = store.fresh_conversation(alice, "Be brief.")
+    assert first.system_prompt == "Be brief." and first.title == "New chat"
+    again = store.fresh_conversation(alice)  # still empty: the same one, now without a prompt
+    assert again.id == first.id and again.system_prompt == ""
+    assert store.fresh_conversation(alice, exclude=[first.id]).id != first.id  # unless it is taken
+    store.append_message(alice, first.id, "user", "hello")
+    named = store.create_conversation(alice, "Empty but named")
+    took = store.fresh_conversation(alice)
+    assert took.id not in (first.id, named.id)
+    assert store.fresh_conversation(bob).owner == bob.id  # never another user's empty one
+    with pytest.raises(Invalid):
+        store.fresh_conversation(alice, "x" * 20_001)
+
+
+def test_the_open_conversation_is_remembered_per_user(store, alice, bob):
+    assert store.open_conversation(alice) is None
+    a = store.create_conversation(alice, "a")
+    store.set_open_conversation(alice, a.id)
+    assert store.open_conversation(alice).id == a.id and store.open_conversation(bob) is None
+    with pytest.raises(NotFound):
+        store.set_open_conversation(bob, a.id)  # not his
+    store.mark_deleted(alice, a.id)
+    assert store.open_conversation(alice) is None
+    store.undelete_conversation(alice, a.id)
+    assert store.open_conversation(alice).id == a.id
+    store.delete_conversation(alice, a.id)
+    assert store.open_conversation(alice) is None
+    store.set_open_conversation(alice, None)
+
+
+def test_a_v4_database_migrates_to_v5_keeping_its_chats(tmp_path):
+    path = tmp_path / "v4.db"
+    old_database(path, 4, "the old narwhal story")
+    store = Store(path, scrypt=CHEAP)
+    assert store.migrated_from == 4 and store_schema.LATEST == 5
+    olga = store.authenticate("olga", "olga-password")
+    assert [c.title for c in store.list_conversations(olga)] == ["old chat"]
+    assert store.open_conversation(olga) is None
+    store.set_open_conversation(olga, 1)
+    assert store.open_conversation(olga).id == 1
+    store.mark_deleted(olga, 1)
+    assert store.search_conversations(olga, "narwhal") == []
+    store.undelete_conversation(olga, 1)
+    assert [h.conversation.id for h in store.search_conversations(olga, "narwhal")] == [1]
+    store.close()
+    with sqlite3.connect(path) as c:
+        assert {r[1] for r in c.execute("PRAGMA table_info(conversations)")} >= {"deleted", "archived"}
+        assert "open_conversation" in {r[1] for r in c.execute("PRAGMA table_info(users)")}

@@ -127,7 +127,17 @@ CREATE TABLE shares (
 );
 """
 
-MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS, _V3_SEARCH, _V4_SHARES]
+# the page's sidebar. "Delete" marks a conversation deleted: from then on every read treats it as
+# gone (NotFound, never listed, searched or shared), and only its owner may bring it back, within
+# a short undo window; past that it is deleted for real (Store.purge_deleted). And each user's
+# open conversation, so that a reload or another browser opens it again; it goes NULL with it.
+_V5_SIDEBAR = """
+ALTER TABLE conversations ADD COLUMN deleted REAL;
+ALTER TABLE users ADD COLUMN open_conversation INTEGER REFERENCES conversations(id) ON DELETE SET NULL;
+CREATE INDEX conversations_deleted ON conversations(deleted) WHERE deleted IS NOT NULL;
+"""
+
+MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS, _V3_SEARCH, _V4_SHARES, _V5_SIDEBAR]
 LATEST = len(MIGRATIONS)
 
 

@@ -14,6 +14,9 @@ writes: a crash may lose them, never a row that a synchronous call returned.
 
 Isolation: every read or change of a conversation or message takes the requesting user,
 and a conversation of someone else is `NotFound`, exactly like one that does not exist.
+A deleted conversation (`mark_deleted`, the page's "Delete" with its undo) is `NotFound` to
+every read too, its owner's included, until `undelete_conversation` brings it back within
+`DELETED_KEPT_S`; past that `purge_deleted` (run on each delete and on open) removes it.
 Search (`search_conversations`) reads FTS5 indexes of titles and messages that triggers keep
 in step (core.store.schema); it joins them to conversations and filters on the owner in SQL.
 
@@ -54,6 +57,7 @@ log = logging.getLogger("radixchat.store")
 ASYNC_QUEUE_MAX = 10_000  # past this, metrics are dropped (and counted) rather than block the engine
 _ASYNC_BATCH = 256
 _TOUCH_EVERY_S = 60.0  # how stale a key's last_used may get: saves a write per API call
+DELETED_KEPT_S = 60.0  # how long a deleted conversation can be brought back (the page's undo)
 
 
 MAX_SEARCH_CHARS = 1_000
@@ -157,6 +161,7 @@ class Store:
                 raise StoreError(f"{self.path} has schema version {found}, newer than this radixchat "
                                  f"knows ({store_schema.LATEST}); upgrade radixchat")
             self.migrated_from, _ = store_schema.migrate(conn, timeout_s=self._timeout_s)
+            self.purge_deleted()  # what was deleted while no server ran is gone for good
         except (sqlite3.Error, StoreError) as e:
             self.close()
             if isinstance(e, StoreError):
@@ -377,7 +382,8 @@ class Store:
     def _conv(self, db: Database, uid: int, conv_id: Any) -> Conversation:
         """The conversation if `uid` owns it; otherwise NotFound, with no hint that it exists."""
         cid = as_id(conv_id, "conversation")
-        row = db.execute(self._CONV_COLUMNS + " WHERE id = ? AND owner = ?", [cid, uid]).fetchone()
+        row = db.execute(self._CONV_COLUMNS + " WHERE id = ? AND owner = ? AND deleted IS NULL",
+                         [cid, uid]).fetchone()
         if row is None:
             raise NotFound(f"conversation {cid} not found")
         return Conversation(*row)
@@ -403,7 +409,7 @@ class Store:
                            search: str | None = None, limit: int = 200, offset: int = 0) -> list[Conversation]:
         """Most recently updated first. archived: False = active only, True = archived only,
         None = both. `search` matches anywhere in the title, ignoring ASCII case."""
-        sql, args = self._CONV_COLUMNS + " WHERE owner = ?", [user_id(user)]
+        sql, args = self._CONV_COLUMNS + " WHERE owner = ? AND deleted IS NULL", [user_id(user)]
         if archived is not None:
             sql += " AND archived IS NOT NULL" if archived else " AND archived IS NULL"
         if search:
@@ -442,7 +448,7 @@ class Store:
                 WHERE messages_fts MATCH :q AND c.owner = :uid),
             best AS (SELECT conv, min(score) AS score, snip FROM hits GROUP BY conv)
             SELECT c.id, c.owner, c.title, c.system_prompt, c.created, c.updated, c.archived, best.snip
-            FROM best JOIN conversations c ON c.id = best.conv AND c.owner = :uid
+            FROM best JOIN conversations c ON c.id = best.conv AND c.owner = :uid AND c.deleted IS NULL
             ORDER BY best.score, c.updated DESC, c.id DESC LIMIT :limit"""
         args = {"q": match, "uid": uid, "limit": max(0, min(int(limit), MAX_LIST))}
         with self._tx(write=False) as db:
@@ -475,6 +481,85 @@ class Store:
         with self._tx(write=True) as db:
             conv = self._conv(db, user_id(user), conv_id)
             db.execute("DELETE FROM conversations WHERE id = ?", [conv.id])
+
+    def mark_deleted(self, user: User | int, conv_id: int) -> Conversation:
+        """Delete with undo: the conversation is NotFound to every read from now on, and
+        `undelete_conversation` can bring it back for DELETED_KEPT_S; owner only. Removes for
+        good what was deleted longer ago than that (anyone's). Returns it as it was."""
+        now = time.time()
+        with self._tx(write=True) as db:
+            conv = self._conv(db, user_id(user), conv_id)
+            db.execute("UPDATE conversations SET deleted = ? WHERE id = ?", [now, conv.id])
+            self._purge(db, now - DELETED_KEPT_S)
+        return conv
+
+    def undelete_conversation(self, user: User | int, conv_id: int) -> Conversation:
+        """Undo `mark_deleted`, by its owner, while it is kept; NotFound otherwise (also for
+        a conversation that was never deleted: there is nothing to undo)."""
+        uid, cid = user_id(user), as_id(conv_id, "conversation")
+        with self._tx(write=True) as db:
+            if not db.execute("UPDATE conversations SET deleted = NULL WHERE id = ? AND owner = ? "
+                              "AND deleted IS NOT NULL AND deleted >= ?",
+                              [cid, uid, time.time() - DELETED_KEPT_S]).rowcount:
+                raise NotFound(f"conversation {cid} not found")
+            return self._conv(db, uid, cid)
+
+    def purge_deleted(self, older_than_s: float = DELETED_KEPT_S) -> int:
+        """Delete for good (messages and links with them) conversations deleted longer than
+        `older_than_s` ago; how many went."""
+        with self._tx(write=True) as db:
+            return self._purge(db, time.time() - older_than_s)
+
+    @staticmethod
+    def _purge(db: Database, before: float) -> int:
+        return db.execute("DELETE FROM conversations WHERE deleted IS NOT NULL AND deleted < ?",
+                          [before]).rowcount
+
+    def fresh_conversation(self, user: User | int, system_prompt: str = "",
+                           exclude: Iterable[int] = ()) -> Conversation:
+        """A conversation to start a new chat in, with `system_prompt`: the user's newest one
+        that is still untitled and empty (not one in `exclude`), else a new one. In one
+        transaction, so two callers never both take the same one unless both may."""
+        uid = user_id(user)
+        check_text(system_prompt, "system prompt", MAX_SYSTEM_PROMPT_CHARS, allow_empty=True)
+        skip = sorted({int(i) for i in exclude})[:500]
+        now = time.time()
+        with self._tx(write=True) as db:
+            row = db.execute(
+                "SELECT id FROM conversations c WHERE owner = ? AND deleted IS NULL AND title = ? "
+                "AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.conversation = c.id)"
+                + (f" AND id NOT IN ({','.join('?' * len(skip))})" if skip else "")
+                + " ORDER BY updated DESC, id DESC LIMIT 1", [uid, DEFAULT_TITLE, *skip]).fetchone()
+            if row is None:
+                if db.execute("SELECT 1 FROM users WHERE id = ?", [uid]).fetchone() is None:
+                    raise NotFound(f"user {uid} not found")
+                cid = db["conversations"].insert({"owner": uid, "title": DEFAULT_TITLE,
+                                                  "system_prompt": system_prompt, "created": now,
+                                                  "updated": now}).last_pk
+            else:
+                cid = row[0]
+                db.execute("UPDATE conversations SET system_prompt = ?, updated = ?, archived = NULL "
+                           "WHERE id = ?", [system_prompt, now, cid])
+            return self._conv(db, uid, cid)
+
+    def set_open_conversation(self, user: User | int, conv_id: int | None) -> None:
+        """Note the conversation the user has open (None: none), for `open_conversation`."""
+        uid = user_id(user)
+        with self._tx(write=True) as db:
+            cid = None if conv_id is None else self._conv(db, uid, conv_id).id
+            db.execute("UPDATE users SET open_conversation = ? WHERE id = ?", [cid, uid])
+
+    def open_conversation(self, user: User | int) -> Conversation | None:
+        """The conversation the user last had open, if it is still there (not deleted)."""
+        uid = user_id(user)
+        with self._tx(write=False) as db:
+            row = db.execute("SELECT open_conversation FROM users WHERE id = ?", [uid]).fetchone()
+            if row is None or row[0] is None:
+                return None
+            try:
+                return self._conv(db, uid, row[0])
+            except NotFound:
+                return None
 
     # ---- read-only links (the page's "Share") ----
 
@@ -516,7 +601,7 @@ class Store:
             raise NotFound("shared conversation not found")
         with self._tx(write=False) as db:
             row = db.execute("SELECT c.id, c.title FROM shares s JOIN conversations c ON c.id = s.conversation "
-                             "WHERE s.token = ?", [token]).fetchone()
+                             "WHERE s.token = ? AND c.deleted IS NULL", [token]).fetchone()
             if row is None:
                 raise NotFound("shared conversation not found")
             msgs = [Message(*r) for r in db.execute(

@@ -1,6 +1,6 @@
-"""The chat page: a tab per open conversation, streaming replies, and a Server tab.
+"""The chat page: a sidebar of one's chats (a drawer on a phone), streaming replies, and a Server tab.
 
-Layout and wiring only. What the buttons do is webui/page/logic.py (tabs, replies, stop,
+Layout and wiring only. What the buttons do is webui/page/logic.py (the chats, replies, stop,
 errors as sentences); the Server tab's figures are webui/page/dashboard.py. webui/server.py
 mounts the page at "/" behind Gradio's sign-in, checked against the store's users, with the
 sign-in page's words from `sign_in_message`. "Sign out" is Gradio's /logout in the same tab;
@@ -8,17 +8,23 @@ a tab whose sign-in ended elsewhere goes to the sign-in page (webui/page/signed_
 Nothing the page shows is fetched from elsewhere: system fonts, messages as text, code and
 links (webui/page/markup.py), and a Content-Security-Policy (webui/page/csp.py).
 
-The tab strip is a radio group styled as tabs, one choice per open conversation, over one
-chat area. A reply keeps streaming when its tab is left; the chat area shows it only while
-its tab is the one in view (`View`, per browser session). One button sends, and reads "Stop"
-while a reply is being written in the tab in view (`action`). Export downloads the tab as
-the store exports it: the text comes through the page's own queue, and the browser saves it
-(`SAVE`), since the gate (webui/gate.py) serves no files. "Share" shows the tab's read-only
-link on the request's own host (webui/page/shared.py serves it); "Stop sharing" ends it. The temperature starts at the model
-card's recommendation, or 0 (greedy) for a model without one.
+The sidebar (Gradio's `Sidebar`: beside the chat on a wide screen, a drawer over it at 768 px
+and less, closed there until its button opens it) holds "New chat", a search over titles and
+messages, one's chats newest first, and "Undo delete" for a few seconds after a delete. Which
+chat is in view is the hidden `current` (None: a new chat, made by its first message), set in
+the browser the moment a chat is picked or "New chat" pressed, so a message sent right after
+goes where the person sees it; the server's `View` follows, each change stamped by the
+browser's count (`epoch`) so that a late one never undoes a newer one. A reply keeps streaming
+when its chat is left; the chat area shows it only while that chat is in view. One button
+sends, and reads "Stop" while a reply is being written in the chat in view (`action`). Export
+downloads the chat as the store exports it: the text comes through the page's own queue, and
+the browser saves it (`SAVE`), since the gate (webui/gate.py) serves no files. "Share" shows
+the chat's read-only link on the request's own host (webui/page/shared.py serves it); "Stop
+sharing" ends it. The temperature starts at the model card's recommendation, or 0 (greedy)
+for a model without one.
 
 Runs on the server's event loop (the page's async handlers) and Gradio's worker threads
-(the others). No MLX here.
+(the others); the few lines of JavaScript run in the browser. No MLX here.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from webui.page.shared import link as shared_link
 if TYPE_CHECKING:
     from core.config import Settings
     from core.engine.engine import Engine
-    from core.store import Conversation, Store
+    from core.store import Store
     from webui.api.metrics import Metrics
 
 log = logging.getLogger("radixchat.page")
@@ -68,17 +74,32 @@ SAVE = """(payload) => {
   return [];
 }"""
 MEDIA_TYPES = {"md": "text/markdown", "json": "application/json"}
+UNDO_S = 10.0  # how long "Undo delete" is offered (the store keeps a deleted chat longer)
+# Gradio's sidebar is a drawer over the whole page at this width and less (its own CSS)
+DRAWER_PX = 768
+_DRAWER = f"""const s = document.querySelector('#sidebar');
+  const open = !!s && s.classList.contains('open');
+  const want = window.innerWidth > {DRAWER_PX};"""
+# beside the chat on a wide screen; on a phone a drawer that starts closed
+OPEN_WIDE = f"() => {{ {_DRAWER} if (s && open !== want) s.querySelector('.toggle-button').click(); }}"
+_CLOSE_ON_PHONE = f"{{ {_DRAWER} if (open && !want) s.querySelector('.toggle-button').click(); }}"
+# in the browser, at once: a new chat is in view (current None), the next view change is counted
+NEW_CHAT = f"""(n) => {{ {_CLOSE_ON_PHONE}
+  document.querySelector('#message textarea')?.focus();
+  return [null, null, [], "", "", "{NO_PROMPT}", "", (n || 0) + 1]; }}"""
+PICK = f"(picked, n) => {{ {_CLOSE_ON_PHONE} return [picked, (n || 0) + 1]; }}"
 
 CSS = """
-#conv-tabs .wrap { gap: 2px; border-bottom: 1px solid var(--border-color-primary); }
-#conv-tabs label { border-radius: 8px 8px 0 0; border: 1px solid var(--border-color-primary);
-  border-bottom: none; padding: 6px 14px; margin: 0; max-width: 16em; background: var(--background-fill-secondary); }
-#conv-tabs label span { overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
-#conv-tabs label.selected { background: var(--background-fill-primary); font-weight: 600;
-  box-shadow: inset 0 2px 0 var(--color-accent); }
-#conv-tabs input[type=radio] { display: none; }
-#tab-row { align-items: end; gap: 6px; }
-#new-tab { max-width: 44px; }
+#conv-list .wrap { flex-direction: column; flex-wrap: nowrap; gap: 2px; }
+#conv-list label { width: 100%; max-width: 100%; box-sizing: border-box; margin: 0; padding: 6px 10px;
+  border: none; border-radius: 6px; background: transparent; box-shadow: none; }
+/* a chat's title, or a search hit's title and matching text, in at most two lines */
+#conv-list label span { overflow: hidden; overflow-wrap: anywhere; display: -webkit-box;
+  -webkit-line-clamp: 2; -webkit-box-orient: vertical; }
+#conv-list label:hover { background: var(--background-fill-primary); }
+#conv-list label.selected { background: var(--background-fill-primary); font-weight: 600;
+  box-shadow: inset 3px 0 0 var(--color-accent); }
+#conv-list input[type=radio] { display: none; }
 #compose { flex-wrap: nowrap; align-items: end; }
 #compose #send { flex: 0 0 auto; min-width: 72px; }
 #top-row { align-items: center; }
@@ -86,6 +107,12 @@ CSS = """
 .rc-stats { font-size: 0.8em; opacity: 0.7; }
 /* the Server tab's row names break between words, not inside them, on a phone */
 :is(#server-summary, #your-usage) :is(th, td) { overflow-wrap: normal; word-break: normal; }
+/* a phone: the message box and Send stay on screen under a shorter chat area, and room is
+   left on the left for the drawer's button */
+@media (max-width: 768px) {
+  #chat { height: max(200px, calc(100dvh - 330px)) !important; }
+  #top-row { padding-left: 28px; }
+}
 """
 
 
@@ -122,8 +149,21 @@ def load_presets(path: Path | None = None) -> dict[str, str]:
 
 @dataclass
 class View:
-    """Per browser session: the conversation the chat area shows."""
+    """Per browser session: the conversation the chat area shows (None: a new chat), the
+    browser's count of view changes it follows (`epoch`), and the chat "Undo delete" brings back."""
     conv: int | None = None
+    epoch: int = 0
+    deleted: int | None = None
+
+    def follow(self, conv: int | None, epoch: int | float | None, *, change: bool = False) -> bool:
+        """Show `conv` unless the browser has changed its view since (a later epoch). A view
+        change (`change`: a pick, "New chat") counts only if it is newer than what is shown: a
+        message sent to a new chat made it under the same epoch, and stays in view."""
+        epoch = int(epoch or 0)
+        if epoch < self.epoch or (change and epoch == self.epoch):
+            return False
+        self.epoch, self.conv = epoch, conv
+        return True
 
 
 def notice(e: PageError) -> None:
@@ -169,25 +209,33 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             return NO_PROMPT
         return next((name for name, body in presets.items() if body == text), CUSTOM)
 
-    def strip(user, current: int | None, open_tabs: list[Conversation] | None = None):
-        open_tabs = chat.tabs(user) if open_tabs is None else open_tabs
-        return gr.Radio(choices=[(c.title, c.id) for c in open_tabs], value=current)
+    def listed(user, query: str, current: int | None, found: list[tuple[str, int]] | None = None):
+        """The sidebar's list (every chat, or what the search found), the one in view selected
+        when it is listed."""
+        found = chat.find(user, query) if found is None else found
+        return gr.Radio(choices=found, value=current if current in {i for _, i in found} else None)
 
     def action(writing: bool):
-        """The one Send/Stop button, as it reads for a tab: Stop while a reply is written there."""
+        """The one Send/Stop button, as it reads for a chat: Stop while a reply is written there."""
         return gr.Button(STOP if writing else SEND, variant="stop" if writing else "primary")
 
-    def shown(user, conv_id: int, view: View):
-        """Everything that changes when a tab comes into view: strip, chat, title, prompt, button."""
-        view.conv = conv_id
-        conv = chat.conversation(user, conv_id)
-        return (strip(user, conv_id), chat.messages(user, conv_id), conv.title,
-                conv.system_prompt, preset_of(conv.system_prompt), action(chat.writing(user, conv_id)))
+    def link_of(token: str | None, request: gr.Request) -> str:
+        """The link on the request's own host: what the owner's browser reached is what
+        another browser on the LAN can reach too."""
+        if not token:
+            return ""
+        host = request.headers.get("host") or "localhost"
+        return shared_link(f"http://{host}", token)
 
-    def closed_list(user, search: str):
-        """The History panel: closed tabs, or what a search found (labels are shown as text)."""
-        return gr.Radio(choices=chat.find(user, search), value=None,
-                        label="Found" if (search or "").strip() else "Closed tabs")
+    def shown(user, conv_id: int | None, query: str, view: View, request: gr.Request):
+        """Everything that changes when a chat comes into view (`view_outputs`)."""
+        view.conv = conv_id
+        if conv_id is None:
+            return (None, listed(user, query, None), [], "", "", NO_PROMPT, action(False), "")
+        conv = chat.conversation(user, conv_id)
+        return (conv_id, listed(user, query, conv_id), chat.messages(user, conv_id), conv.title,
+                conv.system_prompt, preset_of(conv.system_prompt), action(chat.writing(user, conv_id)),
+                link_of(chat.share_token(user, conv_id), request))
 
     # which model answers, as its card says (core.engine.catalog)
     card = model.card
@@ -203,6 +251,18 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
 
     with gr.Blocks(title="radixchat", analytics_enabled=False) as page:
         view = gr.State(View())
+        # the chat in view (None: a new chat) and the browser's count of view changes: set in the
+        # browser at once (NEW_CHAT, PICK), read by every event that acts on "this chat"
+        current = gr.Number(None, precision=0, visible=False, elem_id="current")
+        epoch = gr.Number(0, precision=0, visible=False, elem_id="epoch")
+        # closed at first: OPEN_WIDE opens it beside the chat on a wide screen, a phone keeps the page
+        with gr.Sidebar(open=False, width=280, elem_id="sidebar"):
+            new = gr.Button("New chat", variant="primary", size="sm", elem_id="new-chat")
+            search = gr.Textbox(placeholder="Search your chats", show_label=False, container=False,
+                                max_lines=1, elem_id="search")
+            undo = gr.Button("Undo delete", size="sm", visible=False, elem_id="undo")
+            conv_list = gr.Radio(show_label=False, container=False, elem_id="conv-list")
+            undo_timer = gr.Timer(UNDO_S, active=False)
         with gr.Row(elem_id="top-row", equal_height=True):
             header = gr.Markdown(elem_id="header")
             # a plain link in this tab: /logout ends the session on the server and lands on the
@@ -211,9 +271,6 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                       elem_id="sign-out", visible=sign_in)
         with gr.Tabs():
             with gr.Tab("Chat", id="chat") as chat_section:
-                with gr.Row(elem_id="tab-row", equal_height=True):
-                    tabs = gr.Radio(show_label=False, container=False, elem_id="conv-tabs", scale=20)
-                    new = gr.Button("+", elem_id="new-tab", scale=0, min_width=44, size="sm")
                 with gr.Row():
                     with gr.Column(scale=4):
                         # messages arrive as Markdown whose HTML is text (logic.row, markup.py); the
@@ -233,11 +290,11 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                         with gr.Row():
                             regenerate = gr.Button("Regenerate", size="sm", elem_id="regenerate")
                     with gr.Column(scale=1, min_width=260):
-                        with gr.Accordion("This tab", open=True):
+                        with gr.Accordion("This chat", open=True):
                             title = gr.Textbox(label="Title", max_lines=1, elem_id="title")
                             with gr.Row():
                                 rename = gr.Button("Rename", size="sm", elem_id="rename")
-                                close = gr.Button("Close tab", size="sm", elem_id="close-tab")
+                                delete = gr.Button("Delete", size="sm", variant="stop", elem_id="delete")
                             with gr.Row():
                                 export_md = gr.Button("Export Markdown", size="sm", elem_id="export-md")
                                 export_json = gr.Button("Export JSON", size="sm", elem_id="export-json")
@@ -252,17 +309,12 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                         with gr.Accordion("Settings", open=True):
                             preset = gr.Dropdown([NO_PROMPT, *presets, CUSTOM], value=NO_PROMPT,
                                                  label="System prompt", elem_id="preset")
-                            system = gr.Textbox(label="System prompt of this tab", lines=3, max_lines=12,
+                            system = gr.Textbox(label="System prompt of this chat", lines=3, max_lines=12,
                                                 elem_id="system")
                             temperature = gr.Slider(0, 2, value=recommended.get("temperature", 0.0), step=0.05,
                                                     label=temperature_label, elem_id="temperature")
                             max_tokens = gr.Slider(1, model.context_length, value=settings.max_tokens, step=1,
                                                    label="Max tokens", elem_id="max-tokens")
-                        with gr.Accordion("History", open=False):
-                            search = gr.Textbox(label="Search all your chats (titles and messages)",
-                                                max_lines=1, elem_id="search")
-                            archived = gr.Radio(label="Closed tabs", elem_id="archived")
-                            reopen = gr.Button("Open", size="sm", elem_id="reopen")
             with gr.Tab("Server", id="server") as server_section:
                 summary = gr.Markdown(elem_id="server-summary")
                 usage = gr.Markdown(elem_id="your-usage")
@@ -274,75 +326,99 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                                                elem_id="ttft-plot")
                 timer = gr.Timer(REFRESH_S, active=False)
 
-        tab_view = [tabs, chatbot, title, system, preset, send]
+        view_outputs = [current, conv_list, chatbot, title, system, preset, send, share_link]
 
-        @_notices(8)
+        @_notices(9)
         def on_load(view: View, request: gr.Request):
             user = who(request)
             who_line = (f"signed in as **{user.name}**" if sign_in
                         else "no sign-in: everyone here is the same local user")
             head = f"**radixchat** · {model_line} · {who_line}{note_line}"
-            _, current = chat.start(user)
-            return (head, *shown(user, current, view), closed_list(user, ""))
+            return (head, *shown(user, chat.start(user), "", view, request))
 
-        @_notices(6)
-        def switch(conv_id, view: View, request: gr.Request):
-            return shown(who(request), conv_id, view)
-
-        @_notices(6)
-        def new_tab(system_text, view: View, request: gr.Request):
-            user = who(request)
-            return shown(user, chat.new_tab(user, system_text).id, view)
-
-        @_notices(2)
-        def rename_tab(conv_id, new_title, request: gr.Request):
-            user = who(request)
-            conv = chat.rename(user, conv_id, new_title)
-            return strip(user, conv_id), conv.title
-
-        @_notices(7)
-        def close_tab(conv_id, query, view: View, request: gr.Request):
-            user = who(request)
-            return (*shown(user, chat.close(user, conv_id), view), closed_list(user, query))
-
-        @_notices(1)
-        def find_closed(query, request: gr.Request):
-            return closed_list(who(request), query)
-
-        @_notices(7)
-        def reopen_tab(conv_id, query, view: View, request: gr.Request):
+        @_notices(8)
+        def switch(conv_id, stamp, query, view: View, request: gr.Request):
+            """A chat picked in the sidebar (the browser already set `current`)."""
             user = who(request)
             if conv_id is None:
-                raise PageError("Pick a chat in the list first.")
-            conv = chat.open(user, conv_id)
-            return (*shown(user, conv.id, view), closed_list(user, query))
+                return tuple(gr.skip() for _ in view_outputs)
+            conv = chat.show(user, int(conv_id))  # someone else's: "not found", and nothing changes
+            if not view.follow(conv.id, stamp, change=True):
+                return tuple(gr.skip() for _ in view_outputs)
+            return shown(user, conv.id, query, view, request)
+
+        def new_chat_opened(stamp, view: View):
+            """"New chat" (the browser already shows it): its reply, if any, stops being drawn here."""
+            view.follow(None, stamp, change=True)
+            return action(False)
+
+        @_notices(1)
+        def find(query, conv_id, request: gr.Request):
+            return listed(who(request), query, conv_id)
+
+        @_notices(2)
+        def rename_chat(conv_id, new_title, query, request: gr.Request):
+            user = who(request)
+            conv = chat.rename(user, conv_id, new_title)
+            return listed(user, query, conv.id), conv.title
+
+        @_notices(len(view_outputs) + 2)
+        def delete_chat(conv_id, query, view: View, request: gr.Request):
+            """Delete the chat in view: a new chat comes into view, and "Undo delete" for UNDO_S."""
+            user = who(request)
+            gone = chat.delete(user, conv_id)
+            view.deleted = gone.id
+            gr.Info(f"Deleted “{html.escape(gone.title)}”. “Undo delete” in the list brings it back "
+                    f"for {UNDO_S:g} seconds.")
+            return (*shown(user, None, query, view, request), gr.Button(visible=True), gr.Timer(active=True))
+
+        @_notices(len(view_outputs) + 2)
+        def undo_delete(query, view: View, request: gr.Request):
+            user = who(request)
+            back = chat.undo_delete(user, view.deleted)
+            view.deleted = None
+            chat.show(user, back.id)
+            return (*shown(user, back.id, query, view, request), gr.Button(visible=False), gr.Timer(active=False))
+
+        def undo_expired(view: View):
+            view.deleted = None
+            return gr.Button(visible=False), gr.Timer(active=False)
 
         @_notices(1)
         def apply_preset(name, conv_id, request: gr.Request):
             text = presets.get(name, "") if name != CUSTOM else gr.skip()
-            if name != CUSTOM:
-                chat.set_system_prompt(who(request), conv_id, text)
+            if name != CUSTOM and conv_id is not None:  # a new chat takes it with its first message
+                chat.set_system_prompt(who(request), int(conv_id), text)
             return text
 
         @_notices(1)
         def save_system(text, conv_id, request: gr.Request):
-            chat.set_system_prompt(who(request), conv_id, text)
+            if conv_id is not None:
+                chat.set_system_prompt(who(request), int(conv_id), text)
             return preset_of(text)
 
-        async def respond(text, conv_id, temp, n_tokens, view: View, request: gr.Request, again=False):
-            """Stream a reply into the chat area while its tab is in view (outputs: chat, message box,
-            strip, title, Send/Stop). A refusal leaves the typed text in the box and shows a notice."""
+        async def send_message(text, conv_id, system_text, stamp, query, temp, n_tokens, view: View,
+                               request: gr.Request, again=False):
+            """Stream a reply into the chat area while its chat is in view (outputs: `replying`). A
+            refusal leaves the typed text in the box and shows a notice. A new chat (conv_id None)
+            is made by this message, and shown with it unless the browser moved on meanwhile."""
             skip = gr.skip()
             try:
                 user = await asyncio.to_thread(who, request)
-                if conv_id is None:
-                    conv_id = (await asyncio.to_thread(chat.new_tab, user)).id
-                view.conv = conv_id
+                conv_id = None if conv_id is None else int(conv_id)
+                if conv_id is not None:
+                    view.follow(conv_id, stamp)
+                made: list[int] = []
+
+                def started(new_id: int):
+                    made.append(new_id)
+                    view.follow(new_id, stamp)
+
                 first, visible, reads_stop = True, True, None
 
                 def button():
-                    """The button for the tab in view, when that changed: this reply began or ended,
-                    or another tab (writing or not) came into view meanwhile."""
+                    """The button for the chat in view, when that changed: this reply began or ended,
+                    or another chat (writing or not) came into view meanwhile."""
                     nonlocal reads_stop
                     writing = chat.writing(user, view.conv)
                     if writing == reads_stop:
@@ -351,57 +427,77 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                     return action(writing)
 
                 async for msgs in chat.reply(user, conv_id, text, temperature=temp, max_tokens=n_tokens,
-                                             regenerate=again):
+                                             regenerate=again, system_prompt=system_text or "",
+                                             started=started):
+                    conv_id = made[0] if made else conv_id
                     here = view.conv == conv_id
-                    if first:  # the strip and title, for the title a first message gives its tab
-                        open_tabs = await asyncio.to_thread(chat.tabs, user)
-                        title_now = next((c.title for c in open_tabs if c.id == conv_id), skip)
-                        yield (msgs if here else skip, skip if again else "", strip(user, view.conv, open_tabs),
-                               title_now if here else skip, button())
+                    if first:  # the list and title, for the title a first message gives its chat
+                        found = await asyncio.to_thread(chat.find, user, query)
+                        title_now = (await asyncio.to_thread(chat.conversation, user, conv_id)).title if here else skip
+                        yield (msgs if here else skip, skip if again else "", listed(user, query, view.conv, found),
+                               title_now if here else skip, button(), conv_id if here and made else skip)
                         visible, first = here, False
                     elif here:
                         visible = True
-                        yield msgs, skip, skip, skip, button()
-                    elif visible:  # its tab was left: make sure the chat area shows the one in view
+                        yield msgs, skip, skip, skip, button(), skip
+                    elif visible:  # its chat was left: make sure the chat area shows the one in view
                         visible = False
                         try:
                             other = await asyncio.to_thread(chat.messages, user, view.conv)
                         except PageError:
                             other = skip
-                        yield other, skip, skip, skip, button()
-                if not first:  # ended: the tab in view reads Send again, unless it writes too
-                    yield skip, skip, skip, skip, button()
+                        yield other, skip, skip, skip, button(), skip
+                if not first:  # ended: the chat in view reads Send again, unless it writes too
+                    yield skip, skip, skip, skip, button(), skip
             except PageError as e:
                 notice(e)
-                yield skip, skip, skip, skip, skip  # refused before it began, or after its last yield
+                yield skip, skip, skip, skip, skip, skip  # refused before it began, or after its last yield
 
-        async def respond_again(conv_id, temp, n_tokens, view: View, request: gr.Request):
-            async for out in respond(None, conv_id, temp, n_tokens, view, request, again=True):
+        async def respond_again(conv_id, stamp, query, temp, n_tokens, view: View, request: gr.Request):
+            async for out in send_message(None, conv_id, "", stamp, query, temp, n_tokens, view, request,
+                                          again=True):
                 yield out
 
-        async def send_pressed(label, text, conv_id, temp, n_tokens, view: View, request: gr.Request):
+        async def send_pressed(label, text, conv_id, system_text, stamp, query, temp, n_tokens, view: View,
+                               request: gr.Request):
             """The button read Send when pressed: send (Stop is `stop_pressed`, outside the queue)."""
             if label == STOP:
-                yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                yield tuple(gr.skip() for _ in range(6))
                 return
-            async for out in respond(text, conv_id, temp, n_tokens, view, request):
+            async for out in send_message(text, conv_id, system_text, stamp, query, temp, n_tokens, view,
+                                          request):
+                yield out
+
+        # Scripted clients of the page's queue (loadtests/page_user.py, tests) speak an older, shorter
+        # form: `new_tab` makes a chat with a system prompt (its id is the value of the first output),
+        # `respond` sends in a chat by id (None: a new chat). No browser triggers these two.
+        @_notices(len(view_outputs))
+        def new_tab(system_text, view: View, request: gr.Request):
+            user = who(request)
+            conv = chat.new_chat(user, system_text or "", reuse=False)  # sessions of one user each get theirs
+            chat.show(user, conv.id)
+            current_id, chats, *rest = shown(user, conv.id, "", view, request)
+            return (chats, current_id, *rest)
+
+        async def respond(text, conv_id, temp, n_tokens, view: View, request: gr.Request):
+            async for out in send_message(text, conv_id, "", view.epoch, "", temp, n_tokens, view, request):
                 yield out
 
         @_notices(1)
         def stop_pressed(label, conv_id, request: gr.Request):
-            """The button read Stop when pressed: cancel the tab's reply in the engine (what it wrote
+            """The button read Stop when pressed: cancel the chat's reply in the engine (what it wrote
             stays; its own event turns the button back to Send). Not queued behind the replies."""
             if label != STOP:
                 return gr.skip()
-            if conv_id is None or not chat.stop(who(request), conv_id):
+            if conv_id is None or not chat.stop(who(request), int(conv_id)):
                 return action(False)  # it ended meanwhile
             return gr.skip()
 
         def export(fmt: str):
             def export_tab(conv_id, request: gr.Request):
-                """The tab as the store exports it, for the browser to save (SAVE)."""
+                """The chat as the store exports it, for the browser to save (SAVE)."""
                 try:
-                    name, text = chat.export(who(request), conv_id, fmt)
+                    name, text = chat.export(who(request), None if conv_id is None else int(conv_id), fmt)
                 except PageError as e:
                     notice(e)
                     return ""  # nothing to save, whatever an earlier export left here
@@ -409,27 +505,15 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             export_tab.__name__ = f"export_{fmt}"
             return export_tab
 
-        def link_of(token: str | None, request: gr.Request) -> str:
-            """The link on the request's own host: what the owner's browser reached is what
-            another browser on the LAN can reach too."""
-            if not token:
-                return ""
-            host = request.headers.get("host") or "localhost"
-            return shared_link(f"http://{host}", token)
-
         @_notices(1)
         def share_tab(conv_id, request: gr.Request):
-            return link_of(chat.share(who(request), conv_id), request)
+            return link_of(chat.share(who(request), None if conv_id is None else int(conv_id)), request)
 
         @_notices(1)
         def unshare_tab(conv_id, request: gr.Request):
-            chat.unshare(who(request), conv_id)
+            chat.unshare(who(request), None if conv_id is None else int(conv_id))
             gr.Info("Stopped sharing: the link now shows \"not found\".")
             return ""
-
-        @_notices(1)
-        def share_shown(conv_id, request: gr.Request):
-            return link_of(chat.share_token(who(request), conv_id), request)
 
         @_notices(4)
         def refresh(request: gr.Request):
@@ -442,28 +526,37 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         private = {"api_visibility": "private"}
         generating = {"concurrency_id": "generate", "show_progress": "hidden", "trigger_mode": "multiple",
                       "concurrency_limit": max(settings.max_batch, settings.max_queue), **private}
-        page.load(on_load, [view], [header, *tab_view, archived], **private)
-        tabs.input(switch, [tabs, view], tab_view, **private)
-        new.click(new_tab, [system, view], tab_view, **private)
-        gr.on([rename.click, title.submit], rename_tab, [tabs, title], [tabs, title], **private)
-        close.click(close_tab, [tabs, search, view], [*tab_view, archived], **private)
-        search.change(find_closed, [search], [archived], **private)
-        reopen.click(reopen_tab, [archived, search, view], [*tab_view, archived], **private)
-        preset.input(apply_preset, [preset, tabs], [system], **private)
-        system.blur(save_system, [system, tabs], [preset], **private)
-        replying = [chatbot, message, tabs, title, send]
-        message.submit(respond, [message, tabs, temperature, max_tokens, view], replying, **generating)
+        page.load(on_load, [view], [header, *view_outputs], **private)
+        page.load(None, js=OPEN_WIDE, **private)
+        # a chat picked or "New chat": the browser changes its view at once, then the server follows
+        conv_list.input(None, [conv_list, epoch], [current, epoch], js=PICK, **private).then(
+            switch, [current, epoch, search, view], view_outputs, **private)
+        new.click(None, [epoch], [current, conv_list, chatbot, title, system, preset, share_link, epoch],
+                  js=NEW_CHAT, **private).then(new_chat_opened, [epoch, view], [send], **private)
+        search.change(find, [search, current], [conv_list], show_progress="hidden", **private)
+        gr.on([rename.click, title.submit], rename_chat, [current, title, search], [conv_list, title], **private)
+        delete.click(delete_chat, [current, search, view], [*view_outputs, undo, undo_timer], **private)
+        undo.click(undo_delete, [search, view], [*view_outputs, undo, undo_timer], **private)
+        undo_timer.tick(undo_expired, [view], [undo, undo_timer], show_progress="hidden", **private)
+        preset.input(apply_preset, [preset, current], [system], **private)
+        system.blur(save_system, [system, current], [preset], **private)
+        replying = [chatbot, message, conv_list, title, send, current]
+        asked = [current, system, epoch, search, temperature, max_tokens, view]
+        message.submit(send_message, [message, *asked], replying, **generating)
         # one click, two events: each acts only if the button read its word when pressed
-        send.click(send_pressed, [send, message, tabs, temperature, max_tokens, view], replying, **generating)
-        send.click(stop_pressed, [send, tabs], [send], concurrency_limit=None, show_progress="hidden",
+        send.click(send_pressed, [send, message, *asked], replying, **generating)
+        send.click(stop_pressed, [send, current], [send], concurrency_limit=None, show_progress="hidden",
                    **private)
-        regenerate.click(respond_again, [tabs, temperature, max_tokens, view], replying, **generating)
+        regenerate.click(respond_again, [current, epoch, search, temperature, max_tokens, view], replying,
+                         **generating)
+        scripted = gr.Button(visible=False)
+        scripted.click(new_tab, [system, view], [conv_list, current, *view_outputs[2:]], **private)
+        scripted.click(respond, [message, current, temperature, max_tokens, view], replying, **generating)
         for button, fmt in ((export_md, "md"), (export_json, "json")):
-            button.click(export(fmt), [tabs], [exported], **private).then(None, [exported], None, js=SAVE,
-                                                                          **private)
-        share.click(share_tab, [tabs], [share_link], **private)
-        unshare.click(unshare_tab, [tabs], [share_link], **private)
-        tabs.change(share_shown, [tabs], [share_link], show_progress="hidden", **private)
+            button.click(export(fmt), [current], [exported], **private).then(None, [exported], None, js=SAVE,
+                                                                             **private)
+        share.click(share_tab, [current], [share_link], **private)
+        unshare.click(unshare_tab, [current], [share_link], **private)
         server_view = [summary, usage, requests_plot, ttft_plot]
         server_section.select(lambda: gr.Timer(active=True), None, timer, **private).then(
             refresh, None, server_view, **private)

@@ -1,11 +1,15 @@
-"""What the chat page does, without the page: tabs, replies, stop, export, readable errors.
+"""What the chat page does, without the page: the sidebar's chats, replies, stop, export, readable errors.
 
 `ChatPage` holds the store, the engine and the metrics, and every method takes the signed-in
 user, so the page (webui/page/layout.py) is only layout and wiring, and these can be tested without
-a browser. A tab is an open (not archived) conversation; closing one archives it (or deletes
-it if nothing was said in it); the history lists archived ones, searches all of the user's conversations by the words of
-their titles and messages (the store's full-text index), and opens what it finds as a tab. Everything
-a tab shows comes from SQLite, so a reload or a second browser sees the same tabs.
+a browser. The sidebar lists all of the user's conversations, newest first (the store's
+"archived" means nothing here: an archived one is listed like any other), or, with a search,
+those whose title or messages hold its words (the store's full-text index). "New chat" makes
+nothing: the first message of a new chat (`reply` with no conversation) starts one, in the
+user's empty untitled conversation if there is one, so empty chats never pile up and a new chat
+never inherits another's system prompt. Delete hides a conversation at once and can be undone
+for a while (the store's `mark_deleted`). The conversation opened last, in any browser, is noted
+in the store and opens on the next load. Everything shown comes from SQLite.
 
 A reply streams from the engine; it is stored with its request metrics when it ends,
 finished, stopped or failed, exactly once, also when the page goes away mid-stream or while
@@ -16,7 +20,7 @@ built from what it already holds, each message through one function (`row`: its 
 Markdown of text, code and links only, webui/page/markup.py). Stop cancels the request in
 the engine. Regenerate writes a new reply to the last message; the newest reply to a message
 is the one shown and the one the model sees later (the store keeps the older ones).
-Export hands out the store's own Markdown and JSON exports of a tab. Refusals (queue full,
+Export hands out the store's own Markdown and JSON exports of a chat. Refusals (queue full,
 prompt too long, engine down, bad input) raise `PageError` with a sentence meant for the
 person at the page.
 
@@ -32,10 +36,11 @@ import functools
 import html
 import re
 import secrets
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from pydantic import ValidationError
 
@@ -51,8 +56,9 @@ if TYPE_CHECKING:
     from webui.api.metrics import Metrics
 
 LOCAL_USER = "local"  # who everyone is with --no-auth
-TITLE_CHARS = 40  # a new tab is named after the start of its first message
-SEARCH_HITS = 50  # the most conversations a History search lists
+TITLE_CHARS = 40  # a new chat is named after the start of its first message
+SEARCH_HITS = 50  # the most conversations a search lists
+LISTED = 200  # the most conversations the sidebar lists
 STREAM_EVERY_S = 0.05  # at most this often a streaming reply is sent to the browser
 
 
@@ -70,7 +76,7 @@ def refusal(e: Exception) -> str:
         if e.status == 429:
             return f"The server is busy ({e.message}). Try again in a moment."
         if e.status == 413:
-            return (f"This is too long for the model: {e.message}. Open a new tab (+) "
+            return (f"This is too long for the model: {e.message}. Start a new chat "
                     "or send a shorter message.")
         if e.status == 503:
             return f"The model is not available right now: {e.message}."
@@ -80,7 +86,7 @@ def refusal(e: Exception) -> str:
         where = ".".join(str(p) for p in first["loc"])
         return f"Invalid setting {where}: {first['msg']}."
     if isinstance(e, NotFound):
-        return "This tab no longer exists (closed in another window?). Reload the page."
+        return "This chat no longer exists (deleted in another window?). Reload the page."
     if isinstance(e, StoreError):
         return str(e)[:1].upper() + str(e)[1:] + "."
     return f"Something went wrong: {type(e).__name__}: {e}."
@@ -159,11 +165,11 @@ def chat_rows(history: list[Message], figures: dict[int, RequestFigures],
 
 @dataclass
 class Running:
-    """A reply being written in a tab: who asked, its engine handle, the text so far.
-    Registered before anything is awaited, so a tab writes one reply at a time."""
+    """A reply being written in a chat: who asked, its engine handle, the text so far.
+    Registered before anything is awaited, so a chat writes one reply at a time."""
     user_id: int
     handle: RequestHandle | None = None  # set once the engine took the request
-    live: bool = False  # the user's message is stored: the tab shows this reply
+    live: bool = False  # the user's message is stored: the chat shows this reply
     stopping: bool = False  # Stop was pressed (maybe before the engine had the request)
     text: str = ""
     started: float = field(default_factory=time.time)
@@ -179,6 +185,7 @@ class ChatPage:
         self.model_id = model_id
         self.default_max_tokens = default_max_tokens
         self.running: dict[int, Running] = {}  # conversation id -> its reply being written
+        self._claiming = threading.Lock()  # a new chat's conversation is picked and taken at once
         # the page's writes: a write handed here finishes even if the page (or its event
         # loop) is gone by then, and a RequestEnd can hand one over from the engine thread
         self._writes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixchat-page-write")
@@ -202,67 +209,79 @@ class ChatPage:
         one trusted user of --no-auth)."""
         return owner_of(user.id if self.signed_in else None)
 
-    # ---- tabs ----
+    # ---- the sidebar ----
 
-    def tabs(self, user: User) -> list[Conversation]:
-        """Open conversations in the order they were opened (stable while chatting)."""
-        return sorted(self.store.list_conversations(user, archived=False), key=lambda c: c.id)
-
-    def start(self, user: User) -> tuple[list[Conversation], int]:
-        """The tabs to show on load and which one is current (the last one used); opens
-        a first tab for someone who has none."""
-        tabs = self.tabs(user)
-        if not tabs:
-            first = self.store.create_conversation(user)
-            return [first], first.id
-        return tabs, max(tabs, key=lambda c: (c.updated, c.id)).id
-
-    def new_tab(self, user: User, system_prompt: str = "") -> Conversation:
-        return self._guard(self.store.create_conversation, user, None, system_prompt or "")
-
-    def rename(self, user: User, conv_id: int, title: str) -> Conversation:
-        if not (title or "").strip():
-            raise PageError("A tab's title can't be empty.")
-        return self._guard(self.store.rename_conversation, user, conv_id, title)
-
-    def close(self, user: User, conv_id: int) -> int:
-        """Close a tab: archive it, or delete it if nothing was said in it; stops its reply.
-        Returns the tab to show next (a new one if it was the last)."""
-        order = [c.id for c in self.tabs(user)]
-        self.stop(user, conv_id)
-        if self._guard(self.store.history, user, conv_id):
-            self._guard(self.store.archive_conversation, user, conv_id)
-        else:
-            self._guard(self.store.delete_conversation, user, conv_id)
-        rest = [c for c in order if c != conv_id]
-        if not rest:
-            return self.new_tab(user).id
-        i = order.index(conv_id) if conv_id in order else len(rest)
-        return rest[max(0, i - 1)] if i > 0 else rest[0]
-
-    def archived(self, user: User, search: str = "") -> list[Conversation]:
-        return self._guard(self.store.list_conversations, user, archived=True,
-                           search=(search or "").strip() or None, limit=100)
-
-    def reopen(self, user: User, conv_id: int) -> Conversation:
-        return self._guard(self.store.restore_conversation, user, conv_id)
+    def conversations(self, user: User) -> list[Conversation]:
+        """The sidebar's list: every conversation of the user's, newest activity first."""
+        return self._guard(self.store.list_conversations, user, archived=None, limit=LISTED)
 
     def find(self, user: User, query: str = "") -> list[tuple[str, int]]:
-        """The History panel's list, as (label, conversation id): with no query, the closed
-        tabs; with one, the user's conversations, open or closed, whose title or messages
-        hold its words (the store's full-text search), best first, each labelled with its
-        title and the piece of text that matched. Labels are plain text, shown as text."""
+        """The sidebar's list as (label, conversation id): with no query, every conversation,
+        newest first, by title; with one, those whose title or messages hold its words (the
+        store's full-text search), best first, each labelled with its title and the piece of
+        text that matched. Labels are plain text, shown as text."""
         if not (query or "").strip():
-            return [(c.title, c.id) for c in self.archived(user)]
+            return [(c.title, c.id) for c in self.conversations(user)]
         hits = self._guard(self.store.search_conversations, user, query, limit=SEARCH_HITS)
         return [(h.conversation.title if h.snippet in ("", h.conversation.title)
                  else f"{h.conversation.title} — {h.snippet}", h.conversation.id) for h in hits]
 
-    def open(self, user: User, conv_id: int) -> Conversation:
-        """Open a conversation found in the History panel as a tab: a closed one is reopened,
-        an open one just comes into view."""
-        conv = self._guard(self.store.get_conversation, user, conv_id)
-        return self.reopen(user, conv.id) if conv.archived is not None else conv
+    def start(self, user: User) -> int | None:
+        """The conversation a page opens on load: the one the user had open last (in this
+        browser or another), else the newest; None (a new chat) for someone who has none."""
+        conv = self._guard(self.store.open_conversation, user)
+        if conv is None:
+            newest = self._guard(self.store.list_conversations, user, archived=None, limit=1)
+            conv = newest[0] if newest else None
+        return None if conv is None else conv.id
+
+    def show(self, user: User, conv_id: int) -> Conversation:
+        """Open a conversation: it is the user's open one from now on (reload, other browsers)."""
+        self._guard(self.store.set_open_conversation, user, conv_id)
+        return self.conversation(user, conv_id)
+
+    def new_chat(self, user: User, system_prompt: str = "", *, reuse: bool = True) -> Conversation:
+        """A conversation to start a new chat in: the user's empty untitled one if there is one
+        (no reply is being written there), else a new one; with `system_prompt`, nothing else
+        of any other chat. `reuse=False` always makes a new one: for a caller that sends in it
+        later, when another session of the same user may have been handed the same empty one."""
+        if not reuse:
+            return self._guard(self.store.create_conversation, user, None, system_prompt or "")
+        with self._claiming:
+            return self._guard(self.store.fresh_conversation, user, system_prompt or "", set(self.running))
+
+    def _claim_new(self, user: User, system_prompt: str, run: Running) -> int:
+        """`new_chat`, registering `run` there in the same step: two sends to new chats at once
+        never share one."""
+        with self._claiming:
+            conv = self._guard(self.store.fresh_conversation, user, system_prompt or "", set(self.running))
+            self.running[conv.id] = run
+            return conv.id
+
+    def rename(self, user: User, conv_id: int | None, title: str) -> Conversation:
+        if conv_id is None:
+            raise PageError("Send a first message: a new chat is named after it, and can be renamed then.")
+        if not (title or "").strip():
+            raise PageError("A chat's title can't be empty.")
+        return self._guard(self.store.rename_conversation, user, conv_id, title)
+
+    def delete(self, user: User, conv_id: int | None) -> Conversation:
+        """Delete a conversation, undoably for a while (`undo_delete`); stops its reply first.
+        Returns it as it was (its title, for the notice)."""
+        if conv_id is None:
+            raise PageError("There is nothing to delete in a new chat.")
+        self.stop(user, conv_id)
+        return self._guard(self.store.mark_deleted, user, conv_id)
+
+    def undo_delete(self, user: User, conv_id: int | None) -> Conversation:
+        if conv_id is None:
+            raise PageError("There is nothing to undo.")
+        try:
+            return self.store.undelete_conversation(user, conv_id)
+        except NotFound:
+            raise PageError("Too late to undo: that chat is gone.") from None
+        except StoreError as e:
+            raise PageError(refusal(e)) from None
 
     def conversation(self, user: User, conv_id: int) -> Conversation:
         return self._guard(self.store.get_conversation, user, conv_id)
@@ -271,42 +290,65 @@ class ChatPage:
         return self._guard(self.store.set_system_prompt, user, conv_id, text or "")
 
     def share(self, user: User, conv_id: int | None) -> str:
-        """The token of the tab's read-only link (the same until `unshare`); owner only."""
+        """The token of the chat's read-only link (the same until `unshare`); owner only."""
         if conv_id is None:
-            raise PageError("Open a tab first.")
+            raise PageError("Send a first message: there is nothing to share in a new chat yet.")
         return self._guard(self.store.share_conversation, user, conv_id)
 
     def share_token(self, user: User, conv_id: int | None) -> str | None:
-        """The tab's live token, None when it is not shared."""
+        """The chat's live token, None when it is not shared."""
         return None if conv_id is None else self._guard(self.store.share_token, user, conv_id)
 
     def unshare(self, user: User, conv_id: int | None) -> bool:
-        """End the tab's link: its token is "not found" from now on."""
+        """End the chat's link: its token is "not found" from now on."""
         if conv_id is None:
-            raise PageError("Open a tab first.")
+            raise PageError("A new chat is not shared.")
         return self._guard(self.store.revoke_share, user, conv_id)
 
     # ---- messages ----
 
-    def messages(self, user: User, conv_id: int) -> list[dict]:
-        """What the chat area shows for a tab: stored turns with their figures, and the
-        reply being written, if any."""
+    def messages(self, user: User, conv_id: int | None) -> list[dict]:
+        """What the chat area shows for a conversation (None: a new chat, empty): stored turns
+        with their figures, and the reply being written, if any."""
+        if conv_id is None:
+            return []
         history, figures = self._guard(self._turns, user, conv_id)
         run = self.running.get(conv_id)
         live = run is not None and run.live and run.user_id == user.id
         return chat_rows(history, figures, run.text if live else None)
 
-    async def reply(self, user: User, conv_id: int, text: str | None, *, temperature: float = 0.0,
-                    max_tokens: int | None = None, regenerate: bool = False) -> AsyncIterator[list[dict]]:
+    async def reply(self, user: User, conv_id: int | None, text: str | None, *, temperature: float = 0.0,
+                    max_tokens: int | None = None, regenerate: bool = False, system_prompt: str = "",
+                    started: Callable[[int], None] | None = None) -> AsyncIterator[list[dict]]:
         """Send `text` (or, with regenerate, answer the last message again) and stream the
         reply: yields what the chat area shows, first at once, then as text arrives, last
         with the figures. Raises PageError when refused (nothing is stored then). The
-        reply is stored when it ends, once, also when the page goes away mid-stream."""
-        busy = self.running.get(conv_id)
-        if busy is not None:  # someone else's tab is "not found", busy or not
-            raise PageError("A reply is still being written in this tab: wait for it or press Stop."
-                            if busy.user_id == user.id else refusal(NotFound("")))
-        run = self.running[conv_id] = Running(user.id)
+        reply is stored when it ends, once, also when the page goes away mid-stream.
+
+        `conv_id` None is a new chat: the message starts a conversation (`new_chat`, with
+        `system_prompt`), whose id `started` is told before anything else happens there."""
+        if conv_id is None:
+            if regenerate:
+                raise PageError("There is no message to answer again yet.")
+            if not (text or "").strip():
+                raise PageError("Type a message first.")
+            run = Running(user.id)
+            claim = asyncio.ensure_future(asyncio.to_thread(self._claim_new, user, system_prompt, run))
+            try:
+                conv_id = await asyncio.shield(claim)
+            except asyncio.CancelledError:  # the page went away: let go of what the claim takes
+                claim.add_done_callback(lambda f: f.cancelled() or f.exception() is not None
+                                        or self.running.get(f.result()) is not run
+                                        or self.running.pop(f.result()))
+                raise
+            if started is not None:
+                started(conv_id)
+        else:
+            busy = self.running.get(conv_id)
+            if busy is not None:  # someone else's chat is "not found", busy or not
+                raise PageError("A reply is still being written in this chat: wait for it or press Stop."
+                                if busy.user_id == user.id else refusal(NotFound("")))
+            run = self.running[conv_id] = Running(user.id)
         end: RequestEnd[tuple[Message, RequestFigures]] | None = None
         question: Future[Message] | None = None  # the user's message, being stored
         try:
@@ -377,22 +419,22 @@ class ChatPage:
                 self._let_go(end, question, run.text)
 
     def writing(self, user: User, conv_id: int | None) -> bool:
-        """Whether a reply of this user's is being written in this tab (its button reads Stop)."""
+        """Whether a reply of this user's is being written in this chat (its button reads Stop)."""
         run = self.running.get(conv_id) if conv_id is not None else None
         return run is not None and run.user_id == user.id
 
     def export(self, user: User, conv_id: int | None, fmt: str) -> tuple[str, str]:
-        """The tab's conversation as the store exports it ("md" or "json"), with a file name.
-        Someone else's conversation is "not found", like any of its tabs."""
+        """The conversation as the store exports it ("md" or "json"), with a file name.
+        Someone else's conversation is "not found"."""
         if conv_id is None:
-            raise PageError("Open a tab first.")
+            raise PageError("Send a first message: there is nothing to export in a new chat yet.")
         text = self._guard(self.store.export_conversation, user, conv_id, fmt)
         title = self._guard(self.store.get_conversation, user, conv_id).title
         stem = re.sub(r"[^A-Za-z0-9]+", "-", title).strip("-")[:TITLE_CHARS].strip("-").lower() or "chat"
         return f"radixchat-{conv_id}-{stem}.{fmt}", text
 
     def stop(self, user: User, conv_id: int) -> bool:
-        """Cancel the reply being written in this tab, in the engine. False if there is none."""
+        """Cancel the reply being written in this chat, in the engine. False if there is none."""
         run = self.running.get(conv_id)
         if run is None or run.user_id != user.id:
             return False
@@ -421,22 +463,29 @@ class ChatPage:
         return history, self.store.request_metrics(m.request for m in visible_turns(history))
 
     def _store_question(self, user: User, conv_id: int, text: str, first: bool) -> Message:
-        """The user's message; the first one also names the tab."""
+        """The user's message; the first one also names the chat. The chat written in is the
+        one a reload opens."""
         message = self.store.append_message(user, conv_id, "user", text)
         if first:
             self.store.rename_conversation(user, conv_id, title_from(text))
+        self.store.set_open_conversation(user, conv_id)
         return message
 
     def _store_reply(self, user: User, conv_id: int, final: Finished | Failed,
-                     text_so_far: str) -> tuple[Message, RequestFigures]:
+                     text_so_far: str) -> tuple[Message, RequestFigures] | None:
         """A reply that ended (finished, stopped or failed), with its request metrics, and
-        the figures that will be read back for it."""
+        the figures that will be read back for it; None when its chat was deleted meanwhile
+        (Delete stops the reply: there is nothing left to store it in)."""
         text = final.text if isinstance(final, Finished) else text_so_far
         record = RequestRecord.from_usage(
             final.usage, model=self.model_id,
             finish_reason=final.finish_reason if isinstance(final, Finished) else "error",
             error=final.message if isinstance(final, Failed) else None)
-        return self.store.append_reply(user, conv_id, text, record), record.figures()
+        try:
+            return self.store.append_reply(user, conv_id, text, record), record.figures()
+        except NotFound:
+            self.store.record_request_async(replace(record, user=user.id))  # the figures stay
+            return None
 
     @staticmethod
     def _guard(fn, *args, **kwargs):
