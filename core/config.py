@@ -41,6 +41,17 @@ class Settings(BaseSettings):
     cache_sharing: Literal["system", "all", "user"] = Field(
         "system", description="What the prefix cache shares between users: the system message "
         "(default), everything (one trusted user) or nothing")
+    cache_disk_bytes: int = Field(0, ge=0, description="Byte budget of the prefix cache's disk tier: "
+                                  "entries evicted from memory are written to disk (and kept across "
+                                  "restarts) up to this many bytes, least recently used dropped first; "
+                                  "0 = no disk tier")
+    cache_dir: Path | None = Field(None, description="Folder of the disk tier (default: kv-cache in the "
+                                   "folder of --db); only the server's user may read it")
+    warm_prompts: Path | None = Field(None, description="A file of system prompts (a JSON list of strings, "
+                                      "or paragraphs separated by blank lines) prefilled at start-up, with "
+                                      "the presets; the presets alone are prefilled whenever the disk tier is on")
+    warm_presets: bool = Field(True, description="With the disk tier on, prefill the system-prompt "
+                               "presets at start-up in the background")
     max_batch: int = Field(256, ge=1, le=1024, description="Upper bound on sequences decoding at once; "
                            "the working limit is what the K/V budget holds")
     max_prefill_batch: int = Field(4, ge=1, le=1024, description="Most prompts prefilled together")

@@ -9,8 +9,9 @@ tree must never hold; see shared/seeds/000).
 
 `PrefixStore.lookup` restores per-layer caches whose arrays are exactly the matched
 length (the physical trim by construction: nothing is ever trimmed by moving an offset).
-`PrefixStore.store` inserts a finished or prefilled sequence. The tree logic is core.cache.radix.
-Runs MLX: engine thread only.
+`PrefixStore.store` inserts a finished or prefilled sequence. The tree logic is core.cache.radix;
+with a disk tier (core.cache.disk, `PrefixStore.disk`) a lookup uses the part of the match
+in memory and every stored sequence is queued for writing. Runs MLX: engine thread only.
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ class Snapshot:
         mx.async_eval([s[1] for s in self.layers if s is not None])
         self.nbytes = sum(_nbytes(s[1]) for s in self.layers if s is not None)
 
+    @classmethod
+    def of_layers(cls, layers: list) -> "Snapshot":
+        """One read back from disk: (class, state, meta_state) or None per layer."""
+        snap = cls.__new__(cls)
+        snap.layers = layers
+        snap.nbytes = sum(_nbytes(s[1]) for s in layers if s is not None)
+        return snap
+
     def restore(self, i: int):
         # arrays are shared read-only: merging into the batch copies them
         cls, state, meta_state = self.layers[i]
@@ -116,9 +125,11 @@ def _windowed(cache):
 class PrefixStore:
     def __init__(self, model, budget_bytes: int):
         self.tree = RadixCache(budget_bytes)
-        self.trimmable = [type(c) is KVCache for c in make_prompt_cache(model)]
+        self.classes = [type(c) for c in make_prompt_cache(model)]
+        self.trimmable = [c is KVCache for c in self.classes]
         self.hybrid = not all(self.trimmable)
         self.bytes_per_token = 0  # K/V bytes of one token over all trimmable layers, once known
+        self.disk = None  # core.cache.disk.DiskTier, when --cache-disk-bytes is set
 
     def lookup(self, key: list[int], min_length: int = 0) -> tuple[Match, list | None]:
         """Match a prompt's tree key (always leaving its last token to prefill), restore
@@ -129,6 +140,20 @@ class PrefixStore:
         caches = self.tree.timed_restore(lambda: self._restore(m))
         self.tree.lock(m.node)
         return m, caches
+
+    def to_read(self, key: list[int], min_length: int = 0) -> Match | None:
+        """The match `lookup` would make if every node were in memory, when part of it is
+        on disk only (else None): what the disk tier must read back first. Touches nothing."""
+        m = self.tree.walk(key[:-1])
+        if self.hybrid:  # as match(need_snapshot): end where a snapshot is, in memory or on disk
+            while m.path and (m.path_lengths[-1] < len(m.path[-1].key) or not (
+                    m.path[-1].snapshot is not None or (m.path[-1].spilled and m.path[-1].disk.snap))):
+                m.path.pop()
+                m.path_lengths.pop()
+        m.length = sum(m.path_lengths)
+        if m.length < max(1, min_length) or not any(n.spilled for n in m.path):
+            return None
+        return m
 
     def release(self, m: Match | None) -> None:
         if m is not None and m.node is not None:
@@ -145,8 +170,10 @@ class PrefixStore:
             self.bytes_per_token = sum(2 * c.keys[..., :1, :].nbytes
                                        for c, t in zip(caches, self.trimmable) if t)
         snapshot = Snapshot(caches, self.trimmable) if self.hybrid else None
-        self.tree.insert(tokens, lambda s, e: KVSegment.from_caches(caches, self.trimmable, s, e),
-                         snapshot)
+        node = self.tree.insert(tokens, lambda s, e: KVSegment.from_caches(caches, self.trimmable, s, e),
+                                snapshot)
+        if self.disk is not None:
+            self.disk.persist(node)
         return True
 
     def _restore(self, m: Match) -> list:

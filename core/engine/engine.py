@@ -158,6 +158,13 @@ class Engine:
         self.kv_budget = 0  # bytes of K/V the running batch and the prefix cache share
         self.kv_bytes_per_token = 0  # what one more token of one sequence costs, measured at start
         self._token_texts: dict[int, str] = {}  # token id -> its text alone (for logprobs)
+        # the prefix cache's disk tier (core.cache.disk) opens in the engine thread's first
+        # turn, which this wake-up makes come at once; warm prompts start from there too
+        self._prefetch: dict[str, object] = {}  # request id -> node it holds while its prefix is read from disk
+        self._disk_first = settings.prefix_cache and (settings.cache_disk_bytes > 0 or
+                                                      settings.warm_prompts is not None)
+        if self._disk_first:
+            self._cmds.put(_Wake())
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -193,7 +200,8 @@ class Engine:
                 "running": len(self._by_uid), "steps": self.steps,
                 "kv_budget": self.kv_budget, "kv_bytes_per_token": bpt,
                 "batch_tokens": self.batch_room() // bpt if bpt else 0, "max_batch": self.settings.max_batch,
-                "prefix_cache": self.prefix.tree.summary() if self.prefix else None}
+                "prefix_cache": self.prefix.tree.summary() if self.prefix else None,
+                "disk_cache": self.prefix.disk.summary() if self.prefix and self.prefix.disk else None}
 
     # ---- caller side (any thread) ------------------------------------------------------
 
@@ -444,6 +452,8 @@ class Engine:
         others back until the batch is under it again. Without preemption this is what keeps
         a newcomer's first token within a step or two of an idle server's.
         """
+        if self.prefix is not None and (self._disk_first or self.prefix.disk is not None):
+            self._disk_turn()
         if not len(self._fair):  # every loop turn comes here: nothing to do most of them
             return
         soft = self.settings.max_batch
@@ -468,7 +478,7 @@ class Engine:
                 return self.prefix.tree.peek(a.key[:-1], self.scope.min_match(a.shared_len))
 
         admit = self._fair.pick(min(soft - running, prefill),
-                                lambda a, p: no_room(a, p) or self._should_wait(a, p), prefer)
+                                lambda a, p: no_room(a, p) or self._should_wait(a, p) or self._disk_wait(a), prefer)
         if len(self._fair) and running + len(admit) >= soft and len(admit) < prefill:
             mine = Counter(a.owner for a in self._by_uid.values())
             mine.update(a.owner for a in admit)
@@ -476,7 +486,7 @@ class Engine:
 
             def over_share(a: _Active, picked: list[_Active]) -> bool:
                 return mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share or \
-                    no_room(a, admit + picked) or self._should_wait(a, admit + picked)
+                    no_room(a, admit + picked) or self._should_wait(a, admit + picked) or self._disk_wait(a)
 
             admit += self._fair.pick(min(over_cap(soft) - running, prefill) - len(admit), over_share, prefer)
         if admit:
@@ -526,6 +536,7 @@ class Engine:
             if self.prefix is not None:
                 a.match, restored = self.prefix.lookup(a.key, self.scope.min_match(a.shared_len))
                 a.cached = a.match.length
+                self._unprefetch(a)  # its own lock holds the path now
             self._fair.charge(a.owner, prompt_tokens=len(a.prompt) - a.cached)
             cuts = [a.cached] + [b for b in a.boundaries if a.cached < b < len(a.prompt)]
             prompts.append([a.prompt[i:j] for i, j in zip(cuts, cuts[1:] + [len(a.prompt)])])
@@ -678,6 +689,7 @@ class Engine:
         self._by_uid.pop(a.uid, None)
         self._fair.left(a.owner)
         if self.prefix is not None:
+            self._unprefetch(a)
             self.prefix.release(a.match)
             a.match = None
             if not self._active:
@@ -694,7 +706,85 @@ class Engine:
         # fair queue hold no K/V yet
         live = sum(len(b.prompt) + b.generated for b in self._by_uid.values())
         self.prefix.tree.reserved = live * self.prefix.bytes_per_token
+        if self.prefix.disk is not None:  # its files name the owner, not this process's number
+            self.prefix.disk.note_owner(self.scope.key([0], 0, a.owner)[0], a.owner)
         self.prefix.store(self.scope.key(list(tokens), a.shared_len, a.owner), caches)
+
+    def _disk_turn(self) -> None:
+        """The disk tier's share of an engine turn (engine thread): open it at the first,
+        then write and read back a bounded amount (core.cache.disk.DiskTier.tick)."""
+        if self._disk_first:
+            self._disk_first = False
+            if self.settings.cache_disk_bytes > 0:
+                from core.cache.disk import open_tier
+
+                cmds = self._cmds  # (the disk threads keep this queue, not the engine)
+                try:
+                    open_tier(self.settings, self.loaded, self.prefix, self.scope,
+                              wake=lambda: cmds.put(_Wake()))
+                except Exception:
+                    log.exception("the prefix cache's disk tier did not open: memory tier only")
+            self._start_warm_up()
+        disk = self.prefix.disk
+        if disk is None:
+            return
+        if disk.tick():
+            self._cmds.put(_Wake())
+        elif not self._by_uid and disk.loading:
+            disk.wait_io(0.02)  # nothing decodes: wait for the reader rather than spin
+
+    def _disk_wait(self, a: _Active) -> bool:
+        """Must `a` wait while part of its cached prefix is read back from disk? Its path
+        stays locked meanwhile, so neither tier evicts what it waits for."""
+        disk = self.prefix.disk if self.prefix is not None else None
+        if disk is None:
+            return False
+        m = self.prefix.to_read(a.key, self.scope.min_match(a.shared_len))
+        if m is None:
+            return False
+        held = self._prefetch.get(a.handle.id)
+        if held is not m.node:
+            self.prefix.tree.lock(m.node)
+            if held is not None:
+                self.prefix.tree.unlock(held)
+            self._prefetch[a.handle.id] = m.node
+        disk.want(m.path)
+        return True
+
+    def _unprefetch(self, a: _Active) -> None:
+        held = self._prefetch.pop(a.handle.id, None)
+        if held is not None:
+            self.prefix.tree.unlock(held)
+
+    def _start_warm_up(self) -> None:
+        """Prefill the system-prompt presets and --warm-prompts in the background, one at a
+        time, as requests of an owner no user can be (not stored, not users' metrics)."""
+        from core.cache.warm import WARM_OWNER, warm_prompts
+
+        s = self.settings
+        if s.cache_sharing == "user":  # nothing is shared: a warm prompt would help nobody
+            return
+        try:
+            prompts = warm_prompts(s.warm_prompts, presets=s.warm_presets and s.cache_disk_bytes > 0)
+        except (OSError, ValueError) as e:
+            log.warning("warm prompts not read: %s", e)
+            return
+
+        def run() -> None:
+            for text in prompts:
+                try:
+                    req = ChatRequest(messages=[{"role": "system", "content": text},
+                                                {"role": "user", "content": "Hello"}],
+                                      sampling={"max_tokens": 1, "temperature": 0.0}, owner=WARM_OWNER)
+                    self.submit(req).result()
+                except RequestError as e:
+                    log.info("warm prompt skipped: %s", e)
+                    if not self.alive:
+                        return
+                except Exception:
+                    log.exception("warm prompt failed")
+
+        threading.Thread(target=run, name="radixchat-warm-up", daemon=True).start()
 
     def _fail_all(self, message: str) -> None:
         """Fail every admitted or deferred request (engine thread)."""

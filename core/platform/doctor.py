@@ -99,9 +99,27 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     yield "engine step", (f"{settings.step_tokens} tokens (--step-tokens): each decoding stream one, new "
                           f"prompts prefill in chunks in the rest" if settings.step_tokens else
                           "mlx-lm's order (--step-tokens 0): decode, then a whole prefill step")
+    yield from _disk_tier(settings)
     yield "decoding k/v", ("slots with spare room (--kv-slots): a join or a leave copies one row"
                            if settings.kv_slots and settings.step_tokens else
                            "mlx-lm's BatchKVCache: a join or a leave copies the whole batch")
+    import mlx.core as mx
+
+    yield "model ops", ("attention and SwiGLU in CPU-fast forms (--cpu-ops, core/engine/cpu_ops.py)"
+                        if settings.cpu_ops and mx.default_device() == mx.cpu else
+                        "mlx-lm's own" + (" (--no-cpu-ops)" if not settings.cpu_ops else " (GPU)"))
+
+
+def _disk_tier(settings: Settings) -> Iterator[tuple[str, str]]:
+    """The prefix cache's disk tier: where, its budget, and what lies there now (all models)."""
+    from core.cache.disk import cache_folder, disk_usage
+
+    if not settings.cache_disk_bytes:
+        yield "disk cache", "off (--cache-disk-bytes 0)"
+        return
+    used, files = disk_usage(settings)
+    yield "disk cache", (f"{cache_folder(settings)}: {used / 2**20:.1f} MiB in {files} entries of "
+                         f"{settings.cache_disk_bytes / 2**20:.0f} MiB (--cache-disk-bytes)")
 
 
 def _gguf(m) -> Iterator[tuple[str, str]]:

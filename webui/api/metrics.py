@@ -74,6 +74,30 @@ class _EngineCollector:
         yield counter("prefix_cache_evictions", "Nodes evicted to fit the budget", cache["evictions"])
         yield counter("prefix_cache_restore_seconds", "Time spent restoring cached prefixes",
                       cache["restore_ms"] / 1e3)
+        yield gauge("prefix_cache_disk_tokens", "Tokens of the prefix cache on disk only (K/V read back on a hit)",
+                    cache.get("disk_tokens", 0))
+        disk = s.get("disk_cache")
+        if disk is None:
+            return
+        yield gauge("prefix_cache_disk_bytes", "Bytes of the prefix cache's disk tier (written or being written)",
+                    disk["bytes"])
+        yield gauge("prefix_cache_disk_budget_bytes", "The disk tier's byte budget (--cache-disk-bytes)",
+                    disk["budget"])
+        yield gauge("prefix_cache_disk_files", "Entries (files) of the disk tier", disk["files"])
+        yield gauge("prefix_cache_disk_backlog_bytes", "Bytes waiting for the disk writer", disk["backlog_bytes"])
+        yield counter("prefix_cache_disk_hits", "Entries read back from disk for a request", disk["loads"])
+        yield counter("prefix_cache_disk_hit_tokens", "Tokens whose K/V was read back from disk",
+                      disk["load_tokens"])
+        yield counter("prefix_cache_disk_read_seconds", "Time reading entries back: file read and checksum "
+                      "(reader thread) plus making arrays (engine thread)", disk["read_s"] + disk["load_s"])
+        yield counter("prefix_cache_disk_writes", "Entries written to disk", disk["writes"])
+        yield counter("prefix_cache_disk_write_bytes", "Bytes written to disk", disk["write_bytes"])
+        yield counter("prefix_cache_disk_write_seconds", "Writer thread's time writing and syncing entries",
+                      disk["write_s"])
+        yield counter("prefix_cache_disk_evictions", "Disk entries deleted (budget, or no longer used)",
+                      disk["evicted"])
+        yield counter("prefix_cache_disk_dropped", "Disk entries dropped as corrupt or unreadable",
+                      disk["dropped"])
 
 
 class Metrics:
