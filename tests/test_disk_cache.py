@@ -182,20 +182,18 @@ def test_kill_9_during_writes_never_serves_a_torn_entry(tiny_model_dir, tmp_path
     assert got == reference
 
 
-def test_corrupted_file_is_dropped_not_served(tiny_model_dir, tmp_path):
-    system, question = SYSTEMS[1], "Explain generators."
-    eng = disk_engine(tiny_model_dir, tmp_path)
+def damaged_rerun(model_dir, tmp_path, system: str, question: str, damage):
+    """Answer once with the disk tier, `damage` its largest file, answer again in a fresh
+    engine: (first answer, second answer, the second engine's disk stats, the damaged file)."""
+    eng = disk_engine(model_dir, tmp_path)
     try:
         cold = ask(eng, system, question)
         assert wait_idle(eng)
     finally:
         eng.stop()
     victim = max(files_of(tmp_path), key=lambda p: p.stat().st_size)
-    data = bytearray(victim.read_bytes())
-    for i in range(len(data) - 64, len(data) - 32):  # in the K/V, not the header
-        data[i] ^= 0x5A
-    victim.write_bytes(bytes(data))
-    eng = disk_engine(tiny_model_dir, tmp_path)
+    damage(victim)
+    eng = disk_engine(model_dir, tmp_path)
     try:
         again = ask(eng, system, question)
         assert wait_idle(eng)
@@ -203,6 +201,17 @@ def test_corrupted_file_is_dropped_not_served(tiny_model_dir, tmp_path):
         disk = eng.stats()["disk_cache"]
     finally:
         eng.stop()
+    return cold, again, disk, victim
+
+
+def test_corrupted_file_is_dropped_not_served(tiny_model_dir, tmp_path):
+    def flip(victim):
+        data = bytearray(victim.read_bytes())
+        for i in range(len(data) - 64, len(data) - 32):  # in the K/V, not the header
+            data[i] ^= 0x5A
+        victim.write_bytes(bytes(data))
+
+    cold, again, disk, victim = damaged_rerun(tiny_model_dir, tmp_path, SYSTEMS[1], "Explain generators.", flip)
     assert disk["dropped"] == 1
     assert not victim.exists()
     assert again.text == cold.text
@@ -308,23 +317,11 @@ def test_a_write_cut_short_is_never_visible_and_a_torn_file_is_dropped(tiny_mode
     assert not list(folder.iterdir())
     assert diskio.write_file(folder, 8, b"y" * 100).name == diskio.file_name(8, diskio.digest(b"y" * 100))
 
-    system, question = SYSTEMS[0], "Why use sets?"
-    eng = disk_engine(tiny_model_dir, tmp_path)
-    try:
-        cold = ask(eng, system, question)
-        assert wait_idle(eng)
-    finally:
-        eng.stop()
-    victim = max(files_of(tmp_path), key=lambda p: p.stat().st_size)
-    (victim.parent / ".000000000fff.tmp").write_bytes(victim.read_bytes()[:100])  # killed mid-write
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # torn in place
-    eng = disk_engine(tiny_model_dir, tmp_path)
-    try:
-        again = ask(eng, system, question)
-        assert wait_idle(eng)
-        disk = eng.stats()["disk_cache"]
-    finally:
-        eng.stop()
+    def tear(victim):
+        (victim.parent / ".000000000fff.tmp").write_bytes(victim.read_bytes()[:100])  # killed mid-write
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # torn in place
+
+    cold, again, disk, victim = damaged_rerun(tiny_model_dir, tmp_path, SYSTEMS[0], "Why use sets?", tear)
     assert disk["dropped"] == 1 and again.text == cold.text
     assert not list(victim.parent.glob("*.tmp"))
 

@@ -103,6 +103,20 @@ class Shots:
         page.screenshot(path=str(self.folder / f"{self.n:02d}-{name}.png"))
 
 
+WIDE, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
+
+
+def alice_and_bob(browser, server, outside: list[str]) -> dict:
+    """alice's page at 1280 px and bob's at 390 px, each in a browser context of its own;
+    every request to anywhere but the server is noted in `outside`."""
+    pages = {}
+    for name, size in (("alice", WIDE), ("bob", PHONE)):
+        ctx = browser.new_context(viewport=size)
+        ctx.on("request", lambda r: r.url.startswith((server.url, "data:", "blob:")) or outside.append(r.url))
+        pages[name] = ctx.new_page()
+    return pages
+
+
 def sign_in(page, url: str, name: str) -> None:
     page.goto(url)
     page.locator("input[type=text]").fill(name)

@@ -29,6 +29,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from tests.test_page_browser import (  # noqa: E402
+    PHONE, WIDE, alice_and_bob,
     CHEAP, DONE, LAST_BOT, Shots, new_chat, page_server, ready, send, set_number, sign_in)
 from tests.test_page_browser import page_model  # noqa: E402,F401  (a fixture: the server's model)
 from tests.test_page_routes import PageClient, signed_in  # noqa: E402
@@ -37,7 +38,6 @@ from core.store import Store  # noqa: E402
 from webui.page.logic import ChatPage, PageError  # noqa: E402
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-controls"
-WIDE, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
 LONG = {"alice": "Arrow-5519 tell me everything about generators",
         "bob": "Badger-6613 tell me everything about decorators"}
 BUTTON = "document.querySelector('#send').innerText.trim()"
@@ -62,11 +62,7 @@ def shots():
 def pages(browser, server):
     """alice at 1280 px, bob at 390 px; each signs in when a test first needs them."""
     outside: list[str] = []
-    made = {}
-    for name, size in (("alice", WIDE), ("bob", PHONE)):
-        ctx = browser.new_context(viewport=size)
-        ctx.on("request", lambda r: r.url.startswith((server.url, "data:", "blob:")) or outside.append(r.url))
-        made[name] = ctx.new_page()
+    made = alice_and_bob(browser, server, outside)
     yield made
     for page in made.values():
         page.context.close()

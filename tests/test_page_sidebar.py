@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_page_browser import CHEAP, Shots, page_server, ready, send, sign_in, stop_clean  # noqa: E402
+from tests.test_page_browser import (CHEAP, PHONE, WIDE, Shots, alice_and_bob, page_server, ready,  # noqa: E402
+                                     send, sign_in, stop_clean)
 from tests.test_page_browser import page_model  # noqa: E402,F401  (a fixture: the server's model)
 from tests.test_page_controls import answered, say  # noqa: E402
 from tests.test_page_routes import PageClient, signed_in  # noqa: E402
@@ -34,7 +35,6 @@ from webui.page.logic import title_from  # noqa: E402
 pytestmark = pytest.mark.slow
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-sidebar"
-WIDE, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
 LIST = "() => [...document.querySelectorAll('#conv-list label')].map(l => l.innerText.trim())"
 SELECTED = "() => document.querySelector('#conv-list label.selected')?.innerText.trim() ?? null"
 OPEN = "() => document.querySelector('#sidebar')?.classList.contains('open')"
@@ -87,11 +87,7 @@ def chats(server, name: str) -> dict[str, list[str]]:
 def test_sidebar_two_users_at_1280_and_390(server, browser):
     shot = Shots(SHOTS)
     outside: list[str] = []
-    pages = {}
-    for name, size in (("alice", WIDE), ("bob", PHONE)):
-        ctx = browser.new_context(viewport=size)
-        ctx.on("request", lambda r: r.url.startswith((server.url, "data:", "blob:")) or outside.append(r.url))
-        pages[name] = ctx.new_page()
+    pages = alice_and_bob(browser, server, outside)
     alice, bob = pages["alice"], pages["bob"]
     try:
         for name, page in pages.items():
