@@ -280,9 +280,10 @@ def test_warm_prompts_are_cached_before_the_first_user(tiny_model_dir, tmp_path)
     assert first.usage.cached_tokens == shared
 
 
-def test_metrics_show_the_disk_tier(tiny_model_dir, tmp_path):
+def test_metrics_and_the_server_tab_show_the_disk_tier(tiny_model_dir, tmp_path):
     from tests.support.metrics import metric_value
     from webui.api.metrics import Metrics
+    from webui.page.dashboard import disk_line
 
     eng = disk_engine(tiny_model_dir, tmp_path)
     try:
@@ -290,8 +291,14 @@ def test_metrics_show_the_disk_tier(tiny_model_dir, tmp_path):
         ask(eng, SYSTEMS[0], "What is a list?")
         assert wait_idle(eng)
         text = Metrics(eng).render().decode()
+        disk = eng.stats()["disk_cache"]
     finally:
         eng.stop()
+    line = disk_line(disk)
+    assert line.startswith("| Disk cache | ") and f"of {DISK / 2**30:,.1f} GiB" in line, line
+    assert f"{disk['loads']:,} hit" in line and f"{disk['writes']:,} write" in line and " ms each" in line, line
+    assert disk["loads"] > 0 and "dropped" not in line
+    assert "dropped" in disk_line({**disk, "dropped": 2}) and disk_line(None).startswith("| Disk cache | off")
     assert metric_value(text, "radixchat:prefix_cache_disk_bytes") > 0
     assert metric_value(text, "radixchat:prefix_cache_disk_writes_total") > 0
     assert metric_value(text, "radixchat:prefix_cache_disk_hits_total") > 0

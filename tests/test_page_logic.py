@@ -421,6 +421,7 @@ def test_dashboard_shows_aggregates_only(engine, store, users):
     assert engine.loaded.model_id in d.summary and "Users signed in | 2" in d.summary
     budget = f"of {engine.kv_budget / 2**30:.1f} GiB"
     assert "Prefix cache" in d.summary and budget in d.summary
+    assert "| Disk cache | off" in d.summary  # the session engine has no disk tier
     assert f"room for {engine.stats()['batch_tokens']:,} tokens of running sequences" in d.summary
     assert "tuples" not in d.summary and "alice" not in d.summary
     assert list(d.requests.columns) == ["time", "count", "series"] and d.requests["count"].sum() >= 1

@@ -92,6 +92,22 @@ def usage_table(mine, everyone) -> str:
     return "\n".join(lines)
 
 
+def disk_line(disk: dict | None) -> str:
+    """The prefix cache's disk tier (core/cache/disk.py's summary), or that it is off."""
+    if not disk:
+        return "| Disk cache | off (`--cache-disk-bytes`) |"
+    loads = disk.get("loads", 0)
+    read_ms = 1000 * (disk.get("read_s", 0.0) + disk.get("load_s", 0.0)) / loads if loads else None
+    line = (f"| Disk cache | {_bytes(disk.get('bytes', 0))} of {_bytes(disk.get('budget', 0))} in "
+            f"{plural(disk.get('files', 0), 'file')}; {plural(loads, 'hit')} from disk since start "
+            f"({plural(disk.get('load_tokens', 0), 'token')}"
+            f"{f', {read_ms:,.1f} ms each' if read_ms is not None else ''}), "
+            f"{plural(disk.get('writes', 0), 'write')}")
+    if disk.get("dropped"):
+        line += f"; {plural(disk['dropped'], 'entry', 'entries')} dropped (unreadable or corrupt: see the log)"
+    return line + " |"
+
+
 def dashboard(engine, store, presence: Presence, *, window_s: float = WINDOW_S,
               bucket_s: float = BUCKET_S, you=None) -> Dashboard:
     """The Server tab; with `you` (a User), that user's own figures beside the server's."""
@@ -120,6 +136,7 @@ def dashboard(engine, store, presence: Presence, *, window_s: float = WINDOW_S,
                      "tokens served from the cache |")
     else:
         lines.append("| Prefix cache | off |")
+    lines.append(disk_line(s.get("disk_cache")))
     lines.append(f"| Users signed in | {plural(presence.count(), 'user')} (active in the last "
                  f"{plural(round(presence.window_s / 60), 'minute')}) |")
     lines.append(f"| All time | {plural(totals['requests'], 'request')} ({totals['errors']:,} failed), "
