@@ -34,13 +34,13 @@ from tests.support.procs import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))
 from tests.test_page_browser import (  # noqa: E402
+    PHONE, WIDE,
     CHEAP, DONE, Shots, new_chat, page_server, ready, send, sign_in, stop_clean)
 
 pytestmark = pytest.mark.slow
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-safety"
 LOCAL = ("data:",)
-WIDE, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
 # what Chromium reports when the page's policy blocks something (there should be nothing to block)
 VIOLATIONS = """document.addEventListener('securitypolicyviolation', e =>
   (window.__csp = window.__csp || []).push(e.violatedDirective + ' ' + e.blockedURI));"""

@@ -119,14 +119,11 @@ def install(model) -> list[str]:
         module = sys.modules.get(name)
         if module is None or not name.startswith("mlx_lm.models."):
             continue
-        touched = False
-        for attr, wrap in (("scaled_dot_product_attention", _fast_sdpa), ("swiglu", _fast_swiglu)):
+        for attr, wrap in zip(_NAMES, (_fast_sdpa, _fast_swiglu)):
             fn = getattr(module, attr, None)
             if callable(fn) and not hasattr(fn, "library"):
                 setattr(module, attr, wrap(fn))
-                touched = True
-            touched = touched or hasattr(getattr(module, attr, None), "library")
-        if touched:
+        if any(hasattr(getattr(module, attr, None), "library") for attr in _NAMES):
             done.append(name)
     return done
 
