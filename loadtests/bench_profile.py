@@ -17,7 +17,7 @@ ceiling loadtests.bench_decode measures). On Linux it first re-executes itself w
 OpenBLAS (core.platform.blas).
 
     python -m loadtests.bench_profile [--model tiny] [--users 32] [--turns 3] [--set cpu_ops=false]
-        [--first-token-forward]
+        [--first-token-forward] [--normalize-every-step]
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ def main() -> None:
     p.add_argument("--first-token-forward", action="store_true",
                    help="run a newcomer's last prompt token in a forward of its own, as mlx-lm does "
                         "(the stepper's order before it ran that token in the batch's decode)")
+    p.add_argument("--normalize-every-step", action="store_true",
+                   help="let the batched step normalize every row's logits, as mlx-lm does "
+                        "(core/engine/unnormalized.py off)")
     args = p.parse_args()
     reexec_with_openblas()
     from mlx_lm.generate import GenerationBatch
@@ -87,6 +90,9 @@ def main() -> None:
     from core.engine import engine as engine_module
     from core.engine.stepper import BudgetedBatchGenerator
 
+    if args.normalize_every_step:
+        from core.engine import unnormalized
+        unnormalized.use_here = lambda on: None
     if args.first_token_forward:
         BudgetedBatchGenerator._unstepped = lambda self, prompts, last: prompts.generate(last)
     clock = Clock()
@@ -106,7 +112,8 @@ def main() -> None:
     engine = engine_module.Engine(settings).start()
     print(f"model {settings.model}; BLAS {active_blas()}; {args.users} users x {args.turns} turns, "
           f"max_tokens {args.max_tokens}; settings {overrides or 'defaults'}"
-          f"{'; first-token forward' if args.first_token_forward else ''}")
+          f"{'; first-token forward' if args.first_token_forward else ''}"
+          f"{'; every step normalized' if args.normalize_every_step else ''}")
     tokens: list[int] = []
     rng = random.Random(args.seed)
     threads = [threading.Thread(target=user, args=(engine, random.Random(rng.random()), args.turns,

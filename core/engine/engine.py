@@ -352,6 +352,10 @@ class Engine:
 
                 self.offset_report = ensure_offset_semantics()
                 self.loaded = load_model(s.model, s.dtype, s.context_length)
+                from core.engine import unnormalized
+
+                unnormalized.install()
+                unnormalized.use_here(True)
                 if s.cpu_ops:
                     from core.engine import cpu_ops
 
@@ -638,9 +642,12 @@ class Engine:
 
     def _token_logprob(self, token: int, logprobs, top: int) -> TokenLogprob:
         """The chosen token's log-probability and the `top` most likely, from the row's
-        normalized log-probabilities of this step (already evaluated by the generator)."""
+        logits of this step (core.engine.unnormalized: the step leaves them unnormalized)."""
         import mlx.core as mx
 
+        from core.engine.unnormalized import normalized
+
+        logprobs = normalized(logprobs)
         chosen = logprobs[token]
         if top:
             ids = mx.argpartition(-logprobs, kth=top - 1)[:top]

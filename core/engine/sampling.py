@@ -4,6 +4,9 @@ mlx-lm's `make_sampler` draws from MLX's global random state, which every reques
 batch shares; here each request carries its own key, split once per step. The top-p and
 top-k filters are mlx-lm's. Greedy requests get `None`, so BatchGenerator samples a
 batch of them in one call with its own argmax sampler.
+
+A sampler takes a row's logits up to a constant (core.engine.unnormalized: the batched step
+does not normalize them), so whatever needs probabilities normalizes the row itself.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from core.engine.requests import Sampling
+from core.engine.unnormalized import normalized
 
 
 def _biased(bias: dict[int, float]):
@@ -53,8 +57,8 @@ def make_request_sampler(s: Sampling, constraint=None):
     def sample(logprobs: mx.array) -> mx.array:
         if bias is not None:
             logprobs = bias(logprobs)
-        if 0 < s.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, s.top_p)
+        if 0 < s.top_p < 1.0:  # it exponentiates the row: raw logits could overflow
+            logprobs = apply_top_p(normalized(logprobs), s.top_p)
         if 0 < s.top_k < logprobs.shape[-1]:  # k = the whole vocabulary filters nothing
             logprobs = apply_top_k(logprobs, s.top_k)
         keys = mx.random.split(state["key"])
