@@ -1,5 +1,5 @@
-"""Settings that guard the network: --no-auth is allowed only where the bind is loopback,
-judged by address after resolving a name, never by the text of the host."""
+"""Settings: --no-auth only where the bind is loopback (judged by address after resolving a name,
+never by the text of the host), and limits that must agree with each other."""
 
 from __future__ import annotations
 
@@ -43,3 +43,11 @@ def test_a_name_that_looks_loopback_but_resolves_to_the_lan_is_refused(monkeypat
         Settings(no_auth=True, host="127.0.0.1.evil.example")
     assert Settings(no_auth=True, host="127.0.0.1.evil.example", allow_open_lan=True).no_auth
     assert Settings(no_auth=True, host="mine.example").no_auth
+
+
+def test_the_prefill_batchs_default_follows_a_smaller_batch_but_a_given_one_is_checked():
+    assert Settings(max_batch=8).max_prefill_batch == 8
+    assert Settings().max_prefill_batch == 32 and Settings(max_batch=64).max_prefill_batch == 32
+    assert Settings(max_batch=8, max_prefill_batch=3).max_prefill_batch == 3
+    with pytest.raises(ValidationError, match="max_prefill_batch must not exceed max_batch"):
+        Settings(max_batch=8, max_prefill_batch=16)
