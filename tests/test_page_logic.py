@@ -130,7 +130,8 @@ def test_delete_hides_a_chat_at_once_and_undo_brings_it_back(store, users):
     with pytest.raises(PageError, match="nothing to delete"):
         page.delete(alice, None)
     assert page.undo_delete(alice, gone.id).id == gone.id
-    assert page.messages(alice, gone.id) == [{"role": "user", "content": "Walrus-1 delete me"}]
+    [back] = page.messages(alice, gone.id)
+    assert back["role"] == "user" and back["content"].startswith("Walrus-1 delete me\n\n<span class=\"rc-branch\">")
     with pytest.raises(PageError, match="Too late"):
         page.undo_delete(alice, gone.id)  # nothing to undo any more
     page.delete(alice, gone.id)
@@ -368,7 +369,7 @@ def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
     reply(page, alice, conv.id, "What is a set?", temperature=0, max_tokens=4)
 
     calls = Counter()
-    for name in ("get_conversation", "history", "request_metrics", "list_conversations"):
+    for name in ("get_conversation", "branch", "request_metrics", "list_conversations"):
         def counted(*args, _real=getattr(store, name), _name=name, **kwargs):
             calls[_name] += 1
             return _real(*args, **kwargs)
@@ -381,10 +382,10 @@ def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
 
     monkeypatch.setattr(ThreadPoolExecutor, "submit", hop)
     shown = reply(page, alice, conv.id, "And a frozenset?", temperature=0, max_tokens=4)
-    assert dict(calls) == {"get_conversation": 1, "history": 1, "request_metrics": 1, "hops": 4}
+    assert dict(calls) == {"get_conversation": 1, "branch": 1, "request_metrics": 1, "hops": 4}
     calls.clear()
     again = reply(page, alice, conv.id, None, temperature=0, max_tokens=4, regenerate=True)
-    assert dict(calls) == {"get_conversation": 1, "history": 1, "request_metrics": 1, "hops": 3}
+    assert dict(calls) == {"get_conversation": 1, "branch": 1, "request_metrics": 1, "hops": 3}
     monkeypatch.undo()
     # built from what it held, and the same as a fresh read
     assert len(shown[-1]) == 4 and "prompt tokens from cache" in shown[-1][-1]["content"]
@@ -398,10 +399,12 @@ def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, user
     conv = page.new_chat(alice)
     reply(page, alice, conv.id, "What is a set?", temperature=0, max_tokens=6)
     shown = reply(page, alice, conv.id, None, temperature=1.5, max_tokens=6, regenerate=True)
-    history = store.history(alice, conv.id)
-    assert [m.role for m in history] == ["user", "assistant", "assistant"]
-    assert [m.id for m in visible_turns(history)] == [history[0].id, history[2].id]
-    assert len(shown[-1]) == 2 and markup.shown(history[2].content) in shown[-1][1]["content"]
+    history = store.history(alice, conv.id)  # the branch in view: the newest answer
+    assert [m.role for m in history] == ["user", "assistant"]
+    assert store.branch(alice, conv.id).versions[history[1].id] == (history[1].id - 1, history[1].id)
+    assert [m.id for m in visible_turns(history)] == [history[0].id, history[1].id]
+    assert len(shown[-1]) == 2 and markup.shown(history[1].content) in shown[-1][1]["content"]
+    assert "2/2" in shown[-1][1]["content"]  # and the way back to the first
     # the model sees only the newest reply: the next turn's prompt alternates roles
     reply(page, alice, conv.id, "Thanks.", temperature=0, max_tokens=4)
     assert [m["role"] for m in page.messages(alice, conv.id)] == ["user", "assistant"] * 2
@@ -543,3 +546,90 @@ def test_a_chat_made_for_a_later_send_is_never_handed_out_twice(store, users):
     page = ChatPage(Refusing(QueueFull(1)), store)
     first, second = page.new_chat(alice, "Be brief.", reuse=False), page.new_chat(alice, reuse=False)
     assert first.id != second.id and first.system_prompt == "Be brief."
+
+
+# ---- branches: edit and send again, answer again, show another version ----
+
+class Prompts:
+    """The engine, noting the messages of every request it is given: what the model saw."""
+
+    def __init__(self, engine):
+        self.engine, self.seen = engine, []
+        self.loaded = engine.loaded
+
+    async def asubmit(self, request):
+        self.seen.append([(m.role, m.content) for m in request.messages])
+        return await self.engine.asubmit(request)
+
+
+def test_edit_branches_and_the_version_shown_is_what_the_model_sees_next(engine, store, users):
+    alice, bob = users
+    model = Prompts(engine)
+    page = ChatPage(model, store, model_id="tiny")
+    conv = page.new_chat(alice, "Be brief.").id
+    reply(page, alice, conv, "What is a set?", temperature=0, max_tokens=4)
+    reply(page, alice, conv, "Ordered?", temperature=0, max_tokens=4)
+    q1, a1, q2, a2 = store.history(alice, conv)
+    assert page.edit_text(alice, conv, q1.id) == "What is a set?"
+
+    # the edit: the model sees the system prompt and the new text only
+    shown = reply(page, alice, conv, "What is a frozenset?", edit=q1.id, temperature=0, max_tokens=4)[-1]
+    assert model.seen[-1] == [("system", "Be brief."), ("user", "What is a frozenset?")]
+    e1, f1 = store.history(alice, conv)
+    assert e1.parent is None and f1.parent == e1.id
+    assert len(shown) == 2 and "2/2" in shown[0]["content"] and 'href="#rc-show-%d"' % q1.id in shown[0]["content"]
+    assert shown == page.messages(alice, conv)  # built without reading back, the same as a fresh read
+    assert page.conversation(alice, conv).title == "What is a set?"  # an edit does not rename
+
+    # ‹ 1/2 ›: the first version with its own turns, and the next message goes on from there
+    back = page.show_version(alice, conv, q1.id)
+    assert [markup.shown(t) in r["content"] for t, r in zip(
+        ["What is a set?", a1.content, "Ordered?", a2.content], back)] == [True] * 4
+    assert "1/2" in back[0]["content"] and "rc-show-%d" % e1.id in back[0]["content"]
+    reply(page, alice, conv, "And a dict?", temperature=0, max_tokens=4)
+    assert model.seen[-1] == [("system", "Be brief."), ("user", "What is a set?"), ("assistant", a1.content),
+                              ("user", "Ordered?"), ("assistant", a2.content), ("user", "And a dict?")]
+    # the edited version is kept with its answer
+    assert [m.content for m in store.history(alice, conv)][:5] == ["What is a set?", a1.content, "Ordered?",
+                                                                   a2.content, "And a dict?"]
+    page.show_version(alice, conv, e1.id)
+    assert [m.id for m in store.history(alice, conv)] == [e1.id, f1.id]
+
+    # regenerate twice: three versions of the answer, the one shown is what the model sees next
+    reply(page, alice, conv, None, regenerate=True, temperature=1.5, max_tokens=4)
+    last = reply(page, alice, conv, None, regenerate=True, temperature=1.5, max_tokens=4)[-1]
+    assert "3/3" in last[1]["content"] and model.seen[-1] == [("system", "Be brief."), ("user", "What is a frozenset?")]
+    answers = store.branch(alice, conv).versions[store.history(alice, conv)[-1].id]
+    assert answers[0] == f1.id and len(answers) == 3
+    middle = page.show_version(alice, conv, answers[1])
+    assert "2/3" in middle[1]["content"]
+    chosen = store.history(alice, conv)[-1]
+    assert chosen.id == answers[1]
+    reply(page, alice, conv, "Why?", temperature=0, max_tokens=4)
+    assert model.seen[-1][-2:] == [("assistant", chosen.content), ("user", "Why?")]
+
+
+def test_branch_calls_on_another_users_messages_are_notices_and_change_nothing(engine, store, users):
+    alice, bob = users
+    page = ChatPage(Prompts(engine), store, model_id="tiny")
+    mine = page.new_chat(alice).id
+    reply(page, alice, mine, "Secret-4471 plans", temperature=0, max_tokens=4)
+    q, a = store.history(alice, mine)
+    theirs = page.new_chat(bob).id
+    reply(page, bob, theirs, "bob's chat", temperature=0, max_tokens=4)
+    before = (store.history(alice, mine), store.history(bob, theirs), store.totals()["messages"])
+    for conv in (mine, theirs):  # alice's chat, or bob's naming alice's messages
+        with pytest.raises(PageError) as e:
+            page.show_version(bob, conv, q.id)
+        assert "Secret" not in e.value.message
+        with pytest.raises(PageError):
+            page.edit_text(bob, conv, q.id)
+        with pytest.raises(PageError):
+            reply(page, bob, conv, "mine now", edit=q.id, temperature=0, max_tokens=4)
+    with pytest.raises(PageError):
+        page.edit_text(alice, mine, a.id)  # an answer is not the user's to edit
+    with pytest.raises(PageError):
+        reply(page, alice, mine, "rewrite", edit=a.id, temperature=0, max_tokens=4)
+    with pytest.raises(PageError, match="nothing to change in a new chat"):
+        page.show_version(alice, None, q.id)
+    assert (store.history(alice, mine), store.history(bob, theirs), store.totals()["messages"]) == before

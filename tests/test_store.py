@@ -744,7 +744,7 @@ def test_a_v4_database_migrates_to_v5_keeping_its_chats(tmp_path):
     path = tmp_path / "v4.db"
     old_database(path, 4, "the old narwhal story")
     store = Store(path, scrypt=CHEAP)
-    assert store.migrated_from == 4 and store_schema.LATEST == 5
+    assert store.migrated_from == 4 and store_schema.LATEST >= 5
     olga = store.authenticate("olga", "olga-password")
     assert [c.title for c in store.list_conversations(olga)] == ["old chat"]
     assert store.open_conversation(olga) is None
@@ -758,3 +758,147 @@ def test_a_v4_database_migrates_to_v5_keeping_its_chats(tmp_path):
     with sqlite3.connect(path) as c:
         assert {r[1] for r in c.execute("PRAGMA table_info(conversations)")} >= {"deleted", "archived"}
         assert "open_conversation" in {r[1] for r in c.execute("PRAGMA table_info(users)")}
+
+
+# ---- branches: edit a message, answer again, show another version (schema V6) ----
+
+def texts(messages) -> list[str]:
+    return [m.content for m in messages]
+
+
+def test_a_v5_database_migrates_to_branches_with_regenerated_answers_as_versions(tmp_path):
+    """A V5 file as the old schema wrote it: olga's chat with an answer regenerated (two replies
+    in a row, the newer one shown) and a turn after it; and a second chat that starts with two
+    replies (as the API may have stored them)."""
+    path = tmp_path / "v5.db"
+    old_database(path, 5, "What is a list?")
+    with sqlite3.connect(path, isolation_level=None) as c:
+        c.execute("INSERT INTO conversations (owner, title, created, updated) VALUES (1, 'replies', 1.0, 1.0)")
+        for conv, role, text in [(1, "assistant", "A box."), (1, "assistant", "A sequence."),
+                                 (1, "user", "And a dict?"), (1, "assistant", "A mapping."),
+                                 (2, "assistant", "hello"), (2, "assistant", "hi")]:
+            c.execute("INSERT INTO messages (conversation, role, content, created) VALUES (?, ?, ?, 2.0)",
+                      [conv, role, text])
+    store = Store(path, scrypt=CHEAP)
+    assert store.migrated_from == 5 and store_schema.LATEST == 6
+    olga = store.authenticate("olga", "olga-password")
+    # the branch the page showed: the newest reply to the first message, then what followed it
+    assert texts(store.history(olga, 1)) == ["What is a list?", "A sequence.", "And a dict?", "A mapping."]
+    branch = store.branch(olga, 1)
+    assert [len(branch.versions[m.id]) for m in branch.messages] == [1, 2, 1, 1]
+    assert [m.parent for m in branch.messages] == [None, 1, 3, 4]
+    # the older reply is a version of the answer, with nothing after it
+    shown = store.show_version(olga, 1, 2)
+    assert texts(shown.messages) == ["What is a list?", "A box."]
+    assert store.prompt_messages(olga, 1)[-1] == {"role": "assistant", "content": "A box."}
+    assert texts(store.show_version(olga, 1, 3).messages)[-1] == "A mapping."  # back, with its turns
+    assert texts(store.history(olga, 2)) == ["hi"] and store.branch(olga, 2).versions[7] == (6, 7)
+    # new messages go on from the branch in view
+    store.append_message(olga, 1, "user", "Thanks")
+    assert store.history(olga, 1)[-1].parent == 5
+    store.close()
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT leaf FROM conversations ORDER BY id").fetchall() == [(8,), (7,)]
+        assert "parent" in {r[1] for r in c.execute("PRAGMA table_info(messages)")}
+
+
+def test_edit_and_answer_again_branch_and_each_version_comes_back(store, alice):
+    conv = store.create_conversation(alice, "sets", system_prompt="Be brief.")
+    q1 = store.append_message(alice, conv.id, "user", "What is a set?")
+    a1 = store.append_reply(alice, conv.id, "Unique items.", RequestRecord())
+    q2 = store.append_message(alice, conv.id, "user", "Ordered?")
+    a2 = store.append_reply(alice, conv.id, "No.", RequestRecord())
+    # edit the first question: a new version without the old one's turns
+    e1 = store.edit_message(alice, conv.id, q1.id, "What is a frozenset?")
+    assert e1.parent is None and texts(store.history(alice, conv.id)) == ["What is a frozenset?"]
+    f1 = store.append_reply(alice, conv.id, "An immutable set.", RequestRecord(), parent=e1.id)
+    # answer the edited question twice more: three versions of that answer, the newest shown
+    f2 = store.append_reply(alice, conv.id, "A set you can't change.", RequestRecord(), parent=e1.id)
+    f3 = store.append_reply(alice, conv.id, "Hashable set.", RequestRecord(), parent=e1.id)
+    branch = store.branch(alice, conv.id)
+    assert [m.id for m in branch.messages] == [e1.id, f3.id]
+    assert branch.versions == {e1.id: (q1.id, e1.id), f3.id: (f1.id, f2.id, f3.id)}
+    assert store.prompt_messages(alice, conv.id)[1:] == [
+        {"role": "user", "content": "What is a frozenset?"}, {"role": "assistant", "content": "Hashable set."}]
+    # browse the answers: what is shown is what the model sees next
+    assert texts(store.show_version(alice, conv.id, f1.id).messages) == ["What is a frozenset?", "An immutable set."]
+    assert store.prompt_messages(alice, conv.id)[-1]["content"] == "An immutable set."
+    nxt = store.append_message(alice, conv.id, "user", "Why immutable?")
+    assert nxt.parent == f1.id
+    # the first version of the question comes back with its own turns, as they were
+    shown = store.show_version(alice, conv.id, q1.id)
+    assert [m.id for m in shown.messages] == [q1.id, a1.id, q2.id, a2.id]
+    assert shown.versions[q1.id] == (q1.id, e1.id) and shown.versions[a1.id] == (a1.id,)
+    # and the edited one with the branch last written through it (its newest message)
+    assert [m.id for m in store.show_version(alice, conv.id, e1.id).messages] == [e1.id, f1.id, nxt.id]
+    # a version deep in the tree: an edit of the second question of the first branch
+    store.show_version(alice, conv.id, q1.id)
+    e2 = store.edit_message(alice, conv.id, q2.id, "Sorted?")
+    assert [m.id for m in store.history(alice, conv.id)] == [q1.id, a1.id, e2.id]
+    assert store.branch(alice, conv.id).versions[e2.id] == (q2.id, e2.id)
+    # Branch.grow (what the page builds without reading back) agrees with the store
+    before = store.branch(alice, conv.id)
+    reply = store.append_reply(alice, conv.id, "No.", RequestRecord(), parent=e2.id)
+    assert before.grow(reply) == store.branch(alice, conv.id)
+    again = store.append_reply(alice, conv.id, "Not sorted.", RequestRecord(), parent=e2.id)
+    assert before.grow(reply).grow(again) == store.branch(alice, conv.id)
+
+
+def test_exports_and_shared_links_follow_the_branch_in_view(store, alice):
+    conv = store.create_conversation(alice, "pets")
+    q = store.append_message(alice, conv.id, "user", "Cats-1111 or dogs?")
+    store.append_reply(alice, conv.id, "Cats.", RequestRecord())
+    edited = store.edit_message(alice, conv.id, q.id, "Dogs-2222 or cats?")
+    store.append_reply(alice, conv.id, "Dogs.", RequestRecord(), parent=edited.id)
+    token = store.share_conversation(alice, conv.id)
+
+    def everywhere() -> list[str]:
+        doc = json.loads(store.export_conversation(alice, conv.id, "json"))
+        md = store.export_conversation(alice, conv.id, "md")
+        shared = texts(store.shared_conversation(token)[1])
+        assert [m["content"] for m in doc["messages"]] == shared
+        assert all(t in md for t in shared)
+        return shared + [md]
+
+    now = everywhere()
+    assert now[:2] == ["Dogs-2222 or cats?", "Dogs."] and "Cats" not in now[2]
+    store.show_version(alice, conv.id, q.id)
+    now = everywhere()
+    assert now[:2] == ["Cats-1111 or dogs?", "Cats."] and "Dogs" not in now[2]
+    # search still finds the words of every branch
+    assert [h.conversation.id for h in store.search_conversations(alice, "Dogs-2222")] == [conv.id]
+
+
+def test_another_users_messages_are_not_found_for_any_branch_call(store, alice, bob):
+    mine = store.create_conversation(alice, "mine")
+    q = store.append_message(alice, mine.id, "user", "alice's secret question")
+    a = store.append_reply(alice, mine.id, "alice's answer", RequestRecord())
+    theirs = store.create_conversation(bob, "theirs")
+    b = store.append_message(bob, theirs.id, "user", "bob's question")
+    before = texts(store.history(alice, mine.id))
+    # bob on alice's conversation
+    for call in (lambda: store.show_version(bob, mine.id, q.id), lambda: store.branch(bob, mine.id),
+                 lambda: store.edit_message(bob, mine.id, q.id, "mine now"),
+                 lambda: store.append_reply(bob, mine.id, "x", RequestRecord(), parent=q.id)):
+        with pytest.raises(NotFound):
+            call()
+    # bob naming alice's messages in his own conversation: the same "not found"
+    for call in (lambda: store.show_version(bob, theirs.id, a.id),
+                 lambda: store.edit_message(bob, theirs.id, q.id, "grafted"),
+                 lambda: store.append_message(bob, theirs.id, "user", "grafted", after=a.id),
+                 lambda: store.append_reply(bob, theirs.id, "x", RequestRecord(), parent=q.id)):
+        with pytest.raises(NotFound) as e:
+            call()
+        assert "secret" not in str(e.value)
+    # and alice naming a message of her other conversation, or nonsense
+    other = store.create_conversation(alice, "other")
+    for bad in (b.id, 10**9, "x", None, -1):
+        with pytest.raises(NotFound):
+            store.show_version(alice, other.id, bad)
+    with pytest.raises(Invalid, match="only a message of the user"):
+        store.edit_message(alice, mine.id, a.id, "rewrite the answer")
+    with pytest.raises(Invalid):
+        store.edit_message(alice, mine.id, q.id, "   ")
+    assert texts(store.history(alice, mine.id)) == before
+    assert texts(store.history(bob, theirs.id)) == ["bob's question"]
+    assert store.totals()["messages"] == 3

@@ -137,7 +137,28 @@ ALTER TABLE users ADD COLUMN open_conversation INTEGER REFERENCES conversations(
 CREATE INDEX conversations_deleted ON conversations(deleted) WHERE deleted IS NOT NULL;
 """
 
-MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS, _V3_SEARCH, _V4_SHARES, _V5_SIDEBAR]
+# branches (the page's edit and regenerate): each message follows its parent (NULL for a first
+# message); a message edited or answered again gets a sibling, a new child of the same parent.
+# A conversation's `leaf` is the last message of the branch in view: what history, the next
+# prompt, exports and shared links follow. `leaf` has no REFERENCES on purpose: a message goes
+# only with its conversation, and a foreign key there would make every message deleted look
+# through all conversations for one pointing at it (readers follow it within its conversation).
+# What an older database holds becomes one branch, as the page showed it: a message follows the
+# one before it, except that of several replies in a row (answers regenerated until now) each
+# follows the message they answer, as siblings; the newest message is the leaf.
+_V6_BRANCHES = """
+ALTER TABLE messages ADD COLUMN parent INTEGER REFERENCES messages(id) ON DELETE CASCADE;
+ALTER TABLE conversations ADD COLUMN leaf INTEGER;
+CREATE INDEX messages_by_parent ON messages(parent, conversation);
+UPDATE messages SET parent = (
+    SELECT p.id FROM messages p
+    WHERE p.conversation = messages.conversation AND p.id < messages.id
+      AND (messages.role != 'assistant' OR p.role != 'assistant')
+    ORDER BY p.id DESC LIMIT 1);
+UPDATE conversations SET leaf = (SELECT max(id) FROM messages WHERE conversation = conversations.id);
+"""
+
+MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS, _V3_SEARCH, _V4_SHARES, _V5_SIDEBAR, _V6_BRANCHES]
 LATEST = len(MIGRATIONS)
 
 

@@ -19,6 +19,10 @@ every read too, its owner's included, until `undelete_conversation` brings it ba
 `DELETED_KEPT_S`; past that `purge_deleted` (run on each delete and on open) removes it.
 Search (`search_conversations`) reads FTS5 indexes of titles and messages that triggers keep
 in step (core.store.schema); it joins them to conversations and filters on the owner in SQL.
+It indexes every message, of every branch. A conversation's messages are a tree (an edited
+message or another answer is a sibling, `edit_message`, `append_reply(parent=)`); every read of
+messages (history, prompt, exports, a shared link) follows the branch in view, and
+`show_version` changes which one that is. The SQL of branches is core.store.branches.
 
 Not here: the schema and migrations (core.store.schema), hashing (core.store.auth), export and
 dashboard formatting (core.store.report), sessions, cookies and HTTP (webui). No MLX.
@@ -43,13 +47,13 @@ from typing import Any, Iterable, Iterator
 
 from sqlite_utils import Database
 
-from core.store import auth
+from core.store import auth, branches
 from core.store import report as store_report
 from core.store import schema as store_schema
 from core.store.report import StatsBucket
 from core.store.types import (
     DEFAULT_TITLE, MAX_LABEL_CHARS, MAX_LIST, MAX_MESSAGE_CHARS, MAX_PASSWORD_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS, ROLES, AlreadyExists, ApiKey,
-    AuthFailed, Conversation, Invalid, Message, NotFound, RequestFigures, RequestRecord, SearchHit, StoreError, User, as_id,
+    AuthFailed, Branch, Conversation, Invalid, Message, NotFound, RequestFigures, RequestRecord, SearchHit, StoreError, User, as_id,
     check_name, check_password, check_text, clean_title, is_valid_name, user_id)
 
 log = logging.getLogger("radixchat.store")
@@ -604,19 +608,19 @@ class Store:
                              "WHERE s.token = ? AND c.deleted IS NULL", [token]).fetchone()
             if row is None:
                 raise NotFound("shared conversation not found")
-            msgs = [Message(*r) for r in db.execute(
-                "SELECT id, conversation, role, content, created, request FROM messages "
-                "WHERE conversation = ? ORDER BY id", [row[0]])]
-            return row[1], msgs
+            return row[1], branches.path(db, row[0])  # the branch in view, as its owner sees it
 
     # ---- messages ----
+    # A conversation is a tree of messages, of which one branch is in view (core.store.branches):
+    # appending goes on from its last message, editing or answering again adds a sibling, and
+    # each of these makes the new message the branch's end. Reads follow the branch in view.
 
     def _insert_message(self, db: Database, conv: Conversation, role: str, content: str,
-                        request: int | None, now: float) -> Message:
+                        request: int | None, now: float, parent: int | None) -> Message:
         mid = db["messages"].insert({"conversation": conv.id, "role": role, "content": content,
-                                     "created": now, "request": request}).last_pk
-        db.execute("UPDATE conversations SET updated = ? WHERE id = ?", [now, conv.id])
-        return Message(mid, conv.id, role, content, now, request)
+                                     "created": now, "request": request, "parent": parent}).last_pk
+        db.execute("UPDATE conversations SET updated = ?, leaf = ? WHERE id = ?", [now, mid, conv.id])
+        return Message(mid, conv.id, role, content, now, request, parent)
 
     @staticmethod
     def _check_message(role: str, content: str) -> None:
@@ -626,8 +630,10 @@ class Store:
         check_text(content, f"{role} message", MAX_MESSAGE_CHARS, allow_empty=role == "assistant")
 
     def append_message(self, user: User | int, conv_id: int, role: str, content: str,
-                       *, request: int | None = None) -> Message:
-        """Add a message at the end and mark the conversation updated. Committed on return."""
+                       *, request: int | None = None, after: int | None = None) -> Message:
+        """Add a message at the end of the branch in view, or after the message `after` of this
+        conversation (the end of the branch its caller read: what it follows must not change
+        meanwhile), and mark the conversation updated. Committed on return."""
         self._check_message(role, content)
         uid = user_id(user)
         with self._tx(write=True) as db:
@@ -635,25 +641,57 @@ class Store:
             if request is not None and db.execute("SELECT 1 FROM requests WHERE id = ?",
                                                   [as_id(request, "request")]).fetchone() is None:
                 raise NotFound(f"request {request!r} not found")
-            return self._insert_message(db, conv, role, content, request, time.time())
+            parent = branches.leaf(db, conv.id) if after is None else branches.message(db, conv.id, after).id
+            return self._insert_message(db, conv, role, content, request, time.time(), parent)
 
     def append_reply(self, user: User | int, conv_id: int, content: str,
-                     record: RequestRecord) -> Message:
-        """The assistant's reply and its request metrics, in one transaction: both or neither."""
+                     record: RequestRecord, *, parent: int | None = None) -> Message:
+        """The assistant's reply and its request metrics, in one transaction: both or neither.
+        It answers `parent` (a message of this conversation; None: the end of the branch in
+        view); another answer to the same message is a new version of the answer, shown from
+        now on."""
         self._check_message("assistant", content)
         uid = user_id(user)
         record = replace(record, user=uid, conversation=as_id(conv_id, "conversation"))
         with self._tx(write=True) as db:
             conv = self._conv(db, uid, conv_id)
+            after = branches.leaf(db, conv.id) if parent is None else branches.message(db, conv.id, parent).id
             rid = self._insert_request(db, record)
-            return self._insert_message(db, conv, "assistant", content, rid, time.time())
+            return self._insert_message(db, conv, "assistant", content, rid, time.time(), after)
+
+    def edit_message(self, user: User | int, conv_id: int, message_id: int, content: str) -> Message:
+        """A new version of one of the user's messages: a sibling of it (the same parent), the
+        end of the branch in view from now on. The message, and what followed it, stay as they
+        were, on their own branch. Only a user message can be edited."""
+        self._check_message("user", content)
+        uid = user_id(user)
+        with self._tx(write=True) as db:
+            conv = self._conv(db, uid, conv_id)
+            old = branches.message(db, conv.id, message_id)
+            if old.role != "user":
+                raise Invalid("only a message of the user can be edited")
+            return self._insert_message(db, conv, "user", content, None, time.time(), old.parent)
+
+    def show_version(self, user: User | int, conv_id: int, message_id: int) -> Branch:
+        """Bring a version of a message into view, with the branch last written through it (to
+        its newest message): what is shown, and what the model sees next, from now on."""
+        uid = user_id(user)
+        with self._tx(write=True) as db:
+            conv = self._conv(db, uid, conv_id)
+            chosen = branches.message(db, conv.id, message_id)
+            db.execute("UPDATE conversations SET leaf = ? WHERE id = ?",
+                       [branches.newest_under(db, conv.id, chosen.id), conv.id])
+            return branches.branch(db, conv.id)
 
     def history(self, user: User | int, conv_id: int) -> list[Message]:
+        """The branch in view, first message to last."""
         with self._tx(write=False) as db:
-            conv = self._conv(db, user_id(user), conv_id)
-            rows = db.execute("SELECT id, conversation, role, content, created, request FROM messages "
-                              "WHERE conversation = ? ORDER BY id", [conv.id])
-            return [Message(*r) for r in rows]
+            return branches.path(db, self._conv(db, user_id(user), conv_id).id)
+
+    def branch(self, user: User | int, conv_id: int) -> Branch:
+        """The branch in view with the versions of each of its messages."""
+        with self._tx(write=False) as db:
+            return branches.branch(db, self._conv(db, user_id(user), conv_id).id)
 
     def request_metrics(self, request_ids: Iterable[int | None]) -> dict[int, RequestFigures]:
         """The figures of the given requests, by id; unknown ids are left out.
@@ -672,24 +710,21 @@ class Store:
         return out
 
     def prompt_messages(self, user: User | int, conv_id: int) -> list[dict]:
-        """The conversation as chat messages for the engine: its system prompt, then its history."""
+        """The conversation as chat messages for the engine: its system prompt, then the branch in view."""
         with self._tx(write=False) as db:
             conv = self._conv(db, user_id(user), conv_id)
-            rows = db.execute("SELECT role, content FROM messages WHERE conversation = ? ORDER BY id",
-                              [conv.id]).fetchall()
+            messages = branches.path(db, conv.id)
         head = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-        return head + [{"role": r, "content": c} for r, c in rows]
+        return head + [{"role": m.role, "content": m.content} for m in messages]
 
     def export_conversation(self, user: User | int, conv_id: int, fmt: str = "json") -> str:
-        """The conversation as a JSON document or as Markdown (fmt "json" or "md")."""
+        """The conversation as a JSON document or as Markdown (fmt "json" or "md"): the branch in view."""
         if fmt not in store_report.EXPORT_FORMATS:
             raise Invalid(f"export format must be json or md, not {fmt!r}")
         with self._tx(write=False) as db:
             conv = self._conv(db, user_id(user), conv_id)
             owner = db.execute("SELECT name FROM users WHERE id = ?", [conv.owner]).fetchone()[0]
-            msgs = [Message(*r) for r in db.execute(
-                "SELECT id, conversation, role, content, created, request FROM messages "
-                "WHERE conversation = ? ORDER BY id", [conv.id])]
+            msgs = branches.path(db, conv.id)
         render = store_report.export_json if fmt == "json" else store_report.export_markdown
         return render(conv, msgs, owner)
 

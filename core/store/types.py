@@ -97,6 +97,29 @@ class Message:
     content: str
     created: float
     request: int | None  # the request that produced an assistant message
+    parent: int | None = None  # the message it follows; None for a first message
+
+
+@dataclass(frozen=True)
+class Branch:
+    """The branch of a conversation in view: its messages, first to last, and for each the ids
+    of its versions (itself and its siblings: the other children of its parent, each an edit
+    of the same message or another answer to it), oldest first."""
+    messages: tuple[Message, ...] = ()
+    versions: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def grow(self, message: Message) -> "Branch":
+        """The branch once `message` is written as a child of its parent (on this branch): what
+        followed that parent here is left for another branch, and `message` is its newest version."""
+        ids = [m.id for m in self.messages]
+        if message.parent is not None and message.parent not in ids:
+            raise ValueError(f"message {message.id} follows {message.parent}, which is not on this branch")
+        cut = 0 if message.parent is None else 1 + ids.index(message.parent)
+        old = self.messages[cut].id if cut < len(self.messages) else None
+        kept = self.messages[:cut]
+        versions = {m.id: self.versions.get(m.id, (m.id,)) for m in kept}
+        versions[message.id] = (*self.versions.get(old, ()), message.id)
+        return Branch((*kept, message), versions)
 
 
 @dataclass(frozen=True)

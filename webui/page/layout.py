@@ -21,7 +21,10 @@ downloads the chat as the store exports it: the text comes through the page's ow
 the browser saves it (`SAVE`), since the gate (webui/gate.py) serves no files. "Share" shows
 the chat's read-only link on the request's own host (webui/page/shared.py serves it); "Stop
 sharing" ends it. The temperature starts at the model card's recommendation, or 0 (greedy)
-for a model without one.
+for a model without one. Under a message, "‹ i/n ›" and "Edit" (webui/page/versions.py) reach
+the server through a hidden button the browser presses (`versions_go`): another version comes
+into view, or the message's text goes into the box with a bar saying Send makes a new version
+of it (`View.editing`, ended by Send, Cancel or any change of view).
 
 Runs on the server's event loop (the page's async handlers) and Gradio's worker threads
 (the others); the few lines of JavaScript run in the browser. No MLX here.
@@ -42,6 +45,7 @@ import gradio as gr
 
 import assets
 
+from webui.page import versions
 from webui.page.dashboard import Presence, dashboard
 from webui.page.logic import ChatPage, PageError
 from webui.page.shared import link as shared_link
@@ -105,6 +109,12 @@ CSS = """
 #top-row { align-items: center; }
 #chat button[aria-label="Clear"] { display: none; }
 .rc-stats { font-size: 0.8em; opacity: 0.7; }
+/* under a message: ‹ i/n › between its versions, and Edit; big enough to tap on a phone */
+.rc-branch { display: inline-flex; align-items: center; gap: 2px; font-size: 0.85em; opacity: 0.8; }
+.rc-branch a, .rc-branch .rc-off { padding: 2px 8px; text-decoration: none; }
+.rc-branch .rc-off { opacity: 0.35; }
+.rc-branch .rc-count { padding: 0 2px; font-variant-numeric: tabular-nums; }
+#edit-bar { align-items: center; flex-wrap: nowrap; }
 /* the Server tab's row names break between words, not inside them, on a phone */
 :is(#server-summary, #your-usage) :is(th, td) { overflow-wrap: normal; word-break: normal; }
 /* a phone: the message box and Send stay on screen under a shorter chat area, and room is
@@ -150,10 +160,13 @@ def load_presets(path: Path | None = None) -> dict[str, str]:
 @dataclass
 class View:
     """Per browser session: the conversation the chat area shows (None: a new chat), the
-    browser's count of view changes it follows (`epoch`), and the chat "Undo delete" brings back."""
+    browser's count of view changes it follows (`epoch`), the chat "Undo delete" brings back,
+    and the message being edited (its "Edit" was pressed: the next Send makes a new version of
+    it), as (conversation, message); any change of view ends the edit."""
     conv: int | None = None
     epoch: int = 0
     deleted: int | None = None
+    editing: tuple[int, int] | None = None
 
     def follow(self, conv: int | None, epoch: int | float | None, *, change: bool = False) -> bool:
         """Show `conv` unless the browser has changed its view since (a later epoch). A view
@@ -228,14 +241,14 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         return shared_link(f"http://{host}", token)
 
     def shown(user, conv_id: int | None, query: str, view: View, request: gr.Request):
-        """Everything that changes when a chat comes into view (`view_outputs`)."""
-        view.conv = conv_id
+        """Everything that changes when a chat comes into view (`view_outputs`); an edit ends."""
+        view.conv, view.editing = conv_id, None
         if conv_id is None:
-            return (None, listed(user, query, None), [], "", "", NO_PROMPT, action(False), "")
+            return (None, listed(user, query, None), [], "", "", NO_PROMPT, action(False), "", gr.Row(visible=False))
         conv = chat.conversation(user, conv_id)
         return (conv_id, listed(user, query, conv_id), chat.messages(user, conv_id), conv.title,
                 conv.system_prompt, preset_of(conv.system_prompt), action(chat.writing(user, conv_id)),
-                link_of(chat.share_token(user, conv_id), request))
+                link_of(chat.share_token(user, conv_id), request), gr.Row(visible=False))
 
     # which model answers, as its card says (core.engine.catalog)
     card = model.card
@@ -281,6 +294,12 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                                              allow_tags=False, latex_delimiters=[],
                                              placeholder="Replies stream here, with time to first token, "
                                                          "tokens/s and cached prompt tokens under each.")
+                        # after "Edit" under a message: its text is in the box, Send makes a new version
+                        with gr.Row(visible=False, elem_id="edit-bar") as edit_bar:
+                            gr.Markdown("Editing a sent message: **Send** makes a new version of it "
+                                        "(the old one stays, ‹ 1/2 ›).", elem_id="edit-note")
+                            cancel_edit = gr.Button("Cancel", size="sm", scale=0, min_width=80,
+                                                    elem_id="cancel-edit")
                         # one row that never wraps, so Send/Stop stays beside the box on a phone
                         with gr.Row(elem_id="compose"):
                             message = gr.Textbox(placeholder="Message (Enter sends, Shift+Enter: new line)",
@@ -289,6 +308,9 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                             send = gr.Button(SEND, variant="primary", scale=0, min_width=72, elem_id="send")
                         with gr.Row():
                             regenerate = gr.Button("Regenerate", size="sm", elem_id="regenerate")
+                        # pressed by the browser (versions.LISTEN) for a click on ‹ › or Edit in a message
+                        versions_go = gr.Button(visible="hidden", elem_id="versions-go")
+                        asked = gr.Textbox(visible=False, elem_id="versions-asked")
                     with gr.Column(scale=1, min_width=260):
                         with gr.Accordion("This chat", open=True):
                             title = gr.Textbox(label="Title", max_lines=1, elem_id="title")
@@ -326,9 +348,9 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                                                elem_id="ttft-plot")
                 timer = gr.Timer(REFRESH_S, active=False)
 
-        view_outputs = [current, conv_list, chatbot, title, system, preset, send, share_link]
+        view_outputs = [current, conv_list, chatbot, title, system, preset, send, share_link, edit_bar]
 
-        @_notices(9)
+        @_notices(1 + len(view_outputs))
         def on_load(view: View, request: gr.Request):
             user = who(request)
             who_line = (f"signed in as **{user.name}**" if sign_in
@@ -336,7 +358,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             head = f"**radixchat** · {model_line} · {who_line}{note_line}"
             return (head, *shown(user, chat.start(user), "", view, request))
 
-        @_notices(8)
+        @_notices(len(view_outputs))
         def switch(conv_id, stamp, query, view: View, request: gr.Request):
             """A chat picked in the sidebar (the browser already set `current`)."""
             user = who(request)
@@ -350,7 +372,29 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         def new_chat_opened(stamp, view: View):
             """"New chat" (the browser already shows it): its reply, if any, stops being drawn here."""
             view.follow(None, stamp, change=True)
-            return action(False)
+            view.editing = None
+            return action(False), gr.Row(visible=False)
+
+        @_notices(3)
+        def version_asked(what, conv_id, view: View, request: gr.Request):
+            """‹ › or Edit pressed in a message of the chat in view (versions.LISTEN): another
+            version comes into view, or the message's text goes into the box to be sent again."""
+            user, picked = who(request), versions.parse(what)
+            if picked is None or conv_id is None:
+                return gr.skip(), gr.skip(), gr.skip()
+            kind, message_id = picked
+            conv_id = int(conv_id)
+            if kind == versions.SHOW:
+                rows = chat.show_version(user, conv_id, message_id)
+                was_editing, view.editing = view.editing, None  # the edited text goes with its edit
+                return rows, "" if was_editing else gr.skip(), gr.Row(visible=False)
+            text = chat.edit_text(user, conv_id, message_id)
+            view.editing = (conv_id, message_id)
+            return gr.skip(), text, gr.Row(visible=True)
+
+        def edit_cancelled(view: View):
+            view.editing = None
+            return "", gr.Row(visible=False)
 
         @_notices(1)
         def find(query, conv_id, request: gr.Request):
@@ -401,13 +445,17 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                                request: gr.Request, again=False):
             """Stream a reply into the chat area while its chat is in view (outputs: `replying`). A
             refusal leaves the typed text in the box and shows a notice. A new chat (conv_id None)
-            is made by this message, and shown with it unless the browser moved on meanwhile."""
+            is made by this message, and shown with it unless the browser moved on meanwhile.
+            After "Edit" in this chat the message is a new version of the one edited; the edit
+            ends once it is stored (a refusal keeps it)."""
             skip = gr.skip()
             try:
                 user = await asyncio.to_thread(who, request)
                 conv_id = None if conv_id is None else int(conv_id)
                 if conv_id is not None:
                     view.follow(conv_id, stamp)
+                editing = view.editing
+                edit = editing[1] if editing and not again and editing[0] == conv_id else None
                 made: list[int] = []
 
                 def started(new_id: int):
@@ -427,31 +475,34 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                     return action(writing)
 
                 async for msgs in chat.reply(user, conv_id, text, temperature=temp, max_tokens=n_tokens,
-                                             regenerate=again, system_prompt=system_text or "",
+                                             regenerate=again, edit=edit, system_prompt=system_text or "",
                                              started=started):
                     conv_id = made[0] if made else conv_id
                     here = view.conv == conv_id
                     if first:  # the list and title, for the title a first message gives its chat
                         found = await asyncio.to_thread(chat.find, user, query)
                         title_now = (await asyncio.to_thread(chat.conversation, user, conv_id)).title if here else skip
+                        ended = skip
+                        if edit is not None and view.editing == editing:  # stored: the edit is done
+                            view.editing, ended = None, gr.Row(visible=False)
                         yield (msgs if here else skip, skip if again else "", listed(user, query, view.conv, found),
-                               title_now if here else skip, button(), conv_id if here and made else skip)
+                               title_now if here else skip, button(), conv_id if here and made else skip, ended)
                         visible, first = here, False
                     elif here:
                         visible = True
-                        yield msgs, skip, skip, skip, button(), skip
+                        yield msgs, skip, skip, skip, button(), skip, skip
                     elif visible:  # its chat was left: make sure the chat area shows the one in view
                         visible = False
                         try:
                             other = await asyncio.to_thread(chat.messages, user, view.conv)
                         except PageError:
                             other = skip
-                        yield other, skip, skip, skip, button(), skip
+                        yield other, skip, skip, skip, button(), skip, skip
                 if not first:  # ended: the chat in view reads Send again, unless it writes too
-                    yield skip, skip, skip, skip, button(), skip
+                    yield skip, skip, skip, skip, button(), skip, skip
             except PageError as e:
                 notice(e)
-                yield skip, skip, skip, skip, skip, skip  # refused before it began, or after its last yield
+                yield skip, skip, skip, skip, skip, skip, skip  # refused before it began, or after its last yield
 
         async def respond_again(conv_id, stamp, query, temp, n_tokens, view: View, request: gr.Request):
             async for out in send_message(None, conv_id, "", stamp, query, temp, n_tokens, view, request,
@@ -462,7 +513,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                                request: gr.Request):
             """The button read Send when pressed: send (Stop is `stop_pressed`, outside the queue)."""
             if label == STOP:
-                yield tuple(gr.skip() for _ in range(6))
+                yield tuple(gr.skip() for _ in range(7))
                 return
             async for out in send_message(text, conv_id, system_text, stamp, query, temp, n_tokens, view,
                                           request):
@@ -528,11 +579,16 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                       "concurrency_limit": max(settings.max_batch, settings.max_queue), **private}
         page.load(on_load, [view], [header, *view_outputs], **private)
         page.load(None, js=OPEN_WIDE, **private)
+        page.load(None, js=versions.LISTEN, **private)
+        # ‹ › or Edit in a message: the browser hands over what was clicked, then the server acts
+        versions_go.click(None, None, [asked], js=versions.ASKED, **private).then(
+            version_asked, [asked, current, view], [chatbot, message, edit_bar], **private)
+        cancel_edit.click(edit_cancelled, [view], [message, edit_bar], **private)
         # a chat picked or "New chat": the browser changes its view at once, then the server follows
         conv_list.input(None, [conv_list, epoch], [current, epoch], js=PICK, **private).then(
             switch, [current, epoch, search, view], view_outputs, **private)
         new.click(None, [epoch], [current, conv_list, chatbot, title, system, preset, share_link, epoch],
-                  js=NEW_CHAT, **private).then(new_chat_opened, [epoch, view], [send], **private)
+                  js=NEW_CHAT, **private).then(new_chat_opened, [epoch, view], [send, edit_bar], **private)
         search.change(find, [search, current], [conv_list], show_progress="hidden", **private)
         gr.on([rename.click, title.submit], rename_chat, [current, title, search], [conv_list, title], **private)
         delete.click(delete_chat, [current, search, view], [*view_outputs, undo, undo_timer], **private)
@@ -540,7 +596,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         undo_timer.tick(undo_expired, [view], [undo, undo_timer], show_progress="hidden", **private)
         preset.input(apply_preset, [preset, current], [system], **private)
         system.blur(save_system, [system, current], [preset], **private)
-        replying = [chatbot, message, conv_list, title, send, current]
+        replying = [chatbot, message, conv_list, title, send, current, edit_bar]
         asked = [current, system, epoch, search, temperature, max_tokens, view]
         message.submit(send_message, [message, *asked], replying, **generating)
         # one click, two events: each acts only if the button read its word when pressed

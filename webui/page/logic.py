@@ -18,8 +18,11 @@ engine takes the request. Per message the page reads the store once, before the 
 writes the message and the reply; what the chat area shows meanwhile and afterwards is
 built from what it already holds, each message through one function (`row`: its text as
 Markdown of text, code and links only, webui/page/markup.py). Stop cancels the request in
-the engine. Regenerate writes a new reply to the last message; the newest reply to a message
-is the one shown and the one the model sees later (the store keeps the older ones).
+the engine. A conversation is a tree of messages in the store, one branch of it in view:
+Regenerate writes another answer to the last message, and a message edited and sent again is a
+new version of it (`reply(edit=)`); either way the new version is shown, and the older ones stay
+and can be shown again (`show_version`, the "‹ i/n ›" under a message, webui/page/versions.py),
+what follows them with them. The branch shown is the branch the model sees next.
 Export hands out the store's own Markdown and JSON exports of a chat. Refusals (queue full,
 prompt too long, engine down, bad input) raise `PageError` with a sentence meant for the
 person at the page.
@@ -45,9 +48,9 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 from pydantic import ValidationError
 
 from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta, owner_of
-from core.store import (DEFAULT_TITLE, AlreadyExists, Conversation, Message, NotFound, RequestFigures,
+from core.store import (DEFAULT_TITLE, AlreadyExists, Branch, Conversation, Message, NotFound, RequestFigures,
                         RequestRecord, Store, StoreError, User)
-from webui.page import markup
+from webui.page import markup, versions
 from webui.request_end import RequestEnd
 
 if TYPE_CHECKING:
@@ -109,16 +112,10 @@ def stats_line(f: RequestFigures) -> str:
     return " · ".join(parts)
 
 
-def visible_turns(history: list[Message]) -> list[Message]:
-    """The conversation as shown and as the model sees it: of several replies in a row
-    (regenerated), the newest."""
-    out: list[Message] = []
-    for m in history:
-        if m.role == "assistant" and out and out[-1].role == "assistant":
-            out[-1] = m
-        elif m.role != "system":
-            out.append(m)
-    return out
+def visible_turns(history: list[Message] | tuple[Message, ...]) -> list[Message]:
+    """The branch in view as shown and as the model sees it: its user and assistant messages
+    (the store's history is one branch: other versions of a message are not in it)."""
+    return [m for m in history if m.role != "system"]
 
 
 def prompt_of(conv: Conversation, turns: list[Message]) -> list[dict]:
@@ -131,33 +128,40 @@ def title_from(text: str) -> str:
     return words if len(words) <= TITLE_CHARS else words[: TITLE_CHARS - 1].rstrip() + "…"
 
 
-def row(role: str, text: str, figures: RequestFigures | None = None, streaming: bool = False) -> dict:
+def row(role: str, text: str, figures: RequestFigures | None = None, streaming: bool = False,
+        controls: str = "") -> dict:
     """One message as the chat area shows it. Its text goes through `markup.shown` here and
     nowhere else, for stored turns and a reply being written alike, so HTML in a message or
     a reply shows as typed and nothing in it is fetched. Under an answer: its figures, or a
-    cursor while it is being written."""
+    cursor while it is being written; under a stored message, its `controls` (versions.py:
+    made here, never from a message's text)."""
     body = markup.shown(text)
     if role == "user":
-        return {"role": "user", "content": body}
+        return {"role": "user", "content": body + controls}
     if not text.strip():
         body = "…" if streaming else "*(no text)*"
     if streaming:
         body += " ▍"
     elif figures is not None:
         body += f'\n\n<span class="rc-stats">{html.escape(stats_line(figures))}</span>'
-    return {"role": "assistant", "content": body}
+    return {"role": "assistant", "content": body + controls}
 
 
-def chat_rows(history: list[Message], figures: dict[int, RequestFigures],
+def chat_rows(branch: Branch | list[Message], figures: dict[int, RequestFigures],
               streaming: str | None = None) -> list[dict]:
-    """What the chat area shows: the visible turns, each answer with its figures, and, while
-    a reply is being written (`streaming`: its text so far), that reply in place of the one
-    it replaces."""
-    turns = visible_turns(history)
+    """What the chat area shows: the visible turns of the branch in view, each answer with its
+    figures, each message with its versions (‹ i/n ›) and the user's with "Edit"; and, while a
+    reply is being written (`streaming`: its text so far), that reply in place of the one it
+    replaces, and no controls (nothing can be switched or edited until it ends)."""
+    if not isinstance(branch, Branch):
+        branch = Branch(tuple(branch))
+    turns = visible_turns(branch.messages)
     if streaming is not None:
         while turns and turns[-1].role == "assistant":  # being regenerated
             turns.pop()
-    out = [row(m.role, m.content, figures.get(m.request)) for m in turns]
+    idle = streaming is None
+    out = [row(m.role, m.content, figures.get(m.request), controls=versions.controls(
+        m.id, m.role, branch.versions.get(m.id, (m.id,)), editable=True) if idle else "") for m in turns]
     if streaming is not None:
         out.append(row("assistant", streaming, streaming=True))
     return out
@@ -312,24 +316,57 @@ class ChatPage:
         with their figures, and the reply being written, if any."""
         if conv_id is None:
             return []
-        history, figures = self._guard(self._turns, user, conv_id)
+        branch, figures = self._guard(self._turns, user, conv_id)
         run = self.running.get(conv_id)
         live = run is not None and run.live and run.user_id == user.id
-        return chat_rows(history, figures, run.text if live else None)
+        return chat_rows(branch, figures, run.text if live else None)
+
+    def show_version(self, user: User, conv_id: int | None, message_id: int) -> list[dict]:
+        """Bring a version of a message into view (‹ i/n ›) with the branch last written through
+        it: what the chat area shows, and the model sees next, from now on."""
+        self._idle(user, conv_id)
+        try:
+            branch = self.store.show_version(user, conv_id, message_id)
+        except NotFound:  # someone else's message, or chat, reads the same as a stale id
+            raise PageError("That version is not in this chat any more. Reload the page.") from None
+        except StoreError as e:
+            raise PageError(refusal(e)) from None
+        return chat_rows(branch, self._guard(self.store.request_metrics, (m.request for m in branch.messages)))
+
+    def edit_text(self, user: User, conv_id: int | None, message_id: int) -> str:
+        """The text of one of the user's messages in view, to edit and send again (`reply(edit=)`)."""
+        self._idle(user, conv_id)
+        branch, _ = self._guard(self._turns, user, conv_id)
+        mine = next((m for m in branch.messages if m.id == message_id and m.role == "user"), None)
+        if mine is None:
+            raise PageError("That message is not in this chat any more. Reload the page.")
+        return mine.content
+
+    def _idle(self, user: User, conv_id: int | None) -> None:
+        """Refuse to change a chat's branch while a reply is being written in it."""
+        if conv_id is None:
+            raise PageError("There is nothing to change in a new chat.")
+        if self.writing(user, conv_id):
+            raise PageError("A reply is still being written in this chat: wait for it or press Stop.")
 
     async def reply(self, user: User, conv_id: int | None, text: str | None, *, temperature: float = 0.0,
-                    max_tokens: int | None = None, regenerate: bool = False, system_prompt: str = "",
-                    started: Callable[[int], None] | None = None) -> AsyncIterator[list[dict]]:
+                    max_tokens: int | None = None, regenerate: bool = False, edit: int | None = None,
+                    system_prompt: str = "", started: Callable[[int], None] | None = None
+                    ) -> AsyncIterator[list[dict]]:
         """Send `text` (or, with regenerate, answer the last message again) and stream the
         reply: yields what the chat area shows, first at once, then as text arrives, last
         with the figures. Raises PageError when refused (nothing is stored then). The
         reply is stored when it ends, once, also when the page goes away mid-stream.
+        With `edit` (one of the user's messages in view), `text` is a new version of it: the
+        model sees the turns before it, then `text`; what followed the old version stays with it.
 
         `conv_id` None is a new chat: the message starts a conversation (`new_chat`, with
         `system_prompt`), whose id `started` is told before anything else happens there."""
         if conv_id is None:
             if regenerate:
                 raise PageError("There is no message to answer again yet.")
+            if edit is not None:
+                raise PageError("There is no message to edit in a new chat.")
             if not (text or "").strip():
                 raise PageError("Type a message first.")
             run = Running(user.id)
@@ -352,17 +389,23 @@ class ChatPage:
         end: RequestEnd[tuple[Message, RequestFigures]] | None = None
         question: Future[Message] | None = None  # the user's message, being stored
         try:
-            conv, history, figures = await asyncio.to_thread(self._guard, self._tab, user, conv_id)
-            turns = visible_turns(history)
+            conv, branch, figures = await asyncio.to_thread(self._guard, self._tab, user, conv_id)
+            turns = visible_turns(branch.messages)
             if regenerate:
                 while turns and turns[-1].role == "assistant":
                     turns.pop()
                 if not turns:
                     raise PageError("There is no message to answer again yet.")
                 messages = prompt_of(conv, turns)
+                answered = turns[-1].id
             else:
                 if not (text or "").strip():
                     raise PageError("Type a message first.")
+                if edit is not None:
+                    at = next((i for i, m in enumerate(turns) if m.id == edit and m.role == "user"), None)
+                    if at is None:
+                        raise PageError("That message is not in this chat any more: press Edit on it again.")
+                    turns = turns[:at]
                 messages = prompt_of(conv, turns) + [{"role": "user", "content": text}]
             try:
                 sampling = Sampling(temperature=temperature, top_p=self.top_p,
@@ -375,19 +418,24 @@ class ChatPage:
                 if self.metrics is not None:
                     self.metrics.rejected()
                 raise PageError(refusal(e)) from None
-            end = RequestEnd(handle, self.metrics, functools.partial(self._store_reply, user, conv_id),
+            # the reply answers the message the model saw last; a question's id is known once
+            # it is stored, which is before the reply is (RequestEnd keeps a reply only then)
+            answers = (lambda: answered) if regenerate else (lambda: question.result().id)
+            end = RequestEnd(handle, self.metrics, functools.partial(self._store_reply, user, conv_id, answers),
                              executor=self._writes, reader=True)
             if run.stopping:
                 handle.cancel()
             if not regenerate:
                 first = conv.title == DEFAULT_TITLE and not any(m.role == "user" for m in turns)
-                question = self._writes.submit(self._store_question, user, conv_id, text, first)
+                # after the branch the model saw, even if another window shows another one now
+                after = branch.messages[-1].id if branch.messages else None
+                question = self._writes.submit(self._store_question, user, conv_id, text, first, edit, after)
                 try:  # shielded: leaving now must not undo a write that may commit anyway
-                    history = history + [await asyncio.shield(asyncio.wrap_future(question))]
+                    branch = branch.grow(await asyncio.shield(asyncio.wrap_future(question)))
                 except StoreError as e:
                     raise PageError(refusal(e)) from None
             run.live = True
-            shown = chat_rows(history, figures, streaming="")
+            shown = chat_rows(branch, figures, streaming="")
             yield shown
             final, last = None, time.monotonic()
             async for ev in handle:
@@ -407,8 +455,8 @@ class ChatPage:
             if stored is not None:  # shown from what was written, not read back
                 message, figures_of_reply = stored
                 figures[message.request] = figures_of_reply
-                history = history + [message]
-            yield chat_rows(history, figures)
+                branch = branch.grow(message)
+            yield chat_rows(branch, figures)
             if isinstance(final, Failed):
                 raise PageError(f"The reply failed: {final.message}. What it wrote so far is kept.")
         finally:
@@ -453,25 +501,29 @@ class ChatPage:
             question.add_done_callback(
                 lambda q: end.release(text, keep=not q.cancelled() and q.exception() is None))
 
-    def _tab(self, user: User, conv_id: int) -> tuple[Conversation, list[Message], dict[int, RequestFigures]]:
+    def _tab(self, user: User, conv_id: int) -> tuple[Conversation, Branch, dict[int, RequestFigures]]:
         """Everything a reply starts from, in one trip to a worker thread."""
         conv = self.store.get_conversation(user, conv_id)
         return (conv, *self._turns(user, conv_id))
 
-    def _turns(self, user: User, conv_id: int) -> tuple[list[Message], dict[int, RequestFigures]]:
-        history = self.store.history(user, conv_id)
-        return history, self.store.request_metrics(m.request for m in visible_turns(history))
+    def _turns(self, user: User, conv_id: int) -> tuple[Branch, dict[int, RequestFigures]]:
+        branch = self.store.branch(user, conv_id)
+        return branch, self.store.request_metrics(m.request for m in visible_turns(branch.messages))
 
-    def _store_question(self, user: User, conv_id: int, text: str, first: bool) -> Message:
-        """The user's message; the first one also names the chat. The chat written in is the
-        one a reload opens."""
-        message = self.store.append_message(user, conv_id, "user", text)
+    def _store_question(self, user: User, conv_id: int, text: str, first: bool, edit: int | None,
+                        after: int | None) -> Message:
+        """The user's message, after `after`, or as a new version of the message `edit`; the
+        first one also names the chat. The chat written in is the one a reload opens."""
+        if edit is not None:
+            message = self.store.edit_message(user, conv_id, edit, text)
+        else:
+            message = self.store.append_message(user, conv_id, "user", text, after=after)
         if first:
             self.store.rename_conversation(user, conv_id, title_from(text))
         self.store.set_open_conversation(user, conv_id)
         return message
 
-    def _store_reply(self, user: User, conv_id: int, final: Finished | Failed,
+    def _store_reply(self, user: User, conv_id: int, answers: Callable[[], int], final: Finished | Failed,
                      text_so_far: str) -> tuple[Message, RequestFigures] | None:
         """A reply that ended (finished, stopped or failed), with its request metrics, and
         the figures that will be read back for it; None when its chat was deleted meanwhile
@@ -482,7 +534,7 @@ class ChatPage:
             finish_reason=final.finish_reason if isinstance(final, Finished) else "error",
             error=final.message if isinstance(final, Failed) else None)
         try:
-            return self.store.append_reply(user, conv_id, text, record), record.figures()
+            return self.store.append_reply(user, conv_id, text, record, parent=answers()), record.figures()
         except NotFound:
             self.store.record_request_async(replace(record, user=user.id))  # the figures stay
             return None

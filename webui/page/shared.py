@@ -6,7 +6,8 @@ cookie names (webui/gate.py's GradioSide, the lookup the gate makes), and with -
 one local user. A caller with no page session is sent to the sign-in page. A wrong, revoked
 or deleted conversation's token is the same plain 404, so tokens cannot be probed.
 
-Everything the page shows (title, roles, messages) goes through html.escape into <pre>-like
+It shows the branch of the conversation its owner has in view (the store's tree of versions
+keeps the others out of it). Everything the page shows (title, roles, messages) goes through html.escape into <pre>-like
 wrapped text: no Markdown, no HTML from a message, no script, nothing from another host; the
 Content-Security-Policy middleware (webui/page/csp.py) covers these responses like the rest.
 Runs on the event loop; the store is read in a worker thread.

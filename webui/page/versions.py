@@ -1,0 +1,78 @@
+"""The controls inside a message: "‹ 1/2 ›" between versions of a message, and "Edit" on one's own.
+
+A message edited and sent again, or answered again, has versions (siblings in the store's tree
+of messages, core.store.Branch). Under a message with versions the chat area shows `‹ i/n ›`;
+under each of the user's messages an "Edit". They are links to `#rc-show-<id>` (that version)
+and `#rc-edit-<id>` inside a `<span class="rc-branch">` that webui/page/logic.py appends to the
+message after its text went through markup.shown, which leaves no tag of a message's own, so
+no message can make one. Gradio's Chatbot draws messages as (sanitized) HTML and has no
+per-message buttons of this kind: `LISTEN`, run once in the browser, catches a click on such a
+link, keeps the page from following it, notes what it asked for and presses the hidden button
+the page wires to `parse`'s caller. An id is only ever looked up for the signed-in user, in
+the chat in view (the store's answer for anyone else's is "not found"). Gradio's copy button
+copies a message's content as given, controls included: `LISTEN` also cuts them off there.
+
+Pure functions and a script; any thread. No Gradio, no store.
+"""
+
+from __future__ import annotations
+
+import re
+
+SHOW, EDIT = "show", "edit"
+_ACTION = re.compile(r"(show|edit)-(\d{1,18})")
+
+# once per page: a click on a version or edit link asks the server, through the hidden button.
+# And a message's copy button copies the message's text without the controls after it: Gradio
+# copies the whole content it was given, through the clipboard API where the page is a secure
+# context (localhost) and through a textarea and a copy event elsewhere (http on the LAN).
+LISTEN = """() => {
+  if (window.__rcVersions) return;
+  window.__rcVersions = true;
+  const strip = (t) => {
+    const at = typeof t === 'string' ? t.indexOf('\\n\\n<span class="rc-branch">') : -1;
+    return at < 0 ? t : t.slice(0, at);
+  };
+  if (navigator.clipboard && navigator.clipboard.writeText) {
+    const write = navigator.clipboard.writeText.bind(navigator.clipboard);
+    navigator.clipboard.writeText = (t) => write(strip(t));
+  }
+  document.addEventListener('copy', (e) => {
+    const box = document.activeElement;
+    if (box && box.tagName === 'TEXTAREA' && box.value !== strip(box.value)) {
+      e.clipboardData.setData('text/plain', strip(box.value));
+      e.preventDefault();
+    }
+  }, true);
+  document.addEventListener('click', (e) => {
+    const a = e.target.closest && e.target.closest('#chat .rc-branch a[href^="#rc-"]');
+    if (!a) return;
+    e.preventDefault();
+    e.stopPropagation();
+    window.__rcAsked = a.getAttribute('href').slice(4);
+    document.querySelector('#versions-go')?.click();
+  }, true);
+}"""
+ASKED = "() => window.__rcAsked || ''"  # what the last click asked for, read by the button's event
+
+
+def controls(message_id: int, role: str, versions: tuple[int, ...], *, editable: bool) -> str:
+    """The HTML appended under a message: `‹ i/n ›` when it has versions, "Edit" on a user's
+    message when `editable`; "" when neither."""
+    parts = []
+    if len(versions) > 1 and message_id in versions:
+        i, n = versions.index(message_id), len(versions)
+        prev = (f'<a href="#rc-show-{versions[i - 1]}" title="Previous version">‹</a>' if i > 0
+                else '<span class="rc-off">‹</span>')
+        nxt = (f'<a href="#rc-show-{versions[i + 1]}" title="Next version">›</a>' if i + 1 < n
+               else '<span class="rc-off">›</span>')
+        parts.append(f'{prev}<span class="rc-count">{i + 1}/{n}</span>{nxt}')
+    if editable and role == "user":
+        parts.append(f'<a href="#rc-edit-{message_id}" title="Edit and send again">Edit</a>')
+    return f'\n\n<span class="rc-branch">{"".join(parts)}</span>' if parts else ""
+
+
+def parse(asked: object) -> tuple[str, int] | None:
+    """("show" or "edit", message id) from what a click asked for; None for anything else."""
+    m = _ACTION.fullmatch(asked) if isinstance(asked, str) else None
+    return None if m is None else (m.group(1), int(m.group(2)))
