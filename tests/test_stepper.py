@@ -161,3 +161,33 @@ def test_the_engine_keeps_mlx_lms_order_when_the_generator_is_not_the_one_it_kno
     finally:
         eng.stop()
     assert "its own order" in caplog.text
+
+
+def test_short_prompts_join_the_prefill_together_and_long_ones_a_few_at_a_time(model):
+    """The prefill's working size follows the step's room: twenty 8-token prompts all start in
+    one step, while 200-token prompts join four at a time (an equal chunk of 256 tokens each
+    step, never under MIN_CHUNK), so the first of them is not held back by all the others."""
+    from core.engine.stepper import MIN_CHUNK
+
+    def gen_for():
+        return BudgetedBatchGenerator(model, step_tokens=256, on_prompt=lambda r: None, max_tokens=1000,
+                                      completion_batch_size=64, prefill_batch_size=32, prefill_step_size=512)
+
+    gen = gen_for()
+    short = {insert(gen, [5 + i, 6, 7, 8, 9, 10, 11, 12]) for i in range(20)}
+    gen.next()
+    assert not gen._unprocessed_sequences and not gen._currently_processing  # all prefilled at once
+    assert short <= {r.uid for r in gen.next()[1]}
+    gen.close()
+
+    gen = gen_for()
+    long = [insert(gen, list(range(3 + i, 203 + i))) for i in range(8)]
+    most, first_at = 0, None
+    for step in range(1, 40):
+        _, responses = gen.next()
+        most = max(most, len(gen._currently_processing))
+        if first_at is None and long[0] in {r.uid for r in responses}:
+            first_at = step
+    assert most == 256 // MIN_CHUNK == 4
+    assert first_at == -(-199 // (256 // 4)) + 1  # 64 tokens a step, then its first token
+    gen.close()

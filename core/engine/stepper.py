@@ -12,7 +12,8 @@ SGLang schedule it):
 
 1. prompts are prefilled first, in chunks that share `step_tokens` with the decode rows
    (each decoding stream counts one token; prefill always gets at least a quarter of the
-   budget, so a full batch cannot starve newcomers);
+   budget, so a full batch cannot starve newcomers); how many prompts prefill together
+   follows that room too (`_joining`: many short ones, a few long ones);
 2. a prompt whose prefill ends in this step joins the decoding batch in this step, its
    last prompt token still to run;
 3. the whole batch decodes one token: for a newcomer that forward is its last prompt
@@ -39,6 +40,7 @@ case the engine falls back to the library's own order. Runs in the engine thread
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Callable
 
@@ -54,6 +56,7 @@ _LAYOUT = ("_prompt_batch", "_generation_batch", "_unprocessed_sequences", "_cur
 
 _ROWS = ("uids", "prompt_cache", "tokens", "samplers", "logits_processors", "stop_sequences", "max_tokens",
          "_next_tokens", "_next_logprobs", "_token_context", "_num_tokens", "_matchers")
+MIN_CHUNK = 64  # the least prompt tokens a step gives each long prompt being prefilled
 NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
 
 
@@ -82,13 +85,15 @@ class BudgetedBatchGenerator(BatchGenerator):
     def _next(self):
         gen = self._generation_batch
         if len(gen) < self.completion_batch_size:
+            room = max(self.step_tokens - len(gen), self.step_tokens // 4)
             n = min(self.prefill_batch_size - len(self._prompt_batch),
                     self.completion_batch_size - len(gen), len(self._unprocessed_sequences))
+            n = self._joining(n, room)
             if n > 0:
                 self._prompt_batch.extend(self._make_batch(n))
             through = self._start_decoding()  # restored from the cache up to the last token
             if self._currently_processing:
-                self.on_prompt(self._prefill_chunk(self.step_tokens - len(gen)))
+                self.on_prompt(self._prefill_chunk(room))
             through += self._start_decoding()
             if through:
                 self.on_prompt(through)
@@ -129,11 +134,27 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._generation_batch.extend(batch)
         return [PromptProcessingBatch.Response(uid, (t - folded, t), True, True) for uid, t in zip(batch.uids, totals)]
 
+    def _joining(self, n: int, room: int) -> int:
+        """How many of the first `n` waiting prompts join the prefill in this step.
+
+        Every prompt being prefilled gets an equal chunk of `room` (a batched forward pads to
+        its longest row), so each joiner shrinks everyone's chunk. One joins while the chunk
+        still covers what is left of every prompt in the prefill, or MIN_CHUNK tokens when some
+        are longer: 32 users' short follow-up turns start together, long cold prompts a few at
+        a time (all of them at once would all finish late), and the first always joins."""
+        rows = [total - done for _, done, total in self._currently_processing]
+        k = 0
+        for seq in itertools.islice(self._unprocessed_sequences, n):
+            rows.append(sum(len(s) for s in seq[1]))
+            if len(rows) > 1 and room // len(rows) < min(max(rows), MIN_CHUNK):
+                break
+            k += 1
+        return k
+
     def _prefill_chunk(self, room: int) -> list:
-        """Prefill every waiting prompt by an equal chunk that fits `room` tokens (at least
-        a quarter of the step's budget); a chunk never crosses a segment's end."""
+        """Prefill every waiting prompt by an equal chunk that fits `room` tokens; a chunk
+        never crosses a segment's end."""
         rows = self._currently_processing
-        room = max(room, self.step_tokens // 4)
         per_row = max(1, min(self.prefill_step_size, room // len(rows)))
         prompts, responses = [], []
         for uid, seq in zip(self._prompt_batch.uids, rows):
