@@ -54,9 +54,10 @@ class Settings(BaseSettings):
                                "presets at start-up in the background")
     max_batch: int = Field(256, ge=1, le=1024, description="Upper bound on sequences decoding at once; "
                            "the working limit is what the K/V budget holds")
-    # 32, not mlx-lm's 8: the step's token budget already bounds a prefill's work, and a count
-    # of 4 let 32 users who arrive at once start 4 at a time (TTFT p95 12.4 s against 8.5 s at
-    # 32, the same output; BENCHMARKS.md "Prompts prefilled together")
+    # an upper bound, not the working size: the stepper lets prompts join while the step's room
+    # gives each a fair chunk (core/engine/stepper.py `_joining`). A count of 4 let 32 users who
+    # arrive at once start four at a time (BENCHMARKS.md, "No logsumexp in the step, prompts
+    # prefilled together, and vllm-mlx": TTFT p95 13.8 s against 7.9 s at 32 users)
     max_prefill_batch: int = Field(32, ge=1, le=1024, description="Most prompts prefilled together "
                                    "(at most --max-batch)")
     prefill_step: int = Field(512, ge=16, description="Most prompt tokens of one prompt per prefill step")

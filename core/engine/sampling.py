@@ -28,8 +28,7 @@ def _biased(bias: dict[int, float]):
     def apply(logprobs: mx.array) -> mx.array:
         if "v" not in vec:
             vec["v"] = mx.zeros((logprobs.shape[-1],), dtype=logprobs.dtype).at[ids].add(values.astype(logprobs.dtype))
-        out = logprobs + vec["v"]
-        return out - mx.logsumexp(out, axis=-1, keepdims=True)
+        return normalized(logprobs + vec["v"])
 
     return apply
 

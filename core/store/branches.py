@@ -18,10 +18,13 @@ from core.store.types import Branch, Message, NotFound, as_id
 
 COLUMNS = "id, conversation, role, content, created, request, parent"
 
+# the leaf of conversation `c`: the one noted, or its newest message before any was noted
+_LEAF = "COALESCE(c.leaf, (SELECT max(id) FROM messages WHERE conversation = c.id))"
+
 # the branch in view, as ids: up from the leaf (the newest message when none was noted yet).
 # UNION rather than UNION ALL: a damaged file with a loop in it ends the walk instead of hanging it
-_PATH = """WITH RECURSIVE path(id) AS (
-    SELECT COALESCE(c.leaf, (SELECT max(id) FROM messages WHERE conversation = c.id))
+_PATH = f"""WITH RECURSIVE path(id) AS (
+    SELECT {_LEAF}
     FROM conversations c WHERE c.id = :c
     UNION
     SELECT m.parent FROM messages m JOIN path ON m.id = path.id
@@ -51,9 +54,14 @@ def branch(db: Database, conv_id: int) -> Branch:
 
 def leaf(db: Database, conv_id: int) -> int | None:
     """The last message of the branch in view; None in a conversation without messages."""
-    row = db.execute("SELECT COALESCE(c.leaf, (SELECT max(id) FROM messages WHERE conversation = c.id)) "
-                     "FROM conversations c WHERE c.id = ?", [conv_id]).fetchone()
+    row = db.execute(f"SELECT {_LEAF} FROM conversations c WHERE c.id = ?", [conv_id]).fetchone()
     return None if row is None else row[0]
+
+
+def follows(db: Database, conv_id: int, message_id: object | None) -> int | None:
+    """What a new message follows: `message_id` (a message of this conversation, else
+    NotFound) or, for None, the end of the branch in view."""
+    return leaf(db, conv_id) if message_id is None else message(db, conv_id, message_id).id
 
 
 def message(db: Database, conv_id: int, message_id: object) -> Message:

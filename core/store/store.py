@@ -641,8 +641,8 @@ class Store:
             if request is not None and db.execute("SELECT 1 FROM requests WHERE id = ?",
                                                   [as_id(request, "request")]).fetchone() is None:
                 raise NotFound(f"request {request!r} not found")
-            parent = branches.leaf(db, conv.id) if after is None else branches.message(db, conv.id, after).id
-            return self._insert_message(db, conv, role, content, request, time.time(), parent)
+            return self._insert_message(db, conv, role, content, request, time.time(),
+                                        branches.follows(db, conv.id, after))
 
     def append_reply(self, user: User | int, conv_id: int, content: str,
                      record: RequestRecord, *, parent: int | None = None) -> Message:
@@ -655,7 +655,7 @@ class Store:
         record = replace(record, user=uid, conversation=as_id(conv_id, "conversation"))
         with self._tx(write=True) as db:
             conv = self._conv(db, uid, conv_id)
-            after = branches.leaf(db, conv.id) if parent is None else branches.message(db, conv.id, parent).id
+            after = branches.follows(db, conv.id, parent)
             rid = self._insert_request(db, record)
             return self._insert_message(db, conv, "assistant", content, rid, time.time(), after)
 
