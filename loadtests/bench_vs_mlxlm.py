@@ -30,8 +30,21 @@ radixchat / vllm-mlx) per configuration, and in closed mode the engine's ceiling
 machine (a raw batched greedy decode loop on the same model at batch = users). Writes
 summary.json, table.md (ready for BENCHMARKS.md) and comparison.png into --out.
 
+One run per server cannot settle a ratio near the goals on a noisy machine (the same server's
+output can vary by a fifth between runs), so --repeats N measures every server N times per user
+count (or rate), in interleaved rounds: round 1 runs each server once in the usual order, round 2
+runs them all again, and so on, each a fresh server process (logs end in -r1, -r2, ...); never
+all repeats of one server back to back, so a slow spell of the machine falls on every server
+alike. Each row then gives the median over rounds of every figure, with the min-max of output
+tokens/s and TTFT p95 after it. A ratio is taken within each round (radixchat against the other
+server as measured in the same round, minutes apart, not against its median) and given as the
+median with the min-max over rounds, followed by how many rounds reached each goal of issue 16:
+output >= 1.5x and TTFT p95 <= 0.5x against mlx_lm.server, output > 1x and TTFT p95 < 1x against
+vllm-mlx. summary.json keeps every round's rows and ratios besides the medians; table.md and
+comparison.png show the medians (the plot with min-max error bars).
+
     python -m loadtests.bench_vs_mlxlm [--model PATH | --random-dim 1024 --random-layers 12]
-        [--users 1,7,32,64 --convs 2] [--configs defaults,tuned] [--variant='--step-tokens 0']
+        [--users 1,7,32,64 --convs 2] [--configs defaults,tuned] [--variant='--step-tokens 0'] [--repeats 5]
     python -m loadtests.bench_vs_mlxlm --arrivals poisson --rates 0.5,1,2 --duration 60
 """
 
@@ -42,6 +55,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -69,6 +83,13 @@ COLS = [("requests", "requests", "{}"), ("errors", "errors", "{}"), ("rps", "req
         ("tpot50", "tpot p50", "{:.4f}"), ("tpot95", "tpot p95", "{:.4f}"), ("lat95", "lat p95", "{:.2f}"),
         ("goodput", "goodput", "{:.2f}"), ("prefilled", "prefilled", "{}"), ("rss", "peak rss", "{:.0f}")]
 RATIO_COLS = ("tps", "ttft95", "tpot95", "goodput")
+# With --repeats: the figures whose spread over rounds each server row shows (the ones the goals are on)
+SPREAD_COLS = ("tps", "ttft95")
+# Issue 16's goals for radixchat, tested on each round's ratios: (other server, figure, test, as printed)
+GOALS = (("mlx_lm.server", "tps", lambda q: q >= 1.5, "output >= 1.5x"),
+         ("mlx_lm.server", "ttft95", lambda q: q <= 0.5, "TTFT p95 <= 0.5x"),
+         ("vllm-mlx", "tps", lambda q: q > 1, "output > 1x"),
+         ("vllm-mlx", "ttft95", lambda q: q < 1, "TTFT p95 < 1x"))
 
 
 def blas_env() -> dict:
@@ -251,6 +272,50 @@ def times(q: float) -> str:
     return "n/a" if q != q else f"{q:.2f}x"
 
 
+def median(xs: list) -> float:
+    """Median over rounds, NaN rounds left out (a round can lack a figure, e.g. TPOT of 1-token
+    replies); counts stay whole numbers where the median is one, so they print as before."""
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return float("nan")
+    m = statistics.median(xs)
+    return int(m) if all(isinstance(x, int) for x in xs) and m == int(m) else m
+
+
+def combine(records: list[dict], spread) -> dict:
+    """One record (a row or a ratio row) from the same record of every round: the median of each
+    figure, and "<figure>_range": [min, max] over rounds for those in `spread`."""
+    out = {k: v if isinstance(v, str) else median([r[k] for r in records]) for k, v in records[0].items()}
+    for c in spread:
+        xs = [r[c] for r in records if r[c] == r[c]]
+        out[f"{c}_range"] = [min(xs), max(xs)] if xs else [float("nan")] * 2
+    return out
+
+
+def goals_met(rounds: list[dict]) -> dict:
+    """Per ratio row, in how many rounds each of its two goals in GOALS held, and both at once."""
+    out = {}
+    for name in rounds[0]:
+        other = name.split("/")[1].split(" [")[0]
+        tests = [(c, ok, words) for o, c, ok, words in GOALS if o == other]
+        hits = [[ok(q[name][c]) for c, ok, _ in tests] for q in rounds]  # NaN fails every test
+        out[name] = {words: sum(h[i] for h in hits) for i, (_, _, words) in enumerate(tests)}
+        out[name]["both"] = sum(all(h) for h in hits)
+    return out
+
+
+def cell(r: dict, c: str, f: str) -> str:
+    """A server row's figure as printed, with its min-max over rounds after it where it has one."""
+    lo, hi = r.get(f"{c}_range", (None, None))
+    return f.format(r[c]) + ("" if lo is None or lo != lo else f" ({f.format(lo)}-{f.format(hi)})")
+
+
+def ratio_cell(q: dict, c: str) -> str:
+    """A ratio as printed, with its min-max over rounds after it where it has one."""
+    lo, hi = q.get(f"{c}_range", (None, None))
+    return times(q[c]) + ("" if lo is None or lo != lo else f" ({lo:.2f}-{hi:.2f}x)")
+
+
 def measure(kind: str, config: str, model: str, batch: int, drive, work, args, log: Path) -> dict:
     """Start one server, send it `work` with drive_closed or drive_open, stop it."""
     port = free_port()
@@ -307,29 +372,55 @@ def ratios_of(rows: dict) -> dict:
     return out
 
 
-def print_table(title: str, rows: dict, ratios: dict) -> None:
+def print_table(title: str, rows: dict, ratios: dict, goals: dict | None = None, repeats: int = 1) -> None:
     width = max(24, *(len(k) for k in [*rows, *ratios]))
-    print(f"\n{title}")
-    print(f"{'':>{width}}" + "".join(f"{h:>10}" for _, h, _ in COLS))
-    for name, r in rows.items():
-        print(f"{name:>{width}}" + "".join(f"{f.format(r[c]):>10}" for c, _, f in COLS))
-    for name, q in ratios.items():
-        print(f"{name:>{width}}" + "".join(f"{times(q[c]):>10}" if c in q else " " * 10 for c, _, _ in COLS))
+    cells = ([[cell(r, c, f) for c, _, f in COLS] for r in rows.values()]
+             + [[ratio_cell(q, c) if c in q else "" for c, _, _ in COLS] for q in ratios.values()])
+    # 10 wide, so one run prints as it always has; min-max ranges widen their columns to fit
+    widths = [max([10] + [len(line[i]) + 1 for line in cells]) for i in range(len(COLS))]
+    print(f"\n{title}" + (f" (median of {repeats} rounds, min-max)" if repeats > 1 else ""))
+    print(f"{'':>{width}}" + "".join(f"{h:>{w}}" for (_, h, _), w in zip(COLS, widths)))
+    for name, line in zip([*rows, *ratios], cells):
+        print(f"{name:>{width}}" + "".join(f"{text:>{w}}" for text, w in zip(line, widths)))
+    for name, met in (goals or {}).items():
+        print(f"{name}: " + ", ".join(f"{words} in {n}/{repeats} rounds" for words, n in met.items()))
 
 
 def markdown(points: dict, axis: str) -> str:
-    """One table of every point: a row per server and configuration, then the ratio rows."""
+    """One table of every point: a row per server and configuration, then the ratio rows; with
+    --repeats, medians with min-max, and below the table the rounds that reached each goal."""
     lines = [f"| {axis} | server | config | " + " | ".join(h for _, h, _ in COLS) + " |",
              "|---" * (len(COLS) + 3) + "|"]
+    n = max(len(point.get("rounds", ())) for point in points.values())
+    goals = []
     for label, point in points.items():
         for r in point["rows"].values():
             lines.append(f"| {label} | {r['server']} | {r['config']} | "
-                         + " | ".join(f.format(r[c]) for c, _, f in COLS) + " |")
+                         + " | ".join(cell(r, c, f) for c, _, f in COLS) + " |")
         for name, q in point["ratios"].items():
             servers, config = name.split(" [")
             lines.append(f"| {label} | {servers} | {config.rstrip(']')} | "
-                         + " | ".join(times(q[c]) if c in q else "" for c, _, _ in COLS) + " |")
-    return "\n".join(lines) + "\n"
+                         + " | ".join(ratio_cell(q, c) if c in q else "" for c, _, _ in COLS) + " |")
+        for name, met in point.get("goals", {}).items():
+            goals.append(f"- {label} {axis}, {name}: "
+                         + ", ".join(f"{words} in {k}/{n} rounds" for words, k in met.items()))
+    if n > 1:
+        lines.append(f"\nMedian of {n} interleaved rounds, min-max in brackets; each ratio paired within a round."
+                     + (" Rounds that reached each goal:\n" if goals else ""))
+    return "\n".join(lines + goals) + "\n"
+
+
+def combine_runs(runs: list[dict]) -> dict:
+    """One point from its rounds (each {name: row}): rows and ratios as one run gives them, or with
+    several rounds their medians with min-max, every round's raw rows and ratios, and the goals met.
+    Ratios pair the servers of the same round, not the medians, so their spread is the rounds'."""
+    per_round = [ratios_of(rows) for rows in runs]
+    if len(runs) == 1:
+        return {"rows": runs[0], "ratios": per_round[0]}
+    return {"rows": {name: combine([rows[name] for rows in runs], SPREAD_COLS) for name in runs[0]},
+            "ratios": {name: combine([q[name] for q in per_round], RATIO_COLS) for name in per_round[0]},
+            "goals": goals_met(per_round),
+            "rounds": [{"rows": rows, "ratios": q} for rows, q in zip(runs, per_round)]}
 
 
 def main() -> None:
@@ -350,16 +441,22 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[],
                    help="also run radixchat with these extra flags, e.g. --variant='--step-tokens 0' (repeatable)")
     p.add_argument("--no-mlxlm", action="store_true", help="radixchat (and its variants) only")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="measure every server this many times per point, in interleaved rounds; "
+                        "report medians with min-max, ratios paired within a round")
     args = p.parse_args()
     configs = args.configs.split(",")
     if not configs or set(configs) - set(CONFIGS):
         p.error(f"--configs takes {', '.join(CONFIGS)}")
+    if args.repeats < 1:
+        p.error("--repeats takes 1 or more")
     model = resolve_model(args)
     args.out.mkdir(parents=True, exist_ok=True)
     closed = args.arrivals == "closed"
     load = (f"{args.convs} conversations per user" if closed else
             f"poisson arrivals for {args.duration:g} s, single-turn")
-    print(f"model {model}; max_tokens {args.max_tokens}; {load}; configs {','.join(configs)}; "
+    rounds_note = f"; {args.repeats} interleaved rounds" if args.repeats > 1 else ""
+    print(f"model {model}; max_tokens {args.max_tokens}; {load}; configs {','.join(configs)}{rounds_note}; "
           f"SLO ttft <= {args.slo_ttft:g} s, tpot <= {args.slo_tpot:g} s; "
           f"blas {'openblas' if find_openblas() else 'bundled'}; {time.strftime('%Y-%m-%d %H:%M')}")
 
@@ -387,28 +484,33 @@ def main() -> None:
             drive, work = drive_open, poisson_plan(float(x), args.duration, args.seed)
             batch = args.poisson_batch
             title = f"poisson {x} requests/s for {args.duration:g} s ({len(work)} requests)"
-        rows = {}
-        for config in configs:
-            for kind in servers:
-                if kind == "vllm-mlx" and config not in vllm_configs:
-                    continue
-                name = f"{kind} [{config}]"
-                print(f"  {title}: {name} ...", file=sys.stderr, flush=True)
-                log = args.out / f"{kind.replace(' ', '').replace('-', '')}-{config}-{x}.log"
-                rows[name] = measure(kind, config, model, batch, drive, work, args, log)
-        ratios = ratios_of(rows)
-        print_table(title, rows, ratios)
+        runs = [{} for _ in range(args.repeats)]
+        for i, rows in enumerate(runs, 1):  # every server once per round: a slow spell hits them all
+            tag = f"-r{i}" if args.repeats > 1 else ""
+            for config in configs:
+                for kind in servers:
+                    if kind == "vllm-mlx" and config not in vllm_configs:
+                        continue
+                    name = f"{kind} [{config}]"
+                    print(f"  {title}: {name}{f' round {i}/{args.repeats}' if tag else ''} ...",
+                          file=sys.stderr, flush=True)
+                    log = args.out / f"{kind.replace(' ', '').replace('-', '')}-{config}-{x}{tag}.log"
+                    rows[name] = measure(kind, config, model, batch, drive, work, args, log)
+        point = combine_runs(runs)
+        rows, ratios = point["rows"], point["ratios"]
+        print_table(title, rows, ratios, point.get("goals"), args.repeats)
         ceiling = None
         if closed:  # one raw decode loop per user count: it does not depend on any server's flags
             ceiling = decode_ceiling(model, users, context=300)
             shares = ", ".join(f"{n} {r['tps'] / ceiling:.0%}" for n, r in rows.items() if n.startswith("radixchat"))
             print(f"raw batched decode ceiling (batch {users}): {ceiling:.1f} tok/s; output as a share of it: "
                   f"{shares} (includes prefill and think-free turns)")
-        points[x] = {"rows": rows, "ratios": ratios, "ceiling": ceiling}
+        points[x] = {**point, "ceiling": ceiling}
 
     summary = {"arrivals": args.arrivals, "model": model, "max_tokens": args.max_tokens,
                "slo_ttft": args.slo_ttft, "slo_tpot": args.slo_tpot, "configs": configs,
-               **({"convs": args.convs} if closed else {"duration": args.duration}), "points": points}
+               **({"convs": args.convs} if closed else {"duration": args.duration}),
+               **({"repeats": args.repeats} if args.repeats > 1 else {}), "points": points}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     (args.out / "table.md").write_text(markdown(points, "users" if closed else "rate/s"))
     plot(points, args.out / "comparison.png", "users" if closed else "requests/s",
@@ -430,8 +532,9 @@ def plot(points: dict, path: Path, unit: str, title: str) -> None:
     for ax, key, label in ((axes[0], "tps", "output tokens/s"), (axes[1], "ttft95", "time to first token p95, s")):
         for i, name in enumerate(names):
             xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(labels))]
-            ax.bar(xs, [points[x]["rows"].get(name, {}).get(key, float("nan")) for x in labels],
-                   width=width, label=name)
+            rows = [points[x]["rows"].get(name, {}) for x in labels]
+            ys = [r.get(key, float("nan")) for r in rows]
+            ax.bar(xs, ys, width=width, label=name, yerr=spread(rows, key, ys))
         ax.set_xticks(range(len(labels)), [f"{x} {unit}" for x in labels])
         ax.set_title(label)
     axes[0].legend(fontsize="small")
@@ -439,6 +542,14 @@ def plot(points: dict, path: Path, unit: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def spread(rows: list[dict], key: str, ys: list[float]):
+    """Error bars from each row's min-max over rounds (below, above the median); None for one run."""
+    ranges = [r.get(f"{key}_range") or [float("nan")] * 2 for r in rows]  # a point this server lacks
+    if all(r.get(f"{key}_range") is None for r in rows):
+        return None
+    return [[y - lo for y, (lo, _) in zip(ys, ranges)], [hi - y for y, (_, hi) in zip(ys, ranges)]]
 
 
 if __name__ == "__main__":
