@@ -45,6 +45,9 @@ class Settings(BaseSettings):
                                   "entries evicted from memory are written to disk (and kept across "
                                   "restarts) up to this many bytes, least recently used dropped first; "
                                   "0 = no disk tier")
+    shard_timeout_s: float = Field(60.0, gt=0, description="Under mlx.launch: how long rank 0 waits "
+                                   "on the other ranks in one step before it fails the requests in "
+                                   "flight and stops (a rank that died is noticed at once)")
     cache_dir: Path | None = Field(None, description="Folder of the disk tier (default: kv-cache in the "
                                    "folder of --db); only the server's user may read it")
     warm_prompts: Path | None = Field(None, description="A file of system prompts (a JSON list of strings, "

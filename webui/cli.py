@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 
 from pydantic import ValidationError
@@ -76,11 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     {"serve": cmd_serve, "ask": cmd_ask, "doctor": cmd_doctor}[args.command](args, settings)
 
 
-def _start_engine(settings: Settings):
+def _start_engine(settings: Settings, on_fatal=None):
     from core.engine.engine import Engine
 
     try:
-        return Engine(settings).start()
+        engine = Engine(settings)
+        engine.on_fatal = on_fatal
+        return engine.start()
     except Exception as e:
         sys.exit(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}")
 
@@ -90,6 +94,13 @@ def cmd_serve(args, settings: Settings) -> None:
     # once; with the default 5 ms switch interval it waits behind the HTTP thread, which
     # slowed every decode step under load.
     sys.setswitchinterval(0.0005)
+    from core.engine.lockstep import launched
+
+    place = launched()
+    if place is not None and place[0] != 0:  # mlx.launch: rank 0 serves, the others follow it
+        from core.engine.follower import follow
+
+        sys.exit(follow(settings))
     import uvicorn
 
     from webui.server import build_app
@@ -98,10 +109,14 @@ def cmd_serve(args, settings: Settings) -> None:
 
     settings.db.parent.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db)
-    engine = _start_engine(settings)
+    engine = _start_engine(settings, on_fatal=_stop_serving)
     m = engine.loaded
     print(f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
           f"context {m.context_length}) on http://{settings.host}:{settings.port}", flush=True)
+    if engine.link is not None:
+        link = engine.link
+        print(f"radixchat: sharded over {link.size} ranks ({link.backend}, {link.sharding} parallel): "
+              + ", ".join(f"rank {r.rank} on {r.host} pid {r.pid}" for r in link.ranks), flush=True)
     if m.notice:
         print(f"radixchat: note: {m.notice}", flush=True)
     for line in serve_banner(settings, len(store.list_users())):
@@ -111,6 +126,18 @@ def cmd_serve(args, settings: Settings) -> None:
     finally:
         engine.stop()
         store.close()
+    if engine.fatal:
+        sys.exit(f"radixchat: {engine.fatal}")
+
+
+def _stop_serving(reason: str) -> None:
+    """A sharded engine cannot go on: stop serving as on Ctrl-C (the requests in flight have
+    failed with `reason` and are stored), and exit anyway if that takes too long."""
+    print(f"radixchat: {reason}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    timer = threading.Timer(20.0, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
 
 
 def uvicorn_options(settings: Settings) -> dict:

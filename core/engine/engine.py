@@ -37,6 +37,7 @@ from core.cache.scope import CacheScope
 from core.config import Settings, kv_budget
 from core.engine.fairness import FairQueue
 from core.engine.handle import Outbox, RequestHandle
+from core.engine.lockstep import HEARTBEAT_S, LOST
 from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
                                   TextDelta, TokenLogprob, Usage)
 from core.engine.textstream import TextStream
@@ -50,6 +51,14 @@ MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
 # What a client reads when its request failed inside the engine: the details (library
 # messages, tracebacks) go to the server's log, never to a client
 INTERNAL_ERROR = "internal error while generating this reply (the server's log has the details)"
+
+
+def _lost_or_internal(e: BaseException) -> str:
+    """What clients read when a sharded step failed: a lost rank says so, anything else is internal."""
+    text = str(e).lower()
+    if any(w in text for w in ("peer", "[ring]", "jaccl", "mpi", "socket")):
+        return LOST
+    return INTERNAL_ERROR
 
 
 @dataclass
@@ -161,8 +170,19 @@ class Engine:
         # the prefix cache's disk tier (core.cache.disk) opens in the engine thread's first
         # turn, which this wake-up makes come at once; warm prompts start from there too
         self._prefetch: dict[str, object] = {}  # request id -> node it holds while its prefix is read from disk
-        self._disk_first = settings.prefix_cache and (settings.cache_disk_bytes > 0 or
-                                                      settings.warm_prompts is not None)
+        # under mlx.launch (core.engine.lockstep) rank 0 records what it changes for the others
+        from core.engine.lockstep import launched
+
+        self.link = None  # core.engine.lockstep.Link, set by the engine thread when sharded
+        self._sharded = launched() is not None
+        self._ops: list[list] | None = [] if self._sharded else None  # rank 0: not yet sent
+        self._busy_since = 0.0  # rank 0: when the message or step under way began (0: none)
+        self._digested: list | None = None  # the tree's counters at the last shape check
+        self.trees_agree: bool | None = None  # the last shape check's verdict
+        self.fatal: str | None = None  # why a sharded server stopped
+        self.on_fatal = None  # called (any thread) with that reason; the CLI stops the server
+        self._disk_first = settings.prefix_cache and not self._sharded and (
+            settings.cache_disk_bytes > 0 or settings.warm_prompts is not None)
         if self._disk_first:
             self._cmds.put(_Wake())
 
@@ -201,7 +221,8 @@ class Engine:
                 "kv_budget": self.kv_budget, "kv_bytes_per_token": bpt,
                 "batch_tokens": self.batch_room() // bpt if bpt else 0, "max_batch": self.settings.max_batch,
                 "prefix_cache": self.prefix.tree.summary() if self.prefix else None,
-                "disk_cache": self.prefix.disk.summary() if self.prefix and self.prefix.disk else None}
+                "disk_cache": self.prefix.disk.summary() if self.prefix and self.prefix.disk else None,
+                "shards": self.link.summary() | {"trees_agree": self.trees_agree} if self.link else None}
 
     # ---- caller side (any thread) ------------------------------------------------------
 
@@ -351,7 +372,14 @@ class Engine:
                 from core.cache.offset_guard import ensure_offset_semantics
 
                 self.offset_report = ensure_offset_semantics()
-                self.loaded = load_model(s.model, s.dtype, s.context_length)
+                from core.engine import lockstep
+
+                self.link = lockstep.join("tensor") if self._sharded else None
+                if self.link is not None:
+                    self.link.hello()
+                    lockstep.install()
+                    lockstep.share_tokens_here(self.link)
+                self.loaded = load_model(s.model, s.dtype, s.context_length, link=self.link)
                 from core.engine import unnormalized
 
                 unnormalized.install()
@@ -364,13 +392,15 @@ class Engine:
                 from core.cache.kv import PrefixStore, kv_bytes_per_token
 
                 self.kv_budget = kv_budget(s)
+                if self.link is not None:  # memory may differ between machines: rank 0's counts
+                    self.kv_budget = self.link.agree(self.kv_budget)
                 self.kv_bytes_per_token = kv_bytes_per_token(self.loaded.model)
                 if s.prefix_cache:
                     self.prefix = PrefixStore(self.loaded.model, self.kv_budget)
                     self.scope = CacheScope(s.cache_sharing)
                 # a stream of this thread's own, so a later engine in the same process
                 # never touches one that was cleared (see below)
-                self._mx_stream = mx.new_stream(mx.default_device())
+                self._mx_stream = self.link.stream if self.link else mx.new_stream(mx.default_device())
                 self._gen = self._new_generator()
             except BaseException as e:  # reported to start()
                 self._load_error = e
@@ -382,26 +412,89 @@ class Engine:
             self._gen = None
             # A thread that exits while owning MLX streams leaves them to be torn down at
             # process exit, which aborts ("terminate called without an active exception").
-            mx.synchronize()
+            try:
+                mx.synchronize()
+            except RuntimeError:  # a collective whose peer is gone
+                pass
             mx.clear_streams()
 
     def _loop(self) -> None:
+        watchdog = None
+        if self.link is not None:
+            from core.engine.lockstep import Watchdog
+
+            watchdog = Watchdog(self.settings.shard_timeout_s, lambda: self._busy_since, self._fatal)
         while not self._stopping:
             try:
                 self._drain_commands(block=not self._active)
                 self._schedule()
                 if self._by_uid:
+                    if self.link is not None:
+                        self._sync(step=True)
                     self._step()
-            except Exception:  # never let the loop die: fail what is running, go on
+                elif self.link is not None:  # idle: a heartbeat, and what is left to send
+                    self._sync(step=False)
+                self._busy_since = 0.0
+            except Exception as e:  # never let the loop die: fail what is running, go on
+                if self.link is not None:
+                    # the ranks can no longer be known to be in step: the server stops
+                    log.exception("sharded engine step failed")
+                    self._fatal(_lost_or_internal(e))
+                    break
                 log.exception("engine loop failed; failing its requests and resetting the batch")
                 self._fail_all(INTERNAL_ERROR)
                 self._gen = self._new_generator()
             finally:
                 self._outbox.flush()
         self._closed = True  # from here on a submitter fails what it queued itself
-        self._fail_all("the engine stopped")
-        self._fail_queued("the engine stopped")
+        self._fail_all(self.fatal or "the engine stopped")
+        self._fail_queued(self.fatal or "the engine stopped")
         self._outbox.flush()
+        if watchdog is not None:
+            watchdog.stop()
+            if self.fatal is None:
+                try:
+                    self.link.send({"stop": True})
+                except RuntimeError:
+                    pass
+
+    # ---- sharded (rank 0 of an mlx.launch group; core.engine.lockstep) ----------------------
+
+    def _record(self, *op) -> None:
+        """Note a change the other ranks must make before the next step (rank 0)."""
+        if self._ops is not None:
+            self._ops.append(list(op))
+
+    def _sync(self, step: bool) -> None:
+        """Send the other ranks what changed and whether a step follows; when the engine is
+        idle and the tree changed since the last check, compare its shape across ranks."""
+        from core.engine.lockstep import counters, shape_digest
+
+        self._busy_since = time.monotonic()
+        tree = self.prefix.tree if self.prefix is not None else None
+        now = counters(tree) if tree is not None else None
+        digest = tree is not None and not step and now != self._digested
+        ops, self._ops = self._ops, []
+        self.link.send({"ops": ops, "step": step, "tree": now, "digest": digest})
+        if digest:
+            digests = self.link.digests(shape_digest(tree))
+            self._digested = now
+            self.trees_agree = len(set(digests)) == 1
+            if not self.trees_agree:
+                raise RuntimeError(f"the ranks' prefix caches differ in shape: {digests}")
+
+    def _fatal(self, reason: str) -> None:
+        """A sharded server cannot go on (a rank lost or out of step): fail every request
+        with `reason`, stop, and let the server exit (any thread: the watchdog's too)."""
+        if self.fatal is not None:
+            return
+        self.fatal = reason
+        log.error("radixchat: %s", reason)
+        self._stopping = True
+        self._fail_all(reason)
+        self._outbox.flush()
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     def _new_generator(self):
         from mlx_lm.generate import BatchGenerator, StopSequences
@@ -426,7 +519,10 @@ class Engine:
         return BatchGenerator(self.loaded.model, **kwargs)
 
     def _drain_commands(self, block: bool) -> None:
-        cmd = self._cmds.get() if block else None
+        try:  # a sharded rank 0 wakes up to check on the others now and then
+            cmd = self._cmds.get(timeout=HEARTBEAT_S if self.link else None) if block else None
+        except queue.Empty:
+            return
         while True:
             if isinstance(cmd, _Submit):
                 a = cmd.active
@@ -556,6 +652,8 @@ class Engine:
         for a, uid in zip(ok, uids):
             a.uid = uid
             self._by_uid[uid] = a
+        self._record("admit", [[a.uid, a.prompt, a.shared_len, a.owner, a.boundaries, a.cached, a.max_tokens,
+                                a.sampling.ignore_eos] for a in ok])
 
     @staticmethod
     def _guard(a: _Active, sampler):
@@ -672,8 +770,11 @@ class Engine:
         """
         if final is None and a.uid is not None:
             final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
+        live = None
         if final is not None and final[0] is not None:
-            self._store(a, final[1], final[0])
+            live = self._store(a, final[1], final[0])
+        if a.uid is not None:
+            self._record("finish", a.uid, live)
         self._release(a)  # before the reply ends, so a client that saw it sees the slot free
         tail = a.stream.finish()
         if tail or a.unsent:
@@ -684,6 +785,7 @@ class Engine:
     def _fail(self, a: _Active, message: str) -> None:
         if a.uid is not None:
             self._gen.remove([a.uid])
+            self._record("fail", a.uid)
         self._release(a)
         a.handle._push(Failed(message=message, usage=a.usage()))
 
@@ -701,21 +803,26 @@ class Engine:
             a.match = None
             if not self._active:
                 self.prefix.tree.reserved = 0
+                self._record("reserved", 0)
         with self._lock:
             self._inflight -= 1
             if a.owner is not None:
                 self._owner_inflight[a.owner] -= 1
 
-    def _store(self, a: _Active, tokens: list[int], caches) -> None:
+    def _store(self, a: _Active, tokens: list[int], caches, live: int | None = None) -> int | None:
+        """Cache a request's tokens; returns the running batch's tokens it counted (which a
+        sharded rank 0 sends the others: they count theirs at another moment)."""
         if self.prefix is None:
-            return
+            return None
         # the running batch shares the budget with the tree; requests still waiting in the
         # fair queue hold no K/V yet
-        live = sum(len(b.prompt) + b.generated for b in self._by_uid.values())
+        if live is None:
+            live = sum(len(b.prompt) + b.generated for b in self._by_uid.values())
         self.prefix.tree.reserved = live * self.prefix.bytes_per_token
         if self.prefix.disk is not None:  # its files name the owner, not this process's number
             self.prefix.disk.note_owner(self.scope.key([0], 0, a.owner)[0], a.owner)
         self.prefix.store(self.scope.key(list(tokens), a.shared_len, a.owner), caches)
+        return live
 
     def _disk_turn(self) -> None:
         """The disk tier's share of an engine turn (engine thread): open it at the first,

@@ -86,7 +86,10 @@ def _runs_as(model: nn.Module, dtype: str) -> str:
     return dtype
 
 
-def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None = None) -> LoadedModel:
+def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None = None,
+               link=None) -> LoadedModel:
+    """With `link` (core.engine.lockstep.Link: a rank of an mlx.launch group) only this
+    rank's shard of the weights is kept; the parameter count stays the whole model's."""
     from mlx_lm import load
 
     chosen = resolve(path_or_id)  # short names: default, smollm2, tiny
@@ -102,7 +105,13 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
         if not (local / "config.json").is_file():
             raise FileNotFoundError(f"no mlx-lm model folder (with config.json) at {local}")
         path_or_id = str(local)
-    model, tokenizer, config = load(path_or_id, return_config=True)
+    model, tokenizer, config = load(path_or_id, return_config=True, lazy=link is not None)
+    whole = None
+    if link is not None:
+        from core.engine.lockstep import shard_model
+
+        whole = sum(v.size for _, v in tree_flatten(model.parameters()))  # shapes only: still lazy
+        link.sharding = shard_model(model, link)
     target = _target_dtype(dtype)
     if target is not None:
         if gguf is not None:
@@ -111,7 +120,7 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
         model.update(tree_map(cast, model.parameters()))
     mx.eval(model.parameters())
     params = tree_flatten(model.parameters())
-    num_params = sum(v.size for _, v in params)
+    num_params = whole or sum(v.size for _, v in params)
     first_float = next((v.dtype for _, v in params if mx.issubdtype(v.dtype, mx.floating)), mx.float32)
     # a local folder is named by its config's _name_or_path (as Hugging Face writes it), else by itself
     model_id = (config.get("_name_or_path") or Path(path_or_id).name) if Path(path_or_id).exists() else path_or_id

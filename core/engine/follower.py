@@ -1,0 +1,152 @@
+"""The engine of a rank other than 0 in an mlx.launch group: it does what rank 0's engine did.
+
+A `Follower` loads its shard of the model and builds its prefix cache exactly as rank 0's
+`Engine` does (the same start-up, in the same order: a forward there runs collectives), then
+waits for rank 0's messages (core.engine.lockstep). Each applies, in rank 0's order:
+
+- `admit`: the requests rank 0 admitted, with their prompts: the same prefix-cache lookups
+  (a hit on rank 0 is a hit here: the trees have one shape) and the same insert into the
+  generator, so the batch's rows and uids agree;
+- `finish`: a request that left the batch: its K/V cached as rank 0 cached it (counting the
+  running batch as rank 0 counted it then), its lock released;
+- `fail`, `reserved`: a request dropped without caching; the bytes the tree keeps free;
+
+then checks its tree's counters against rank 0's and, when told, steps. Within a step it
+caches finished prompts as rank 0 does (`Engine._on_prompt`, the same code at the same
+moment) and counts each request's tokens, which are rank 0's (lockstep.share_tokens). It
+decides nothing: no sampling that matters, no text, no HTTP, no store.
+
+Runs in its own engine thread; `follow` is what `radixchat serve` runs on such a rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from core.config import Settings
+from core.engine.engine import Engine, _Active
+from core.engine.requests import Sampling
+
+log = logging.getLogger("radixchat.follower")
+
+
+class _Quiet:
+    """A request handle nobody reads: a follower's requests have no client."""
+
+    def __init__(self, rid: str):
+        self.id = rid
+
+    def _push(self, event) -> None:
+        pass
+
+
+class Follower(Engine):
+    def __init__(self, settings: Settings):
+        super().__init__(settings)
+        self._ops = None  # a follower records nothing: it is the one that applies
+        self._finals: dict[int, tuple] = {}  # uid -> (caches, tokens) of a row the generator ended
+        self.exit_code = 0
+
+    def _loop(self) -> None:
+        from core.engine.lockstep import counters, shape_digest
+
+        try:
+            while True:
+                msg = self.link.recv()
+                if msg.get("stop"):
+                    return
+                for op in msg["ops"]:
+                    getattr(self, f"_op_{op[0]}")(*op[1:])
+                tree = self.prefix.tree if self.prefix is not None else None
+                if tree is not None and counters(tree) != msg["tree"]:
+                    raise RuntimeError(f"prefix cache out of step with rank 0: {counters(tree)} "
+                                       f"here, {msg['tree']} there")
+                if msg.get("digest"):
+                    self.link.digests(shape_digest(tree))
+                if msg["step"]:
+                    self._follow_step()
+        except Exception as e:
+            self.exit_code = 1
+            log.error("radixchat rank %d: %s: %s: stopping", self.link.rank, type(e).__name__, e)
+        finally:
+            self._closed = True
+
+    def _op_admit(self, rows: list) -> None:
+        prompts, caches, prefixes, stops, lengths, news = [], [], [], [], [], []
+        for uid, prompt, shared_len, owner, boundaries, cached, max_tokens, ignore_eos in rows:
+            a = _Active(_Quiet(f"rank0-{uid}"), prompt, Sampling(), max_tokens, time.perf_counter(),
+                        boundaries=boundaries, shared_len=shared_len, owner=owner)
+            restored = None
+            if self.prefix is not None:
+                a.key = self.scope.key(a.prompt, a.shared_len, a.owner)
+                a.match, restored = self.prefix.lookup(a.key, self.scope.min_match(a.shared_len))
+                a.cached = a.match.length
+            if a.cached != cached:
+                raise RuntimeError(f"rank 0 restored {cached} cached tokens of request {uid}, "
+                                   f"this rank {a.cached}")
+            cuts = [a.cached] + [b for b in a.boundaries if a.cached < b < len(a.prompt)]
+            prompts.append([a.prompt[i:j] for i, j in zip(cuts, cuts[1:] + [len(a.prompt)])])
+            caches.append(restored)
+            prefixes.append(a.prompt[: a.cached])
+            stops.append(self._no_stops if ignore_eos else self._eos_stops)
+            lengths.append(max_tokens)
+            news.append((uid, a))
+        # samplers: None, so the library's argmax; the tokens fed back are rank 0's
+        uids = self._gen.insert_segments(prompts, max_tokens=lengths, caches=caches, all_tokens=prefixes,
+                                         samplers=[None] * len(rows), stop_sequences=stops)
+        for (want, a), uid in zip(news, uids):
+            if uid != want:
+                raise RuntimeError(f"the generator numbered a request {uid}, rank 0's {want}")
+            a.uid = uid
+            self._by_uid[uid] = a
+
+    def _op_finish(self, uid: int, live: int | None) -> None:
+        a = self._by_uid[uid]
+        final = self._finals.pop(uid, None)
+        if final is None:
+            final = self._gen.remove([uid], return_prompt_caches=self.prefix is not None).get(uid)
+        if live is not None and final is not None and final[0] is not None:
+            self._store(a, final[1], final[0], live=live)
+        self._drop(a)
+
+    def _op_fail(self, uid: int) -> None:
+        if self._finals.pop(uid, None) is None:
+            self._gen.remove([uid])
+        self._drop(self._by_uid[uid])
+
+    def _op_reserved(self, value: int) -> None:
+        if self.prefix is not None:
+            self.prefix.tree.reserved = value
+
+    def _drop(self, a: _Active) -> None:
+        del self._by_uid[a.uid]
+        if self.prefix is not None:
+            self.prefix.release(a.match)
+            a.match = None
+
+    def _follow_step(self) -> None:
+        """One step, as rank 0's; the rows the generator ended wait for rank 0's `finish`."""
+        prompt_resps, gen_resps = self._gen.next()
+        self.steps += 1
+        self._on_prompt(prompt_resps)
+        for r in gen_resps:
+            a = self._by_uid.get(r.uid)
+            if a is None:
+                continue
+            a.generated += 1
+            if r.finish_reason is not None:
+                self._finals[r.uid] = (r.prompt_cache, r.all_tokens)
+
+
+def follow(settings: Settings) -> int:
+    """Serve as a rank other than 0 until rank 0 stops (0) or is lost (1)."""
+    engine = Follower(settings)
+    try:
+        engine.start()
+    except Exception as e:
+        print(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    engine._thread.join()
+    return engine.exit_code
