@@ -247,7 +247,12 @@ def cmd_ask(args, settings: Settings) -> None:
 def cmd_doctor(args, settings: Settings) -> None:
     from core.platform.doctor import report
 
+    from core.engine.lockstep import launched
+
+    quiet = (launched() or (0, 1))[0] != 0  # under mlx.launch every rank runs it, rank 0 prints
     t0 = time.perf_counter()
     for key, value in report(settings, load=not args.no_model):
-        print(f"{key:<28} {value}")
-    print(f"{'doctor took':<28} {time.perf_counter() - t0:.1f} s")
+        if not quiet:
+            print(f"{key:<28} {value}", flush=True)
+    if not quiet:
+        print(f"{'doctor took':<28} {time.perf_counter() - t0:.1f} s")

@@ -56,6 +56,9 @@ def build_app(engine: Engine, settings: Settings, store: Store | None = None) ->
             "queue_depth": max(0, stats["inflight"] - stats["active"]),
             "active_requests": stats["active"],
         }
+        if stats.get("shards"):  # under mlx.launch: how, and whether the ranks agree (no hosts or pids)
+            sh = stats["shards"]
+            body["shards"] = {k: sh[k] for k in ("size", "backend", "sharding", "in_step")}
         return JSONResponse(body, status_code=200 if stats["alive"] else 503)
 
     @app.get("/metrics")

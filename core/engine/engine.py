@@ -178,7 +178,7 @@ class Engine:
         self._ops: list[list] | None = [] if self._sharded else None  # rank 0: not yet sent
         self._busy_since = 0.0  # rank 0: when the message or step under way began (0: none)
         self._digested: list | None = None  # the tree's counters at the last shape check
-        self.trees_agree: bool | None = None  # the last shape check's verdict
+        self.in_step: bool | None = None  # the last check that every rank's tree and batch agree
         self.fatal: str | None = None  # why a sharded server stopped
         self.on_fatal = None  # called (any thread) with that reason; the CLI stops the server
         self._disk_first = settings.prefix_cache and not self._sharded and (
@@ -222,7 +222,7 @@ class Engine:
                 "batch_tokens": self.batch_room() // bpt if bpt else 0, "max_batch": self.settings.max_batch,
                 "prefix_cache": self.prefix.tree.summary() if self.prefix else None,
                 "disk_cache": self.prefix.disk.summary() if self.prefix and self.prefix.disk else None,
-                "shards": self.link.summary() | {"trees_agree": self.trees_agree} if self.link else None}
+                "shards": self.link.summary() | {"in_step": self.in_step} if self.link else None}
 
     # ---- caller side (any thread) ------------------------------------------------------
 
@@ -472,15 +472,15 @@ class Engine:
 
         self._busy_since = time.monotonic()
         tree = self.prefix.tree if self.prefix is not None else None
-        now = counters(tree) if tree is not None else None
-        digest = tree is not None and not step and now != self._digested
+        now = counters(tree, len(self._by_uid))
+        digest = not step and now != self._digested
         ops, self._ops = self._ops, []
-        self.link.send({"ops": ops, "step": step, "tree": now, "digest": digest})
+        self.link.send({"ops": ops, "step": step, "state": now, "digest": digest})
         if digest:
-            digests = self.link.digests(shape_digest(tree))
+            digests = self.link.digests(shape_digest(tree, len(self._by_uid)))
             self._digested = now
-            self.trees_agree = len(set(digests)) == 1
-            if not self.trees_agree:
+            self.in_step = len(set(digests)) == 1
+            if not self.in_step:
                 raise RuntimeError(f"the ranks' prefix caches differ in shape: {digests}")
 
     def _fatal(self, reason: str) -> None:

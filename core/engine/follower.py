@@ -60,11 +60,12 @@ class Follower(Engine):
                 for op in msg["ops"]:
                     getattr(self, f"_op_{op[0]}")(*op[1:])
                 tree = self.prefix.tree if self.prefix is not None else None
-                if tree is not None and counters(tree) != msg["tree"]:
-                    raise RuntimeError(f"prefix cache out of step with rank 0: {counters(tree)} "
-                                       f"here, {msg['tree']} there")
+                mine = counters(tree, len(self._by_uid))
+                if mine != msg["state"]:
+                    raise RuntimeError(f"out of step with rank 0 (prefix cache counters and running "
+                                       f"requests): {mine} here, {msg['state']} there")
                 if msg.get("digest"):
-                    self.link.digests(shape_digest(tree))
+                    self.link.digests(shape_digest(tree, len(self._by_uid)))
                 if msg["step"]:
                     self._follow_step()
         except Exception as e:

@@ -241,15 +241,17 @@ def share_tokens(tokens, link: Link):
 
 # ---- the tree's shape ---------------------------------------------------------------------
 
-def counters(tree) -> list[int]:
-    """What each message carries of the prefix cache: cheap to compare every step."""
-    return [tree.nodes, tree.tokens, tree.bytes, tree.locks, tree.reserved]
+def counters(tree, running: int) -> list[int]:
+    """What each message carries of a rank's state (the prefix cache's counters and the
+    requests in the batch): cheap to compare every step."""
+    return ([tree.nodes, tree.tokens, tree.bytes, tree.locks, tree.reserved] if tree is not None else []) + [running]
 
 
-def shape_digest(tree) -> str:
-    """A hash of the tree's whole shape: every edge's tokens, children, locks and snapshots."""
-    h = hashlib.sha256()
-    stack = [tree.root]
+def shape_digest(tree, running: int) -> str:
+    """A hash of the tree's whole shape (every edge's tokens, children, locks and snapshots)
+    and of how many requests the rank's batch holds."""
+    h = hashlib.sha256(str(running).encode())
+    stack = [tree.root] if tree is not None else []
     while stack:
         node = stack.pop()
         h.update(repr((node.key, node.lock_ref, node.snapshot is not None, node.seg is not None,

@@ -62,7 +62,10 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
 
     for cls, verdict in ensure_offset_semantics().items():
         yield f"{cls}.offset", f"{verdict} (captured offsets keep their value)"
+    link = yield from _group()
     if not load:
+        if link is not None:
+            yield "sharding", "decided when the model loads (tensor parallel where mlx-lm has it)"
         return
     from core.engine.gguf import GGUFError
     from core.engine.model import load_model
@@ -70,17 +73,40 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     t0 = time.perf_counter()
     yield "model", settings.model
     try:
-        m = load_model(settings.model, settings.dtype, settings.context_length)
+        m = load_model(settings.model, settings.dtype, settings.context_length, link=link)
     except (GGUFError, FileNotFoundError) as e:
         yield "model load", f"failed: {e}"
         return
+    except ValueError as e:  # a model mlx-lm cannot shard
+        if link is None:
+            raise
+        yield "sharding", f"refused: {e}"
+        return
     yield "model load", f"{time.perf_counter() - t0:.1f} s"
+    if link is not None:
+        yield "sharding", (f"{link.sharding} parallel: each of {link.size} ranks holds 1/{link.size} of every "
+                           "layer's attention heads, MLP and K/V; rank 0 serves and sends each step's changes")
     yield from _gguf(m)
     yield "parameters", f"{m.num_params / 1e6:.2f}M, {m.dtype}, {m.num_layers} layers"
     yield "context length", str(m.context_length)
     yield "eos tokens", str(sorted(m.tokenizer.eos_token_ids))
     yield from _batch_limit(m, settings)
     yield from _speed(m)
+
+
+def _group():
+    """Under mlx.launch: the group, its backend and each rank (every rank runs the doctor in
+    step, since loading and timing the model run collectives; the CLI prints rank 0's)."""
+    from core.engine.lockstep import join, launched
+
+    if launched() is None:
+        return None
+    link = join("tensor")
+    link.hello()
+    yield "mlx.launch group", f"{link.size} ranks, backend {link.backend}"
+    for r in link.ranks:
+        yield f"rank {r.rank}", f"{r.host}, pid {r.pid}"
+    return link
 
 
 def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:

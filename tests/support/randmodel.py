@@ -68,6 +68,17 @@ def _llama(dim: int, layers: int, vocab: int, context: int) -> dict:
     }
 
 
+def _qwen3(dim: int, layers: int, vocab: int, context: int) -> dict:
+    """Llama's shape with per-head RMS norms on queries and keys (and an explicit head size)."""
+    return {
+        "model_type": "qwen3", "hidden_size": dim, "num_hidden_layers": layers,
+        "intermediate_size": dim * 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": dim // 4, "rms_norm_eps": 1e-6, "vocab_size": vocab,
+        "max_position_embeddings": context, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+
+
 def _lfm2(dim: int, layers: int, vocab: int, context: int) -> dict:
     """A hybrid: short-convolution layers (ArraysCache, not trimmable) and attention layers."""
     return {
@@ -96,7 +107,7 @@ def _gemma3(dim: int, layers: int, vocab: int, context: int) -> dict:
     }
 
 
-CONFIGS = {"llama": _llama, "lfm2": _lfm2, "gemma3": _gemma3}
+CONFIGS = {"llama": _llama, "qwen3": _qwen3, "lfm2": _lfm2, "gemma3": _gemma3}
 
 
 def _sharpen(model, arch: str, vocab: int, dim: int) -> None:
@@ -104,7 +115,7 @@ def _sharpen(model, arch: str, vocab: int, dim: int) -> None:
     reply depends on the whole prompt, not just its last token."""
     import mlx.core as mx
 
-    if arch == "llama":
+    if arch in ("llama", "qwen3"):
         model.model.embed_tokens.weight = mx.random.normal((vocab, dim))
         model.lm_head.weight = mx.random.normal((vocab, dim)) * 0.5
         for layer in model.model.layers:

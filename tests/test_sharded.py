@@ -1,0 +1,251 @@
+"""One server sharded over two processes by mlx.launch (ring backend over loopback).
+
+Real processes as a user starts them: `mlx.launch -n 2 --backend ring -- radixchat serve ...`,
+against `radixchat serve` alone on the same random model. Greedy answers to concurrent
+multi-turn users must be the same (with the prefix cache on, so turns hit it), the ranks'
+trees and batches must agree after every burst (/health's `shards.in_step`, a comparison of
+every rank's tree shape), a cancelled stream must leave no row behind on either rank, and a
+rank that dies or hangs must end the server with a clear error that the store keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.procs import free_port, start_radixchat, stop_process
+from tests.support.randmodel import build_random_model
+
+BIN = Path(sys.executable).parent
+SYSTEM = "You are a terse assistant for a shared team chat. Answer in one short line, please."
+QUESTIONS = [["Hello there", "And then what?"], ["What is a radix tree", "Say more"],
+             ["Name three colors", "Why those?"], ["Write a haiku", "Another one"]]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def model(request, tmp_path_factory) -> Path:
+    return build_random_model(tmp_path_factory.mktemp(request.param), seed=3, dim=64, layers=2,
+                              arch=request.param)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    """For the bookkeeping and fault tests: the engine code they check is the same for every model."""
+    return build_random_model(tmp_path_factory.mktemp("llama"), seed=3, dim=64, layers=2)
+
+
+class Sharded:
+    """`mlx.launch -n 2` of `radixchat serve`; the ranks' pids come from rank 0's banner."""
+
+    def __init__(self, model: Path, tmp: Path, *flags: str):
+        self.port, self.db, self.log = free_port(), tmp / "sharded.sqlite", tmp / "sharded.log"
+        ring = free_port()
+        cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(ring), "--",
+               str(BIN / "radixchat"), "serve", "--model", str(model), "--host", "127.0.0.1",
+               "--port", str(self.port), "--db", str(self.db), "--no-auth", *flags]
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"mlx.launch exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            self.stop()
+            raise AssertionError(f"sharded server did not start:\n{self.log.read_text()[-3000:]}")
+        found = re.findall(r"rank (\d) on \S+ pid (\d+)", self.log.read_text())
+        self.pids = {int(r): int(p) for r, p in found}
+        assert set(self.pids) == {0, 1}, self.log.read_text()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        for pid in self.pids.values():  # a stopped rank outlives its launcher
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def in_step(self, timeout: float = 30) -> dict:
+        """/health's shards once the engine is idle and the ranks have compared their state."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            h = httpx.get(self.url + "/health", timeout=5).json()
+            if h["active_requests"] == 0 and h["shards"]["in_step"] is not None:
+                time.sleep(2.5)  # the idle engine compares at its next heartbeat (1 s)
+                h = httpx.get(self.url + "/health", timeout=5).json()
+                if h["active_requests"] == 0:
+                    return h["shards"]
+            time.sleep(0.3)
+        raise AssertionError(f"no comparison of the ranks' state: {h}")
+
+
+def chat(url: str, messages: list, max_tokens: int = 20, stream: bool = False) -> tuple[str, int]:
+    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    body["model"] = model
+    if not stream:
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        j = r.json()
+        return j["choices"][0]["message"]["content"], j["usage"]["prompt_tokens_details"]["cached_tokens"]
+    body["stream_options"] = {"include_usage": True}
+    text, cached = "", -1
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            j = json.loads(line[6:])
+            assert "error" not in j, j
+            if j["choices"]:
+                text += j["choices"][0]["delta"].get("content") or ""
+            if j.get("usage"):
+                cached = j["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return text, cached
+
+
+def conversations(url: str) -> dict:
+    """Four users at once, two turns each, half of them streamed: answers and cached counts."""
+    out, errors = {}, []
+
+    def user(i: int) -> None:
+        try:
+            messages = [{"role": "system", "content": SYSTEM}]
+            for turn, q in enumerate(QUESTIONS[i]):
+                messages.append({"role": "user", "content": q})
+                text, cached = chat(url, messages, stream=bool(i % 2))
+                out[(i, turn)] = (text, cached)
+                messages.append({"role": "assistant", "content": text})
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(len(QUESTIONS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return out
+
+
+def test_greedy_answers_equal_one_process_for_concurrent_users(model, tmp_path):
+    port = free_port()
+    alone = start_radixchat(str(model), tmp_path / "one.sqlite", port, tmp_path / "one.log", "--no-auth")
+    try:
+        expected = conversations(f"http://127.0.0.1:{port}")
+    finally:
+        stop_process(alone)
+    server = Sharded(model, tmp_path)
+    try:
+        got = conversations(server.url)
+        shards = server.in_step()
+    finally:
+        server.stop()
+    assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in expected.items()}
+    assert all(got[(i, 1)][1] > 0 for i in range(len(QUESTIONS))), got  # second turns hit the cache
+    assert shards == {"size": 2, "backend": "ring", "sharding": "tensor", "in_step": True}
+
+
+def test_a_cancelled_stream_leaves_no_row_on_either_rank(llama, tmp_path):
+    server = Sharded(llama, tmp_path)
+    try:
+        messages = [{"role": "user", "content": "Tell me a long story"}]
+        body = {"model": "llama", "messages": messages, "max_tokens": 400, "temperature": 0,
+                "stream": True, "ignore_eos": True}
+        body["model"] = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            chunks = 0
+            for line in r.iter_lines():
+                chunks += line.startswith("data: ")
+                if chunks >= 3:
+                    break  # closing the connection cancels the request
+        shards = server.in_step()
+        assert shards["in_step"] is True
+        text, _ = chat(server.url, [{"role": "user", "content": "Hello there"}])
+        assert text and server.in_step()["in_step"] is True
+        assert server.proc.poll() is None
+    finally:
+        server.stop()
+
+
+def _stream_until_error(url: str, started: threading.Event, out: dict) -> None:
+    body = {"messages": [{"role": "user", "content": "Count forever"}], "max_tokens": 450,
+            "temperature": 0, "stream": True, "ignore_eos": True}
+    body["model"] = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    started.set()
+                    if '"error"' in line:
+                        out["error"] = json.loads(line[6:])["error"]["message"]
+                        out["at"] = time.time()
+    except httpx.HTTPError as e:
+        out["broken"] = repr(e)
+    started.set()
+
+
+def _alive(pid: int) -> bool:
+    if not Path("/proc").is_dir():  # macOS: no zombie check, only whether the pid is there
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; its parent has not reaped it yet
+
+
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_a_lost_rank_ends_the_server_with_a_clear_error(llama, tmp_path, fault):
+    server = Sharded(llama, tmp_path, "--shard-timeout-s", "3")
+    try:
+        started, out = threading.Event(), {}
+        client = threading.Thread(target=_stream_until_error, args=(server.url, started, out))
+        client.start()
+        assert started.wait(60)
+        t0 = time.time()
+        os.kill(server.pids[1], signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        client.join(timeout=60)
+        assert not client.is_alive()
+        assert "stopped answering" in out.get("error", ""), out
+        assert out["at"] - t0 < (5 if fault == "killed" else 15)
+        # rank 0 ends (mlx.launch itself waits for a stopped rank 1 until the test kills it)
+        deadline = time.time() + 60
+        while _alive(server.pids[0]) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _alive(server.pids[0])
+        with sqlite3.connect(server.db) as db:  # and the store kept the failed request
+            rows = db.execute("select error from requests").fetchall()
+        assert any("stopped answering" in (e or "") for (e,) in rows), rows
+    finally:
+        server.stop()
