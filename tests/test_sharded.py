@@ -249,3 +249,36 @@ def test_a_lost_rank_ends_the_server_with_a_clear_error(llama, tmp_path, fault):
         assert any("stopped answering" in (e or "") for (e,) in rows), rows
     finally:
         server.stop()
+
+
+def test_a_model_whose_heads_do_not_split_is_refused_in_one_line(llama, tmp_path):
+    """4 attention heads over 3 ranks: mlx-lm would floor them and compute garbage."""
+    log = tmp_path / "three.log"
+    cmd = [str(BIN / "mlx.launch"), "-n", "3", "--backend", "ring", "--starting-port", str(free_port()), "--",
+           str(BIN / "radixchat"), "serve", "--model", str(llama), "--port", str(free_port()),
+           "--db", str(tmp_path / "three.sqlite"), "--no-auth"]
+    subprocess.run(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=120, start_new_session=True)
+    text = log.read_text()
+    assert "4 attention heads, 2 key value heads, 128 intermediate size do not split evenly over 3 ranks" in text, \
+        text[-2000:]
+    assert "Traceback" not in text
+
+
+def test_the_shape_digest_tells_trees_apart():
+    """What /health's in_step compares: the same inserts and locks give the same digest on
+    every rank, a different insert or a lock left behind does not."""
+    from core.cache.radix import RadixCache
+    from core.engine.lockstep import counters, shape_digest
+
+    def tree(*seqs):
+        t = RadixCache(1 << 20)
+        for s in seqs:
+            t.insert(s, lambda a, b: None)
+        return t
+
+    a, b = tree([1, 2, 3, 4], [1, 2, 5]), tree([1, 2, 3, 4], [1, 2, 5])
+    assert shape_digest(a, 0) == shape_digest(b, 0) and counters(a, 0) == counters(b, 0)
+    assert shape_digest(a, 0) != shape_digest(tree([1, 2, 3, 4], [1, 2, 6]), 0)
+    assert shape_digest(a, 0) != shape_digest(b, 1)  # a row left in one rank's batch
+    b.lock(b.match([1, 2, 5]).node)
+    assert shape_digest(a, 0) != shape_digest(b, 0)
