@@ -169,7 +169,9 @@ def test_greedy_answers_equal_one_process_for_concurrent_users(model, tmp_path):
         server.stop()
     assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in expected.items()}
     assert all(got[(i, 1)][1] > 0 for i in range(len(QUESTIONS))), got  # second turns hit the cache
-    assert shards == {"size": 2, "backend": "ring", "sharding": "tensor", "in_step": True}
+    assert {k: shards[k] for k in ("size", "backend", "sharding", "in_step")} == \
+        {"size": 2, "backend": "ring", "sharding": "tensor", "in_step": True}
+    assert shards["messages"] > 0 and shards["message_bytes"] > 0
 
 
 def test_a_cancelled_stream_leaves_no_row_on_either_rank(llama, tmp_path):
@@ -282,3 +284,14 @@ def test_the_shape_digest_tells_trees_apart():
     assert shape_digest(a, 0) != shape_digest(b, 1)  # a row left in one rank's batch
     b.lock(b.match([1, 2, 5]).node)
     assert shape_digest(a, 0) != shape_digest(b, 0)
+
+
+def test_doctor_under_mlx_launch_prints_each_rank_and_the_sharding(llama, tmp_path):
+    cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port()), "--",
+           str(BIN / "radixchat"), "doctor", "--model", str(llama)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, start_new_session=True).stdout
+    assert re.search(r"mlx\.launch group\s+2 ranks, backend ring", out), out
+    assert re.search(r"rank 0\s+\S+, pid \d+", out) and re.search(r"rank 1\s+\S+, pid \d+", out), out
+    assert re.search(r"sharding\s+tensor parallel: each of 2 ranks holds 1/2", out), out
+    assert out.count("mlx.launch group") == 1  # rank 0 prints; rank 1 runs along quietly
+    assert "decode (1 stream)" in out

@@ -58,7 +58,7 @@ def build_app(engine: Engine, settings: Settings, store: Store | None = None) ->
         }
         if stats.get("shards"):  # under mlx.launch: how, and whether the ranks agree (no hosts or pids)
             sh = stats["shards"]
-            body["shards"] = {k: sh[k] for k in ("size", "backend", "sharding", "in_step")}
+            body["shards"] = {k: sh[k] for k in ("size", "backend", "sharding", "in_step", "messages", "message_bytes")}
         return JSONResponse(body, status_code=200 if stats["alive"] else 503)
 
     @app.get("/metrics")

@@ -37,7 +37,7 @@ from core.cache.scope import CacheScope
 from core.config import Settings, kv_budget
 from core.engine.fairness import FairQueue
 from core.engine.handle import Outbox, RequestHandle
-from core.engine.lockstep import HEARTBEAT_S, LOST
+from core.engine.lockstep import IDLE_TICK_S, LOST
 from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
                                   TextDelta, TokenLogprob, Usage)
 from core.engine.textstream import TextStream
@@ -432,7 +432,7 @@ class Engine:
                     if self.link is not None:
                         self._sync(step=True)
                     self._step()
-                elif self.link is not None:  # idle: a heartbeat, and what is left to send
+                elif self.link is not None:  # idle: a tick (the others nap), and what is left to send
                     self._sync(step=False)
                 self._busy_since = 0.0
             except Exception as e:  # never let the loop die: fail what is running, go on
@@ -475,7 +475,8 @@ class Engine:
         now = counters(tree, len(self._by_uid))
         digest = not step and now != self._digested
         ops, self._ops = self._ops, []
-        self.link.send({"ops": ops, "step": step, "state": now, "digest": digest})
+        self.link.send({"ops": ops, "step": step, "state": now, "digest": digest,
+                        "nap": 0 if step else IDLE_TICK_S})
         if digest:
             digests = self.link.digests(shape_digest(tree, len(self._by_uid)))
             self._digested = now
@@ -520,7 +521,7 @@ class Engine:
 
     def _drain_commands(self, block: bool) -> None:
         try:  # a sharded rank 0 wakes up to check on the others now and then
-            cmd = self._cmds.get(timeout=HEARTBEAT_S if self.link else None) if block else None
+            cmd = self._cmds.get(timeout=IDLE_TICK_S if self.link else None) if block else None
         except queue.Empty:
             return
         while True:

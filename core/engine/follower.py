@@ -68,6 +68,8 @@ class Follower(Engine):
                     self.link.digests(shape_digest(tree, len(self._by_uid)))
                 if msg["step"]:
                     self._follow_step()
+                else:  # rank 0 is idle: sleep rather than spin in the next collective
+                    time.sleep(msg["nap"])
         except Exception as e:
             self.exit_code = 1
             log.error("radixchat rank %d: %s: %s: stopping", self.link.rank, type(e).__name__, e)

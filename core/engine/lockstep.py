@@ -45,7 +45,11 @@ from typing import Callable
 
 log = logging.getLogger("radixchat.lockstep")
 FRAME = 2048  # bytes of the first collective of a message; a longer one takes a second
-HEARTBEAT_S = 1.0  # how often an idle rank 0 checks that the others are there (and sends what is left)
+# An idle rank 0 sends a message this often, and the others sleep this long after one before
+# they wait for the next: a rank waiting in a ring collective spins on its sockets (a core's
+# worth of CPU), so an idle follower should mostly sleep. The cost: a request that arrives
+# at an idle server may wait up to this long for the others to wake.
+IDLE_TICK_S = 0.05
 LOST = "a shard of this server (another rank of the mlx.launch group) stopped answering: the server stops"
 
 

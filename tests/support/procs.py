@@ -3,7 +3,9 @@ command and waiting until it answers, and its peak memory."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -20,9 +22,12 @@ def free_port() -> int:
 
 
 def start_and_wait(cmd: list[str], ready_url: str, log: Path, env=None,
-                   timeout: float = 300, cwd=None) -> subprocess.Popen:
-    """Start `cmd` (output to `log`); return once `ready_url` answers 200, else exit."""
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=cwd)
+                   timeout: float = 300, cwd=None, group: bool = False) -> subprocess.Popen:
+    """Start `cmd` (output to `log`); return once `ready_url` answers 200, else exit. With
+    `group` it leads a process group of its own, which `stop_process` ends as a whole (mlx.launch
+    leaves its ranks running when it alone is stopped)."""
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                            start_new_session=group)
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -55,9 +60,13 @@ def start_radixchat(model: str, db: Path, port: int, log: Path, *flags: str, tim
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Ask a server to stop (SIGTERM), and kill it if it has not within `timeout`."""
-    proc.terminate()
+    """Ask a server to stop (SIGTERM; its whole group if it leads one), and kill it if it has
+    not within `timeout`."""
+    group = os.getpgid(proc.pid) == proc.pid if proc.poll() is None else False
+    signal_it = (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
+    signal_it(signal.SIGTERM)
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        signal_it(signal.SIGKILL)
+        proc.wait()
