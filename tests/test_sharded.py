@@ -239,8 +239,8 @@ def test_a_lost_rank_ends_the_server_with_a_clear_error(llama, tmp_path, fault):
         os.kill(server.pids[1], signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
         client.join(timeout=60)
         assert not client.is_alive()
-        assert "stopped answering" in out.get("error", ""), out
-        assert out["at"] - t0 < (5 if fault == "killed" else 15)
+        assert "stopped answering" in out.get("error", ""), (out, server.log.read_text()[-3000:])
+        assert out["at"] - t0 < (10 if fault == "killed" else 20), (out["at"] - t0, server.log.read_text()[-3000:])
         # rank 0 ends (mlx.launch itself waits for a stopped rank 1 until the test kills it)
         deadline = time.time() + 60
         while _alive(server.pids[0]) and time.time() < deadline:
@@ -295,3 +295,23 @@ def test_doctor_under_mlx_launch_prints_each_rank_and_the_sharding(llama, tmp_pa
     assert re.search(r"sharding\s+tensor parallel: each of 2 ranks holds 1/2", out), out
     assert out.count("mlx.launch group") == 1  # rank 0 prints; rank 1 runs along quietly
     assert "decode (1 stream)" in out
+
+
+def test_the_model_digest_follows_the_bytes_not_the_file_times(llama, tmp_path):
+    """What `same_model` compares across ranks: a copy elsewhere (other mtimes) is the same
+    model, one changed weight byte or config key is not."""
+    import shutil
+
+    from core.engine.lockstep import model_digest
+
+    copy = shutil.copytree(llama, tmp_path / "copy")
+    os.utime(copy / "model.safetensors", (1, 1))
+    assert model_digest(str(copy)) == model_digest(str(llama))
+    weights = bytearray((copy / "model.safetensors").read_bytes())
+    weights[-5] ^= 1
+    (copy / "model.safetensors").write_bytes(bytes(weights))
+    assert model_digest(str(copy)) != model_digest(str(llama))
+    other = shutil.copytree(llama, tmp_path / "other")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rope_theta": 5000.0}))
+    assert model_digest(str(other)) != model_digest(str(llama))

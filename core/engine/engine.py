@@ -377,6 +377,10 @@ class Engine:
                 self.link = lockstep.join("tensor") if self._sharded else None
                 if self.link is not None:
                     self.link.hello()
+                    s = self.settings = self.link.settings(s)
+                    from core.engine.catalog import resolve
+
+                    self.link.same_model(resolve(s.model).path)
                     lockstep.install()
                     lockstep.share_tokens_here(self.link)
                 self.loaded = load_model(s.model, s.dtype, s.context_length, link=self.link)

@@ -167,6 +167,27 @@ class Link:
             return value
         return self.recv()["agree"]
 
+    def settings(self, settings):
+        """Rank 0's settings on every rank: the ranks must batch, cache and sample alike, and
+        a variable set on one machine only must not make them differ."""
+        from core.config import Settings
+
+        if self.rank == 0:
+            self.send({"settings": settings.model_dump(mode="json")})
+            return settings
+        return Settings(**self.recv()["settings"])
+
+    def same_model(self, path: str) -> None:
+        """Refuse to start when a rank has other weights, another config or other versions of
+        MLX, mlx-lm or radixchat than rank 0 (their answers would not be rank 0's)."""
+        mine = model_digest(path)
+        theirs = self.gather(mine, width=64)
+        odd = [r for r, d in enumerate(theirs) if d != theirs[0]]
+        if odd:
+            raise ValueError(f"rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} "
+                             f"{'have' if len(odd) > 1 else 'has'} another model at {path} or other "
+                             "versions of MLX, mlx-lm or radixchat than rank 0: install the same everywhere")
+
     def digests(self, digest: str) -> list[str]:
         return self.gather(digest, width=64)
 
@@ -174,6 +195,26 @@ class Link:
         return {"size": self.size, "backend": self.backend, "sharding": self.sharding,
                 "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid} for r in self.ranks],
                 "messages": self.messages, "message_bytes": self.sent_bytes}
+
+
+def model_digest(path: str) -> str:
+    """Versions, and each weight and config file's name, size, first and last MiB (no mtime:
+    copies on other machines have their own), as a short hex digest."""
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from core.cache.identity import model_files
+
+    h = hashlib.sha256(repr([version(p) for p in ("mlx", "mlx-lm", "radixchat")]).encode())
+    p = Path(path).expanduser()
+    for f in (model_files(p) if p.is_dir() else [p] if p.is_file() else []):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()[:32]
 
 
 def join(sharding: str):
