@@ -37,7 +37,7 @@ from core.cache.scope import CacheScope
 from core.config import Settings, kv_budget
 from core.engine.fairness import FairQueue
 from core.engine.handle import Outbox, RequestHandle
-from core.engine.lockstep import IDLE_TICK_S, LOST
+from core.engine.lockstep import IDLE_TICK_S, LOST, Watchdog, counters, launched, shape_digest
 from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
                                   TextDelta, TokenLogprob, Usage)
 from core.engine.textstream import TextStream
@@ -171,8 +171,6 @@ class Engine:
         # turn, which this wake-up makes come at once; warm prompts start from there too
         self._prefetch: dict[str, object] = {}  # request id -> node it holds while its prefix is read from disk
         # under mlx.launch (core.engine.lockstep) rank 0 records what it changes for the others
-        from core.engine.lockstep import launched
-
         self.link = None  # core.engine.lockstep.Link, set by the engine thread when sharded
         self._sharded = launched() is not None
         self._ops: list[list] | None = [] if self._sharded else None  # rank 0: not yet sent
@@ -397,7 +395,7 @@ class Engine:
 
                 self.kv_budget = kv_budget(s)
                 if self.link is not None:  # memory may differ between machines: rank 0's counts
-                    self.kv_budget = self.link.agree(self.kv_budget)
+                    self.kv_budget = self.link.share(self.kv_budget)
                 self.kv_bytes_per_token = kv_bytes_per_token(self.loaded.model)
                 if s.prefix_cache:
                     self.prefix = PrefixStore(self.loaded.model, self.kv_budget)
@@ -425,8 +423,6 @@ class Engine:
     def _loop(self) -> None:
         watchdog = None
         if self.link is not None:
-            from core.engine.lockstep import Watchdog
-
             watchdog = Watchdog(self.settings.shard_timeout_s, lambda: self._busy_since, self._fatal)
         while not self._stopping:
             try:
@@ -472,8 +468,6 @@ class Engine:
     def _sync(self, step: bool) -> None:
         """Send the other ranks what changed and whether a step follows; when the engine is
         idle and the tree changed since the last check, compare its shape across ranks."""
-        from core.engine.lockstep import counters, shape_digest
-
         self._busy_since = time.monotonic()
         tree = self.prefix.tree if self.prefix is not None else None
         now = counters(tree, len(self._by_uid))
@@ -626,7 +620,7 @@ class Engine:
     def _admit(self, new: list[_Active]) -> None:
         from core.engine.sampling import make_request_sampler
 
-        samplers, prompts, caches, prefixes, ok = [], [], [], [], []
+        samplers, ok = [], []
         for a in new:  # one request's bad sampler must not keep the others out
             try:
                 sampler = make_request_sampler(a.sampling, a.constraint)
@@ -637,28 +631,36 @@ class Engine:
             ok.append(a)
             a.stream = TextStream(self.loaded.tokenizer.detokenizer, a.sampling.stop)
             samplers.append(self._guard(a, sampler))
+        if not ok:
+            return
+        self._insert(ok, samplers)
+        for a in ok:
+            self._fair.charge(a.owner, prompt_tokens=len(a.prompt) - a.cached)
+        self._record("admit", [[a.uid, a.prompt, a.shared_len, a.owner, a.boundaries, a.cached, a.max_tokens,
+                                a.sampling.ignore_eos] for a in ok])
+
+    def _insert(self, rows: list[_Active], samplers: list) -> None:
+        """Restore each request's cached prefix (its path locked) and give the generator the
+        rest of its prompt: rank 0's admissions and a follower's replay of them alike."""
+        prompts, caches, prefixes = [], [], []
+        for a in rows:
             restored = None
             if self.prefix is not None:
                 a.match, restored = self.prefix.lookup(a.key, self.scope.min_match(a.shared_len))
                 a.cached = a.match.length
                 self._unprefetch(a)  # its own lock holds the path now
-            self._fair.charge(a.owner, prompt_tokens=len(a.prompt) - a.cached)
             cuts = [a.cached] + [b for b in a.boundaries if a.cached < b < len(a.prompt)]
             prompts.append([a.prompt[i:j] for i, j in zip(cuts, cuts[1:] + [len(a.prompt)])])
             caches.append(restored)
             prefixes.append(a.prompt[: a.cached])
-        if not ok:
-            return
         # segments make the generator pause at message ends, so snapshots can be taken there
-        stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in ok]
-        uids = self._gen.insert_segments(prompts, max_tokens=[a.max_tokens for a in ok],
+        stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in rows]
+        uids = self._gen.insert_segments(prompts, max_tokens=[a.max_tokens for a in rows],
                                          caches=caches, all_tokens=prefixes, samplers=samplers,
                                          stop_sequences=stops)
-        for a, uid in zip(ok, uids):
+        for a, uid in zip(rows, uids):
             a.uid = uid
             self._by_uid[uid] = a
-        self._record("admit", [[a.uid, a.prompt, a.shared_len, a.owner, a.boundaries, a.cached, a.max_tokens,
-                                a.sampling.ignore_eos] for a in ok])
 
     @staticmethod
     def _guard(a: _Active, sampler):

@@ -27,6 +27,7 @@ import time
 
 from core.config import Settings
 from core.engine.engine import Engine, _Active
+from core.engine.lockstep import counters, shape_digest
 from core.engine.requests import Sampling
 
 log = logging.getLogger("radixchat.follower")
@@ -50,8 +51,6 @@ class Follower(Engine):
         self.exit_code = 0
 
     def _loop(self) -> None:
-        from core.engine.lockstep import counters, shape_digest
-
         try:
             while True:
                 msg = self.link.recv()
@@ -77,33 +76,21 @@ class Follower(Engine):
             self._closed = True
 
     def _op_admit(self, rows: list) -> None:
-        prompts, caches, prefixes, stops, lengths, news = [], [], [], [], [], []
+        news = []
         for uid, prompt, shared_len, owner, boundaries, cached, max_tokens, ignore_eos in rows:
-            a = _Active(_Quiet(f"rank0-{uid}"), prompt, Sampling(), max_tokens, time.perf_counter(),
-                        boundaries=boundaries, shared_len=shared_len, owner=owner)
-            restored = None
+            a = _Active(_Quiet(f"rank0-{uid}"), prompt, Sampling(ignore_eos=ignore_eos), max_tokens,
+                        time.perf_counter(), boundaries=boundaries, shared_len=shared_len, owner=owner)
             if self.prefix is not None:
                 a.key = self.scope.key(a.prompt, a.shared_len, a.owner)
-                a.match, restored = self.prefix.lookup(a.key, self.scope.min_match(a.shared_len))
-                a.cached = a.match.length
+            news.append((uid, cached, a))
+        # samplers: None, so the library's argmax; the tokens fed back are rank 0's
+        self._insert([a for _, _, a in news], [None] * len(news))
+        for uid, cached, a in news:
             if a.cached != cached:
                 raise RuntimeError(f"rank 0 restored {cached} cached tokens of request {uid}, "
                                    f"this rank {a.cached}")
-            cuts = [a.cached] + [b for b in a.boundaries if a.cached < b < len(a.prompt)]
-            prompts.append([a.prompt[i:j] for i, j in zip(cuts, cuts[1:] + [len(a.prompt)])])
-            caches.append(restored)
-            prefixes.append(a.prompt[: a.cached])
-            stops.append(self._no_stops if ignore_eos else self._eos_stops)
-            lengths.append(max_tokens)
-            news.append((uid, a))
-        # samplers: None, so the library's argmax; the tokens fed back are rank 0's
-        uids = self._gen.insert_segments(prompts, max_tokens=lengths, caches=caches, all_tokens=prefixes,
-                                         samplers=[None] * len(rows), stop_sequences=stops)
-        for (want, a), uid in zip(news, uids):
-            if uid != want:
-                raise RuntimeError(f"the generator numbered a request {uid}, rank 0's {want}")
-            a.uid = uid
-            self._by_uid[uid] = a
+            if a.uid != uid:
+                raise RuntimeError(f"the generator numbered a request {a.uid}, rank 0's {uid}")
 
     def _op_finish(self, uid: int, live: int | None) -> None:
         a = self._by_uid[uid]

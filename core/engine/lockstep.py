@@ -160,22 +160,20 @@ class Link:
         me = json.dumps([socket.gethostname(), os.getpid()])
         self.ranks = [Rank(r, *json.loads(t)) for r, t in enumerate(self.gather(me))]
 
-    def agree(self, value: int) -> int:
-        """Rank 0's `value` on every rank (the K/V budget: memory may differ between machines)."""
+    def share(self, value):
+        """Rank 0's `value` (JSON) on every rank."""
         if self.rank == 0:
-            self.send({"agree": value})
+            self.send({"value": value})
             return value
-        return self.recv()["agree"]
+        return self.recv()["value"]
 
     def settings(self, settings):
         """Rank 0's settings on every rank: the ranks must batch, cache and sample alike, and
         a variable set on one machine only must not make them differ."""
         from core.config import Settings
 
-        if self.rank == 0:
-            self.send({"settings": settings.model_dump(mode="json")})
-            return settings
-        return Settings(**self.recv()["settings"])
+        data = self.share(settings.model_dump(mode="json"))
+        return settings if self.rank == 0 else Settings(**data)
 
     def same_model(self, path: str) -> None:
         """Refuse to start when a rank has other weights, another config or other versions of
