@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     kv_slots: bool = Field(True, description="Keep the decoding batch's K/V in buffers with spare rows "
                            "and columns, so a request joining or leaving copies its own row, not the "
                            "whole batch (with --step-tokens > 0); off = mlx-lm's BatchKVCache")
+    speculate: int = Field(0, ge=0, le=8, description="Speculative decoding: each greedy stream drafts "
+                           "up to this many tokens by looking up its last words in its own prompt and "
+                           "reply (prompt lookup), verified in the batched step, so replies that quote "
+                           "their context come faster, token for token the same (needs --kv-slots); 0 = off")
     cpu_ops: bool = Field(True, description="On a CPU (Linux), run the model's attention and SwiGLU "
                           "in forms MLX's CPU backend computes faster (core/engine/cpu_ops.py); no "
                           "effect on a Mac's GPU; off = mlx-lm's own functions")

@@ -22,6 +22,13 @@ the survivors. On SmolLM2 at 32 rows of ~400 tokens that is ~0.11 s each way aga
 
 What a row's padding covers can be another request's stale K/V or zeros; the mask hides it
 (the same boolean mask as the library's), and `extend` writes zeros there for a new row.
+
+Speculative decoding (core.engine.speculate) writes a row's draft tokens beside the batch's
+and keeps only the ones the model agreed with, a different number per row. `reject` makes
+the rest *holes*: columns the mask hides for that row alone, while the row's `offset` (the
+RoPE position of its next token) counts only what it kept. Holes cost columns, never
+correctness: `extract` gathers a row's live columns only, and `compact` (run when holes
+pile up, and before a trim) re-lays every row right-aligned without them.
 Only plain `BatchKVCache` layers of the decoding batch are adopted (`adopt`); prompt
 batches, rotating and hybrid caches stay the library's. `offset` is always rebound, never
 changed in place (shared/seeds/004). Runs in the engine thread only.
@@ -30,6 +37,7 @@ changed in place (shared/seeds/004). Runs in the engine thread only.
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 
@@ -48,6 +56,7 @@ class SlotKVCache(BatchKVCache):
         self._k = self._v = None  # buffers; keys/values are the live views
         self._rows = len(left_padding)
         self.t0 = self._end = 0
+        self._holes: dict[int, list[int]] = {}  # row -> buffer columns it rejected (see `reject`)
 
     @classmethod
     def adopt(cls, c: BatchKVCache) -> "SlotKVCache":
@@ -59,6 +68,7 @@ class SlotKVCache(BatchKVCache):
         s.t0 = s._end = 0
         s._k = s._v = None
         s.keys = s.values = None
+        s._holes = {}
         if c.keys is not None:
             s._relay(rows=s._rows, left=0, extra=0, src=(c.keys[..., :c._idx, :], c.values[..., :c._idx, :]))
         return s
@@ -97,6 +107,8 @@ class SlotKVCache(BatchKVCache):
         nk = mx.zeros((cap_rows, h, width, dk), k.dtype)
         nv = mx.zeros((cap_rows, h, width, dv), v.dtype)
         self._k, self._v = nk, nv
+        shift = left - self.t0  # the window moves to column `left`, its holes with it
+        self._holes = {r: [c + shift for c in cols] for r, cols in self._holes.items()}
         if self._idx:
             self._write((slice(0, b), slice(None), slice(left, left + self._idx)), k, v)
         self.t0, self._end = left, left + self._idx
@@ -138,6 +150,7 @@ class SlotKVCache(BatchKVCache):
         raise NotImplementedError("SlotKVCache cannot be restored from a state; adopt a BatchKVCache")
 
     def trim(self, n):
+        self.compact()  # a trimmed hole must not count as a token
         n = min(self._idx, n)
         self._idx -= n
         self._end -= n
@@ -159,6 +172,7 @@ class SlotKVCache(BatchKVCache):
             for (dst, _), (k, v) in zip(moves, sources):
                 self._write(slice(dst, dst + 1), k, v)
         self._rows = len(keep)
+        self._holes = {dst: self._holes[src] for dst, src in enumerate(keep) if src in self._holes}
         if keep:
             drop = min(self.left_padding.tolist())
             if drop > 0:  # every row is padded there: the window starts later
@@ -205,12 +219,65 @@ class SlotKVCache(BatchKVCache):
         self._views()
 
     def extract(self, idx):
+        """Row `idx`'s tokens as a plain cache: its live columns, without padding or holes."""
         cache = KVCache()
         padding = self.left_padding.tolist()[idx]
-        cache.keys = mx.contiguous(self.keys[idx: idx + 1, :, padding:, :])
-        cache.values = mx.contiguous(self.values[idx: idx + 1, :, padding:, :])
+        keys, values = self.keys[idx: idx + 1, :, padding:, :], self.values[idx: idx + 1, :, padding:, :]
+        if self._holes.get(idx):
+            cols = mx.array(self._live(idx, padding))
+            keys, values = mx.take(self.keys[idx: idx + 1], cols, axis=2), mx.take(self.values[idx: idx + 1], cols, axis=2)
+        cache.keys, cache.values = mx.contiguous(keys), mx.contiguous(values)
         cache.offset = cache.keys.shape[2]
         return cache
+
+    # -- holes (speculative decoding) ----------------------------------------------------
+
+    def reject(self, counts: list[int]) -> None:
+        """Row i keeps all but the last `counts[i]` columns written: those become holes, and
+        its offset (the next token's position) goes back by as many."""
+        if not any(counts):
+            return
+        for row, n in enumerate(counts):
+            if n:
+                self._holes.setdefault(row, []).extend(range(self._end - n, self._end))
+        self.offset = self.offset - mx.array(counts, dtype=self.offset.dtype)
+
+    @property
+    def most_holes(self) -> int:
+        return max((len(c) for c in self._holes.values()), default=0)
+
+    def _live(self, row: int, padding: int) -> list[int]:
+        """Window columns (from t0) of a row's tokens, in order."""
+        dead = set(self._holes.get(row, ()))
+        return [c - self.t0 for c in range(self.t0 + padding, self._end) if c not in dead]
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs):
+        mask = super().make_mask(N, return_array=return_array, **kwargs)
+        if not self._holes:
+            return mask
+        live = np.ones((self._rows, self._idx + N), dtype=bool)
+        for row, cols in self._holes.items():
+            live[row, np.array(cols) - self.t0] = False
+        return mask & mx.array(live)[:, None, None, :]
+
+    def compact(self) -> None:
+        """Re-lay every row right-aligned without its holes (one gather of the window)."""
+        if not self._holes or self._k is None:
+            self._holes = {}
+            return
+        pads = self.left_padding.tolist()
+        live = [self._live(r, pads[r]) for r in range(self._rows)]
+        width = max(len(cols) for cols in live)
+        index = mx.array([[0] * (width - len(cols)) + cols for cols in live])  # padding reads column 0
+        k, v = self.keys, self.values
+        b, h = k.shape[:2]
+        k = mx.take_along_axis(k, mx.broadcast_to(index[:, None, :, None], (b, h, width, k.shape[3])), axis=2)
+        v = mx.take_along_axis(v, mx.broadcast_to(index[:, None, :, None], (b, h, width, v.shape[3])), axis=2)
+        self._write((slice(0, b), slice(None), slice(0, width)), k, v)
+        self.t0, self._end, self._idx = 0, width, width
+        self.left_padding = mx.array([width - len(cols) for cols in live])
+        self._holes = {}
+        self._views()
 
     def size(self):
         return self._idx

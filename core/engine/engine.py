@@ -220,7 +220,12 @@ class Engine:
                 "batch_tokens": self.batch_room() // bpt if bpt else 0, "max_batch": self.settings.max_batch,
                 "prefix_cache": self.prefix.tree.summary() if self.prefix else None,
                 "disk_cache": self.prefix.disk.summary() if self.prefix and self.prefix.disk else None,
-                "shards": self.link.summary() | {"in_step": self.in_step} if self.link else None}
+                "shards": self.link.summary() | {"in_step": self.in_step} if self.link else None,
+                "speculation": self._speculation()}
+
+    def _speculation(self) -> dict | None:
+        spec = getattr(getattr(self, "_gen", None), "speculator", None)
+        return spec.summary() if spec is not None else None
 
     # ---- caller side (any thread) ------------------------------------------------------
 
@@ -508,8 +513,10 @@ class Engine:
                       prefill_batch_size=s.max_prefill_batch, prefill_step_size=s.prefill_step,
                       stream=self._mx_stream)
         if s.step_tokens:
+            # the ranks of a sharded server would have to agree on drafts too: not built
             gen = BudgetedBatchGenerator(self.loaded.model, step_tokens=s.step_tokens,
-                                         on_prompt=self._on_prompt, slots=s.kv_slots, **kwargs)
+                                         on_prompt=self._on_prompt, slots=s.kv_slots,
+                                         speculate=0 if self._sharded else s.speculate, **kwargs)
             if check_layout(gen):
                 return gen
             gen.close()

@@ -49,6 +49,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBat
 from mlx_lm.models.cache import BatchKVCache
 
 from core.cache.slots import SlotKVCache, swap_order
+from core.engine.speculate import Speculator, usable, verify_step
 
 _LAYOUT = ("_prompt_batch", "_generation_batch", "_unprocessed_sequences", "_currently_processing",
            "_make_batch", "_counters", "completion_batch_size", "prefill_batch_size", "prefill_step_size")
@@ -70,11 +71,13 @@ def check_layout(gen: BatchGenerator) -> bool:
 
 class BudgetedBatchGenerator(BatchGenerator):
     def __init__(self, model, *, step_tokens: int,
-                 on_prompt: Callable[[list], None], slots: bool = True, **kwargs):
+                 on_prompt: Callable[[list], None], slots: bool = True, speculate: int = 0, **kwargs):
         super().__init__(model, **kwargs)
         self.step_tokens = step_tokens
         self.on_prompt = on_prompt
         self.slots = slots
+        # drafts need the slot cache's holes (core.engine.speculate)
+        self.speculator = Speculator(speculate) if speculate and slots else None
         self._warming: set[int] = set()  # rows whose last prompt token the next decode runs
         if slots:
             # rows leave in the order that moves fewest slot rows; the batch's lists follow it
@@ -100,13 +103,27 @@ class BudgetedBatchGenerator(BatchGenerator):
         responses = []
         if len(gen):
             tic = time.perf_counter()
-            responses = gen.next()
+            responses = self._decode(gen)
             if self._warming:
                 responses = self._warmed(gen, responses)
             self._counters.decode_time += time.perf_counter() - tic
             self._counters.generation_tokens += len(responses)
             self._counters.generation_steps += 1
         return [], responses
+
+    def _decode(self, gen: GenerationBatch) -> list:
+        """The batch's decode: with drafts, verified in one forward (core.engine.speculate);
+        else the library's own step. Drafts share the step's budget: a row and its drafts
+        count 1 + K tokens."""
+        spec = self.speculator
+        if spec is not None and usable(gen):
+            k = min(spec.k, self.step_tokens // len(gen) - 1)
+            if k > 0:
+                tokens = gen._next_tokens.tolist()
+                drafts = spec.drafts(gen, tokens, self._warming, k)
+                if any(drafts):
+                    return verify_step(gen, tokens, drafts, spec)
+        return gen.next()
 
     def _start_decoding(self) -> list:
         """Move the prompts that are down to their last token to the decoding batch.

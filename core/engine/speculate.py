@@ -1,0 +1,189 @@
+"""Prompt-lookup (n-gram) speculative decoding, verified inside the batched decode step.
+
+A reply often repeats its context: code it is asked to change, names, a quoted sentence, a
+list's pattern. For each greedy row, `Drafts` looks up the row's last 3 (else 2) tokens in
+everything the row has seen (its prompt and reply) and, where they occurred before, proposes
+the tokens that followed there (prompt lookup decoding: Saxena 2023; vLLM's "ngram"
+speculator). `verify_step` runs the whole batch's current tokens and drafts in one forward,
+[B, 1 + K] (K = the longest draft, shorter rows padded), keeps each row's drafts while the
+model's own argmax agrees, and adds the model's next token after them: a greedy row gets 1 to
+K + 1 tokens from one forward, exactly the tokens plain greedy decoding would give.
+
+Why it pays on this CPU: a forward reads every weight once whatever its width, so a
+[32, 2] forward costs about what a [32, 1] one does and [32, 4] ~1.7x (loadtests/
+bench_speculate prints the figures). Rows that sample (temperature > 0), follow a grammar or
+a logit_bias, and newcomers on their last prompt token, draft nothing and take their token
+from position 0 through their own sampler, as in mlx-lm's step; so does every row when no
+row has a draft (then the library's own pipelined step runs).
+
+A row's rejected drafts stay in its K/V as holes (core.cache.slots.SlotKVCache.reject),
+masked for that row and dropped when the cache compacts. Only runs with every layer's cache
+a SlotKVCache (not hybrid or rotating models), and not under mlx.launch (core.engine.
+lockstep: drafts would be one more thing the ranks must agree on). Engine thread only.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+from mlx_lm.sample_utils import greedy_sampler
+
+from core.cache.slots import SlotKVCache
+
+NGRAMS = (3, 2)  # the lookup's n, longest first: a 1-token match guesses too often to pay
+COMPACT_AT = 32  # holes in a row before the batch's caches are re-laid without them
+
+
+class Drafts:
+    """A row's tokens and where each n-gram of them last occurred (built once, then appended to)."""
+
+    def __init__(self, tokens: list[int]):
+        self.seq: list[int] = []
+        self.follows: dict[tuple, int] = {}  # n-gram -> the index of the token that followed it
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        seq, follows = self.seq, self.follows
+        for t in tokens:
+            end = len(seq)  # t's index: it follows the n-grams that end just before it
+            for n in NGRAMS:
+                if end >= n:
+                    follows[tuple(seq[end - n: end])] = end
+            seq.append(t)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the last n tokens' latest earlier occurrence."""
+        seq = self.seq
+        for n in NGRAMS:
+            if len(seq) <= n:
+                continue
+            at = self.follows.get(tuple(seq[-n:]))
+            if at is not None:
+                return seq[at: at + k]
+        return []
+
+
+class Speculator:
+    """Drafts for a decoding batch's rows, and the acceptance counters."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.rows: dict[int, Drafts] = {}  # uid -> its drafts
+        self.steps = self.drafted = self.accepted = 0
+        self.rows_drafting = 0  # rows that brought a draft to a verify step
+
+    def drafts(self, gen: GenerationBatch, tokens: list[int], skip: set[int], k: int) -> list[list[int]]:
+        """Each row's draft (empty where it cannot draft), its current token `tokens[i]` last."""
+        live = set(gen.uids)
+        for uid in [u for u in self.rows if u not in live]:
+            del self.rows[uid]
+        out = []
+        for i, uid in enumerate(gen.uids):
+            # the library gives a request without a sampler its argmax one
+            greedy = (not gen.samplers or gen.samplers[i] in (None, greedy_sampler)) and not gen.logits_processors[i]
+            if not greedy or uid in skip:
+                out.append([])
+                continue
+            d = self.rows.get(uid)
+            if d is None or len(d.seq) != len(gen.tokens[i]):  # new, or it missed a step
+                d = self.rows[uid] = Drafts(gen.tokens[i] + [tokens[i]])
+            else:
+                d.extend(tokens[i: i + 1])
+            out.append(d.propose(k))
+        return out
+
+    def kept(self, uid: int, tokens: list[int]) -> None:
+        """Accepted drafts join the row's history (its current token came in `drafts`)."""
+        d = self.rows.get(uid)
+        if d is not None and tokens:
+            d.extend(tokens)
+
+    def summary(self) -> dict:
+        return {"rows_drafting": self.rows_drafting, "max_draft": self.k, "steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance": round(self.accepted / self.drafted, 3) if self.drafted else None,
+                # tokens a drafting row got from one forward (1 without speculation)
+                "tokens_per_draft": round(1 + self.accepted / self.rows_drafting, 2) if self.rows_drafting else None}
+
+
+def usable(gen: GenerationBatch) -> bool:
+    """Can this batch verify drafts (every layer's K/V can hold holes)?"""
+    return bool(gen.prompt_cache) and all(type(c) is SlotKVCache for c in gen.prompt_cache)
+
+
+def verify_step(gen: GenerationBatch, tokens: list[int], drafts: list[list[int]],
+                spec: Speculator) -> list[GenerationBatch.Response]:
+    """One decode step of `gen` with drafts: what `GenerationBatch.next` does, for 1 + K
+    tokens per row. `tokens` are the rows' current tokens (gen._next_tokens, evaluated)."""
+    b, k = len(gen.uids), max(len(d) for d in drafts)
+    x = mx.array([[t] + d + [t] * (k - len(d)) for t, d in zip(tokens, drafts)], dtype=mx.uint32)
+    logits = gen.model(x, cache=gen.prompt_cache)
+    first = logits[:, 0, :]
+    context = []
+    if any(gen.logits_processors):  # as the library's step: only rows with processors need a context
+        rows = []
+        for e in range(b):
+            row = first[e: e + 1]
+            if gen.logits_processors[e]:
+                ctx = gen._token_context[e].update_and_fetch(x[e, :1])
+                context.append(ctx)
+                for processor in gen.logits_processors[e]:
+                    row = processor(ctx, row)
+            rows.append(row)
+        first = mx.concatenate(rows, axis=0)
+    # samplers take logits up to a per-row constant (core.engine.unnormalized)
+    samplers = [gen.fallback_sampler if s is None else s for s in (gen.samplers or [None] * b)]
+    if all(s is samplers[0] for s in samplers):
+        sampled = samplers[0](first)
+    else:
+        sampled = mx.concatenate([s(first[e: e + 1]) for e, s in enumerate(samplers)], axis=0)
+    argmax = mx.argmax(logits, axis=-1)  # [b, 1 + k]: the model's own choice after each input
+    mx.eval(sampled, argmax, context)
+    sampled, argmax = sampled.tolist(), argmax.tolist()
+
+    spec.steps += 1
+    responses, keep, rejected, nexts, next_logprobs = [], [], [], [], []
+    for i, uid in enumerate(gen.uids):
+        d = drafts[i]
+        took = 0
+        while took < len(d) and argmax[i][took] == d[took]:
+            took += 1
+        spec.drafted += len(d)
+        spec.accepted += took
+        spec.rows_drafting += bool(d)
+        out = [tokens[i]] + d[:took]
+        # the logits each token was chosen from: the current one's came with the last step
+        logprobs = [gen._next_logprobs[i]] + [logits[i, j] for j in range(took)]
+        finish, n = None, 0
+        for n, t in enumerate(out, 1):
+            gen._num_tokens[i] += 1
+            if gen._num_tokens[i] >= gen.max_tokens[i]:
+                finish = "length"
+            if gen._matchers[i].advance(t):
+                finish = "stop"
+            if finish is not None:
+                break
+        gen.tokens[i].extend(out[:n])
+        spec.kept(uid, out[1:n])
+        rejected.append(k + 1 - n)
+        nexts.append(argmax[i][took] if took else sampled[i])
+        next_logprobs.append(first[i] if not took else logits[i, took])
+        for j in range(n):
+            responses.append([i, out[j], logprobs[j], finish if j == n - 1 else None])
+        if finish is None:
+            keep.append(i)
+    for c in gen.prompt_cache:
+        c.reject(rejected)
+    out = []
+    for i, token, logprobs, finish in responses:
+        done = finish is not None
+        out.append(GenerationBatch.Response(gen.uids[i], token, logprobs, finish,
+                                            gen.extract_cache(i) if done else None,
+                                            gen.tokens[i] if done else None))
+    gen._next_tokens = mx.array(nexts, dtype=mx.uint32)
+    gen._next_logprobs = next_logprobs
+    if len(keep) < b:
+        gen.filter(keep)
+    if gen.prompt_cache and gen.prompt_cache[0].most_holes >= COMPACT_AT:
+        for c in gen.prompt_cache:
+            c.compact()
+    return out

@@ -1,0 +1,198 @@
+"""Prompt-lookup speculative decoding (core.engine.speculate): the drafts, the slot cache's
+holes (core.cache.slots) against a cache that never held the rejected tokens, and the same
+greedy tokens from the generator and the engine with speculation on and off."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+from mlx_lm.generate import StopSequences
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from core.cache.slots import SlotKVCache, swap_order
+from core.engine.speculate import Drafts
+from core.engine.stepper import BudgetedBatchGenerator
+
+H, D = 2, 4
+
+
+def test_drafts_follow_the_latest_earlier_occurrence_of_the_last_words():
+    d = Drafts([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3])
+    assert d.propose(3) == [4, 5, 9]  # the 3-gram "1 2 3" first, though "2 3" came later
+    d = Drafts([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 6, 2, 3])
+    assert d.propose(3) == [7, 8, 6]  # no earlier "6 2 3": the latest "2 3"
+    d = Drafts([5, 1, 2, 3, 4, 6, 1, 2, 3])
+    assert d.propose(2) == [4, 6]  # the 3-gram "1 2 3" occurred at the start
+    d.extend([4])
+    assert d.propose(4) == [6, 1, 2, 3]
+    assert Drafts([1, 2, 3, 4]).propose(3) == []  # nothing repeats
+    assert Drafts([7, 7]).propose(2) == []  # a 1-token match is not enough
+
+
+def kv(rng: random.Random, b: int, n: int) -> mx.array:
+    return mx.array([[[[rng.random() for _ in range(D)] for _ in range(n)] for _ in range(H)] for _ in range(b)])
+
+
+def attend(cache, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+    n = q.shape[2]
+    mask = cache.make_mask(n) if isinstance(cache, SlotKVCache) else "causal" if n > 1 else None
+    keys, values = cache.update_and_fetch(k, v)
+    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.5, mask=mask)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_holes_attend_like_caches_that_never_held_the_rejected_tokens(seed):
+    """Each row keeps a random part of every multi-token write; a plain per-row KVCache gets
+    only what the row kept. Decodes, joins, leaves and compactions in between."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 12) for _ in range(3)]
+    refs = []
+    for n in lengths:
+        c = KVCache()
+        k = kv(rng, 1, n)
+        c.update_and_fetch(k, k + 1)
+        refs.append(c)
+    slot = SlotKVCache.merge(refs)
+    refs = [c for c in refs]
+    for step in range(40):
+        b = len(refs)
+        op = rng.random()
+        if op < 0.15:  # a prompt joins
+            c = KVCache()
+            k = kv(rng, 1, rng.randint(1, 20))
+            c.update_and_fetch(k, k + 1)
+            slot.extend(BatchKVCache.merge([c]))
+            fresh = KVCache()
+            fresh.update_and_fetch(c.keys[..., : c.offset, :], c.values[..., : c.offset, :])
+            refs.append(fresh)
+            continue
+        if op < 0.25 and b > 1:  # some leave
+            keep = sorted(rng.sample(range(b), rng.randint(1, b - 1)))
+            order = swap_order(keep)
+            slot.filter(order)
+            refs = [refs[i] for i in order]
+            continue
+        if op < 0.3:
+            slot.compact()
+        width = rng.randint(1, 4)
+        k = kv(rng, b, width)
+        q = k * 2 - 1
+        out = attend(slot, q, k, k + 1)
+        kept = [rng.randint(1, width) for _ in range(b)]
+        for i, ref in enumerate(refs):
+            mine = attend(ref, q[i: i + 1], k[i: i + 1], k[i: i + 1] + 1)
+            # query j sees the row's whole write up to j, rejected drafts included, as a verify does
+            assert mx.allclose(out[i: i + 1], mine, atol=1e-5).item(), (step, i)
+            ref.trim(width - kept[i])
+        slot.reject([width - n for n in kept])
+        assert slot.offset.tolist() == [r.offset for r in refs]
+        for i, ref in enumerate(refs):
+            got = slot.extract(i)
+            assert got.offset == ref.offset
+            assert mx.array_equal(got.keys, ref.keys[..., : ref.offset, :]).item(), (step, i)
+            assert mx.array_equal(got.values, ref.values[..., : ref.offset, :]).item(), (step, i)
+
+
+def test_compaction_drops_the_holes_and_keeps_what_rows_attend_to():
+    rng = random.Random(7)
+    refs = []
+    for n in (5, 9):
+        c = KVCache()
+        k = kv(rng, 1, n)
+        c.update_and_fetch(k, k)
+        refs.append(c)
+    slot = SlotKVCache.merge(refs)
+    k = kv(rng, 2, 3)
+    slot.update_and_fetch(k, k)
+    slot.reject([2, 0])
+    assert slot.most_holes == 2 and slot._idx == 12
+    before = [slot.extract(i).keys for i in range(2)]
+    q = kv(rng, 2, 1)
+    k = kv(rng, 2, 1)
+    mask = slot.make_mask(1)
+    keys, values = slot.update_and_fetch(k, k)
+    expect = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.5, mask=mask)
+    slot.trim(1)  # compacts first
+    assert slot.most_holes == 0 and slot._idx == 12  # row 1: 13 columns, less the one trimmed
+    assert [slot.extract(i).keys.shape[2] for i in range(2)] == [6, 12]
+    for i in range(2):
+        assert mx.array_equal(slot.extract(i).keys, before[i]).item()
+    mask = slot.make_mask(1)
+    keys, values = slot.update_and_fetch(k, k)
+    again = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.5, mask=mask)
+    assert mx.allclose(expect, again, atol=1e-6).item()
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load(str(tiny_model_dir))[0]
+
+
+def run(model, speculate: int, plan) -> tuple[dict[int, list[int]], BudgetedBatchGenerator]:
+    """Greedy tokens per request for a plan of (step, prompt, max_tokens, stop) arrivals."""
+    gen = BudgetedBatchGenerator(model, step_tokens=64, on_prompt=lambda r: None, speculate=speculate,
+                                 max_tokens=100, completion_batch_size=6, prefill_batch_size=2,
+                                 prefill_step_size=64)
+    out, names, finals, pending = {}, {}, {}, list(plan)
+    for step in range(600):
+        while pending and pending[0][0] <= step:
+            _, prompt, n, stop = pending.pop(0)
+            uid = gen.insert([prompt], max_tokens=[n], stop_sequences=[StopSequences([[stop]] if stop else [])])[0]
+            names[uid] = len(names)
+        for r in gen.next()[1]:
+            out.setdefault(names[r.uid], []).append(r.token)
+            if r.finish_reason is not None:
+                c = r.prompt_cache[0]
+                finals[names[r.uid]] = (r.finish_reason, len(r.all_tokens), c.offset, c.keys.shape[2])
+        if not pending and len(finals) == len(plan) and not gen._generation_batch.uids \
+                and not gen._unprocessed_sequences and not gen._currently_processing:
+            break
+    gen.close()
+    return {i: (out[i], finals[i]) for i in out}, gen
+
+
+def test_the_generator_gives_the_same_tokens_and_caches_with_speculation_on_and_off(model):
+    rng = random.Random(5)
+    # short vocabularies make a random model's replies (and prompts) repeat: drafts get accepted
+    plan = sorted((rng.randrange(0, 80), [rng.randrange(5, 5 + rng.choice([4, 12, 250])) for _ in range(rng.randint(3, 120))],
+                   rng.randint(1, 60), rng.choice([None, None, rng.randrange(5, 20)])) for _ in range(18))
+    off, _ = run(model, 0, plan)
+    on, gen = run(model, 4, plan)
+    assert len(on) == len(plan) and on == off
+    spec = gen.speculator.summary()
+    # the test means something only if drafts were made, kept and thrown away
+    assert spec["accepted"] > 20 and spec["drafted"] > spec["accepted"], spec
+    for i, (tokens, (reason, n_all, offset, width)) in on.items():
+        assert offset == width == n_all, i  # the finished cache holds exactly its tokens
+
+
+def test_the_engine_replies_the_same_with_speculation_and_counts_it(tiny_model_dir):
+    from core.config import Settings
+    from core.engine.engine import Engine
+    from core.engine.requests import ChatRequest
+
+    def replies(speculate: int):
+        eng = Engine(Settings(model=str(tiny_model_dir), max_batch=8, max_tokens=40, speculate=speculate)).start(timeout=120)
+        try:
+            words = ["alpha beta gamma alpha beta gamma alpha", "one two one two one two", "x y z", "code: a=1; b=2; a=1;"]
+            handles = [eng.submit(ChatRequest(messages=[{"role": "user", "content": w}],
+                                              sampling={"temperature": 0.0, "max_tokens": 40})) for w in words]
+            # a second turn restores the first's cache, which speculation wrote with holes
+            first = [h.result() for h in handles]
+            second = [eng.submit(ChatRequest(messages=[{"role": "user", "content": w},
+                                                       {"role": "assistant", "content": f.text},
+                                                       {"role": "user", "content": "again"}],
+                                             sampling={"temperature": 0.0, "max_tokens": 40})).result()
+                      for w, f in zip(words, first)]
+            return [f.text for f in first + second], [s.usage.cached_tokens for s in second], eng.stats()["speculation"]
+        finally:
+            eng.stop()
+
+    off, cached_off, none = replies(0)
+    on, cached_on, spec = replies(3)
+    assert none is None
+    assert on == off and cached_on == cached_off and min(cached_on) > 0
+    assert spec["drafted"] > 0 and spec["max_draft"] == 3, spec
