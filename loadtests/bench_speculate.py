@@ -22,6 +22,7 @@ OpenBLAS (core.platform.blas).
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import threading
@@ -83,6 +84,8 @@ def one_run(model: str, drafts: int, workload: str, users: int, turns: int, max_
         spec = engine.stats()["speculation"] or {}
     finally:
         engine.stop()
+        del engine
+        gc.collect()  # the next run's engine needs the memory this one's model and K/V held
     tokens = sum(n for _, _, n in out)
     return {"tps": tokens / wall, "texts": sorted((s, t) for s, t, _ in out), "spec": spec, "tokens": tokens}
 

@@ -323,3 +323,20 @@ def test_failure_while_finishing_releases_the_slot_once(engine, monkeypatch):
     assert engine.stats()["inflight"] == 0 and engine.stats()["active"] == 0
     monkeypatch.undo()
     assert run_alone(engine, chat("sets", max_tokens=5)).usage.generated_tokens == 5
+
+
+def test_a_stopped_engine_is_freed_with_its_model_and_cache(tiny_model_dir):
+    """Benchmarks and tests start many engines in one process: a stopped one must not stay
+    reachable (it did, through the atexit registry, until memory ran out)."""
+    import gc
+    import weakref
+
+    from core.config import Settings
+    from core.engine.engine import Engine
+
+    eng = Engine(Settings(model=str(tiny_model_dir))).start(timeout=120)
+    ref = weakref.ref(eng)
+    eng.stop()
+    del eng
+    gc.collect()
+    assert ref() is None

@@ -201,6 +201,7 @@ class Engine:
 
     def stop(self) -> None:
         """Fail whatever is queued or running, end the thread and free its MLX streams."""
+        atexit.unregister(self.stop)  # else the registry keeps a stopped engine's model and K/V alive
         if not self._thread.is_alive():
             return
         self._stopping = True

@@ -71,6 +71,7 @@ class Speculator:
         self.rows: dict[int, Drafts] = {}  # uid -> its drafts
         self.steps = self.drafted = self.accepted = 0
         self.rows_drafting = 0  # rows that brought a draft to a verify step
+        self.rows_verified = 0  # rows in verify steps, drafting or not
 
     def drafts(self, gen: GenerationBatch, tokens: list[int], skip: set[int], k: int) -> list[list[int]]:
         """Each row's draft (empty where it cannot draft), its current token `tokens[i]` last."""
@@ -99,7 +100,8 @@ class Speculator:
             d.extend(tokens)
 
     def summary(self) -> dict:
-        return {"rows_drafting": self.rows_drafting, "max_draft": self.k, "steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
+        return {"max_draft": self.k, "steps": self.steps, "rows_verified": self.rows_verified,
+                "rows_drafting": self.rows_drafting, "drafted": self.drafted, "accepted": self.accepted,
                 "acceptance": round(self.accepted / self.drafted, 3) if self.drafted else None,
                 # tokens a drafting row got from one forward (1 without speculation)
                 "tokens_per_draft": round(1 + self.accepted / self.rows_drafting, 2) if self.rows_drafting else None}
@@ -141,6 +143,7 @@ def verify_step(gen: GenerationBatch, tokens: list[int], drafts: list[list[int]]
     sampled, argmax = sampled.tolist(), argmax.tolist()
 
     spec.steps += 1
+    spec.rows_verified += b
     responses, keep, rejected, nexts, next_logprobs = [], [], [], [], []
     for i, uid in enumerate(gen.uids):
         d = drafts[i]
