@@ -63,7 +63,7 @@ def user(engine, workload: str, seed: int, turns: int, max_tokens: int, out: lis
                                           sampling={"max_tokens": max_tokens, "temperature": 0.0})).result()
         if not isinstance(final, Finished):
             raise SystemExit(f"a request failed: {final}")
-        out.append((seed, final.text, final.usage.generated_tokens))
+        out.append((seed, final.text, final.usage))
         messages.append({"role": "assistant", "content": final.text})
 
 
@@ -86,8 +86,10 @@ def one_run(model: str, drafts: int, workload: str, users: int, turns: int, max_
         engine.stop()
         del engine
         gc.collect()  # the next run's engine needs the memory this one's model and K/V held
-    tokens = sum(n for _, _, n in out)
-    return {"tps": tokens / wall, "texts": sorted((s, t) for s, t, _ in out), "spec": spec, "tokens": tokens}
+    tokens = sum(u.generated_tokens for _, _, u in out)
+    tpot = [1000 / u.decode_tps for _, _, u in out if u.decode_tps > 0]
+    return {"tps": tokens / wall, "texts": sorted((s, t) for s, t, _ in out), "spec": spec, "tokens": tokens,
+            "tpot": statistics.median(tpot), "latency": statistics.mean(u.total_ms for _, _, u in out) / 1000}
 
 
 def main() -> None:
@@ -105,9 +107,9 @@ def main() -> None:
     ks = [int(k) for k in args.drafts.split(",")]
     print(f"model {model}; BLAS {active_blas()}; {args.turns} turns, max_tokens {args.max_tokens}, "
           f"greedy; {args.rounds} interleaved rounds")
-    print("| workload | users | --speculate | output tok/s | speed-up (min-max) | acceptance | "
-          "tokens per drafting row and step | same text |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| workload | users | --speculate | output tok/s | speed-up (min-max) | TPOT p50 ms | mean latency s | "
+          "acceptance | tokens per drafting row and step | verify steps / steps with drafts | same text |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for workload in args.workloads.split(","):
         for users in [int(u) for u in args.users.split(",")]:
             runs: dict[int, list[dict]] = {k: [] for k in ks}
@@ -118,18 +120,16 @@ def main() -> None:
             for k in ks:
                 rs = runs[k]
                 ratios = [r["tps"] / b["tps"] for r, b in zip(rs, base)]
-                drafted = sum(r["spec"].get("drafted", 0) for r in rs)
-                accepted = sum(r["spec"].get("accepted", 0) for r in rs)
-                rows = sum(r["spec"].get("rows_drafting", 0) for r in rs)
+                spec = {f: sum(r["spec"].get(f, 0) for r in rs) for f in ("drafted", "accepted", "rows_drafting", "steps")}
                 same = all(r["texts"] == b["texts"] for r, b in zip(rs, base))
-                per_step = f"{1 + accepted / rows:.2f}" if rows else "-"  # a drafting row's tokens per forward
+                drafted = spec["drafted"]
+                accepted = f"{spec['accepted'] / drafted:.0%} of {drafted}" if drafted else "-"
+                per_row = f"{1 + spec['accepted'] / spec['rows_drafting']:.2f}" if spec["rows_drafting"] else "-"
+                tpot = statistics.median(r["tpot"] for r in rs)
+                latency = statistics.median(r["latency"] for r in rs)
                 print(f"| {workload} | {users} | {k} | {statistics.median(r['tps'] for r in rs):.1f} | "
-                      f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
-                      f"{accepted / drafted:.0%} of {drafted} | {per_step} | {'yes' if same else 'NO'} |"
-                      if drafted else
-                      f"| {workload} | {users} | {k} | {statistics.median(r['tps'] for r in rs):.1f} | "
-                      f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | - | - | "
-                      f"{'yes' if same else 'NO'} |", flush=True)
+                      f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {tpot:.0f} | "
+                      f"{latency:.1f} | {accepted} | {per_row} | {spec['steps']} | {'yes' if same else 'NO'} |", flush=True)
 
 
 if __name__ == "__main__":

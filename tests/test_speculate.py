@@ -20,16 +20,25 @@ H, D = 2, 4
 
 
 def test_drafts_follow_the_latest_earlier_occurrence_of_the_last_words():
-    d = Drafts([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3])
-    assert d.propose(3) == [4, 5, 9]  # the 3-gram "1 2 3" first, though "2 3" came later
-    d = Drafts([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 6, 2, 3])
-    assert d.propose(3) == [7, 8, 6]  # no earlier "6 2 3": the latest "2 3"
-    d = Drafts([5, 1, 2, 3, 4, 6, 1, 2, 3])
-    assert d.propose(2) == [4, 6]  # the 3-gram "1 2 3" occurred at the start
-    d.extend([4])
-    assert d.propose(4) == [6, 1, 2, 3]
-    assert Drafts([1, 2, 3, 4]).propose(3) == []  # nothing repeats
-    assert Drafts([7, 7]).propose(2) == []  # a 1-token match is not enough
+    d = Drafts()
+    d.sync([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2])
+    assert d.propose(3, 3) == [4, 5, 9]  # the 3-gram "1 2 3" first, though "2 3" came later
+    d = Drafts()
+    d.sync([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 6, 2])
+    assert d.propose(3, 3) == [7, 8, 6]  # no earlier "6 2 3": the latest "2 3"
+    assert not d.likely()  # "6 2" is new: the cheap check misses a repeat that starts at the current token
+    d = Drafts()
+    d.sync([5, 1, 2, 3, 4, 6, 1, 2])
+    assert d.likely() and d.propose(3, 2) == [4, 6]
+    d.sync([5, 1, 2, 3, 4, 6, 1, 2, 3])  # the row ran its current token
+    assert d.propose(4, 4) == [6, 1, 2, 3]
+    fresh = Drafts()
+    fresh.sync([1, 2, 3, 4])
+    assert not fresh.likely() and fresh.propose(5, 3) == []  # nothing repeats
+    assert Drafts().propose(7, 2) == []
+    one = Drafts()
+    one.sync([7])
+    assert one.propose(7, 2) == []  # a 1-token match is not enough
 
 
 def kv(rng: random.Random, b: int, n: int) -> mx.array:

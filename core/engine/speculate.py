@@ -34,13 +34,28 @@ NGRAMS = (3, 2)  # the lookup's n, longest first: a 1-token match guesses too of
 COMPACT_AT = 32  # holes in a row before the batch's caches are re-laid without them
 
 
-class Drafts:
-    """A row's tokens and where each n-gram of them last occurred (built once, then appended to)."""
+PRIOR_COST = 0.25  # a forward's extra time per extra input token per row, as a share of a
+# one-token forward, until this server has timed both (SmolLM2 on this CPU: 0.17-0.33)
+PRIOR_ACCEPT = (1.2, 2.0)  # a new row's acceptance: 1.2 accepted of 2 drafted (a Beta prior)
+EMA = 0.2  # weight of the newest timing in a forward's cost
 
-    def __init__(self, tokens: list[int]):
+
+class Drafts:
+    """A row's tokens in its K/V (mirrored from the batch's lists), where each n-gram of them
+    last occurred, and how many of its drafts the model accepted."""
+
+    def __init__(self):
         self.seq: list[int] = []
         self.follows: dict[tuple, int] = {}  # n-gram -> the index of the token that followed it
-        self.extend(tokens)
+        self.drafted, self.accepted = PRIOR_ACCEPT[1], PRIOR_ACCEPT[0]
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted
+
+    def sync(self, tokens: list[int]) -> None:
+        """Catch up with the row's tokens (they only ever grow)."""
+        self.extend(tokens[len(self.seq):])
 
     def extend(self, tokens: list[int]) -> None:
         seq, follows = self.seq, self.follows
@@ -51,20 +66,28 @@ class Drafts:
                     follows[tuple(seq[end - n: end])] = end
             seq.append(t)
 
-    def propose(self, k: int) -> list[int]:
-        """Up to k tokens that followed the last n tokens' latest earlier occurrence."""
+    def likely(self) -> bool:
+        """Did the last words occur before (so the row is in a part that repeats)? Cheap, and
+        known before the current token is: a step where no row is likely to draft keeps the
+        library's pipelined step, which never waits for that token."""
+        seq = self.seq
+        return any(len(seq) >= n and tuple(seq[-n:]) in self.follows for n in NGRAMS)
+
+    def propose(self, current: int, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the last words,
+        `current` (the token the row is about to run) the last of them."""
         seq = self.seq
         for n in NGRAMS:
-            if len(seq) <= n:
+            if len(seq) < n - 1:
                 continue
-            at = self.follows.get(tuple(seq[-n:]))
+            at = self.follows.get(tuple(seq[len(seq) - n + 1:]) + (current,))
             if at is not None:
                 return seq[at: at + k]
         return []
 
 
 class Speculator:
-    """Drafts for a decoding batch's rows, and the acceptance counters."""
+    """Drafts for a decoding batch's rows, how wide a step verifies, and the counters."""
 
     def __init__(self, k: int):
         self.k = k
@@ -72,9 +95,11 @@ class Speculator:
         self.steps = self.drafted = self.accepted = 0
         self.rows_drafting = 0  # rows that brought a draft to a verify step
         self.rows_verified = 0  # rows in verify steps, drafting or not
+        self.seconds: dict[tuple[int, int], float] = {}  # (batch size's bit length, tokens per row) -> a step's time
 
-    def drafts(self, gen: GenerationBatch, tokens: list[int], skip: set[int], k: int) -> list[list[int]]:
-        """Each row's draft (empty where it cannot draft), its current token `tokens[i]` last."""
+    def candidates(self, gen: GenerationBatch, skip: set[int]) -> list[Drafts | None]:
+        """Each row's Drafts, caught up with its tokens, or None where it cannot draft
+        (sampling, processors, a newcomer's last prompt token: uids in `skip`)."""
         live = set(gen.uids)
         for uid in [u for u in self.rows if u not in live]:
             del self.rows[uid]
@@ -83,21 +108,51 @@ class Speculator:
             # the library gives a request without a sampler its argmax one
             greedy = (not gen.samplers or gen.samplers[i] in (None, greedy_sampler)) and not gen.logits_processors[i]
             if not greedy or uid in skip:
-                out.append([])
+                out.append(None)
                 continue
             d = self.rows.get(uid)
-            if d is None or len(d.seq) != len(gen.tokens[i]):  # new, or it missed a step
-                d = self.rows[uid] = Drafts(gen.tokens[i] + [tokens[i]])
-            else:
-                d.extend(tokens[i: i + 1])
-            out.append(d.propose(k))
+            if d is None:
+                d = self.rows[uid] = Drafts()
+            d.sync(gen.tokens[i])
+            out.append(d)
         return out
 
-    def kept(self, uid: int, tokens: list[int]) -> None:
-        """Accepted drafts join the row's history (its current token came in `drafts`)."""
+    def kept(self, uid: int, drafted: int, took: int) -> None:
         d = self.rows.get(uid)
-        if d is not None and tokens:
-            d.extend(tokens)
+        if d is not None:
+            d.drafted += drafted
+            d.accepted += took
+
+    def width(self, uids: list[int], drafts: list[list[int]]) -> int:
+        """How many draft tokens per row this step verifies: the K that gives the most
+        tokens per second by this server's timings, each row's acceptance so far (a draft's
+        j-th token is taken with probability acceptance^j), and 0 when none beats a plain step."""
+        b = len(drafts)
+        best, value = 0, float(b)
+        for k in range(1, max(len(d) for d in drafts) + 1):
+            gain = 0.0
+            for uid, d in zip(uids, drafts):
+                if d:
+                    a = self.rows[uid].acceptance
+                    gain += sum(a ** j for j in range(1, min(len(d), k) + 1))
+            v = (b + gain) / self.cost(b, k + 1)
+            if v > value:
+                best, value = k, v
+        return best
+
+    def cost(self, b: int, n: int) -> float:
+        """A [b, n] forward's time over a [b, 1] one's, as timed here (else the prior)."""
+        bucket = b.bit_length()
+        one, wide = self.seconds.get((bucket, 1)), self.seconds.get((bucket, n))
+        if one and wide:
+            return wide / one
+        return 1 + PRIOR_COST * (n - 1)
+
+    def timed(self, b: int, n: int, seconds: float) -> None:
+        """A decode step of b rows and n tokens each took this long."""
+        key = (b.bit_length(), n)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else (1 - EMA) * old + EMA * seconds
 
     def summary(self) -> dict:
         return {"max_draft": self.k, "steps": self.steps, "rows_verified": self.rows_verified,
@@ -166,7 +221,7 @@ def verify_step(gen: GenerationBatch, tokens: list[int], drafts: list[list[int]]
             if finish is not None:
                 break
         gen.tokens[i].extend(out[:n])
-        spec.kept(uid, out[1:n])
+        spec.kept(uid, len(d), took)
         rejected.append(k + 1 - n)
         nexts.append(argmax[i][took] if took else sampled[i])
         next_logprobs.append(first[i] if not took else logits[i, took])

@@ -57,6 +57,7 @@ _LAYOUT = ("_prompt_batch", "_generation_batch", "_unprocessed_sequences", "_cur
 
 _ROWS = ("uids", "prompt_cache", "tokens", "samplers", "logits_processors", "stop_sequences", "max_tokens",
          "_next_tokens", "_next_logprobs", "_token_context", "_num_tokens", "_matchers")
+TIME_PLAIN_EVERY = 8  # with speculation on, one plain step in so many is timed (core.engine.speculate)
 MIN_CHUNK = 64  # the least prompt tokens a step gives each long prompt being prefilled
 NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
 
@@ -78,6 +79,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         self.slots = slots
         # drafts need the slot cache's holes (core.engine.speculate)
         self.speculator = Speculator(speculate) if speculate and slots else None
+        self._plain = 0  # plain steps taken while speculating (some are timed)
         self._warming: set[int] = set()  # rows whose last prompt token the next decode runs
         if slots:
             # rows leave in the order that moves fewest slot rows; the batch's lists follow it
@@ -116,14 +118,30 @@ class BudgetedBatchGenerator(BatchGenerator):
         else the library's own step. Drafts share the step's budget: a row and its drafts
         count 1 + K tokens."""
         spec = self.speculator
-        if spec is not None and usable(gen):
-            k = min(spec.k, self.step_tokens // len(gen) - 1)
+        if spec is None:
+            return gen.next()
+        b, tic = len(gen), None
+        k = min(spec.k, self.step_tokens // b - 1) if usable(gen) else 0
+        rows = spec.candidates(gen, self._warming) if k > 0 else []
+        if any(d is not None and d.likely() for d in rows):
+            tokens = gen._next_tokens.tolist()  # waits for the last step's forward
+            drafts = [d.propose(t, k) if d is not None else [] for d, t in zip(rows, tokens)]
+            k = spec.width(gen.uids, drafts) if any(drafts) else 0
             if k > 0:
-                tokens = gen._next_tokens.tolist()
-                drafts = spec.drafts(gen, tokens, self._warming, k)
-                if any(drafts):
-                    return verify_step(gen, tokens, drafts, spec)
-        return gen.next()
+                tic = time.perf_counter()
+                responses = verify_step(gen, tokens, [d[:k] for d in drafts], spec)
+                spec.timed(b, k + 1, time.perf_counter() - tic)
+                return responses
+        if rows:
+            self._plain += 1
+            if self._plain % TIME_PLAIN_EVERY == 0:  # a forward of one token per row, timed alone
+                mx.eval(gen._next_tokens)
+                tic = time.perf_counter()
+        responses = gen.next()
+        if tic is not None and gen._next_tokens is not None:
+            mx.eval(gen._next_tokens)  # this once, not overlapped with the engine's own work
+            spec.timed(b, 1, time.perf_counter() - tic)
+        return responses
 
     def _start_decoding(self) -> list:
         """Move the prompts that are down to their last token to the decoding batch.
