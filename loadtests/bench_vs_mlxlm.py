@@ -81,8 +81,9 @@ VLLM_TUNED_FLAGS = ("--max-num-seqs", "--prefill-batch-size", "--completion-batc
 COLS = [("requests", "requests", "{}"), ("errors", "errors", "{}"), ("rps", "req/s", "{:.2f}"),
         ("tps", "tps", "{:.1f}"), ("ttft50", "ttft p50", "{:.3f}"), ("ttft95", "ttft p95", "{:.3f}"),
         ("tpot50", "tpot p50", "{:.4f}"), ("tpot95", "tpot p95", "{:.4f}"), ("lat95", "lat p95", "{:.2f}"),
-        ("goodput", "goodput", "{:.2f}"), ("prefilled", "prefilled", "{}"), ("rss", "peak rss", "{:.0f}")]
-RATIO_COLS = ("tps", "ttft95", "tpot95", "goodput")
+        ("goodput", "goodput", "{:.2f}"), ("goodput_loose", "goodput xS", "{:.2f}"), ("prefilled", "prefilled", "{}"),
+        ("rss", "peak rss", "{:.0f}")]
+RATIO_COLS = ("tps", "ttft95", "tpot95", "goodput", "goodput_loose")
 # With --repeats: the figures whose spread over rounds each server row shows (the ones the goals are on)
 SPREAD_COLS = ("tps", "ttft95")
 # Issue 16's goals for radixchat, tested on each round's ratios: (other server, figure, test, as printed)
@@ -248,18 +249,22 @@ def tpot(r: dict) -> float | None:
     return (r["latency"] - r["ttft"]) / (r["out"] - 1)
 
 
-def summarize(res: list[dict], wall: float, slo_ttft: float, slo_tpot: float) -> dict:
-    """The figures of one run from its request records (see one_turn) and its wall time."""
+def summarize(res: list[dict], wall: float, slo_ttft: float, slo_tpot: float, slo_scale: float = 1.0) -> dict:
+    """The figures of one run from its request records (see one_turn) and its wall time;
+    goodput_loose is goodput with both objectives `slo_scale` times looser."""
     ok = [r for r in res if "error" not in r]
     tpots = [t for t in map(tpot, ok) if t is not None]
-    # A reply of 0-1 tokens has no time per token: it meets the TPOT objective by having none.
-    good = [r for r in ok if r["ttft"] <= slo_ttft and (tpot(r) is None or tpot(r) <= slo_tpot)]
+
+    def met(r, scale):  # a reply of 0-1 tokens has no time per token: it meets that objective by having none
+        return r["ttft"] <= slo_ttft * scale and (tpot(r) is None or tpot(r) <= slo_tpot * scale)
+    good = [r for r in ok if met(r, 1.0)]
+    loose = [r for r in ok if met(r, slo_scale)]
     return {"requests": len(res), "errors": len(res) - len(ok), "wall": wall,
             "rps": len(ok) / wall, "tps": sum(r["out"] for r in ok) / wall,
             "ttft50": pct([r["ttft"] for r in ok], 0.5), "ttft95": pct([r["ttft"] for r in ok], 0.95),
             "tpot50": pct(tpots, 0.5), "tpot95": pct(tpots, 0.95),
             "lat50": pct([r["latency"] for r in ok], 0.5), "lat95": pct([r["latency"] for r in ok], 0.95),
-            "goodput": len(good) / wall, "good": len(good),
+            "goodput": len(good) / wall, "good": len(good), "goodput_loose": len(loose) / wall,
             "prefilled": sum(r["prompt"] - r["cached"] for r in ok), "prompt": sum(r["prompt"] for r in ok)}
 
 
@@ -327,7 +332,7 @@ def measure(kind: str, config: str, model: str, batch: int, drive, work, args, l
         rss = peak_rss_mb(proc.pid)
     finally:
         stop_process(proc)
-    return {"server": kind, "config": config, **summarize(res, wall, args.slo_ttft, args.slo_tpot), "rss": rss}
+    return {"server": kind, "config": config, **summarize(res, wall, args.slo_ttft, args.slo_tpot, args.slo_scale), "rss": rss}
 
 
 def decode_ceiling(model_path: str, batch: int, context: int, steps: int = 48) -> float:
@@ -436,6 +441,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput: most seconds to first token")
     p.add_argument("--slo-tpot", type=float, default=0.25, help="goodput: most seconds per later token")
+    p.add_argument("--slo-scale", type=float, default=4.0,
+                   help="the 'goodput xS' column: goodput with both objectives this many times looser "
+                        "(one a CPU can meet at 32-64 users, where nobody meets the default SLO)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench-vs-mlxlm"))
     p.add_argument("--variant", action="append", default=[],
@@ -457,7 +465,7 @@ def main() -> None:
             f"poisson arrivals for {args.duration:g} s, single-turn")
     rounds_note = f"; {args.repeats} interleaved rounds" if args.repeats > 1 else ""
     print(f"model {model}; max_tokens {args.max_tokens}; {load}; configs {','.join(configs)}{rounds_note}; "
-          f"SLO ttft <= {args.slo_ttft:g} s, tpot <= {args.slo_tpot:g} s; "
+          f"SLO ttft <= {args.slo_ttft:g} s, tpot <= {args.slo_tpot:g} s (goodput xS: x{args.slo_scale:g}); "
           f"blas {'openblas' if find_openblas() else 'bundled'}; {time.strftime('%Y-%m-%d %H:%M')}")
 
     servers = ["radixchat"] + [f"radixchat {v}" for v in args.variant]
@@ -508,7 +516,7 @@ def main() -> None:
         points[x] = {**point, "ceiling": ceiling}
 
     summary = {"arrivals": args.arrivals, "model": model, "max_tokens": args.max_tokens,
-               "slo_ttft": args.slo_ttft, "slo_tpot": args.slo_tpot, "configs": configs,
+               "slo_ttft": args.slo_ttft, "slo_tpot": args.slo_tpot, "slo_scale": args.slo_scale, "configs": configs,
                **({"convs": args.convs} if closed else {"duration": args.duration}),
                **({"repeats": args.repeats} if args.repeats > 1 else {}), "points": points}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -13,7 +13,8 @@ from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from core.cache.slots import SlotKVCache, swap_order
-from core.engine.speculate import Drafts
+from core.engine import speculate
+from core.engine.speculate import Drafts, Speculator
 from core.engine.stepper import BudgetedBatchGenerator
 
 H, D = 2, 4
@@ -163,7 +164,14 @@ def run(model, speculate: int, plan) -> tuple[dict[int, list[int]], BudgetedBatc
     return {i: (out[i], finals[i]) for i in out}, gen
 
 
-def test_the_generator_gives_the_same_tokens_and_caches_with_speculation_on_and_off(model):
+def test_the_generator_gives_the_same_tokens_and_caches_with_speculation_on_and_off(model, monkeypatch):
+    # every draft verified whole (the width the server would pick depends on its timings):
+    # rejected tokens, holes and compactions come often
+    monkeypatch.setattr(Speculator, "width", lambda self, uids, drafts: max(len(d) for d in drafts))
+    monkeypatch.setattr(speculate, "COMPACT_AT", 6)
+    compactions = []
+    real_compact = SlotKVCache.compact
+    monkeypatch.setattr(SlotKVCache, "compact", lambda self: (compactions.append(self.most_holes), real_compact(self))[1])
     rng = random.Random(5)
     # short vocabularies make a random model's replies (and prompts) repeat: drafts get accepted
     plan = sorted((rng.randrange(0, 80), [rng.randrange(5, 5 + rng.choice([4, 12, 250])) for _ in range(rng.randint(3, 120))],
@@ -174,6 +182,7 @@ def test_the_generator_gives_the_same_tokens_and_caches_with_speculation_on_and_
     spec = gen.speculator.summary()
     # the test means something only if drafts were made, kept and thrown away
     assert spec["accepted"] > 20 and spec["drafted"] > spec["accepted"], spec
+    assert max(compactions) >= 6, compactions
     for i, (tokens, (reason, n_all, offset, width)) in on.items():
         assert offset == width == n_all, i  # the finished cache holds exactly its tokens
 
@@ -196,12 +205,18 @@ def test_the_engine_replies_the_same_with_speculation_and_counts_it(tiny_model_d
                                                        {"role": "user", "content": "again"}],
                                              sampling={"temperature": 0.0, "max_tokens": 40})).result()
                       for w, f in zip(words, first)]
-            return [f.text for f in first + second], [s.usage.cached_tokens for s in second], eng.stats()["speculation"]
+            from webui.api.metrics import Metrics
+
+            scraped = Metrics(eng).render().decode()
+            return ([f.text for f in first + second], [s.usage.cached_tokens for s in second],
+                    eng.stats()["speculation"], scraped)
         finally:
             eng.stop()
 
-    off, cached_off, none = replies(0)
-    on, cached_on, spec = replies(3)
-    assert none is None
+    off, cached_off, none, scraped_off = replies(0)
+    on, cached_on, spec, scraped = replies(3)
+    assert none is None and "spec_decode" not in scraped_off
     assert on == off and cached_on == cached_off and min(cached_on) > 0
     assert spec["drafted"] > 0 and spec["max_draft"] == 3, spec
+    line = next(x for x in scraped.splitlines() if x.startswith("radixchat:spec_decode_num_draft_tokens_total"))
+    assert float(line.split()[-1]) == spec["drafted"]

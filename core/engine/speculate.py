@@ -36,7 +36,9 @@ COMPACT_AT = 32  # holes in a row before the batch's caches are re-laid without 
 
 PRIOR_COST = 0.25  # a forward's extra time per extra input token per row, as a share of a
 # one-token forward, until this server has timed both (SmolLM2 on this CPU: 0.17-0.33)
-PRIOR_ACCEPT = (1.2, 2.0)  # a new row's acceptance: 1.2 accepted of 2 drafted (a Beta prior)
+PRIOR_ACCEPT = 0.6  # a new row's acceptance
+RECENT = 0.5  # weight of a row's latest draft in its acceptance: a reply quotes in runs (a code
+# block copied whole, then prose that copies nothing), so the last drafts tell the next best
 EMA = 0.2  # weight of the newest timing in a forward's cost
 
 
@@ -47,11 +49,7 @@ class Drafts:
     def __init__(self):
         self.seq: list[int] = []
         self.follows: dict[tuple, int] = {}  # n-gram -> the index of the token that followed it
-        self.drafted, self.accepted = PRIOR_ACCEPT[1], PRIOR_ACCEPT[0]
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted
+        self.acceptance = PRIOR_ACCEPT  # share of a draft's tokens the model took, recent drafts first
 
     def sync(self, tokens: list[int]) -> None:
         """Catch up with the row's tokens (they only ever grow)."""
@@ -119,9 +117,8 @@ class Speculator:
 
     def kept(self, uid: int, drafted: int, took: int) -> None:
         d = self.rows.get(uid)
-        if d is not None:
-            d.drafted += drafted
-            d.accepted += took
+        if d is not None and drafted:
+            d.acceptance = (1 - RECENT) * d.acceptance + RECENT * took / drafted
 
     def width(self, uids: list[int], drafts: list[list[int]]) -> int:
         """How many draft tokens per row this step verifies: the K that gives the most

@@ -55,6 +55,11 @@ class _EngineCollector:
         yield gauge("num_requests_running", "Requests in the engine's batch (prefilling or decoding)", s["running"])
         yield gauge("num_requests_waiting", "Requests waiting for a batch slot",
                     max(0, s["inflight"] - s["running"]))
+        spec = s.get("speculation")
+        if spec is not None:  # named as vLLM names its own
+            yield counter("spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec["rows_drafting"])
+            yield counter("spec_decode_num_draft_tokens", "Draft tokens verified", spec["drafted"])
+            yield counter("spec_decode_num_accepted_tokens", "Draft tokens the model accepted", spec["accepted"])
         cache = s.get("prefix_cache")
         if cache is None:
             return

@@ -137,6 +137,11 @@ def dashboard(engine, store, presence: Presence, *, window_s: float = WINDOW_S,
     else:
         lines.append("| Prefix cache | off |")
     lines.append(disk_line(s.get("disk_cache")))
+    spec = s.get("speculation")
+    if spec is not None:
+        lines.append(f"| Speculation | drafts of up to {plural(spec['max_draft'], 'token')}: "
+                     f"{_pct(spec['accepted'], spec['drafted'])} of {plural(spec['drafted'], 'draft token')} "
+                     f"accepted since start |")
     lines.append(f"| Users signed in | {plural(presence.count(), 'user')} (active in the last "
                  f"{plural(round(presence.window_s / 60), 'minute')}) |")
     lines.append(f"| All time | {plural(totals['requests'], 'request')} ({totals['errors']:,} failed), "
