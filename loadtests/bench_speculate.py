@@ -108,7 +108,7 @@ def main() -> None:
     print(f"model {model}; BLAS {active_blas()}; {args.turns} turns, max_tokens {args.max_tokens}, "
           f"greedy; {args.rounds} interleaved rounds")
     print("| workload | users | --speculate | output tok/s | speed-up (min-max) | TPOT p50 ms | mean latency s | "
-          "acceptance | tokens per drafting row and step | verify steps / steps with drafts | same text |")
+          "acceptance | tokens per drafting row and step | verify steps | same text |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for workload in args.workloads.split(","):
         for users in [int(u) for u in args.users.split(",")]:
