@@ -382,7 +382,7 @@ def print_table(title: str, rows: dict, ratios: dict, goals: dict | None = None,
     cells = ([[cell(r, c, f) for c, _, f in COLS] for r in rows.values()]
              + [[ratio_cell(q, c) if c in q else "" for c, _, _ in COLS] for q in ratios.values()])
     # 10 wide, so one run prints as it always has; min-max ranges widen their columns to fit
-    widths = [max([10] + [len(line[i]) + 1 for line in cells]) for i in range(len(COLS))]
+    widths = [max([10, len(COLS[i][1]) + 1] + [len(line[i]) + 1 for line in cells]) for i in range(len(COLS))]
     print(f"\n{title}" + (f" (median of {repeats} rounds, min-max)" if repeats > 1 else ""))
     print(f"{'':>{width}}" + "".join(f"{h:>{w}}" for (_, h, _), w in zip(COLS, widths)))
     for name, line in zip([*rows, *ratios], cells):
