@@ -6,9 +6,14 @@ then the same with radixchat's CPU forms (`--cpu-ops`), alternating so both see 
 machine. Prints tok/s of each and their ratio, and checks that both pick the same tokens.
 These are the ceilings bench_vs_mlxlm compares servers' end-to-end output with.
 
+With --widths it measures instead what speculative decoding (core.engine.speculate) pays: a
+forward of W tokens per row (a current token and W-1 drafts) against a one-token forward, per
+batch size, with radixchat's CPU forms.
+
 On Linux it first re-executes itself with OpenBLAS (core.platform.blas).
 
     python -m loadtests.bench_decode [--model tiny] [--batches 1,8,32,64] [--context 300]
+    python -m loadtests.bench_decode --widths 1,2,3,4 [--batches 1,8,32] [--context 400]
 """
 
 from __future__ import annotations
@@ -46,6 +51,30 @@ def decode(model, cache, y, steps: int):
     return time.perf_counter() - t0, y
 
 
+def widths(model, batches: list[int], ws: list[int], context: int, steps: int, rounds: int) -> None:
+    """ms per forward of w tokens per row, and its ratio to a one-token forward (each
+    forward's extra tokens trimmed again, so every one sees the same context)."""
+    import mlx.core as mx
+
+    print("| batch | tokens per row | ms per forward | x a one-token forward |")
+    print("|---|---|---|---|")
+    for batch in batches:
+        ms: dict[int, float] = {}
+        for w in ws:
+            times = []
+            for _ in range(rounds):
+                cache = prefilled(model, batch, context)
+                x = mx.zeros((batch, w), dtype=mx.uint32)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    mx.eval(mx.argmax(model(x, cache=cache), axis=-1))
+                    for c in cache:
+                        c.trim(w - 1)
+                times.append((time.perf_counter() - t0) / steps)
+            ms[w] = 1000 * statistics.median(times)
+            print(f"| {batch} | {w} | {ms[w]:.0f} | {ms[w] / ms[ws[0]]:.2f}x |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(p)
@@ -53,6 +82,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=300, help="tokens in each row's cache")
     p.add_argument("--steps", type=int, default=8, help="decode steps per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds of each, alternating")
+    p.add_argument("--widths", default="", help="e.g. 1,2,4: time forwards of that many tokens per row instead")
     args = p.parse_args()
     reexec_with_openblas()
     import mlx.core as mx
@@ -66,6 +96,11 @@ def main() -> None:
     print("| batch | mlx-lm ops tok/s | --cpu-ops tok/s | ratio | same tokens |")
     print("|---|---|---|---|---|")
     cpu_ops.install(model)
+    if args.widths:
+        cpu_ops.use_here(True)
+        widths(model, [int(b) for b in args.batches.split(",")], [int(w) for w in args.widths.split(",")],
+               args.context, args.steps, args.rounds)
+        return
     for batch in [int(b) for b in args.batches.split(",")]:
         times: dict[bool, list[float]] = {False: [], True: []}
         last: dict[bool, list] = {}
