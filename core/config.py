@@ -109,6 +109,9 @@ class Settings(BaseSettings):
             self.max_prefill_batch = self.max_batch  # the default follows a smaller --max-batch
         if self.max_prefill_batch > self.max_batch:
             raise ValueError("max_prefill_batch must not exceed max_batch")
+        if self.speculate and (not self.kv_slots or not self.step_tokens):
+            raise ValueError("speculate needs kv_slots on and step_tokens above 0: drafts are "
+                             "verified in the budgeted step, their rejected tokens held in the slot cache")
         if self.no_auth and not is_loopback(self.host) and not self.allow_open_lan:
             raise ValueError(f"no_auth on host {self.host} would open the server to the whole "
                              "network; add --allow-open-lan if that is what you want")

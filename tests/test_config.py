@@ -51,3 +51,10 @@ def test_the_prefill_batchs_default_follows_a_smaller_batch_but_a_given_one_is_c
     assert Settings(max_batch=8, max_prefill_batch=3).max_prefill_batch == 3
     with pytest.raises(ValidationError, match="max_prefill_batch must not exceed max_batch"):
         Settings(max_batch=8, max_prefill_batch=16)
+
+
+def test_speculation_is_refused_where_it_could_not_run():
+    assert Settings(speculate=3).speculate == 3
+    for off in ({"kv_slots": False}, {"step_tokens": 0}):
+        with pytest.raises(ValidationError, match="speculate needs kv_slots on and step_tokens above 0"):
+            Settings(speculate=2, **off)

@@ -266,6 +266,18 @@ def test_a_model_whose_heads_do_not_split_is_refused_in_one_line(llama, tmp_path
     assert "Traceback" not in text
 
 
+def test_speculation_under_mlx_launch_is_refused_in_one_line(llama, tmp_path):
+    """Drafts would be one more thing the ranks must agree on: not built, so not silently off."""
+    log = tmp_path / "spec.log"
+    cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port()), "--",
+           str(BIN / "radixchat"), "serve", "--model", str(llama), "--port", str(free_port()),
+           "--db", str(tmp_path / "spec.sqlite"), "--no-auth", "--speculate", "2"]
+    subprocess.run(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=120, start_new_session=True)
+    text = log.read_text()
+    assert "--speculate do not run sharded (under mlx.launch) yet" in text, text[-2000:]
+    assert "Traceback" not in text
+
+
 def test_the_shape_digest_tells_trees_apart():
     """What /health's in_step compares: the same inserts and locks give the same digest on
     every rank, a different insert or a lock left behind does not."""

@@ -97,8 +97,9 @@ def cmd_serve(args, settings: Settings) -> None:
     from core.engine.lockstep import launched
 
     place = launched()
-    if place is not None and (settings.cache_disk_bytes or settings.warm_prompts):
-        sys.exit("radixchat: --cache-disk-bytes and --warm-prompts do not run sharded (under mlx.launch) yet")
+    if place is not None and (settings.cache_disk_bytes or settings.warm_prompts or settings.speculate):
+        sys.exit("radixchat: --cache-disk-bytes, --warm-prompts and --speculate do not run sharded "
+                 "(under mlx.launch) yet")
     if place is not None and place[0] != 0:  # mlx.launch: rank 0 serves, the others follow it
         from core.engine.follower import follow
 
