@@ -57,6 +57,16 @@ class Clock:
         setattr(owner, name, timed)
 
 
+def run_all(threads: list[threading.Thread]) -> float:
+    """Start the users' threads together and wait for every one; the wall seconds it took."""
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def user(engine, rng: random.Random, turns: int, max_tokens: int, out: list) -> None:
     messages = [{"role": "system", "content": rng.choice(PROMPTS["system_prompts"])["text"]}]
     for _ in range(turns):
@@ -119,12 +129,7 @@ def main() -> None:
     threads = [threading.Thread(target=user, args=(engine, random.Random(rng.random()), args.turns,
                                                    args.max_tokens, tokens)) for _ in range(args.users)]
     base = dict(clock.parts), dict(clock.calls), clock.batch_rows
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_all(threads)
     engine.stop()
     parts = {k: v - base[0].get(k, 0.0) for k, v in clock.parts.items()}
     calls = {k: v - base[1].get(k, 0) for k, v in clock.calls.items()}

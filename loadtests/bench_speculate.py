@@ -26,12 +26,12 @@ import gc
 import random
 import statistics
 import threading
-import time
 
 import assets
 from core.config import Settings
 from core.engine.requests import ChatRequest, Finished
 from core.platform.blas import active_blas, reexec_with_openblas
+from loadtests.bench_profile import run_all
 from loadtests.benchmodel import add_model_args, resolve_model
 
 PROMPTS = assets.prompts()
@@ -75,12 +75,7 @@ def one_run(model: str, drafts: int, workload: str, users: int, turns: int, max_
         out: list = []
         threads = [threading.Thread(target=user, args=(engine, workload, 1000 + u, turns, max_tokens, out))
                    for u in range(users)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
+        wall = run_all(threads)
         spec = engine.stats()["speculation"] or {}
     finally:
         engine.stop()
