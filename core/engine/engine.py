@@ -172,6 +172,7 @@ class Engine:
         self._prefetch: dict[str, object] = {}  # request id -> node it holds while its prefix is read from disk
         # under mlx.launch (core.engine.lockstep) rank 0 records what it changes for the others
         self.link = None  # core.engine.lockstep.Link, set by the engine thread when sharded
+        self._gen = None  # the batch generator, made by the engine thread once the model loads
         self._sharded = launched() is not None
         self._ops: list[list] | None = [] if self._sharded else None  # rank 0: not yet sent
         self._busy_since = 0.0  # rank 0: when the message or step under way began (0: none)
@@ -225,7 +226,7 @@ class Engine:
                 "speculation": self._speculation()}
 
     def _speculation(self) -> dict | None:
-        spec = getattr(getattr(self, "_gen", None), "speculator", None)
+        spec = getattr(self._gen, "speculator", None)  # a plain BatchGenerator has none
         return spec.summary() if spec is not None else None
 
     # ---- caller side (any thread) ------------------------------------------------------

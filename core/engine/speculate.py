@@ -5,13 +5,16 @@ list's pattern. For each greedy row, `Drafts` looks up the row's last 3 (else 2)
 everything the row has seen (its prompt and reply) and, where they occurred before, proposes
 the tokens that followed there (prompt lookup decoding: Saxena 2023; vLLM's "ngram"
 speculator). `verify_step` runs the whole batch's current tokens and drafts in one forward,
-[B, 1 + K] (K = the longest draft, shorter rows padded), keeps each row's drafts while the
+[B, 1 + K] (K the step's width, shorter drafts padded), keeps each row's drafts while the
 model's own argmax agrees, and adds the model's next token after them: a greedy row gets 1 to
 K + 1 tokens from one forward, exactly the tokens plain greedy decoding would give.
 
-Why it pays on this CPU: a forward reads every weight once whatever its width, so a
-[32, 2] forward costs about what a [32, 1] one does and [32, 4] ~1.7x (loadtests/
-bench_speculate prints the figures). Rows that sample (temperature > 0), follow a grammar or
+Where it pays: a forward reads every weight once whatever its width, so at one row extra
+tokens are cheap ([1, 2] 1.11x a [1, 1] forward on this CPU), at 32 rows they are not ([32, 2]
+1.35x, [32, 4] 2.4x): `python -m loadtests.bench_decode --widths 1,2,3,4` prints the costs and
+loadtests.bench_speculate the end-to-end speed-up (BENCHMARKS.md: 1.15-1.21x at one user,
+0.88-1.05x at 8 and more here, so it is off by default). `Speculator.width` picks each step's
+width from this server's own timings. Rows that sample (temperature > 0), follow a grammar or
 a logit_bias, and newcomers on their last prompt token, draft nothing and take their token
 from position 0 through their own sampler, as in mlx-lm's step; so does every row when no
 row has a draft (then the library's own pipelined step runs).
@@ -120,6 +123,11 @@ class Speculator:
         return out
 
     def kept(self, uid: int, drafted: int, took: int) -> None:
+        """A row of a verify step drafted this many tokens and the model took the first `took`."""
+        self.rows_verified += 1
+        self.drafted += drafted
+        self.accepted += took
+        self.rows_drafting += bool(drafted)
         d = self.rows.get(uid)
         if d is not None and drafted:
             d.acceptance = (1 - RECENT) * d.acceptance + RECENT * took / drafted
@@ -200,16 +208,12 @@ def verify_step(gen: GenerationBatch, tokens: list[int], drafts: list[list[int]]
     sampled, argmax = sampled.tolist(), argmax.tolist()
 
     spec.steps += 1
-    spec.rows_verified += b
     responses, keep, rejected, nexts, next_logprobs = [], [], [], [], []
     for i, uid in enumerate(gen.uids):
         d = drafts[i]
         took = 0
         while took < len(d) and argmax[i][took] == d[took]:
             took += 1
-        spec.drafted += len(d)
-        spec.accepted += took
-        spec.rows_drafting += bool(d)
         out = [tokens[i]] + d[:took]
         # the logits each token was chosen from: the current one's came with the last step
         logprobs = [gen._next_logprobs[i]] + [logits[i, j] for j in range(took)]
