@@ -30,7 +30,7 @@ import httpx
 
 from loadtests.bench_vs_mlxlm import blas_env, drive_closed, plan, summarize
 from loadtests.benchmodel import add_model_args, resolve_model
-from tests.support.procs import free_port, start_and_wait, stop_process
+from tests.support.procs import free_port, free_port_block, start_and_wait, stop_process
 
 BIN = Path(sys.executable).parent
 
@@ -41,7 +41,7 @@ def serve(model: str, ranks: int, log: Path, port: int, one_thread: bool):
     if ranks > 1:
         env = ["--env", "OPENBLAS_NUM_THREADS=1"] if one_thread else []
         cmd = [str(BIN / "mlx.launch"), "-n", str(ranks), "--backend", "ring", "--starting-port",
-               str(free_port()), *env, "--", *cmd]
+               str(free_port_block(ranks)), *env, "--", *cmd]
     return start_and_wait(cmd, f"http://127.0.0.1:{port}/health", log, env=blas_env(), group=True)
 
 

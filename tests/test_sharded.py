@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.procs import free_port, start_radixchat, stop_process
+from tests.support.procs import free_port, free_port_block, start_radixchat, stop_process
 from tests.support.randmodel import build_random_model
 
 BIN = Path(sys.executable).parent
@@ -50,8 +50,7 @@ class Sharded:
 
     def __init__(self, model: Path, tmp: Path, *flags: str):
         self.port, self.db, self.log = free_port(), tmp / "sharded.sqlite", tmp / "sharded.log"
-        ring = free_port()
-        cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(ring), "--",
+        cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port_block(2)), "--",
                str(BIN / "radixchat"), "serve", "--model", str(model), "--host", "127.0.0.1",
                "--port", str(self.port), "--db", str(self.db), "--no-auth", *flags]
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
@@ -152,6 +151,37 @@ def conversations(url: str) -> dict:
         t.join()
     assert not errors, errors
     return out
+
+
+def test_the_ring_ports_bind_while_closed_connections_hold_ephemeral_ports():
+    """CI once failed here: rank 1 could not bind its ring port (EADDRINUSE), the port after an
+    ephemeral one that the suite's closed connections held in TIME_WAIT."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(512)
+    addr = srv.getsockname()
+
+    def accept():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    for _ in range(3000):
+        socket.create_connection(addr).close()
+    try:
+        for _ in range(100):
+            base = free_port_block(3)
+            for port in range(base, base + 3):  # as a rank binds: no SO_REUSEADDR
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+    finally:
+        srv.close()
 
 
 def test_greedy_answers_equal_one_process_for_concurrent_users(model, tmp_path):
@@ -256,7 +286,7 @@ def test_a_lost_rank_ends_the_server_with_a_clear_error(llama, tmp_path, fault):
 def test_a_model_whose_heads_do_not_split_is_refused_in_one_line(llama, tmp_path):
     """4 attention heads over 3 ranks: mlx-lm would floor them and compute garbage."""
     log = tmp_path / "three.log"
-    cmd = [str(BIN / "mlx.launch"), "-n", "3", "--backend", "ring", "--starting-port", str(free_port()), "--",
+    cmd = [str(BIN / "mlx.launch"), "-n", "3", "--backend", "ring", "--starting-port", str(free_port_block(3)), "--",
            str(BIN / "radixchat"), "serve", "--model", str(llama), "--port", str(free_port()),
            "--db", str(tmp_path / "three.sqlite"), "--no-auth"]
     subprocess.run(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=120, start_new_session=True)
@@ -269,7 +299,7 @@ def test_a_model_whose_heads_do_not_split_is_refused_in_one_line(llama, tmp_path
 def test_speculation_under_mlx_launch_is_refused_in_one_line(llama, tmp_path):
     """Drafts would be one more thing the ranks must agree on: not built, so not silently off."""
     log = tmp_path / "spec.log"
-    cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port()), "--",
+    cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port_block(2)), "--",
            str(BIN / "radixchat"), "serve", "--model", str(llama), "--port", str(free_port()),
            "--db", str(tmp_path / "spec.sqlite"), "--no-auth", "--speculate", "2"]
     subprocess.run(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=120, start_new_session=True)
@@ -299,7 +329,7 @@ def test_the_shape_digest_tells_trees_apart():
 
 
 def test_doctor_under_mlx_launch_prints_each_rank_and_the_sharding(llama, tmp_path):
-    cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port()), "--",
+    cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port_block(2)), "--",
            str(BIN / "radixchat"), "doctor", "--model", str(llama)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, start_new_session=True).stdout
     assert re.search(r"mlx\.launch group\s+2 ranks, backend ring", out), out

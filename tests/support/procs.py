@@ -4,6 +4,7 @@ command and waiting until it answers, and its peak memory."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -19,6 +20,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_block(n: int) -> int:
+    """The first of `n` consecutive loopback ports that are all free now, for `mlx.launch
+    --backend ring --starting-port`, whose ranks bind base, base+1, ... without SO_REUSEADDR.
+    The block lies below the kernel's ephemeral range: there, the ports next to a free one are
+    often held by the suite's own closed client connections (TIME_WAIT), and a rank could not
+    bind (EADDRINUSE)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # macOS's ephemeral range starts at 49152; this stays below it too
+    for _ in range(200):
+        base = random.randrange(10000, low - n)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free loopback ports below {low}")
 
 
 def start_and_wait(cmd: list[str], ready_url: str, log: Path, env=None,
