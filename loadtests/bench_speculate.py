@@ -103,8 +103,8 @@ def main() -> None:
     print(f"model {model}; BLAS {active_blas()}; {args.turns} turns, max_tokens {args.max_tokens}, "
           f"greedy; {args.rounds} interleaved rounds")
     print("| workload | users | --speculate | output tok/s | speed-up (min-max) | TPOT p50 ms | mean latency s | "
-          "acceptance | tokens per drafting row and step | verify steps | same text |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "acceptance | tokens per drafting row and step | verify steps | waits | same text |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for workload in args.workloads.split(","):
         for users in [int(u) for u in args.users.split(",")]:
             runs: dict[int, list[dict]] = {k: [] for k in ks}
@@ -115,7 +115,7 @@ def main() -> None:
             for k in ks:
                 rs = runs[k]
                 ratios = [r["tps"] / b["tps"] for r, b in zip(rs, base)]
-                spec = {f: sum(r["spec"].get(f, 0) for r in rs) for f in ("drafted", "accepted", "rows_drafting", "steps")}
+                spec = {f: sum(r["spec"].get(f, 0) for r in rs) for f in ("drafted", "accepted", "rows_drafting", "steps", "waits")}
                 same = all(r["texts"] == b["texts"] for r, b in zip(rs, base))
                 drafted = spec["drafted"]
                 accepted = f"{spec['accepted'] / drafted:.0%} of {drafted}" if drafted else "-"
@@ -124,7 +124,7 @@ def main() -> None:
                 latency = statistics.median(r["latency"] for r in rs)
                 print(f"| {workload} | {users} | {k} | {statistics.median(r['tps'] for r in rs):.1f} | "
                       f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {tpot:.0f} | "
-                      f"{latency:.1f} | {accepted} | {per_row} | {spec['steps']} | {'yes' if same else 'NO'} |", flush=True)
+                      f"{latency:.1f} | {accepted} | {per_row} | {spec['steps']} | {spec['waits']} | {'yes' if same else 'NO'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -220,3 +220,33 @@ def test_the_engine_replies_the_same_with_speculation_and_counts_it(tiny_model_d
     assert spec["drafted"] > 0 and spec["max_draft"] == 3, spec
     line = next(x for x in scraped.splitlines() if x.startswith("radixchat:spec_decode_num_draft_tokens_total"))
     assert float(line.split()[-1]) == spec["drafted"]
+
+
+def test_a_step_waits_for_the_current_tokens_only_where_a_verify_step_could_pay(model, monkeypatch):
+    spec = Speculator(3)
+    rows = list(range(32))
+    spec.rows = {uid: Drafts() for uid in rows}  # as candidates() makes them; acceptance the prior's
+    likely = [i < 2 for i in rows]  # 2 of 32 rows are in a part that repeats
+    for n, cost in zip((1, 2, 3, 4), (1.0, 1.35, 1.81, 2.38)):  # [32, n] forwards as measured here
+        spec.timed(32, n, cost)
+    assert not spec.promising(rows, likely, 3)  # 2 rows' drafts cannot pay for 32 rows' wider forward
+    assert spec.promising(rows, [True] * 32, 3)
+    for n, cost in zip((1, 2), (1.0, 1.11)):  # one row: a second token costs 11%
+        spec.timed(1, n, cost)
+    assert spec.promising([0], [True], 3)
+
+    # where no step is promising, the generator never waits and never verifies, and its
+    # tokens stay those of plain decoding
+    rng = random.Random(9)
+    plan = sorted((rng.randrange(0, 30), [rng.randrange(5, 9) for _ in range(rng.randint(8, 40))],
+                   rng.randint(5, 30), None) for _ in range(6))
+    off, _ = run(model, 0, plan)
+    waits = {}
+    for answer in (True, False):
+        monkeypatch.setattr(Speculator, "promising", lambda self, uids, likely, k: answer)
+        on, gen = run(model, 3, plan)
+        assert on == off
+        waits[answer] = gen.speculator.waits
+        if not answer:
+            assert gen.speculator.steps == 0
+    assert waits[True] > 0 and waits[False] == 0, waits

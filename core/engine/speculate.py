@@ -98,6 +98,7 @@ class Speculator:
         self.k = k
         self.rows: dict[int, Drafts] = {}  # uid -> its drafts
         self.steps = self.drafted = self.accepted = 0
+        self.waits = 0  # steps that waited for the batch's current tokens to build drafts
         self.rows_drafting = 0  # rows that brought a draft to a verify step
         self.rows_verified = 0  # rows in verify steps, drafting or not
         self.seconds: dict[tuple[int, int], float] = {}  # (batch size's bit length, tokens per row) -> a step's time
@@ -132,6 +133,12 @@ class Speculator:
         if d is not None and drafted:
             d.acceptance = (1 - RECENT) * d.acceptance + RECENT * took / drafted
 
+    def promising(self, uids: list[int], likely: list[bool], k: int) -> bool:
+        """Could a verify step pay if every likely row drafted k tokens? Asked before the step
+        waits for the rows' current tokens (what drafting needs): where even that does not
+        beat a plain step, the library's pipelined step runs without the wait."""
+        return self.width(uids, [[0] * k if hit else [] for hit in likely]) > 0
+
     def width(self, uids: list[int], drafts: list[list[int]]) -> int:
         """How many draft tokens per row this step verifies: the K that gives the most
         tokens per second by this server's timings, each row's acceptance so far (a draft's
@@ -165,7 +172,7 @@ class Speculator:
         self.seconds[key] = seconds if old is None else (1 - EMA) * old + EMA * seconds
 
     def summary(self) -> dict:
-        return {"max_draft": self.k, "steps": self.steps, "rows_verified": self.rows_verified,
+        return {"max_draft": self.k, "steps": self.steps, "waits": self.waits, "rows_verified": self.rows_verified,
                 "rows_drafting": self.rows_drafting, "drafted": self.drafted, "accepted": self.accepted,
                 "acceptance": round(self.accepted / self.drafted, 3) if self.drafted else None,
                 # tokens a drafting row got from one forward (1 without speculation)

@@ -123,7 +123,9 @@ class BudgetedBatchGenerator(BatchGenerator):
         b, tic = len(gen), None
         k = min(spec.k, self.step_tokens // b - 1) if usable(gen) else 0
         rows = spec.candidates(gen, self._warming) if k > 0 else []
-        if any(d is not None and d.likely() for d in rows):
+        likely = [d is not None and d.likely() for d in rows]
+        if any(likely) and spec.promising(gen.uids, likely, k):
+            spec.waits += 1
             tokens = gen._next_tokens.tolist()  # waits for the last step's forward
             drafts = [d.propose(t, k) if d is not None else [] for d, t in zip(rows, tokens)]
             k = spec.width(gen.uids, drafts) if any(drafts) else 0
