@@ -13,11 +13,13 @@ Where it pays: a forward reads every weight once whatever its width, so at one r
 tokens are cheap ([1, 2] 1.11x a [1, 1] forward on this CPU), at 32 rows they are not ([32, 2]
 1.35x, [32, 4] 2.4x): `python -m loadtests.bench_decode --widths 1,2,3,4` prints the costs and
 loadtests.bench_speculate the end-to-end speed-up (BENCHMARKS.md: 1.15-1.21x at one user,
-0.88-1.05x at 8 and more here, so it is off by default). `Speculator.width` picks each step's
+0.95-1.08x at 8 and 32 users here, so it is off by default). `Speculator.width` picks each step's
 width from this server's own timings. Rows that sample (temperature > 0), follow a grammar or
 a logit_bias, and newcomers on their last prompt token, draft nothing and take their token
 from position 0 through their own sampler, as in mlx-lm's step; so does every row when no
-row has a draft (then the library's own pipelined step runs).
+row has a draft, or when not even every likely row's full draft could pay for the wider forward
+(`Speculator.promising`, asked before the step waits for the rows' current tokens): then the
+library's own pipelined step runs.
 
 A row's rejected drafts stay in its K/V as holes (core.cache.slots.SlotKVCache.reject),
 masked for that row and dropped when the cache compacts. Only runs with every layer's cache
