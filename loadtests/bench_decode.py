@@ -88,10 +88,6 @@ def graph(model, batches: list[int], context: int, steps: int, rounds: int) -> N
 
     from core.engine import cpu_ops
 
-    def softmax2(s):
-        p = cpu_ops._pow2(s - s.max(axis=-1, keepdims=True))
-        return p / p.sum(axis=-1, keepdims=True)
-
     def timed(fn, *args) -> float:
         mx.eval(fn(*args))
         ts = []
@@ -120,7 +116,7 @@ def graph(model, batches: list[int], context: int, steps: int, rounds: int) -> N
         b, e = 1000 * statistics.median(build), 1000 * statistics.median(run)
         scores = mx.random.normal((batch, kv, heads // kv, 1, context)) * 3
         gate, up = mx.random.normal((batch, 1, cfg.intermediate_size)), mx.random.normal((batch, 1, cfg.intermediate_size))
-        sm = (timed(softmax2, scores), timed(mx.compile(softmax2, shapeless=True), scores))
+        sm = (timed(cpu_ops.softmax2, scores), timed(mx.compile(cpu_ops.softmax2, shapeless=True), scores))
         sw = (timed(cpu_ops.swiglu, gate, up), timed(mx.compile(cpu_ops.swiglu, shapeless=True), gate, up))
         print(f"| {batch} | {b:.1f} | {e:.1f} | {b / (b + e):.1%} | {sm[0]:.2f} / {sm[1]:.2f} | "
               f"{sw[0]:.2f} / {sw[1]:.2f} |", flush=True)

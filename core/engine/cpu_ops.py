@@ -50,6 +50,12 @@ def _pow2(x: mx.array) -> mx.array:
     return mx.power(mx.array(2.0, x.dtype), x)
 
 
+def softmax2(s: mx.array) -> mx.array:
+    """softmax over the last axis of scores already in base 2 (scaled by log2(e))."""
+    p = _pow2(s - s.max(axis=-1, keepdims=True))
+    return p / p.sum(axis=-1, keepdims=True)
+
+
 def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask) -> mx.array:
     """softmax(q k^T * scale + mask) v for queries (B, H, L, D) and keys/values (B, Hkv, T, D).
 
@@ -76,8 +82,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
             s = mx.where(m, s, lowest)
         else:
             s = s + m * LOG2E
-    p = _pow2(s - s.max(axis=-1, keepdims=True))
-    p = p / p.sum(axis=-1, keepdims=True)
+    p = softmax2(s)
     out = p.reshape(B, kv_heads, r * L, T) @ values
     return out.reshape(B, H, L, D)
 
