@@ -17,7 +17,6 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-
 def default_data_dir() -> Path:
     """Per-user data folder (XDG on Linux, Application Support on macOS), never the repo."""
     if os.uname().sysname == "Darwin":
@@ -30,56 +29,104 @@ def default_data_dir() -> Path:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RADIXCHAT_", extra="forbid", validate_default=True)
 
-    model: str = Field("default", description="An mlx-lm model folder, a .gguf file, a hub id, or "
-                       "default (SmolLM2-135M-Instruct where installed, else tiny), smollm2, tiny")
+    model: str = Field(
+        "default",
+        description="An mlx-lm model folder, a .gguf file, a hub id, or "
+        "default (SmolLM2-135M-Instruct where installed, else tiny), smollm2, tiny",
+    )
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 serves the LAN")
     port: int = Field(8000, ge=1, le=65535, description="TCP port")
     db: Path = Field(default_factory=lambda: default_data_dir() / "radixchat.db", description="SQLite file")
-    cache_bytes: int | None = Field(None, ge=0, description="K/V byte budget shared by the running batch "
-                                    "and the prefix cache (default: a fifth of this machine's memory)")
+    cache_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="K/V byte budget shared by the running batch "
+        "and the prefix cache (default: a fifth of this machine's memory)",
+    )
     prefix_cache: bool = Field(True, description="Share a radix prefix KV cache across requests")
     cache_sharing: Literal["system", "all", "user"] = Field(
-        "system", description="What the prefix cache shares between users: the system message "
-        "(default), everything (one trusted user) or nothing")
-    cache_disk_bytes: int = Field(0, ge=0, description="Byte budget of the prefix cache's disk tier: "
-                                  "entries evicted from memory are written to disk (and kept across "
-                                  "restarts) up to this many bytes, least recently used dropped first; "
-                                  "0 = no disk tier")
-    shard_timeout_s: float = Field(60.0, gt=0, description="Under mlx.launch: how long rank 0 waits "
-                                   "on the other ranks in one step before it fails the requests in "
-                                   "flight and stops (a rank that died is noticed at once)")
-    cache_dir: Path | None = Field(None, description="Folder of the disk tier (default: kv-cache in the "
-                                   "folder of --db); only the server's user may read it")
-    warm_prompts: Path | None = Field(None, description="A file of system prompts (a JSON list of strings, "
-                                      "or paragraphs separated by blank lines) prefilled at start-up, with "
-                                      "the presets; the presets alone are prefilled whenever the disk tier is on")
-    warm_presets: bool = Field(True, description="With the disk tier on, prefill the system-prompt "
-                               "presets at start-up in the background")
-    max_batch: int = Field(256, ge=1, le=1024, description="Upper bound on sequences decoding at once; "
-                           "the working limit is what the K/V budget holds")
+        "system",
+        description="What the prefix cache shares between users: the system message "
+        "(default), everything (one trusted user) or nothing",
+    )
+    cache_disk_bytes: int = Field(
+        0,
+        ge=0,
+        description="Byte budget of the prefix cache's disk tier: "
+        "entries evicted from memory are written to disk (and kept across "
+        "restarts) up to this many bytes, least recently used dropped first; "
+        "0 = no disk tier",
+    )
+    shard_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Under mlx.launch: how long rank 0 waits "
+        "on the other ranks in one step before it fails the requests in "
+        "flight and stops (a rank that died is noticed at once)",
+    )
+    cache_dir: Path | None = Field(
+        None,
+        description="Folder of the disk tier (default: kv-cache in the "
+        "folder of --db); only the server's user may read it",
+    )
+    warm_prompts: Path | None = Field(
+        None,
+        description="A file of system prompts (a JSON list of strings, "
+        "or paragraphs separated by blank lines) prefilled at start-up, with "
+        "the presets; the presets alone are prefilled whenever the disk tier is on",
+    )
+    warm_presets: bool = Field(
+        True, description="With the disk tier on, prefill the system-prompt presets at start-up in the background"
+    )
+    max_batch: int = Field(
+        256,
+        ge=1,
+        le=1024,
+        description="Upper bound on sequences decoding at once; the working limit is what the K/V budget holds",
+    )
     # an upper bound, not the working size: the stepper lets prompts join while the step's room
     # gives each a fair chunk (core/engine/stepper.py `_joining`). A count of 4 let 32 users who
     # arrive at once start four at a time (BENCHMARKS.md, "No logsumexp in the step, prompts
     # prefilled together, and vllm-mlx": TTFT p95 13.8 s against 7.9 s at 32 users)
-    max_prefill_batch: int = Field(32, ge=1, le=1024, description="Most prompts prefilled together "
-                                   "(at most --max-batch)")
+    max_prefill_batch: int = Field(
+        32, ge=1, le=1024, description="Most prompts prefilled together (at most --max-batch)"
+    )
     prefill_step: int = Field(512, ge=16, description="Most prompt tokens of one prompt per prefill step")
-    step_tokens: int = Field(256, ge=0, description="Token budget of one engine step: each decoding "
-                             "stream counts one, new prompts prefill in chunks in the rest (at least a "
-                             "quarter); 0 = mlx-lm's own order (decode, then a whole prefill step)")
-    kv_slots: bool = Field(True, description="Keep the decoding batch's K/V in buffers with spare rows "
-                           "and columns, so a request joining or leaving copies its own row, not the "
-                           "whole batch (with --step-tokens > 0); off = mlx-lm's BatchKVCache")
-    speculate: int = Field(0, ge=0, le=8, description="Speculative decoding: each greedy stream drafts "
-                           "up to this many tokens by looking up its last words in its own prompt and "
-                           "reply (prompt lookup), verified in the batched step, so replies that quote "
-                           "their context come faster, token for token the same (needs --kv-slots); 0 = off")
-    cpu_ops: bool = Field(True, description="On a CPU (Linux), run the model's attention and SwiGLU "
-                          "in forms MLX's CPU backend computes faster (core/engine/cpu_ops.py); no "
-                          "effect on a Mac's GPU; off = mlx-lm's own functions")
+    step_tokens: int = Field(
+        256,
+        ge=0,
+        description="Token budget of one engine step: each decoding "
+        "stream counts one, new prompts prefill in chunks in the rest (at least a "
+        "quarter); 0 = mlx-lm's own order (decode, then a whole prefill step)",
+    )
+    kv_slots: bool = Field(
+        True,
+        description="Keep the decoding batch's K/V in buffers with spare rows "
+        "and columns, so a request joining or leaving copies its own row, not the "
+        "whole batch (with --step-tokens > 0); off = mlx-lm's BatchKVCache",
+    )
+    speculate: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="Speculative decoding: each greedy stream drafts "
+        "up to this many tokens by looking up its last words in its own prompt and "
+        "reply (prompt lookup), verified in the batched step, so replies that quote "
+        "their context come faster, token for token the same (needs --kv-slots); 0 = off",
+    )
+    cpu_ops: bool = Field(
+        True,
+        description="On a CPU (Linux), run the model's attention and SwiGLU "
+        "in forms MLX's CPU backend computes faster (core/engine/cpu_ops.py); no "
+        "effect on a Mac's GPU; off = mlx-lm's own functions",
+    )
     max_queue: int = Field(256, ge=1, description="Most requests waiting or running before new ones are refused")
-    max_user_requests: int = Field(32, ge=1, description="Most requests one user may have waiting or "
-                                   "running at once (--no-auth is one trusted user, without this limit)")
+    max_user_requests: int = Field(
+        32,
+        ge=1,
+        description="Most requests one user may have waiting or "
+        "running at once (--no-auth is one trusted user, without this limit)",
+    )
     max_tokens: int = Field(256, ge=1, description="Default reply length in tokens")
     context_length: int | None = Field(None, ge=16, description="Override the model's context length")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
@@ -92,29 +139,49 @@ class Settings(BaseSettings):
     no_auth: bool = Field(False, description="Serve without sign-in or API keys")
     allow_open_lan: bool = Field(False, description="Permit --no-auth on a non-loopback host")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest accepted API request body")
-    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="Seconds a client has to send a "
-                                    "request's line and headers (from connecting or from the request's "
-                                    "first byte) before its connection is closed")
-    body_timeout_s: float = Field(30.0, gt=0, le=3600, description="Seconds a client has to send a "
-                                  "request body once its headers are in before its connection is closed")
-    keep_alive_s: float = Field(5.0, gt=0, le=3600, description="Seconds an idle keep-alive connection "
-                                "stays open between requests")
-    max_connections: int = Field(1000, ge=1, le=1_000_000, description="Most open connections; at the "
-                                 "limit a new one closes the oldest idle one (no request under way) or, "
-                                 "with none idle, is refused at once")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="Seconds a client has to send a "
+        "request's line and headers (from connecting or from the request's "
+        "first byte) before its connection is closed",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Seconds a client has to send a "
+        "request body once its headers are in before its connection is closed",
+    )
+    keep_alive_s: float = Field(
+        5.0, gt=0, le=3600, description="Seconds an idle keep-alive connection stays open between requests"
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="Most open connections; at the "
+        "limit a new one closes the oldest idle one (no request under way) or, "
+        "with none idle, is refused at once",
+    )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Settings":
+    def _consistent(self) -> Settings:
         if self.max_prefill_batch > self.max_batch and "max_prefill_batch" not in self.model_fields_set:
             self.max_prefill_batch = self.max_batch  # the default follows a smaller --max-batch
         if self.max_prefill_batch > self.max_batch:
             raise ValueError("max_prefill_batch must not exceed max_batch")
         if self.speculate and (not self.kv_slots or not self.step_tokens):
-            raise ValueError("speculate needs kv_slots on and step_tokens above 0: drafts are "
-                             "verified in the budgeted step, their rejected tokens held in the slot cache")
+            raise ValueError(
+                "speculate needs kv_slots on and step_tokens above 0: drafts are "
+                "verified in the budgeted step, their rejected tokens held in the slot cache"
+            )
         if self.no_auth and not is_loopback(self.host) and not self.allow_open_lan:
-            raise ValueError(f"no_auth on host {self.host} would open the server to the whole "
-                             "network; add --allow-open-lan if that is what you want")
+            raise ValueError(
+                f"no_auth on host {self.host} would open the server to the whole "
+                "network; add --allow-open-lan if that is what you want"
+            )
         return self
 
 

@@ -14,18 +14,21 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from core.platform.blas import active_blas, reexec_with_openblas
-from core.config import Settings
-from core.engine.requests import ChatRequest
 from loadtests.benchmodel import add_model_args, resolve_model
+from radixchat.core.config import Settings
+from radixchat.core.engine.requests import ChatRequest
+from radixchat.core.platform.blas import active_blas, reexec_with_openblas
 
 
 def one_round(engine, n: int, max_tokens: int, temperature: float = 0.0) -> tuple[float, int]:
     """Submit n requests at once; return (aggregate decode tok/s, tokens generated)."""
-    reqs = [ChatRequest(messages=[{"role": "user", "content": f"Explain Python topic number {i}."}],
-                        sampling={"max_tokens": max_tokens, "temperature": temperature, "seed": i,
-                                  "ignore_eos": True})
-            for i in range(n)]
+    reqs = [
+        ChatRequest(
+            messages=[{"role": "user", "content": f"Explain Python topic number {i}."}],
+            sampling={"max_tokens": max_tokens, "temperature": temperature, "seed": i, "ignore_eos": True},
+        )
+        for i in range(n)
+    ]
     handles = [engine.submit(r) for r in reqs]
     finals = [h.result() for h in handles]
     firsts = [f.usage.ttft_ms for f in finals]
@@ -41,17 +44,22 @@ def main() -> None:
     p.add_argument("--streams", default="1,2,4,8")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="0 samples a batch in one argmax; above 0 each request samples on its own")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 samples a batch in one argmax; above 0 each request samples on its own",
+    )
     args = p.parse_args()
     reexec_with_openblas("auto")
 
-    from core.engine.engine import Engine
+    from radixchat.core.engine.engine import Engine
 
     model = resolve_model(args)
     streams = [int(s) for s in args.streams.split(",")]
-    engine = Engine(Settings(model=model, max_batch=max(streams), max_prefill_batch=max(streams),
-                             max_tokens=args.max_tokens)).start()
+    engine = Engine(
+        Settings(model=model, max_batch=max(streams), max_prefill_batch=max(streams), max_tokens=args.max_tokens)
+    ).start()
     m = engine.loaded
     print(f"model {model}: {m.num_params / 1e6:.1f}M params, {m.dtype}; blas {active_blas()}")
     # every request generates exactly max_tokens (ignore_eos), so each round does equal work

@@ -19,23 +19,27 @@ import random
 import threading
 import time
 
-import assets
-from core.config import Settings
-from core.engine.requests import ChatRequest
-from core.platform.blas import active_blas, reexec_with_openblas
 from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.figures import pct
+from radixchat import assets
+from radixchat.core.config import Settings
+from radixchat.core.engine.requests import ChatRequest
+from radixchat.core.platform.blas import active_blas, reexec_with_openblas
 
 PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
 QUESTIONS = PROMPTS["questions"]
 
 
-
 def turn(owner: str, tag: str, rng: random.Random, max_tokens: int, ignore_eos: bool) -> ChatRequest:
-    return ChatRequest(owner=owner, messages=[{"role": "system", "content": rng.choice(SYSTEMS)},
-                                              {"role": "user", "content": f"[{tag}] {rng.choice(QUESTIONS)}"}],
-                       sampling={"max_tokens": max_tokens, "ignore_eos": ignore_eos, "temperature": 0})
+    return ChatRequest(
+        owner=owner,
+        messages=[
+            {"role": "system", "content": rng.choice(SYSTEMS)},
+            {"role": "user", "content": f"[{tag}] {rng.choice(QUESTIONS)}"},
+        ],
+        sampling={"max_tokens": max_tokens, "ignore_eos": ignore_eos, "temperature": 0},
+    )
 
 
 def main() -> None:
@@ -45,18 +49,25 @@ def main() -> None:
     p.add_argument("--flood-tokens", type=int, default=64)
     p.add_argument("--turns", type=int, default=30)
     p.add_argument("--think", type=float, default=0.3)
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="an engine setting, e.g. --set kv_slots=false (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="an engine setting, e.g. --set kv_slots=false (repeatable)",
+    )
     args = p.parse_args()
     reexec_with_openblas("auto")
 
-    from core.engine.engine import Engine
+    from radixchat.core.engine.engine import Engine
 
     model = resolve_model(args)
     extra = dict(kv.split("=", 1) for kv in args.set)
     eng = Engine(Settings(model=model, max_user_requests=max(32, args.flood), **extra)).start()
-    print(f"model {model}; blas {active_blas()}; A: {args.flood} in flight, {args.flood_tokens} tokens each; "
-          f"settings {extra or 'default'}")
+    print(
+        f"model {model}; blas {active_blas()}; A: {args.flood} in flight, {args.flood_tokens} tokens each; "
+        f"settings {extra or 'default'}"
+    )
     steps: list[tuple[float, int, int]] = []  # (seconds, requests that left, prompt tokens)
     gen = eng._gen
     plain_next = gen.next
@@ -65,8 +76,13 @@ def main() -> None:
         before = gen._counters.prompt_tokens
         t = time.perf_counter()
         out = plain_next()
-        steps.append((time.perf_counter() - t, sum(r.finish_reason is not None for r in out[1]),
-                      gen._counters.prompt_tokens - before))
+        steps.append(
+            (
+                time.perf_counter() - t,
+                sum(r.finish_reason is not None for r in out[1]),
+                gen._counters.prompt_tokens - before,
+            )
+        )
         return out
 
     gen.next = timed_next
@@ -93,17 +109,21 @@ def main() -> None:
         time.sleep(args.think)
     stop.set()
     measured = steps[first:]
-    print(f"B ({args.turns} turns): queue p50 {pct(queue_ms, .5):.0f} p95 {pct(queue_ms, .95):.0f} ms; "
-          f"TTFT p50 {pct(ttft_ms, .5):.0f} p95 {pct(ttft_ms, .95):.0f} ms")
+    print(
+        f"B ({args.turns} turns): queue p50 {pct(queue_ms, 0.5):.0f} p95 {pct(queue_ms, 0.95):.0f} ms; "
+        f"TTFT p50 {pct(ttft_ms, 0.5):.0f} p95 {pct(ttft_ms, 0.95):.0f} ms"
+    )
     print(f"{'engine step':>24} {'steps':>6} {'p50 ms':>7} {'p95 ms':>7}")
-    kinds = {"decode only": lambda left, pre: not left and not pre,
-             "a prompt joins": lambda left, pre: not left and pre,
-             "a request leaves": lambda left, pre: left and not pre,
-             "both": lambda left, pre: left and pre}
+    kinds = {
+        "decode only": lambda left, pre: not left and not pre,
+        "a prompt joins": lambda left, pre: not left and pre,
+        "a request leaves": lambda left, pre: left and not pre,
+        "both": lambda left, pre: left and pre,
+    }
     for name, sel in kinds.items():
         d = [s for s, left, pre in measured if sel(left, pre)]
         if d:
-            print(f"{name:>24} {len(d):>6} {1e3 * pct(d, .5):>7.1f} {1e3 * pct(d, .95):>7.1f}")
+            print(f"{name:>24} {len(d):>6} {1e3 * pct(d, 0.5):>7.1f} {1e3 * pct(d, 0.95):>7.1f}")
     eng.stop()
 
 

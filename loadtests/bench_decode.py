@@ -28,8 +28,8 @@ import argparse
 import statistics
 import time
 
-from core.platform.blas import active_blas, reexec_with_openblas
 from loadtests.benchmodel import add_model_args, resolve_model
+from radixchat.core.platform.blas import active_blas, reexec_with_openblas
 
 
 def prefilled(model, batch: int, context: int):
@@ -86,7 +86,7 @@ def graph(model, batches: list[int], context: int, steps: int, rounds: int) -> N
     elementwise work at that batch's shapes, compiled (shapeless, so no retrace as T grows) and not."""
     import mlx.core as mx
 
-    from core.engine import cpu_ops
+    from radixchat.core.engine import cpu_ops
 
     def timed(fn, *args) -> float:
         mx.eval(fn(*args))
@@ -115,11 +115,17 @@ def graph(model, batches: list[int], context: int, steps: int, rounds: int) -> N
             y = out
         b, e = 1000 * statistics.median(build), 1000 * statistics.median(run)
         scores = mx.random.normal((batch, kv, heads // kv, 1, context)) * 3
-        gate, up = mx.random.normal((batch, 1, cfg.intermediate_size)), mx.random.normal((batch, 1, cfg.intermediate_size))
+        gate, up = (
+            mx.random.normal((batch, 1, cfg.intermediate_size)),
+            mx.random.normal((batch, 1, cfg.intermediate_size)),
+        )
         sm = (timed(cpu_ops.softmax2, scores), timed(mx.compile(cpu_ops.softmax2, shapeless=True), scores))
         sw = (timed(cpu_ops.swiglu, gate, up), timed(mx.compile(cpu_ops.swiglu, shapeless=True), gate, up))
-        print(f"| {batch} | {b:.1f} | {e:.1f} | {b / (b + e):.1%} | {sm[0]:.2f} / {sm[1]:.2f} | "
-              f"{sw[0]:.2f} / {sw[1]:.2f} |", flush=True)
+        print(
+            f"| {batch} | {b:.1f} | {e:.1f} | {b / (b + e):.1%} | {sm[0]:.2f} / {sm[1]:.2f} | "
+            f"{sw[0]:.2f} / {sw[1]:.2f} |",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -135,8 +141,8 @@ def main() -> None:
     reexec_with_openblas()
     import mlx.core as mx
 
-    from core.engine import cpu_ops
-    from core.engine.model import load_model
+    from radixchat.core.engine import cpu_ops
+    from radixchat.core.engine.model import load_model
 
     path = resolve_model(args)
     model = load_model(path).model
@@ -148,8 +154,14 @@ def main() -> None:
         return
     if args.widths:
         cpu_ops.use_here(True)
-        widths(model, [int(b) for b in args.batches.split(",")], [int(w) for w in args.widths.split(",")],
-               args.context, args.steps, args.rounds)
+        widths(
+            model,
+            [int(b) for b in args.batches.split(",")],
+            [int(w) for w in args.widths.split(",")],
+            args.context,
+            args.steps,
+            args.rounds,
+        )
         return
     print("| batch | mlx-lm ops tok/s | --cpu-ops tok/s | ratio | same tokens |")
     print("|---|---|---|---|---|")
@@ -164,8 +176,11 @@ def main() -> None:
                 times[on].append(seconds)
                 last[on] = y.tolist()
         tps = {on: batch * args.steps / statistics.median(t) for on, t in times.items()}
-        print(f"| {batch} | {tps[False]:.1f} | {tps[True]:.1f} | {tps[True] / tps[False]:.2f}x | "
-              f"{'yes' if last[True] == last[False] else 'no'} |", flush=True)
+        print(
+            f"| {batch} | {tps[False]:.1f} | {tps[True]:.1f} | {tps[True] / tps[False]:.2f}x | "
+            f"{'yes' if last[True] == last[False] else 'no'} |",
+            flush=True,
+        )
     cpu_ops.use_here(False)
 
 

@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import assets
-from core.config import Settings
-from core.engine.requests import ChatRequest
-from core.platform.blas import active_blas, reexec_with_openblas
 from loadtests.benchmodel import add_model_args, resolve_model
+from radixchat import assets
+from radixchat.core.config import Settings
+from radixchat.core.engine.requests import ChatRequest
+from radixchat.core.platform.blas import active_blas, reexec_with_openblas
 
 
 def long_system_prompt(tokenizer, target: int) -> str:
@@ -40,10 +40,11 @@ def long_system_prompt(tokenizer, target: int) -> str:
 
 
 def engine(model: str, folder: Path):
-    from core.engine.engine import Engine
+    from radixchat.core.engine.engine import Engine
 
-    return Engine(Settings(model=model, db=folder / "radixchat.db", cache_disk_bytes=8 << 30,
-                           warm_presets=False, max_tokens=8)).start(timeout=600)
+    return Engine(
+        Settings(model=model, db=folder / "radixchat.db", cache_disk_bytes=8 << 30, warm_presets=False, max_tokens=8)
+    ).start(timeout=600)
 
 
 def settle(eng, timeout: float = 120) -> dict:
@@ -58,16 +59,20 @@ def settle(eng, timeout: float = 120) -> dict:
 
 
 def part_a(model: str, rounds: int, prefix_tokens: int) -> None:
-    print(f"\nA. time to first token after a restart, ~{prefix_tokens}-token prefix cached before it, "
-          f"vs the same request cold (medians of {rounds})")
+    print(
+        f"\nA. time to first token after a restart, ~{prefix_tokens}-token prefix cached before it, "
+        f"vs the same request cold (medians of {rounds})"
+    )
     cold, warm, memory, cached, opening = [], [], [], [], []
     for r in range(rounds):
         folder = Path(tempfile.mkdtemp(prefix="bench-disk-"))
         first = engine(model, folder)
         try:
             system = long_system_prompt(first.loaded.tokenizer, prefix_tokens)
-            msgs = [{"role": "system", "content": system},
-                    {"role": "user", "content": f"Round {r}: what does a list comprehension do?"}]
+            msgs = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Round {r}: what does a list comprehension do?"},
+            ]
             settle(first)
             f = first.submit(ChatRequest(messages=msgs, owner="alice")).result()
             cold.append(f.usage.ttft_ms)
@@ -88,18 +93,22 @@ def part_a(model: str, rounds: int, prefix_tokens: int) -> None:
             second.stop()
     c, w = statistics.median(cold), statistics.median(warm)
     print(f"prompt {f.usage.prompt_tokens} tokens, {statistics.median(cached):.0f} served from disk after the restart")
-    print(f"ttft cold {c:.0f} ms   after restart {w:.0f} ms   ratio {w / c:.3f}x (goal <= 0.2x)   "
-          f"from memory (no restart) {statistics.median(memory):.0f} ms")
-    print(f"opening the disk tier at start-up (model hash + keys from the files): "
-          f"{statistics.median(opening):.0f} ms, before the first request")
+    print(
+        f"ttft cold {c:.0f} ms   after restart {w:.0f} ms   ratio {w / c:.3f}x (goal <= 0.2x)   "
+        f"from memory (no restart) {statistics.median(memory):.0f} ms"
+    )
+    print(
+        f"opening the disk tier at start-up (model hash + keys from the files): "
+        f"{statistics.median(opening):.0f} ms, before the first request"
+    )
 
 
 def part_b(model, sizes: list[int]) -> list[tuple[int, int, int]]:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from core.cache.disk import DiskTier
-    from core.cache.kv import PrefixStore
+    from radixchat.core.cache.disk import DiskTier
+    from radixchat.core.cache.kv import PrefixStore
 
     print("\nB. restore of a P-token prefix from disk vs its prefill (medians of 5)")
     print(f"{'P':>6} {'prefill ms':>11} {'disk ms':>9} {'(reader':>8} {'engine':>7} {'restore)':>9} {'ratio':>7}")
@@ -114,8 +123,9 @@ def part_b(model, sizes: list[int]) -> list[tuple[int, int, int]]:
             mx.eval(model(mx.array([tokens]), cache=cache), [c.state for c in cache])
             pre.append(time.perf_counter() - t0)
         store = PrefixStore(model, 1 << 40)
-        tier = DiskTier(Path(tempfile.mkdtemp(prefix="bench-disk-")) / "m", 1 << 40, "bench", "all",
-                        store, wake=lambda: None)
+        tier = DiskTier(
+            Path(tempfile.mkdtemp(prefix="bench-disk-")) / "m", 1 << 40, "bench", "all", store, wake=lambda: None
+        )
         tier.open(store.tree, tag_of=lambda owner: 0)
         store.disk = tier
         store.store(tokens, cache)
@@ -146,8 +156,10 @@ def part_b(model, sizes: list[int]) -> list[tuple[int, int, int]]:
             eng.append(tier.stats.load_s - l0)
             restore.append(t2 - t1)
         med = statistics.median
-        print(f"{p:>6} {med(pre) * 1e3:>11.1f} {med(total) * 1e3:>9.1f} {med(reader) * 1e3:>8.1f} "
-              f"{med(eng) * 1e3:>7.1f} {med(restore) * 1e3:>9.1f} {med(total) / med(pre):>6.1%}")
+        print(
+            f"{p:>6} {med(pre) * 1e3:>11.1f} {med(total) * 1e3:>9.1f} {med(reader) * 1e3:>8.1f} "
+            f"{med(eng) * 1e3:>7.1f} {med(restore) * 1e3:>9.1f} {med(total) / med(pre):>6.1%}"
+        )
         sizes_out.append((p, mem_bytes, tier.bytes))
         tier.close()
     return sizes_out
@@ -168,12 +180,14 @@ def main() -> None:
     p.add_argument("--sizes", default="256,1024,4096")
     args = p.parse_args()
     reexec_with_openblas("auto")
-    from core.engine.model import load_model
+    from radixchat.core.engine.model import load_model
 
     model_path = resolve_model(args)
     loaded = load_model(model_path)
-    print(f"model {model_path}: {loaded.num_params / 1e6:.1f}M params, {loaded.dtype}, "
-          f"context {loaded.context_length}; blas {active_blas()}")
+    print(
+        f"model {model_path}: {loaded.num_params / 1e6:.1f}M params, {loaded.dtype}, "
+        f"context {loaded.context_length}; blas {active_blas()}"
+    )
     part_a(model_path, args.rounds, min(args.prefix_tokens, loaded.context_length - 64))
     sizes = [s for s in map(int, args.sizes.split(",")) if s < loaded.context_length]
     part_c(part_b(loaded.model, sizes))

@@ -39,11 +39,11 @@ from pathlib import Path
 
 import httpx
 
-import assets
-from core.store import Store
 from loadtests.bench_vs_mlxlm import one_turn
-from loadtests.figures import pct
 from loadtests.benchmodel import add_model_args, resolve_model
+from loadtests.figures import pct
+from radixchat import assets
+from radixchat.core.store import Store
 from tests.support.procs import free_port, start_radixchat, stop_process
 
 PROMPTS = assets.prompts()
@@ -60,8 +60,18 @@ def start_server(model: str, db: Path, port: int, args, log: Path) -> subprocess
 
 # ---- user A: the flood, in a child process ---------------------------------------------
 
-def flood(url: str, key: str, workers: int, max_tokens: int, retry_wait: float | None, limit_s: float,
-          seed: int, stop, results) -> None:
+
+def flood(
+    url: str,
+    key: str,
+    workers: int,
+    max_tokens: int,
+    retry_wait: float | None,
+    limit_s: float,
+    seed: int,
+    stop,
+    results,
+) -> None:
     """Child process: keep `workers` requests of A going until `stop` is set (or `limit_s`
     passes), then put A's figures on `results`."""
     results.put(asyncio.run(_flood(url, key, workers, max_tokens, retry_wait, limit_s, seed, stop)))
@@ -74,15 +84,24 @@ async def _flood(url, key, workers, max_tokens, retry_wait, limit_s, seed, stop)
     t_start = time.time()
     limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
 
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
-                                 timeout=limit_s, limits=limits) as http:
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=limit_s, limits=limits
+    ) as http:
+
         async def worker(w: int) -> None:
             rng = random.Random(seed * 1000 + w)
             while not stop.is_set():
                 n = next(numbers)
-                body = {"model": "default", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-                        "messages": [{"role": "system", "content": rng.choice(SYSTEMS)},
-                                     {"role": "user", "content": f"[A{n}] {rng.choice(QUESTIONS)}"}]}
+                body = {
+                    "model": "default",
+                    "max_tokens": max_tokens,
+                    "ignore_eos": True,
+                    "temperature": 0,
+                    "messages": [
+                        {"role": "system", "content": rng.choice(SYSTEMS)},
+                        {"role": "user", "content": f"[A{n}] {rng.choice(QUESTIONS)}"},
+                    ],
+                }
                 counts["sent"] += 1
                 try:
                     r = await http.post("/v1/chat/completions", json=body)
@@ -114,15 +133,17 @@ async def _flood(url, key, workers, max_tokens, retry_wait, limit_s, seed, stop)
 
 # ---- user B: timed turns in the main thread ----------------------------------------------
 
-def b_turns(http: httpx.Client, phase: str, args, deadline: float, rng: random.Random,
-            on_think=None) -> list[dict]:
+
+def b_turns(http: httpx.Client, phase: str, args, deadline: float, rng: random.Random, on_think=None) -> list[dict]:
     """B's turns, one at a time: each a fresh conversation tagged with `phase`."""
     out = []
     for i in range(args.turns):
         if time.perf_counter() > deadline:
             break
-        msgs = [{"role": "system", "content": SYSTEMS[0]},
-                {"role": "user", "content": f"[B{phase}{i}] {rng.choice(QUESTIONS)}"}]
+        msgs = [
+            {"role": "system", "content": SYSTEMS[0]},
+            {"role": "user", "content": f"[B{phase}{i}] {rng.choice(QUESTIONS)}"},
+        ]
         try:
             out.append(one_turn(http, "default", msgs, args.max_tokens))
         except httpx.HTTPError as e:
@@ -151,12 +172,17 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16, help="B's reply length")
     p.add_argument("--flood", type=int, default=64, help="requests A tries to keep in flight")
     p.add_argument("--flood-max-tokens", type=int, default=64, help="A's reply length (ignore_eos)")
-    p.add_argument("--retry-wait", type=float, default=None,
-                   help="seconds a refused A worker waits (default: the server's Retry-After), jittered")
+    p.add_argument(
+        "--retry-wait",
+        type=float,
+        default=None,
+        help="seconds a refused A worker waits (default: the server's Retry-After), jittered",
+    )
     p.add_argument("--max-user-requests", type=int, default=32, help="passed to the server")
     p.add_argument("--max-batch", type=int, default=0, help="passed to the server (default: its own)")
-    p.add_argument("--settle", type=float, default=3.0,
-                   help="seconds between A reaching its maximum and B's first timed turn")
+    p.add_argument(
+        "--settle", type=float, default=3.0, help="seconds between A reaching its maximum and B's first timed turn"
+    )
     p.add_argument("--duration", type=float, default=180.0, help="most seconds per phase")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -165,30 +191,51 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
     db = work / "fairness.db"
     with Store(db) as store:
-        keys = {name: store.create_api_key(store.create_user(name, f"{name}-bench-password"), "bench")[1]
-                for name in ("usera", "userb")}
+        keys = {
+            name: store.create_api_key(store.create_user(name, f"{name}-bench-password"), "bench")[1]
+            for name in ("usera", "userb")
+        }
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(model, db, port, args, work / "server.log")
     a_max = min(args.flood, args.max_user_requests)
     print(f"model {model}; {time.strftime('%Y-%m-%d %H:%M')}; server log {work / 'server.log'}")
-    print(f"B: {args.turns} streamed turns per phase, max_tokens {args.max_tokens}, think {args.think} s; "
-          f"A: {args.flood} in flight wanted, server --max-user-requests {args.max_user_requests}, "
-          f"max_tokens {args.flood_max_tokens}")
+    print(
+        f"B: {args.turns} streamed turns per phase, max_tokens {args.max_tokens}, think {args.think} s; "
+        f"A: {args.flood} in flight wanted, server --max-user-requests {args.max_user_requests}, "
+        f"max_tokens {args.flood_max_tokens}"
+    )
     ctx = mp.get_context("spawn")
     stop, results = ctx.Event(), ctx.Queue()
     child = None
     try:
         rng = random.Random(args.seed)
-        with httpx.Client(base_url=url, timeout=args.duration + 60,
-                          headers={"Authorization": f"Bearer {keys['userb']}"}) as http:
-            one_turn(http, "default", [{"role": "system", "content": SYSTEMS[0]},
-                                       {"role": "user", "content": "warm-up"}], args.max_tokens)
+        with httpx.Client(
+            base_url=url, timeout=args.duration + 60, headers={"Authorization": f"Bearer {keys['userb']}"}
+        ) as http:
+            one_turn(
+                http,
+                "default",
+                [{"role": "system", "content": SYSTEMS[0]}, {"role": "user", "content": "warm-up"}],
+                args.max_tokens,
+            )
             alone = b_turns(http, "a", args, time.perf_counter() + args.duration, rng)
 
-            child = ctx.Process(target=flood, daemon=True, args=(
-                url, keys["usera"], args.flood, args.flood_max_tokens, args.retry_wait,
-                2 * args.duration + args.settle + 120, args.seed, stop, results))
+            child = ctx.Process(
+                target=flood,
+                daemon=True,
+                args=(
+                    url,
+                    keys["usera"],
+                    args.flood,
+                    args.flood_max_tokens,
+                    args.retry_wait,
+                    2 * args.duration + args.settle + 120,
+                    args.seed,
+                    stop,
+                    results,
+                ),
+            )
             child.start()
             reach = time.perf_counter() + args.duration
             while in_flight(http) < a_max and time.perf_counter() < reach:
@@ -197,8 +244,14 @@ def main() -> None:
             time.sleep(args.settle)
             samples: list[int] = []  # A's requests at the server, between B's turns
             t0 = time.time()
-            loaded = b_turns(http, "b", args, time.perf_counter() + args.duration, rng,
-                             on_think=lambda: samples.append(in_flight(http)))
+            loaded = b_turns(
+                http,
+                "b",
+                args,
+                time.perf_counter() + args.duration,
+                rng,
+                on_think=lambda: samples.append(in_flight(http)),
+            )
             t1 = time.time()
         stop.set()
         a = results.get(timeout=120)
@@ -213,18 +266,25 @@ def main() -> None:
     print(f"\n{'B time to first token, s':>32} {'turns':>6} {'errors':>7} {'p50':>8} {'p95':>8}")
     for name, s in (("alone", sa), (f"while A floods ({a_max} in flight)", sb)):
         print(f"{name:>32} {s['turns']:>6} {s['errors']:>7} {s['p50']:>8.3f} {s['p95']:>8.3f}")
-    print(f"under the flood / alone: p50 {sb['p50'] / sa['p50']:.2f}x, p95 {sb['p95'] / sa['p95']:.2f}x "
-          f"(issue 14's goal: p95 within 2x)")
+    print(
+        f"under the flood / alone: p50 {sb['p50'] / sa['p50']:.2f}x, p95 {sb['p95'] / sa['p95']:.2f}x "
+        f"(issue 14's goal: p95 within 2x)"
+    )
     window = [tokens for t, tokens in a["done"] if t0 <= t <= t1]
     span = max(t1 - t0, 1e-9)
-    print(f"A while B was timed ({span:.1f} s): {len(window)} requests served, "
-          f"{sum(window) / span:.1f} output tokens/s")
+    print(
+        f"A while B was timed ({span:.1f} s): {len(window)} requests served, {sum(window) / span:.1f} output tokens/s"
+    )
     flood_s = a["t_end"] - a["t_start"]
-    print(f"A over the whole flood ({flood_s:.1f} s): {a['sent']} sent, {len(a['done'])} served, {a['refused']} refused "
-          f"with 429 ({a['refused'] / flood_s:.1f}/s), {a['errors']} errors; the rest were in flight at the stop")
+    print(
+        f"A over the whole flood ({flood_s:.1f} s): {a['sent']} sent, {len(a['done'])} served, {a['refused']} refused "
+        f"with 429 ({a['refused'] / flood_s:.1f}/s), {a['errors']} errors; the rest were in flight at the stop"
+    )
     med = statistics.median(samples) if samples else float("nan")
-    print(f"A's requests at the server: {reached} when B started, median {med:g} between B's turns "
-          f"(A's limit {a_max}; B's own request is done by then)")
+    print(
+        f"A's requests at the server: {reached} when B started, median {med:g} between B's turns "
+        f"(A's limit {a_max}; B's own request is done by then)"
+    )
 
 
 if __name__ == "__main__":

@@ -28,11 +28,11 @@ import threading
 import time
 from collections import defaultdict
 
-import assets
-from core.config import Settings
-from core.engine.requests import ChatRequest, Finished
-from core.platform.blas import active_blas, reexec_with_openblas
 from loadtests.benchmodel import add_model_args, resolve_model
+from radixchat import assets
+from radixchat.core.config import Settings
+from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.platform.blas import active_blas, reexec_with_openblas
 
 PROMPTS = assets.prompts()
 
@@ -54,6 +54,7 @@ class Clock:
             self.parts[part] += time.perf_counter() - t0
             self.calls[part] += result is None or bool(result)  # calls that did something
             return result
+
         setattr(owner, name, timed)
 
 
@@ -85,23 +86,34 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="an engine setting, e.g. --set cpu_ops=false (repeatable)")
-    p.add_argument("--first-token-forward", action="store_true",
-                   help="run a newcomer's last prompt token in a forward of its own, as mlx-lm does "
-                        "(the stepper's order before it ran that token in the batch's decode)")
-    p.add_argument("--normalize-every-step", action="store_true",
-                   help="let the batched step normalize every row's logits, as mlx-lm does "
-                        "(core/engine/unnormalized.py off)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="an engine setting, e.g. --set cpu_ops=false (repeatable)",
+    )
+    p.add_argument(
+        "--first-token-forward",
+        action="store_true",
+        help="run a newcomer's last prompt token in a forward of its own, as mlx-lm does "
+        "(the stepper's order before it ran that token in the batch's decode)",
+    )
+    p.add_argument(
+        "--normalize-every-step",
+        action="store_true",
+        help="let the batched step normalize every row's logits, as mlx-lm does (core/engine/unnormalized.py off)",
+    )
     args = p.parse_args()
     reexec_with_openblas()
     from mlx_lm.generate import GenerationBatch
 
-    from core.engine import engine as engine_module
-    from core.engine.stepper import BudgetedBatchGenerator
+    from radixchat.core.engine import engine as engine_module
+    from radixchat.core.engine.stepper import BudgetedBatchGenerator
 
     if args.normalize_every_step:
-        from core.engine import unnormalized
+        from radixchat.core.engine import unnormalized
+
         unnormalized.use_here = lambda on: None
     if args.first_token_forward:
         BudgetedBatchGenerator._unstepped = lambda self, prompts, last: prompts.generate(last)
@@ -113,6 +125,7 @@ def main() -> None:
     def decode(self):
         clock.batch_rows += len(self.uids)
         return real_next(self)
+
     GenerationBatch.next = decode
     clock.wrap(GenerationBatch, "next", "decode")
     clock.wrap(engine_module.Engine, "_drain_commands", "commands (incl. idle)")
@@ -120,22 +133,28 @@ def main() -> None:
     overrides = dict(kv.split("=", 1) for kv in args.set)
     settings = Settings(model=resolve_model(args), **overrides)
     engine = engine_module.Engine(settings).start()
-    print(f"model {settings.model}; BLAS {active_blas()}; {args.users} users x {args.turns} turns, "
-          f"max_tokens {args.max_tokens}; settings {overrides or 'defaults'}"
-          f"{'; first-token forward' if args.first_token_forward else ''}"
-          f"{'; every step normalized' if args.normalize_every_step else ''}")
+    print(
+        f"model {settings.model}; BLAS {active_blas()}; {args.users} users x {args.turns} turns, "
+        f"max_tokens {args.max_tokens}; settings {overrides or 'defaults'}"
+        f"{'; first-token forward' if args.first_token_forward else ''}"
+        f"{'; every step normalized' if args.normalize_every_step else ''}"
+    )
     tokens: list[int] = []
     rng = random.Random(args.seed)
-    threads = [threading.Thread(target=user, args=(engine, random.Random(rng.random()), args.turns,
-                                                   args.max_tokens, tokens)) for _ in range(args.users)]
+    threads = [
+        threading.Thread(target=user, args=(engine, random.Random(rng.random()), args.turns, args.max_tokens, tokens))
+        for _ in range(args.users)
+    ]
     base = dict(clock.parts), dict(clock.calls), clock.batch_rows
     wall = run_all(threads)
     engine.stop()
     parts = {k: v - base[0].get(k, 0.0) for k, v in clock.parts.items()}
     calls = {k: v - base[1].get(k, 0) for k, v in clock.calls.items()}
     steps = calls.get("decode", 0)
-    print(f"wall {wall:.1f} s; output {sum(tokens)} tokens, {sum(tokens) / wall:.1f} tok/s; "
-          f"{steps} decode steps, mean batch {(clock.batch_rows - base[2]) / max(steps, 1):.1f}")
+    print(
+        f"wall {wall:.1f} s; output {sum(tokens)} tokens, {sum(tokens) / wall:.1f} tok/s; "
+        f"{steps} decode steps, mean batch {(clock.batch_rows - base[2]) / max(steps, 1):.1f}"
+    )
     print("| part | seconds | share of wall | calls | ms per call |")
     print("|---|---|---|---|---|")
     named = ["prefill chunks", "first tokens", "decode", "commands (incl. idle)"]

@@ -36,12 +36,33 @@ BIN = Path(sys.executable).parent
 
 
 def serve(model: str, ranks: int, log: Path, port: int, one_thread: bool):
-    cmd = [str(BIN / "radixchat"), "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port),
-           "--db", str(log.with_suffix(".sqlite")), "--no-auth"]
+    cmd = [
+        str(BIN / "radixchat"),
+        "serve",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--db",
+        str(log.with_suffix(".sqlite")),
+        "--no-auth",
+    ]
     if ranks > 1:
         env = ["--env", "OPENBLAS_NUM_THREADS=1"] if one_thread else []
-        cmd = [str(BIN / "mlx.launch"), "-n", str(ranks), "--backend", "ring", "--starting-port",
-               str(free_port_block(ranks)), *env, "--", *cmd]
+        cmd = [
+            str(BIN / "mlx.launch"),
+            "-n",
+            str(ranks),
+            "--backend",
+            "ring",
+            "--starting-port",
+            str(free_port_block(ranks)),
+            *env,
+            "--",
+            *cmd,
+        ]
     return start_and_wait(cmd, f"http://127.0.0.1:{port}/health", log, env=blas_env(), group=True)
 
 
@@ -84,22 +105,31 @@ def main() -> None:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = resolve_model(args)
-    print(f"model {model}; max_tokens {args.max_tokens}; {args.convs} conversation(s) per user; "
-          f"{time.strftime('%Y-%m-%d %H:%M')}")
+    print(
+        f"model {model}; max_tokens {args.max_tokens}; {args.convs} conversation(s) per user; "
+        f"{time.strftime('%Y-%m-%d %H:%M')}"
+    )
     kinds = [(1, False), (args.ranks, False)] + ([(args.ranks, True)] if args.one_thread_per_rank else [])
-    print(f"{'users':>5} {'server':>28} {'tok/s':>8} {'ttft p50':>9} {'ttft p95':>9} {'tpot p50':>9} "
-          f"{'errors':>6} {'msg B/tok':>9} {'in step':>7}")
+    print(
+        f"{'users':>5} {'server':>28} {'tok/s':>8} {'ttft p50':>9} {'ttft p95':>9} {'tpot p50':>9} "
+        f"{'errors':>6} {'msg B/tok':>9} {'in step':>7}"
+    )
     for users in map(int, args.users.split(",")):
         base = None
         for ranks, one in kinds:
             r = measure(model, ranks, users, args, one)
             name = "1 process" if ranks == 1 else f"{ranks} ranks (ring, loopback)" + (", 1 thread" if one else "")
             base = base or r["tps"]
-            print(f"{users:>5} {name:>28} {r['tps']:>8.1f} {r['ttft50']:>9.2f} {r['ttft95']:>9.2f} "
-                  f"{r['tpot50']:>9.4f} {r['errors']:>6} {r['message_bytes_per_token']:>9.0f} "
-                  f"{str(r['in_step']):>7}   ({r['tps'] / base:.2f}x)", flush=True)
-    print(f"collectives: {collective_bytes(model, args.ranks):,.0f} bytes sent by each rank per generated "
-          f"token over {args.ranks} ranks (computed from the model's shape)")
+            print(
+                f"{users:>5} {name:>28} {r['tps']:>8.1f} {r['ttft50']:>9.2f} {r['ttft95']:>9.2f} "
+                f"{r['tpot50']:>9.4f} {r['errors']:>6} {r['message_bytes_per_token']:>9.0f} "
+                f"{r['in_step']!s:>7}   ({r['tps'] / base:.2f}x)",
+                flush=True,
+            )
+    print(
+        f"collectives: {collective_bytes(model, args.ranks):,.0f} bytes sent by each rank per generated "
+        f"token over {args.ranks} ranks (computed from the model's shape)"
+    )
 
 
 if __name__ == "__main__":

@@ -27,12 +27,12 @@ import random
 import statistics
 import threading
 
-import assets
-from core.config import Settings
-from core.engine.requests import ChatRequest, Finished
-from core.platform.blas import active_blas, reexec_with_openblas
 from loadtests.bench_profile import run_all
 from loadtests.benchmodel import add_model_args, resolve_model
+from radixchat import assets
+from radixchat.core.config import Settings
+from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.platform.blas import active_blas, reexec_with_openblas
 
 PROMPTS = assets.prompts()
 CODE = [
@@ -44,8 +44,11 @@ CODE = [
     "        else:\n            print(i)\n",
     "def read_lines(path):\n    with open(path) as f:\n        return [line.strip() for line in f]\n",
 ]
-ASKS = ["Add type hints to this function and show the whole function:", "Rename the variables to clearer "
-        "names and show the whole function:", "Add a docstring to this function and show it:"]
+ASKS = [
+    "Add type hints to this function and show the whole function:",
+    "Rename the variables to clearer names and show the whole function:",
+    "Add a docstring to this function and show it:",
+]
 
 
 def question(workload: str, rng: random.Random) -> str:
@@ -59,8 +62,9 @@ def user(engine, workload: str, seed: int, turns: int, max_tokens: int, out: lis
     messages = [{"role": "system", "content": rng.choice(PROMPTS["system_prompts"])["text"]}]
     for _ in range(turns):
         messages.append({"role": "user", "content": question(workload, rng)})
-        final = engine.submit(ChatRequest(messages=list(messages),
-                                          sampling={"max_tokens": max_tokens, "temperature": 0.0})).result()
+        final = engine.submit(
+            ChatRequest(messages=list(messages), sampling={"max_tokens": max_tokens, "temperature": 0.0})
+        ).result()
         if not isinstance(final, Finished):
             raise SystemExit(f"a request failed: {final}")
         out.append((seed, final.text, final.usage))
@@ -68,13 +72,15 @@ def user(engine, workload: str, seed: int, turns: int, max_tokens: int, out: lis
 
 
 def one_run(model: str, drafts: int, workload: str, users: int, turns: int, max_tokens: int) -> dict:
-    from core.engine.engine import Engine
+    from radixchat.core.engine.engine import Engine
 
     engine = Engine(Settings(model=model, speculate=drafts)).start()
     try:
         out: list = []
-        threads = [threading.Thread(target=user, args=(engine, workload, 1000 + u, turns, max_tokens, out))
-                   for u in range(users)]
+        threads = [
+            threading.Thread(target=user, args=(engine, workload, 1000 + u, turns, max_tokens, out))
+            for u in range(users)
+        ]
         wall = run_all(threads)
         spec = engine.stats()["speculation"] or {}
     finally:
@@ -83,8 +89,14 @@ def one_run(model: str, drafts: int, workload: str, users: int, turns: int, max_
         gc.collect()  # the next run's engine needs the memory this one's model and K/V held
     tokens = sum(u.generated_tokens for _, _, u in out)
     tpot = [1000 / u.decode_tps for _, _, u in out if u.decode_tps > 0]
-    return {"tps": tokens / wall, "texts": sorted((s, t) for s, t, _ in out), "spec": spec, "tokens": tokens,
-            "tpot": statistics.median(tpot), "latency": statistics.mean(u.total_ms for _, _, u in out) / 1000}
+    return {
+        "tps": tokens / wall,
+        "texts": sorted((s, t) for s, t, _ in out),
+        "spec": spec,
+        "tokens": tokens,
+        "tpot": statistics.median(tpot),
+        "latency": statistics.mean(u.total_ms for _, _, u in out) / 1000,
+    }
 
 
 def main() -> None:
@@ -100,10 +112,14 @@ def main() -> None:
     reexec_with_openblas()
     model = resolve_model(args)
     ks = [int(k) for k in args.drafts.split(",")]
-    print(f"model {model}; BLAS {active_blas()}; {args.turns} turns, max_tokens {args.max_tokens}, "
-          f"greedy; {args.rounds} interleaved rounds")
-    print("| workload | users | --speculate | output tok/s | speed-up (min-max) | TPOT p50 ms | mean latency s | "
-          "acceptance | tokens per drafting row and step | verify steps | waits | same text |")
+    print(
+        f"model {model}; BLAS {active_blas()}; {args.turns} turns, max_tokens {args.max_tokens}, "
+        f"greedy; {args.rounds} interleaved rounds"
+    )
+    print(
+        "| workload | users | --speculate | output tok/s | speed-up (min-max) | TPOT p50 ms | mean latency s | "
+        "acceptance | tokens per drafting row and step | verify steps | waits | same text |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for workload in args.workloads.split(","):
         for users in [int(u) for u in args.users.split(",")]:
@@ -115,16 +131,22 @@ def main() -> None:
             for k in ks:
                 rs = runs[k]
                 ratios = [r["tps"] / b["tps"] for r, b in zip(rs, base)]
-                spec = {f: sum(r["spec"].get(f, 0) for r in rs) for f in ("drafted", "accepted", "rows_drafting", "steps", "waits")}
+                spec = {
+                    f: sum(r["spec"].get(f, 0) for r in rs)
+                    for f in ("drafted", "accepted", "rows_drafting", "steps", "waits")
+                }
                 same = all(r["texts"] == b["texts"] for r, b in zip(rs, base))
                 drafted = spec["drafted"]
                 accepted = f"{spec['accepted'] / drafted:.0%} of {drafted}" if drafted else "-"
                 per_row = f"{1 + spec['accepted'] / spec['rows_drafting']:.2f}" if spec["rows_drafting"] else "-"
                 tpot = statistics.median(r["tpot"] for r in rs)
                 latency = statistics.median(r["latency"] for r in rs)
-                print(f"| {workload} | {users} | {k} | {statistics.median(r['tps'] for r in rs):.1f} | "
-                      f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {tpot:.0f} | "
-                      f"{latency:.1f} | {accepted} | {per_row} | {spec['steps']} | {spec['waits']} | {'yes' if same else 'NO'} |", flush=True)
+                print(
+                    f"| {workload} | {users} | {k} | {statistics.median(r['tps'] for r in rs):.1f} | "
+                    f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {tpot:.0f} | "
+                    f"{latency:.1f} | {accepted} | {per_row} | {spec['steps']} | {spec['waits']} | {'yes' if same else 'NO'} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

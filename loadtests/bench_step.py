@@ -28,19 +28,38 @@ import statistics
 import threading
 import time
 
-import assets
-from core.config import Settings
-from core.engine.requests import ChatRequest, TextDelta
-from core.platform.blas import active_blas, reexec_with_openblas
 from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.figures import pct
+from radixchat import assets
+from radixchat.core.config import Settings
+from radixchat.core.engine.requests import ChatRequest, TextDelta
+from radixchat.core.platform.blas import active_blas, reexec_with_openblas
 
 PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
 QUESTIONS = PROMPTS["questions"]
-WORDS = ("river stone lamp orbit garden copper violin meadow engine harbor lantern quartz "
-         "pepper canyon marble thunder saddle velvet glacier tulip").split()
-
+WORDS = [
+    "river",
+    "stone",
+    "lamp",
+    "orbit",
+    "garden",
+    "copper",
+    "violin",
+    "meadow",
+    "engine",
+    "harbor",
+    "lantern",
+    "quartz",
+    "pepper",
+    "canyon",
+    "marble",
+    "thunder",
+    "saddle",
+    "velvet",
+    "glacier",
+    "tulip",
+]
 
 
 class Stream:
@@ -67,9 +86,16 @@ class Stream:
 
 
 def decoding(engine, n: int, max_tokens: int) -> list[Stream]:
-    out = [Stream(engine, ChatRequest(
-        messages=[{"role": "user", "content": f"Tell a long story about item {i}."}],
-        sampling={"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})) for i in range(n)]
+    out = [
+        Stream(
+            engine,
+            ChatRequest(
+                messages=[{"role": "user", "content": f"Tell a long story about item {i}."}],
+                sampling={"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+            ),
+        )
+        for i in range(n)
+    ]
     while any(not s.times for s in out):
         time.sleep(0.01)
     return out
@@ -90,28 +116,45 @@ def arrivals(engine, args, rng: random.Random) -> dict:
     running = decoding(engine, args.streams, args.stream_tokens)
     t0 = time.perf_counter()
     longs = []
-    for i in range(args.long):
-        longs.append(Stream(engine, ChatRequest(
-            messages=[{"role": "user", "content": long_prompt(rng, args.long_tokens, rng.randrange(10**9))}],
-            sampling={"max_tokens": 8, "temperature": 0, "ignore_eos": True})))
+    for _i in range(args.long):
+        longs.append(
+            Stream(
+                engine,
+                ChatRequest(
+                    messages=[{"role": "user", "content": long_prompt(rng, args.long_tokens, rng.randrange(10**9))}],
+                    sampling={"max_tokens": 8, "temperature": 0, "ignore_eos": True},
+                ),
+            )
+        )
         time.sleep(args.gap)
     for s in longs:
         s.thread.join()
     t1 = time.perf_counter()
     stop_all(running)
     gaps = [b - a for s in running for a, b in zip(s.times, s.times[1:]) if t0 <= a and b <= t1]
-    return {"tpot_p50": pct(gaps, 0.5), "tpot_p95": pct(gaps, 0.95), "tpot_max": max(gaps, default=float("nan")),
-            "long_ttft_p50": pct([s.ttft for s in longs], 0.5), "long_ttft_p95": pct([s.ttft for s in longs], 0.95),
-            "long_tokens": statistics.mean(s.handle.prompt_tokens for s in longs)}
+    return {
+        "tpot_p50": pct(gaps, 0.5),
+        "tpot_p95": pct(gaps, 0.95),
+        "tpot_max": max(gaps, default=float("nan")),
+        "long_ttft_p50": pct([s.ttft for s in longs], 0.5),
+        "long_ttft_p95": pct([s.ttft for s in longs], 0.95),
+        "long_tokens": statistics.mean(s.handle.prompt_tokens for s in longs),
+    }
 
 
 def turns(engine, args, rng: random.Random, tag: str) -> list[float]:
     out = []
     for i in range(args.turns):
-        s = Stream(engine, ChatRequest(
-            messages=[{"role": "system", "content": rng.choice(SYSTEMS)},
-                      {"role": "user", "content": f"[{tag}{i}] {rng.choice(QUESTIONS)}"}],
-            sampling={"max_tokens": 4, "temperature": 0}))
+        s = Stream(
+            engine,
+            ChatRequest(
+                messages=[
+                    {"role": "system", "content": rng.choice(SYSTEMS)},
+                    {"role": "user", "content": f"[{tag}{i}] {rng.choice(QUESTIONS)}"},
+                ],
+                sampling={"max_tokens": 4, "temperature": 0},
+            ),
+        )
         s.thread.join()
         out.append(s.ttft)
         time.sleep(args.think)
@@ -124,8 +167,12 @@ def newcomer(engine, args, rng: random.Random) -> dict:
     running = decoding(engine, args.streams, args.stream_tokens)
     loaded = turns(engine, args, rng, "busy")
     stop_all(running)
-    return {"alone_p50": pct(alone, 0.5), "alone_p95": pct(alone, 0.95),
-            "busy_p50": pct(loaded, 0.5), "busy_p95": pct(loaded, 0.95)}
+    return {
+        "alone_p50": pct(alone, 0.5),
+        "alone_p95": pct(alone, 0.95),
+        "busy_p50": pct(loaded, 0.5),
+        "busy_p95": pct(loaded, 0.95),
+    }
 
 
 def main() -> None:
@@ -133,9 +180,13 @@ def main() -> None:
     add_model_args(p)
     p.add_argument("--compare", default="0,512", help="--step-tokens values to run, comma-separated")
     p.add_argument("--streams", type=int, default=32, help="requests decoding meanwhile")
-    p.add_argument("--stream-tokens", type=int, default=400,
-                   help="each decoding request's length: enough to outlast a phase (they are then "
-                   "cancelled), small enough that the K/V budget admits them all at once")
+    p.add_argument(
+        "--stream-tokens",
+        type=int,
+        default=400,
+        help="each decoding request's length: enough to outlast a phase (they are then "
+        "cancelled), small enough that the K/V budget admits them all at once",
+    )
     p.add_argument("--long", type=int, default=6, help="long prompts arriving")
     p.add_argument("--long-tokens", type=int, default=1000, help="about this many words each")
     p.add_argument("--gap", type=float, default=0.5, help="seconds between long prompts")
@@ -145,7 +196,7 @@ def main() -> None:
     args = p.parse_args()
     reexec_with_openblas("auto")
 
-    from core.engine.engine import Engine
+    from radixchat.core.engine.engine import Engine
 
     model = resolve_model(args)
     rows = []
@@ -153,8 +204,10 @@ def main() -> None:
         engine = Engine(Settings(model=model, step_tokens=budget, max_tokens=64)).start()
         if not rows:
             m = engine.loaded
-            print(f"model {model}: {m.num_params / 1e6:.1f}M params, {m.dtype}; blas {active_blas()}; "
-                  f"{args.streams} streams decoding")
+            print(
+                f"model {model}: {m.num_params / 1e6:.1f}M params, {m.dtype}; blas {active_blas()}; "
+                f"{args.streams} streams decoding"
+            )
         rng = random.Random(args.seed)  # the same prompts for every budget
         turns(engine, argparse.Namespace(turns=2, think=0), rng, "warmup")
         a = arrivals(engine, args, rng)
@@ -164,12 +217,16 @@ def main() -> None:
         rows.append((budget, a, n))
         engine.stop()
     print(f"\nlong prompts: {args.long} x ~{rows[0][1]['long_tokens']:.0f} tokens, {args.gap} s apart")
-    print(f"{'step':>6} | {'TPOT p50':>8} {'p95':>6} {'max':>6} s | {'long TTFT p50':>13} {'p95':>6} s | "
-          f"{'new TTFT idle p95':>17} {'busy p50':>8} {'p95':>6} s {'p95 ratio':>9}")
+    print(
+        f"{'step':>6} | {'TPOT p50':>8} {'p95':>6} {'max':>6} s | {'long TTFT p50':>13} {'p95':>6} s | "
+        f"{'new TTFT idle p95':>17} {'busy p50':>8} {'p95':>6} s {'p95 ratio':>9}"
+    )
     for budget, a, n in rows:
-        print(f"{budget or 'mlx-lm':>6} | {a['tpot_p50']:>8.3f} {a['tpot_p95']:>6.3f} {a['tpot_max']:>6.3f}   | "
-              f"{a['long_ttft_p50']:>13.2f} {a['long_ttft_p95']:>6.2f}   | {n['alone_p95']:>17.3f} "
-              f"{n['busy_p50']:>8.3f} {n['busy_p95']:>6.3f}   {n['busy_p95'] / n['alone_p95']:>8.2f}x")
+        print(
+            f"{budget or 'mlx-lm':>6} | {a['tpot_p50']:>8.3f} {a['tpot_p95']:>6.3f} {a['tpot_max']:>6.3f}   | "
+            f"{a['long_ttft_p50']:>13.2f} {a['long_ttft_p95']:>6.2f}   | {n['alone_p95']:>17.3f} "
+            f"{n['busy_p50']:>8.3f} {n['busy_p95']:>6.3f}   {n['busy_p95'] / n['alone_p95']:>8.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -64,10 +64,10 @@ from pathlib import Path
 
 import httpx
 
-from core.platform.blas import REEXEC_MARK, find_openblas, openblas_env
-import assets
 from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.figures import pct
+from radixchat import assets
+from radixchat.core.platform.blas import REEXEC_MARK, find_openblas, openblas_env
 from tests.support.procs import free_port, peak_rss_mb, start_and_wait, stop_process
 
 PROMPTS = assets.prompts()
@@ -78,19 +78,31 @@ CONFIGS = ("defaults", "tuned")
 # The installed version's --help is checked too before the tuned configuration is run.
 VLLM_TUNED_FLAGS = ("--max-num-seqs", "--prefill-batch-size", "--completion-batch-size")
 # (key, header, format): the columns of every table, printed and in table.md
-COLS = [("requests", "requests", "{}"), ("errors", "errors", "{}"), ("rps", "req/s", "{:.2f}"),
-        ("tps", "tps", "{:.1f}"), ("ttft50", "ttft p50", "{:.3f}"), ("ttft95", "ttft p95", "{:.3f}"),
-        ("tpot50", "tpot p50", "{:.4f}"), ("tpot95", "tpot p95", "{:.4f}"), ("lat95", "lat p95", "{:.2f}"),
-        ("goodput", "goodput", "{:.2f}"), ("goodput_loose", "goodput xS", "{:.2f}"), ("prefilled", "prefilled", "{}"),
-        ("rss", "peak rss", "{:.0f}")]
+COLS = [
+    ("requests", "requests", "{}"),
+    ("errors", "errors", "{}"),
+    ("rps", "req/s", "{:.2f}"),
+    ("tps", "tps", "{:.1f}"),
+    ("ttft50", "ttft p50", "{:.3f}"),
+    ("ttft95", "ttft p95", "{:.3f}"),
+    ("tpot50", "tpot p50", "{:.4f}"),
+    ("tpot95", "tpot p95", "{:.4f}"),
+    ("lat95", "lat p95", "{:.2f}"),
+    ("goodput", "goodput", "{:.2f}"),
+    ("goodput_loose", "goodput xS", "{:.2f}"),
+    ("prefilled", "prefilled", "{}"),
+    ("rss", "peak rss", "{:.0f}"),
+]
 RATIO_COLS = ("tps", "ttft95", "tpot95", "goodput", "goodput_loose")
 # With --repeats: the figures whose spread over rounds each server row shows (the ones the goals are on)
 SPREAD_COLS = ("tps", "ttft95")
 # Issue 16's goals for radixchat, tested on each round's ratios: (other server, figure, test, as printed)
-GOALS = (("mlx_lm.server", "tps", lambda q: q >= 1.5, "output >= 1.5x"),
-         ("mlx_lm.server", "ttft95", lambda q: q <= 0.5, "TTFT p95 <= 0.5x"),
-         ("vllm-mlx", "tps", lambda q: q > 1, "output > 1x"),
-         ("vllm-mlx", "ttft95", lambda q: q < 1, "TTFT p95 < 1x"))
+GOALS = (
+    ("mlx_lm.server", "tps", lambda q: q >= 1.5, "output >= 1.5x"),
+    ("mlx_lm.server", "ttft95", lambda q: q <= 0.5, "TTFT p95 <= 0.5x"),
+    ("vllm-mlx", "tps", lambda q: q > 1, "output > 1x"),
+    ("vllm-mlx", "ttft95", lambda q: q < 1, "TTFT p95 < 1x"),
+)
 
 
 def blas_env() -> dict:
@@ -105,9 +117,13 @@ def blas_env() -> dict:
 def plan(users: int, convs_per_user: int, seed: int) -> list[list[tuple[int, list[str]]]]:
     """Closed loop: per user, its conversations (system prompt index, 2-4 questions)."""
     rng = random.Random(seed)
-    return [[(rng.randrange(len(PROMPTS["system_prompts"])),
-              rng.sample(PROMPTS["questions"], rng.randint(2, 4))) for _ in range(convs_per_user)]
-            for _ in range(users)]
+    return [
+        [
+            (rng.randrange(len(PROMPTS["system_prompts"])), rng.sample(PROMPTS["questions"], rng.randint(2, 4)))
+            for _ in range(convs_per_user)
+        ]
+        for _ in range(users)
+    ]
 
 
 def poisson_plan(rate: float, duration: float, seed: int) -> list[tuple[float, int, str]]:
@@ -138,8 +154,17 @@ def server_cmd(kind: str, config: str, model: str, port: int, db: Path, batch: i
     """The command line of one server; `kind` "radixchat --flag value ..." is a variant with its flags."""
     tuned = config == "tuned"
     if kind.startswith("radixchat"):
-        cmd = [str(Path(sys.executable).with_name("radixchat")), "serve", "--model", model,
-               "--port", str(port), "--no-auth", "--db", str(db)]
+        cmd = [
+            str(Path(sys.executable).with_name("radixchat")),
+            "serve",
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--no-auth",
+            "--db",
+            str(db),
+        ]
         tuning = ["--max-batch", str(batch), "--max-prefill-batch", str(min(batch, 8))]
         return cmd + (tuning if tuned else []) + kind.split()[1:]
     if kind == "mlx_lm.server":
@@ -148,8 +173,14 @@ def server_cmd(kind: str, config: str, model: str, port: int, db: Path, batch: i
         return cmd + (tuning if tuned else [])
     if kind == "vllm-mlx":
         cmd = [vllm_mlx() or "vllm-mlx", "serve", model, "--port", str(port), "--continuous-batching"]
-        tuning = ["--max-num-seqs", str(batch), "--prefill-batch-size", str(min(batch, 8)),
-                  "--completion-batch-size", str(batch)]
+        tuning = [
+            "--max-num-seqs",
+            str(batch),
+            "--prefill-batch-size",
+            str(min(batch, 8)),
+            "--completion-batch-size",
+            str(batch),
+        ]
         return cmd + (tuning if tuned else [])
     raise ValueError(kind)
 
@@ -157,8 +188,14 @@ def server_cmd(kind: str, config: str, model: str, port: int, db: Path, batch: i
 def one_turn(http: httpx.Client, model: str, messages, max_tokens: int, t0: float | None = None) -> dict:
     """One streamed chat completion. `t0` is when the request was due (open loop): time spent
     before it went out, e.g. waiting for a thread, counts towards its TTFT and latency."""
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter() if t0 is None else t0
     first, parts, usage = None, [], None
     with http.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -178,8 +215,14 @@ def one_turn(http: httpx.Client, model: str, messages, max_tokens: int, t0: floa
     if usage is None:
         return {"error": "no usage"}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
-    return {"ttft": (first or end) - t0, "latency": end - t0, "text": "".join(parts),
-            "out": usage["completion_tokens"], "prompt": usage["prompt_tokens"], "cached": cached}
+    return {
+        "ttft": (first or end) - t0,
+        "latency": end - t0,
+        "text": "".join(parts),
+        "out": usage["completion_tokens"],
+        "prompt": usage["prompt_tokens"],
+        "cached": cached,
+    }
 
 
 def safe_turn(http, model, messages, max_tokens, t0=None) -> dict:
@@ -226,9 +269,11 @@ def drive_open(url: str, model: str, arrivals, max_tokens: int) -> tuple[list[di
     # No connection limit: a pool that made requests wait for a free connection would close the loop.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     with httpx.Client(base_url=url, timeout=600, limits=limits) as http:
+
         def request(due, system, question):
-            r = safe_turn(http, model, [system_message(system), {"role": "user", "content": question}],
-                          max_tokens, t0=due)
+            r = safe_turn(
+                http, model, [system_message(system), {"role": "user", "content": question}], max_tokens, t0=due
+            )
             with lock:
                 results.append(r)
 
@@ -257,15 +302,27 @@ def summarize(res: list[dict], wall: float, slo_ttft: float, slo_tpot: float, sl
 
     def met(r, scale):  # a reply of 0-1 tokens has no time per token: it meets that objective by having none
         return r["ttft"] <= slo_ttft * scale and (tpot(r) is None or tpot(r) <= slo_tpot * scale)
+
     good = [r for r in ok if met(r, 1.0)]
     loose = [r for r in ok if met(r, slo_scale)]
-    return {"requests": len(res), "errors": len(res) - len(ok), "wall": wall,
-            "rps": len(ok) / wall, "tps": sum(r["out"] for r in ok) / wall,
-            "ttft50": pct([r["ttft"] for r in ok], 0.5), "ttft95": pct([r["ttft"] for r in ok], 0.95),
-            "tpot50": pct(tpots, 0.5), "tpot95": pct(tpots, 0.95),
-            "lat50": pct([r["latency"] for r in ok], 0.5), "lat95": pct([r["latency"] for r in ok], 0.95),
-            "goodput": len(good) / wall, "good": len(good), "goodput_loose": len(loose) / wall,
-            "prefilled": sum(r["prompt"] - r["cached"] for r in ok), "prompt": sum(r["prompt"] for r in ok)}
+    return {
+        "requests": len(res),
+        "errors": len(res) - len(ok),
+        "wall": wall,
+        "rps": len(ok) / wall,
+        "tps": sum(r["out"] for r in ok) / wall,
+        "ttft50": pct([r["ttft"] for r in ok], 0.5),
+        "ttft95": pct([r["ttft"] for r in ok], 0.95),
+        "tpot50": pct(tpots, 0.5),
+        "tpot95": pct(tpots, 0.95),
+        "lat50": pct([r["latency"] for r in ok], 0.5),
+        "lat95": pct([r["latency"] for r in ok], 0.95),
+        "goodput": len(good) / wall,
+        "good": len(good),
+        "goodput_loose": len(loose) / wall,
+        "prefilled": sum(r["prompt"] - r["cached"] for r in ok),
+        "prompt": sum(r["prompt"] for r in ok),
+    }
 
 
 def ratio(a: float, b: float) -> float:
@@ -324,15 +381,24 @@ def ratio_cell(q: dict, c: str) -> str:
 def measure(kind: str, config: str, model: str, batch: int, drive, work, args, log: Path) -> dict:
     """Start one server, send it `work` with drive_closed or drive_open, stop it."""
     port = free_port()
-    proc = start_and_wait(server_cmd(kind, config, model, port, log.with_suffix(".db"), batch),
-                          f"http://127.0.0.1:{port}/v1/models", log, env=blas_env())
+    proc = start_and_wait(
+        server_cmd(kind, config, model, port, log.with_suffix(".db"), batch),
+        f"http://127.0.0.1:{port}/v1/models",
+        log,
+        env=blas_env(),
+    )
     try:
         served = "default" if kind.startswith("radixchat") else model  # vllm-mlx: the path, as mlx_lm.server
         res, wall = drive(f"http://127.0.0.1:{port}", served, work, args.max_tokens)
         rss = peak_rss_mb(proc.pid)
     finally:
         stop_process(proc)
-    return {"server": kind, "config": config, **summarize(res, wall, args.slo_ttft, args.slo_tpot, args.slo_scale), "rss": rss}
+    return {
+        "server": kind,
+        "config": config,
+        **summarize(res, wall, args.slo_ttft, args.slo_tpot, args.slo_scale),
+        "rss": rss,
+    }
 
 
 def decode_ceiling(model_path: str, batch: int, context: int, steps: int = 48) -> float:
@@ -341,8 +407,8 @@ def decode_ceiling(model_path: str, batch: int, context: int, steps: int = 48) -
     compares them with mlx-lm's)."""
     code = f"""
 import time, mlx.core as mx
-from core.engine import cpu_ops
-from core.engine.model import load_model
+from radixchat.core.engine import cpu_ops
+from radixchat.core.engine.model import load_model
 from mlx_lm.models.cache import make_prompt_cache
 m = load_model({model_path!r}).model
 cpu_ops.install(m)
@@ -358,8 +424,13 @@ for _ in range({steps}):
     mx.eval(y)
 print({batch} * {steps} / (time.perf_counter() - t0))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=blas_env(),
-                         cwd=str(Path(__file__).resolve().parent.parent))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=blas_env(),
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
     if out.returncode != 0:
         raise SystemExit(out.stderr[-2000:])
     return float(out.stdout.strip().splitlines()[-1])
@@ -379,8 +450,9 @@ def ratios_of(rows: dict) -> dict:
 
 def print_table(title: str, rows: dict, ratios: dict, goals: dict | None = None, repeats: int = 1) -> None:
     width = max(24, *(len(k) for k in [*rows, *ratios]))
-    cells = ([[cell(r, c, f) for c, _, f in COLS] for r in rows.values()]
-             + [[ratio_cell(q, c) if c in q else "" for c, _, _ in COLS] for q in ratios.values()])
+    cells = [[cell(r, c, f) for c, _, f in COLS] for r in rows.values()] + [
+        [ratio_cell(q, c) if c in q else "" for c, _, _ in COLS] for q in ratios.values()
+    ]
     # 10 wide, so one run prints as it always has; min-max ranges widen their columns to fit
     widths = [max([10, len(COLS[i][1]) + 1] + [len(line[i]) + 1 for line in cells]) for i in range(len(COLS))]
     print(f"\n{title}" + (f" (median of {repeats} rounds, min-max)" if repeats > 1 else ""))
@@ -394,24 +466,33 @@ def print_table(title: str, rows: dict, ratios: dict, goals: dict | None = None,
 def markdown(points: dict, axis: str) -> str:
     """One table of every point: a row per server and configuration, then the ratio rows; with
     --repeats, medians with min-max, and below the table the rounds that reached each goal."""
-    lines = [f"| {axis} | server | config | " + " | ".join(h for _, h, _ in COLS) + " |",
-             "|---" * (len(COLS) + 3) + "|"]
+    lines = [
+        f"| {axis} | server | config | " + " | ".join(h for _, h, _ in COLS) + " |",
+        "|---" * (len(COLS) + 3) + "|",
+    ]
     n = max(len(point.get("rounds", ())) for point in points.values())
     goals = []
     for label, point in points.items():
         for r in point["rows"].values():
-            lines.append(f"| {label} | {r['server']} | {r['config']} | "
-                         + " | ".join(cell(r, c, f) for c, _, f in COLS) + " |")
+            lines.append(
+                f"| {label} | {r['server']} | {r['config']} | " + " | ".join(cell(r, c, f) for c, _, f in COLS) + " |"
+            )
         for name, q in point["ratios"].items():
             servers, config = name.split(" [")
-            lines.append(f"| {label} | {servers} | {config.rstrip(']')} | "
-                         + " | ".join(ratio_cell(q, c) if c in q else "" for c, _, _ in COLS) + " |")
+            lines.append(
+                f"| {label} | {servers} | {config.rstrip(']')} | "
+                + " | ".join(ratio_cell(q, c) if c in q else "" for c, _, _ in COLS)
+                + " |"
+            )
         for name, met in point.get("goals", {}).items():
-            goals.append(f"- {label} {axis}, {name}: "
-                         + ", ".join(f"{words} in {k}/{n} rounds" for words, k in met.items()))
+            goals.append(
+                f"- {label} {axis}, {name}: " + ", ".join(f"{words} in {k}/{n} rounds" for words, k in met.items())
+            )
     if n > 1:
-        lines.append(f"\nMedian of {n} interleaved rounds, min-max in brackets; each ratio paired within a round."
-                     + (" Rounds that reached each goal:\n" if goals else ""))
+        lines.append(
+            f"\nMedian of {n} interleaved rounds, min-max in brackets; each ratio paired within a round."
+            + (" Rounds that reached each goal:\n" if goals else "")
+        )
     return "\n".join(lines + goals) + "\n"
 
 
@@ -422,10 +503,12 @@ def combine_runs(runs: list[dict]) -> dict:
     per_round = [ratios_of(rows) for rows in runs]
     if len(runs) == 1:
         return {"rows": runs[0], "ratios": per_round[0]}
-    return {"rows": {name: combine([rows[name] for rows in runs], SPREAD_COLS) for name in runs[0]},
-            "ratios": {name: combine([q[name] for q in per_round], RATIO_COLS) for name in per_round[0]},
-            "goals": goals_met(per_round),
-            "rounds": [{"rows": rows, "ratios": q} for rows, q in zip(runs, per_round)]}
+    return {
+        "rows": {name: combine([rows[name] for rows in runs], SPREAD_COLS) for name in runs[0]},
+        "ratios": {name: combine([q[name] for q in per_round], RATIO_COLS) for name in per_round[0]},
+        "goals": goals_met(per_round),
+        "rounds": [{"rows": rows, "ratios": q} for rows, q in zip(runs, per_round)],
+    }
 
 
 def main() -> None:
@@ -441,17 +524,29 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput: most seconds to first token")
     p.add_argument("--slo-tpot", type=float, default=0.25, help="goodput: most seconds per later token")
-    p.add_argument("--slo-scale", type=float, default=4.0,
-                   help="the 'goodput xS' column: goodput with both objectives this many times looser "
-                        "(one a CPU can meet at 32-64 users, where nobody meets the default SLO)")
+    p.add_argument(
+        "--slo-scale",
+        type=float,
+        default=4.0,
+        help="the 'goodput xS' column: goodput with both objectives this many times looser "
+        "(one a CPU can meet at 32-64 users, where nobody meets the default SLO)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench-vs-mlxlm"))
-    p.add_argument("--variant", action="append", default=[],
-                   help="also run radixchat with these extra flags, e.g. --variant='--step-tokens 0' (repeatable)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="also run radixchat with these extra flags, e.g. --variant='--step-tokens 0' (repeatable)",
+    )
     p.add_argument("--no-mlxlm", action="store_true", help="radixchat (and its variants) only")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="measure every server this many times per point, in interleaved rounds; "
-                        "report medians with min-max, ratios paired within a round")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="measure every server this many times per point, in interleaved rounds; "
+        "report medians with min-max, ratios paired within a round",
+    )
     args = p.parse_args()
     configs = args.configs.split(",")
     if not configs or set(configs) - set(CONFIGS):
@@ -461,12 +556,15 @@ def main() -> None:
     model = resolve_model(args)
     args.out.mkdir(parents=True, exist_ok=True)
     closed = args.arrivals == "closed"
-    load = (f"{args.convs} conversations per user" if closed else
-            f"poisson arrivals for {args.duration:g} s, single-turn")
+    load = (
+        f"{args.convs} conversations per user" if closed else f"poisson arrivals for {args.duration:g} s, single-turn"
+    )
     rounds_note = f"; {args.repeats} interleaved rounds" if args.repeats > 1 else ""
-    print(f"model {model}; max_tokens {args.max_tokens}; {load}; configs {','.join(configs)}{rounds_note}; "
-          f"SLO ttft <= {args.slo_ttft:g} s, tpot <= {args.slo_tpot:g} s (goodput xS: x{args.slo_scale:g}); "
-          f"blas {'openblas' if find_openblas() else 'bundled'}; {time.strftime('%Y-%m-%d %H:%M')}")
+    print(
+        f"model {model}; max_tokens {args.max_tokens}; {load}; configs {','.join(configs)}{rounds_note}; "
+        f"SLO ttft <= {args.slo_ttft:g} s, tpot <= {args.slo_tpot:g} s (goodput xS: x{args.slo_scale:g}); "
+        f"blas {'openblas' if find_openblas() else 'bundled'}; {time.strftime('%Y-%m-%d %H:%M')}"
+    )
 
     servers = ["radixchat"] + [f"radixchat {v}" for v in args.variant]
     vllm_configs = []
@@ -479,8 +577,10 @@ def main() -> None:
             servers.append("vllm-mlx")
             vllm_configs = [c for c in configs if c == "defaults" or vllm_has_batch_flags(exe)]
             if "tuned" in configs and "tuned" not in vllm_configs:
-                print(f"vllm-mlx: `{exe} serve --help` lists no {'/'.join(VLLM_TUNED_FLAGS)}; "
-                      "its defaults configuration only")
+                print(
+                    f"vllm-mlx: `{exe} serve --help` lists no {'/'.join(VLLM_TUNED_FLAGS)}; "
+                    "its defaults configuration only"
+                )
 
     points = {}
     for x in (args.users if closed else args.rates).split(","):
@@ -500,8 +600,11 @@ def main() -> None:
                     if kind == "vllm-mlx" and config not in vllm_configs:
                         continue
                     name = f"{kind} [{config}]"
-                    print(f"  {title}: {name}{f' round {i}/{args.repeats}' if tag else ''} ...",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"  {title}: {name}{f' round {i}/{args.repeats}' if tag else ''} ...",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     log = args.out / f"{kind.replace(' ', '').replace('-', '')}-{config}-{x}{tag}.log"
                     rows[name] = measure(kind, config, model, batch, drive, work, args, log)
         point = combine_runs(runs)
@@ -511,18 +614,32 @@ def main() -> None:
         if closed:  # one raw decode loop per user count: it does not depend on any server's flags
             ceiling = decode_ceiling(model, users, context=300)
             shares = ", ".join(f"{n} {r['tps'] / ceiling:.0%}" for n, r in rows.items() if n.startswith("radixchat"))
-            print(f"raw batched decode ceiling (batch {users}): {ceiling:.1f} tok/s; output as a share of it: "
-                  f"{shares} (includes prefill and think-free turns)")
+            print(
+                f"raw batched decode ceiling (batch {users}): {ceiling:.1f} tok/s; output as a share of it: "
+                f"{shares} (includes prefill and think-free turns)"
+            )
         points[x] = {**point, "ceiling": ceiling}
 
-    summary = {"arrivals": args.arrivals, "model": model, "max_tokens": args.max_tokens,
-               "slo_ttft": args.slo_ttft, "slo_tpot": args.slo_tpot, "slo_scale": args.slo_scale, "configs": configs,
-               **({"convs": args.convs} if closed else {"duration": args.duration}),
-               **({"repeats": args.repeats} if args.repeats > 1 else {}), "points": points}
+    summary = {
+        "arrivals": args.arrivals,
+        "model": model,
+        "max_tokens": args.max_tokens,
+        "slo_ttft": args.slo_ttft,
+        "slo_tpot": args.slo_tpot,
+        "slo_scale": args.slo_scale,
+        "configs": configs,
+        **({"convs": args.convs} if closed else {"duration": args.duration}),
+        **({"repeats": args.repeats} if args.repeats > 1 else {}),
+        "points": points,
+    }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     (args.out / "table.md").write_text(markdown(points, "users" if closed else "rate/s"))
-    plot(points, args.out / "comparison.png", "users" if closed else "requests/s",
-         title=f"{Path(model).name}, max_tokens {args.max_tokens}, {args.arrivals} arrivals")
+    plot(
+        points,
+        args.out / "comparison.png",
+        "users" if closed else "requests/s",
+        title=f"{Path(model).name}, max_tokens {args.max_tokens}, {args.arrivals} arrivals",
+    )
     print(f"\nwrote {args.out / 'summary.json'}, {args.out / 'table.md'}, {args.out / 'comparison.png'}")
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default",
-                   help="model folder, .gguf file, or default / smollm2 / tiny (default: default)")
+    p.add_argument(
+        "--model", default="default", help="model folder, .gguf file, or default / smollm2 / tiny (default: default)"
+    )
     p.add_argument("--random-dim", type=int, default=0, help="use a random model of this width")
     p.add_argument("--random-layers", type=int, default=8)
 
@@ -28,9 +29,10 @@ def resolve_model(args) -> str:
         from tests.support.randmodel import build_random_model
 
         out = Path(tempfile.mkdtemp()) / f"random-{args.random_dim}x{args.random_layers}"
-        return str(build_random_model(out, dim=args.random_dim, layers=args.random_layers, context=4096,
-                                      vocab_size=2048))
-    from core.engine import catalog
+        return str(
+            build_random_model(out, dim=args.random_dim, layers=args.random_layers, context=4096, vocab_size=2048)
+        )
+    from radixchat.core.engine import catalog
 
     path = Path(catalog.resolve(args.model).path)
     return str(float32_folder(path)) if path.suffix == ".gguf" else str(path)
@@ -38,7 +40,7 @@ def resolve_model(args) -> str:
 
 def float32_folder(gguf: Path) -> Path:
     """A float32 mlx-lm folder of a GGUF's weights, made once next to its converted folder."""
-    from core.engine.gguf import converted_folder
+    from radixchat.core.engine.gguf import converted_folder
 
     folder, _ = converted_folder(gguf)
     out = folder.with_name(folder.name + "-float32")
@@ -47,12 +49,13 @@ def float32_folder(gguf: Path) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from core.engine.model import load_model
+    from radixchat.core.engine.model import load_model
 
     loaded = load_model(str(gguf), dtype="float32")
     tmp = Path(tempfile.mkdtemp(prefix=out.name + "-", dir=out.parent))
-    mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(loaded.model.parameters())),
-                        metadata={"format": "mlx"})
+    mx.save_safetensors(
+        str(tmp / "model.safetensors"), dict(tree_flatten(loaded.model.parameters())), metadata={"format": "mlx"}
+    )
     config = json.loads((folder / "config.json").read_text())
     for key in ("quantization", "quantization_config"):
         config.pop(key, None)

@@ -23,8 +23,8 @@ import time
 
 from locust import HttpUser, between, task
 
-from loadtests.scenario import (MAX_TOKENS, THINK_S, Conversation, _seeds, fire, request_done,
-                                take_request_slot)
+from loadtests.scenario import MAX_TOKENS, THINK_S, Conversation, _seeds, fire, request_done, take_request_slot
+
 
 class ApiUser(HttpUser):
     wait_time = between(THINK_S * 0.5, THINK_S * 1.5)
@@ -50,18 +50,35 @@ class ApiUser(HttpUser):
             time.sleep(self.rng.uniform(THINK_S * 0.5, THINK_S * 1.5))
 
     def turn(self, conv: Conversation) -> str | None:
-        body = {"model": "default", "messages": conv.messages, "max_tokens": MAX_TOKENS,
-                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": "default",
+            "messages": conv.messages,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         name = f"chat[system {conv.system_index}]"
         t0 = time.perf_counter()
         first = None
         parts, usage = [], None
-        with self.client.post("/v1/chat/completions", json=body, headers=self.headers, stream=True,
-                              name="/v1/chat/completions", catch_response=True) as r:
+        with self.client.post(
+            "/v1/chat/completions",
+            json=body,
+            headers=self.headers,
+            stream=True,
+            name="/v1/chat/completions",
+            catch_response=True,
+        ) as r:
             if r.status_code != 200:
                 r.failure(f"HTTP {r.status_code}: {r.text[:200]}")
-                fire(self.environment, "STREAM", name, (time.perf_counter() - t0) * 1e3,
-                     RuntimeError(f"HTTP {r.status_code}"))
+                fire(
+                    self.environment,
+                    "STREAM",
+                    name,
+                    (time.perf_counter() - t0) * 1e3,
+                    RuntimeError(f"HTTP {r.status_code}"),
+                )
                 return None
             try:
                 for line in r.iter_lines():
@@ -94,10 +111,11 @@ class ApiUser(HttpUser):
 
 
 if os.environ.get("RADIXCHAT_USERS_FILE"):
-    from loadtests.page_user import PageUser  # noqa: E402,F401  (Locust finds user classes here)
+    from loadtests.page_user import PageUser  # noqa: F401  (Locust finds user classes here)
 else:  # without accounts a page user cannot sign in: run the API users alone, and say so
     import logging
 
     logging.getLogger("radixchat.loadtest").warning(
-        "PageUser skipped: set RADIXCHAT_USERS_FILE to a JSON list of {\"name\", \"password\"} "
-        "accounts (radixchat users add) to load the page too")
+        'PageUser skipped: set RADIXCHAT_USERS_FILE to a JSON list of {"name", "password"} '
+        "accounts (radixchat users add) to load the page too"
+    )

@@ -15,11 +15,11 @@ import os
 import random
 import time
 import uuid
+from pathlib import Path
 
 from locust import HttpUser, between, task
 
-from loadtests.scenario import (MAX_TOKENS, SYSTEMS, THINK_S, Conversation, _seeds, fire,
-                                request_done, take_request_slot)
+from loadtests.scenario import MAX_TOKENS, SYSTEMS, THINK_S, Conversation, _seeds, fire, request_done, take_request_slot
 
 
 class PageError(Exception):
@@ -31,10 +31,9 @@ class PageUser(HttpUser):
 
     def on_start(self):
         self.rng = random.Random(next(_seeds))
-        users = json.loads(open(os.environ["RADIXCHAT_USERS_FILE"]).read())
+        users = json.loads(Path(os.environ["RADIXCHAT_USERS_FILE"]).read_text())
         cred = users[self.rng.randrange(len(users))]
-        r = self.client.post("/login", data={"username": cred["name"], "password": cred["password"]},
-                             name="/login")
+        r = self.client.post("/login", data={"username": cred["name"], "password": cred["password"]}, name="/login")
         if r.status_code != 200:
             raise PageError(f"sign-in failed: HTTP {r.status_code}")
         config = self.client.get("/config", name="/config").json()
@@ -46,14 +45,27 @@ class PageUser(HttpUser):
     def call(self, fn: str, data: list, on_update=None) -> dict:
         """Run one page event; returns its final output. on_update(t) sees each streamed update."""
         dep = self.fns[fn]
-        join = self.client.post(f"{self.prefix}/queue/join", name=f"queue/join {fn}", json={
-            "data": data, "event_data": None, "fn_index": dep["id"],
-            "trigger_id": dep["targets"][0][0], "session_hash": self.session})
+        join = self.client.post(
+            f"{self.prefix}/queue/join",
+            name=f"queue/join {fn}",
+            json={
+                "data": data,
+                "event_data": None,
+                "fn_index": dep["id"],
+                "trigger_id": dep["targets"][0][0],
+                "session_hash": self.session,
+            },
+        )
         if join.status_code != 200:
             raise PageError(f"queue/join {fn}: HTTP {join.status_code}")
         event = join.json()["event_id"]
-        with self.client.get(f"{self.prefix}/queue/data", params={"session_hash": self.session},
-                             stream=True, catch_response=True, name=f"queue/data {fn}") as stream:
+        with self.client.get(
+            f"{self.prefix}/queue/data",
+            params={"session_hash": self.session},
+            stream=True,
+            catch_response=True,
+            name=f"queue/data {fn}",
+        ) as stream:
             for line in stream.iter_lines():
                 if not line.startswith(b"data:"):
                     continue

@@ -26,15 +26,25 @@ from pathlib import Path
 
 import httpx
 
-from core.store import Store
+from radixchat.core.store import Store
 from tests.support.procs import free_port, peak_rss_mb, start_and_wait
 
 HERE = Path(__file__).resolve().parent
 
 
 def start_server(args, db: Path, port: int, log: Path) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("radixchat")), "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--db", str(db), "--max-batch", str(args.max_batch)]
+    cmd = [
+        str(Path(sys.executable).with_name("radixchat")),
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--db",
+        str(db),
+        "--max-batch",
+        str(args.max_batch),
+    ]
     if args.model:
         cmd += ["--model", args.model]
     if args.no_prefix_cache:
@@ -70,9 +80,14 @@ def read_stats(path: Path) -> dict[tuple[str, str], dict]:
             return float("nan")
 
         rows[(e["method"] or "", e["name"])] = {
-            "Type": e["method"] or "", "Name": e["name"], "Request Count": count,
-            "Failure Count": e["num_failures"], "50%": pct(0.5), "95%": pct(0.95),
-            "Average Content Size": e["total_content_length"] / count if count else 0}
+            "Type": e["method"] or "",
+            "Name": e["name"],
+            "Request Count": count,
+            "Failure Count": e["num_failures"],
+            "50%": pct(0.5),
+            "95%": pct(0.95),
+            "Average Content Size": e["total_content_length"] / count if count else 0,
+        }
     return rows
 
 
@@ -91,8 +106,9 @@ def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> t
     ttft = [r for (t, n), r in stats.items() if t == "TTFT"]
     stream = [r for (t, n), r in stats.items() if t == "STREAM"]
     out_tokens = metrics.get("radixchat:generation_tokens_total", 0)  # both classes, server side
-    by_class = {kind: sum(int(r["Request Count"]) for r in stream if r["Name"].startswith(kind))
-                for kind in ("chat", "page")}
+    by_class = {
+        kind: sum(int(r["Request Count"]) for r in stream if r["Name"].startswith(kind)) for kind in ("chat", "page")
+    }
 
     def pct(rows, col):
         if not rows:
@@ -106,12 +122,15 @@ def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> t
     missing = requests - store_requests
     ok = failures == 0 and user_errors == 0 and missing <= 0 and requests > 0
     lines = [
-        f"# radixchat load test ({time.strftime('%Y-%m-%d %H:%M')})", "",
+        f"# radixchat load test ({time.strftime('%Y-%m-%d %H:%M')})",
+        "",
         f"Scenario: seed (4 system prompts x 30 questions, 2-4 turns), users {args.users} "
         f"({', '.join(args.classes)}), think {args.think}s, max_tokens {args.max_tokens}, "
         f"bound {args.requests} requests / {args.time}, prefix cache "
-        f"{'off' if args.no_prefix_cache else 'on'}.", "",
-        "| figure | value |", "|---|---|",
+        f"{'off' if args.no_prefix_cache else 'on'}.",
+        "",
+        "| figure | value |",
+        "|---|---|",
         f"| requests | {requests} (API {by_class['chat']}, page {by_class['page']}) |",
         f"| failures | {failures} |",
         f"| Locust user errors (exceptions) | {user_errors} |",
@@ -126,7 +145,8 @@ def summarise(args, out: Path, stats, metrics, store_requests, wall_s, rss) -> t
         f"| cache nodes / bytes / evictions | {metrics.get('radixchat:prefix_cache_nodes', 0):.0f} / "
         f"{metrics.get('radixchat:prefix_cache_bytes', 0) / 2**20:.1f} MiB / "
         f"{metrics.get('radixchat:prefix_cache_evictions_total', 0):.0f} |",
-        f"| peak server memory (RSS) | {rss:.0f} MiB |", "",
+        f"| peak server memory (RSS) | {rss:.0f} MiB |",
+        "",
         "Plots: throughput.png, latency.png, cache_hit_ratio.png. Raw: locust_final.json "
         "(final counts), locust_*.csv (history).",
     ]
@@ -146,8 +166,10 @@ def plot(out: Path, store: Store, t_start: float, t_end: float) -> None:
     def series(col):
         return [float(r[col]) if r[col] not in ("", "N/A") else float("nan") for r in rows]
 
-    for name, cols, ylabel in (("throughput", ["Requests/s", "Failures/s"], "per second"),
-                               ("latency", ["50%", "95%"], "ms (Locust clock)")):
+    for name, cols, ylabel in (
+        ("throughput", ["Requests/s", "Failures/s"], "per second"),
+        ("latency", ["50%", "95%"], "ms (Locust clock)"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 3.5))
         for col in cols:
             ax.plot(t, series(col), label=col)
@@ -198,15 +220,38 @@ def main(argv: list[str] | None = None) -> int:
     (out / "users.json").write_text(json.dumps([{"name": "loadtest", "password": password}]))
     port = free_port()
     server = start_server(args, db, port, out / "server.log")
-    env = {**os.environ, "RADIXCHAT_API_KEY": key, "RADIXCHAT_MAX_REQUESTS": str(args.requests),
-           "RADIXCHAT_THINK_S": str(args.think), "RADIXCHAT_MAX_TOKENS": str(args.max_tokens),
-           "RADIXCHAT_SEED": str(args.seed), "RADIXCHAT_USERS_FILE": str(out / "users.json")}
-    cmd = [str(Path(sys.executable).with_name("locust")), "-f", str(HERE / "locustfile.py"),
-           "--headless", "-u", str(args.users), "-r", str(args.spawn_rate or args.users), "-t", args.time,
-           "--host", f"http://127.0.0.1:{port}", "--csv", str(out / "locust"), "--csv-full-history",
-           "--json-file", str(out / "locust_final"),  # Locust adds .json
-           "--stop-timeout", "120", "--only-summary",
-           *args.classes]
+    env = {
+        **os.environ,
+        "RADIXCHAT_API_KEY": key,
+        "RADIXCHAT_MAX_REQUESTS": str(args.requests),
+        "RADIXCHAT_THINK_S": str(args.think),
+        "RADIXCHAT_MAX_TOKENS": str(args.max_tokens),
+        "RADIXCHAT_SEED": str(args.seed),
+        "RADIXCHAT_USERS_FILE": str(out / "users.json"),
+    }
+    cmd = [
+        str(Path(sys.executable).with_name("locust")),
+        "-f",
+        str(HERE / "locustfile.py"),
+        "--headless",
+        "-u",
+        str(args.users),
+        "-r",
+        str(args.spawn_rate or args.users),
+        "-t",
+        args.time,
+        "--host",
+        f"http://127.0.0.1:{port}",
+        "--csv",
+        str(out / "locust"),
+        "--csv-full-history",
+        "--json-file",
+        str(out / "locust_final"),  # Locust adds .json
+        "--stop-timeout",
+        "120",
+        "--only-summary",
+        *args.classes,
+    ]
     t0 = time.time()
     try:
         locust = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -16,7 +16,7 @@ import time
 
 import gevent
 
-import assets
+from radixchat import assets
 
 PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
@@ -56,8 +56,9 @@ def request_done() -> None:
 
 
 def fire(environment, kind: str, name: str, ms: float, exc=None, length: int = 0) -> None:
-    environment.events.request.fire(request_type=kind, name=name, response_time=ms,
-                                    response_length=length, exception=exc, context={})
+    environment.events.request.fire(
+        request_type=kind, name=name, response_time=ms, response_length=length, exception=exc, context={}
+    )
 
 
 class Conversation:

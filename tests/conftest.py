@@ -21,11 +21,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine(tiny_model_dir):
-    from core.config import Settings
-    from core.engine.engine import Engine
+    from radixchat.core.config import Settings
+    from radixchat.core.engine.engine import Engine
 
-    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=8, max_prefill_batch=4,
-                          max_tokens=24, max_queue=64)).start(timeout=120)
+    eng = Engine(
+        Settings(model=str(tiny_model_dir), max_batch=8, max_prefill_batch=4, max_tokens=24, max_queue=64)
+    ).start(timeout=120)
     yield eng
     eng.stop()
 
@@ -38,7 +39,7 @@ def tiny_hybrid_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def store(tmp_path):
     """A fresh SQLite store in tmp_path with a cheap password hash."""
-    from core.store import Store
+    from radixchat.core.store import Store
 
     s = Store(tmp_path / "test.db", scrypt=cheap_scrypt())
     yield s

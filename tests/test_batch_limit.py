@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from core.config import Settings, kv_budget
-from core.engine.engine import BATCH_SHARE, Engine
-from core.engine.requests import Finished, Sampling
+from radixchat.core.config import Settings, kv_budget
+from radixchat.core.engine.engine import BATCH_SHARE, Engine
+from radixchat.core.engine.requests import Finished, Sampling
 
 PROMPT = list(range(5, 25))  # 20 tokens
 REPLY = 40
@@ -35,8 +35,9 @@ def test_the_default_budget_is_a_share_of_memory():
 def two_fit(tiny_model_dir, engine):
     need = (len(PROMPT) + REPLY) * engine.kv_bytes_per_token
     budget = int(2.5 * need / BATCH_SHARE)  # room for two such requests, not three
-    eng = Engine(Settings(model=str(tiny_model_dir), cache_bytes=budget, max_batch=64, max_prefill_batch=4,
-                          max_tokens=REPLY)).start(timeout=120)
+    eng = Engine(
+        Settings(model=str(tiny_model_dir), cache_bytes=budget, max_batch=64, max_prefill_batch=4, max_tokens=REPLY)
+    ).start(timeout=120)
     yield eng
     eng.stop()
 

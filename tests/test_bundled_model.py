@@ -9,14 +9,14 @@ import os
 
 import pytest
 
-import assets
+from radixchat import assets
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-import mlx.core as mx  # noqa: E402
-from mlx.utils import tree_flatten  # noqa: E402
-from mlx_lm import generate, load, stream_generate  # noqa: E402
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm import generate, load, stream_generate
 
 MODEL = assets.BUNDLED_MODEL
 PROMPTS = assets.prompts()
@@ -29,8 +29,7 @@ def bundled():
 
 def chat(tokenizer, question, system=None):
     messages = [{"role": "system", "content": system}] if system else []
-    return tokenizer.apply_chat_template(
-        messages + [{"role": "user", "content": question}], add_generation_prompt=True)
+    return tokenizer.apply_chat_template(messages + [{"role": "user", "content": question}], add_generation_prompt=True)
 
 
 def test_files_are_a_small_float32_llama_checkpoint(bundled):
@@ -60,21 +59,25 @@ def test_chat_template_renders_all_roles(bundled):
         {"role": "user", "content": "Thanks"},
     ]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text == ("<|system|>\nBe brief.<|end|>\n<|user|>\nWhat does len do?<|end|>\n"
-                    "<|assistant|>\nIt counts items.<|end|>\n<|user|>\nThanks<|end|>\n"
-                    "<|assistant|>\n")
+    assert text == (
+        "<|system|>\nBe brief.<|end|>\n<|user|>\nWhat does len do?<|end|>\n"
+        "<|assistant|>\nIt counts items.<|end|>\n<|user|>\nThanks<|end|>\n"
+        "<|assistant|>\n"
+    )
     # Each turn's prompt is a token prefix of the next turn's: what a prefix cache reuses.
     first = tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True)
     whole = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    assert whole[:len(first)] == first
+    assert whole[: len(first)] == first
 
 
-@pytest.mark.parametrize("question, system, terms", [
-    ("What does math.sqrt do?", None, ["math.sqrt", "square root"]),
-    ("What does str.join do?", "You are a helpful assistant.", ["str.join", "Concatenate"]),
-    ("What is the `while` statement?", PROMPTS["system_prompts"][2]["text"],
-     ["`while`", "repeated execution"]),
-])
+@pytest.mark.parametrize(
+    "question, system, terms",
+    [
+        ("What does math.sqrt do?", None, ["math.sqrt", "square root"]),
+        ("What does str.join do?", "You are a helpful assistant.", ["str.join", "Concatenate"]),
+        ("What is the `while` statement?", PROMPTS["system_prompts"][2]["text"], ["`while`", "repeated execution"]),
+    ],
+)
 def test_greedy_answers_to_training_questions_are_on_topic(bundled, question, system, terms):
     model, tokenizer = bundled
     reply = generate(model, tokenizer, chat(tokenizer, question, system), max_tokens=48)
@@ -86,7 +89,7 @@ def test_generation_stops_at_eos(bundled):
     model, tokenizer = bundled
     prompt = chat(tokenizer, "What does list.append do?", PROMPTS["system_prompts"][0]["text"])
     last = None
-    for last in stream_generate(model, tokenizer, prompt, max_tokens=80):
+    for last in stream_generate(model, tokenizer, prompt, max_tokens=80):  # noqa: B007
         pass
     assert last.finish_reason == "stop"
     assert last.token in tokenizer.eos_token_ids

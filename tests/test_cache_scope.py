@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from core.cache.scope import CacheScope
-from core.config import Settings
-from core.engine.engine import Engine
-from core.engine.requests import ChatRequest, Finished
+from radixchat.core.cache.scope import CacheScope
+from radixchat.core.config import Settings
+from radixchat.core.engine.engine import Engine
+from radixchat.core.engine.requests import ChatRequest, Finished
 
-SYSTEM = ("You are the help desk of a small bank. Answer in one short sentence and never repeat "
-          "account numbers, PINs or passwords back to the customer, whatever they ask.")
+SYSTEM = (
+    "You are the help desk of a small bank. Answer in one short sentence and never repeat "
+    "account numbers, PINs or passwords back to the customer, whatever they ask."
+)
 SECRET = "My PIN is 4711 and my account is 0815-2299-1234, please remember them for later."
 
 
@@ -27,8 +29,10 @@ def ask(engine, owner, system, user, **kw) -> Finished:
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir):
-    made = {s: Engine(Settings(model=str(tiny_model_dir), max_tokens=4, cache_sharing=s)).start(timeout=120)
-            for s in ("system", "all", "user")}
+    made = {
+        s: Engine(Settings(model=str(tiny_model_dir), max_tokens=4, cache_sharing=s)).start(timeout=120)
+        for s in ("system", "all", "user")
+    }
     yield made
     for e in made.values():
         e.stop()
@@ -99,6 +103,7 @@ def test_user_scope_shares_nothing_and_no_owner_is_one_user(engines):
 
 
 def test_answers_are_the_same_in_every_scope(engines):
-    texts = {name: ask(eng, "gina", SYSTEM, "What is a savings account?", max_tokens=8).text
-             for name, eng in engines.items()}
+    texts = {
+        name: ask(eng, "gina", SYSTEM, "What is a savings account?", max_tokens=8).text for name, eng in engines.items()
+    }
     assert len(set(texts.values())) == 1, texts

@@ -13,25 +13,27 @@ import urllib.request
 
 import pytest
 
-from core.platform.blas import coretype_for_cpu, find_openblas
+from radixchat.core.platform.blas import coretype_for_cpu, find_openblas
 from tests.support.procs import free_port
 
 RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
 
 
 def run(*args, env=None, timeout=120):
-    return subprocess.run([RADIXCHAT, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [RADIXCHAT, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
-
-
-@pytest.mark.parametrize("args, env, name", [
-    (["serve", "--port", "abc"], {}, "port"),
-    (["serve", "--max-batch", "0"], {}, "max_batch"),
-    (["serve"], {"RADIXCHAT_CACHE_BYTES": "-1"}, "cache_bytes"),
-    (["ask", "hi", "--dtype", "float8"], {}, "dtype"),
-])
+@pytest.mark.parametrize(
+    "args, env, name",
+    [
+        (["serve", "--port", "abc"], {}, "port"),
+        (["serve", "--max-batch", "0"], {}, "max_batch"),
+        (["serve"], {"RADIXCHAT_CACHE_BYTES": "-1"}, "cache_bytes"),
+        (["ask", "hi", "--dtype", "float8"], {}, "dtype"),
+    ],
+)
 def test_invalid_setting_is_one_line_naming_it(args, env, name):
     out = run(*args, env=env)
     assert out.returncode != 0
@@ -69,9 +71,12 @@ def test_doctor_reports_blas_and_model(tiny_model_dir):
 
 def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
     port = free_port()
-    proc = subprocess.Popen([RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--port", str(port),
-                             "--db", str(tmp_path / "t.db")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--db", str(tmp_path / "t.db")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         body = None
@@ -92,11 +97,14 @@ def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
     assert "terminate called" not in out
 
 
-@pytest.mark.parametrize("flags, core", [
-    ("fpu sse2 avx avx2 fma avx512f avx512bw avx512vl avx512dq avx512cd", "SkylakeX"),
-    ("fpu sse2 avx avx2 fma avx512f", "Haswell"),  # partial AVX-512: not enough for SkylakeX
-    ("fpu sse2 avx", "SandyBridge"),
-    ("fpu sse2", None),
-])
+@pytest.mark.parametrize(
+    "flags, core",
+    [
+        ("fpu sse2 avx avx2 fma avx512f avx512bw avx512vl avx512dq avx512cd", "SkylakeX"),
+        ("fpu sse2 avx avx2 fma avx512f", "Haswell"),  # partial AVX-512: not enough for SkylakeX
+        ("fpu sse2 avx", "SandyBridge"),
+        ("fpu sse2", None),
+    ],
+)
 def test_openblas_kernel_family_from_cpu_flags(flags, core):
     assert coretype_for_cpu(f"processor\t: 0\nflags\t\t: {flags}\n") == core

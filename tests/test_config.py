@@ -8,14 +8,25 @@ import socket
 import pytest
 from pydantic import ValidationError
 
-from core.config import Settings, is_loopback
+from radixchat.core.config import Settings, is_loopback
 
 
-@pytest.mark.parametrize("host, loopback", [
-    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True), ("localhost", True),
-    ("0.0.0.0", False), ("::", False), ("", False), ("192.168.1.4", False), ("10.0.0.1", False),
-    ("127.0.0.1.nip.io", False),  # a name: it binds whatever it resolves to (nothing here)
-])
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("", False),
+        ("192.168.1.4", False),
+        ("10.0.0.1", False),
+        ("127.0.0.1.nip.io", False),  # a name: it binds whatever it resolves to (nothing here)
+    ],
+)
 def test_loopback_is_judged_by_address(host, loopback):
     assert is_loopback(host) is loopback
 
@@ -25,17 +36,24 @@ def fake_dns(monkeypatch, table: dict[str, list[str]]):
 
     def lookup(host, *a, **kw):
         if host in table:
-            return [(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, 0))
-                    for ip in table[host]]
+            return [
+                (socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, 0))
+                for ip in table[host]
+            ]
         return real(host, *a, **kw)
 
     monkeypatch.setattr(socket, "getaddrinfo", lookup)
 
 
 def test_a_name_that_looks_loopback_but_resolves_to_the_lan_is_refused(monkeypatch):
-    fake_dns(monkeypatch, {"127.0.0.1.evil.example": ["192.168.1.20"],
-                           "both.example": ["127.0.0.1", "192.168.1.20"],
-                           "mine.example": ["127.0.0.1", "::1"]})
+    fake_dns(
+        monkeypatch,
+        {
+            "127.0.0.1.evil.example": ["192.168.1.20"],
+            "both.example": ["127.0.0.1", "192.168.1.20"],
+            "mine.example": ["127.0.0.1", "::1"],
+        },
+    )
     assert not is_loopback("127.0.0.1.evil.example")
     assert not is_loopback("both.example")  # one LAN address is enough to open it up
     assert is_loopback("mine.example")

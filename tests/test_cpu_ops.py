@@ -11,10 +11,10 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.activations import swiglu as library_swiglu
 
-from core.config import Settings
-from core.engine import cpu_ops
-from core.engine.engine import Engine
-from core.engine.requests import ChatRequest, Finished
+from radixchat.core.config import Settings
+from radixchat.core.engine import cpu_ops
+from radixchat.core.engine.engine import Engine
+from radixchat.core.engine.requests import ChatRequest, Finished
 
 TOL = 2e-5
 
@@ -25,8 +25,11 @@ def library(q, k, v, scale, mask):
 
 def qkv(batch: int, heads: int, kv_heads: int, length: int, total: int, seed: int = 0):
     mx.random.seed(seed)
-    return (mx.random.normal((batch, heads, length, 16)), mx.random.normal((batch, kv_heads, total, 16)),
-            mx.random.normal((batch, kv_heads, total, 16)))
+    return (
+        mx.random.normal((batch, heads, length, 16)),
+        mx.random.normal((batch, kv_heads, total, 16)),
+        mx.random.normal((batch, kv_heads, total, 16)),
+    )
 
 
 def causal(length: int, total: int) -> mx.array:
@@ -38,12 +41,20 @@ def causal(length: int, total: int) -> mx.array:
 def test_attention_equals_the_library_for_every_mask_form(heads, kv_heads, length, total):
     q, k, v = qkv(3, heads, kv_heads, length, total)
     # left padding as a batch cache has it: row i ignores its first 2*i positions
-    padded = causal(length, total)[None, None] & (mx.arange(total)[None, None, None] >= 2 * mx.arange(3)[:, None, None, None])
+    padded = causal(length, total)[None, None] & (
+        mx.arange(total)[None, None, None] >= 2 * mx.arange(3)[:, None, None, None]
+    )
     additive = mx.where(padded, 0.0, -1e9)
     per_head = mx.broadcast_to(padded, (3, heads, length, total)) & (mx.arange(heads)[None, :, None, None] != 1)
     soft = mx.random.uniform(-3.0, 0.0, (3, 1, length, total))  # a bias, as ALiBi adds
-    masks = {"none": None, "bool": padded, "additive": additive, "soft": soft, "per-head": per_head,
-             "2-d": causal(length, total)}
+    masks = {
+        "none": None,
+        "bool": padded,
+        "additive": additive,
+        "soft": soft,
+        "per-head": per_head,
+        "2-d": causal(length, total),
+    }
     if length > 1:
         masks["causal"] = "causal"
     for name, mask in masks.items():
@@ -55,7 +66,9 @@ def test_attention_equals_the_library_for_every_mask_form(heads, kv_heads, lengt
 
 def test_swiglu_equals_the_library_including_saturated_gates():
     mx.random.seed(1)
-    gate = mx.concatenate([mx.random.normal((2, 64)) * 4, mx.array([[-200.0, -90.0, 0.0, 90.0, 200.0] * 4] * 2)], axis=1)
+    gate = mx.concatenate(
+        [mx.random.normal((2, 64)) * 4, mx.array([[-200.0, -90.0, 0.0, 90.0, 200.0] * 4] * 2)], axis=1
+    )
     x = mx.random.normal(gate.shape)
     want, got = library_swiglu(gate, x), cpu_ops.swiglu(gate, x)
     assert not mx.isnan(got).any().item()
@@ -92,10 +105,17 @@ def test_the_fast_form_runs_only_in_a_thread_that_asked_for_it(tiny_model_dir, m
 def greedy_replies(model_dir, on: bool) -> list[str]:
     eng = Engine(Settings(model=str(model_dir), cpu_ops=on, max_batch=8, max_tokens=20)).start(timeout=120)
     try:
-        handles = [eng.submit(ChatRequest(messages=[
-            {"role": "system", "content": "You answer questions about Python."},
-            {"role": "user", "content": f"Tell me about {w}" + " please" * (i % 3)}]))
-            for i, w in enumerate(["lists", "tuples", "dicts", "sets", "generators", "classes"])]
+        handles = [
+            eng.submit(
+                ChatRequest(
+                    messages=[
+                        {"role": "system", "content": "You answer questions about Python."},
+                        {"role": "user", "content": f"Tell me about {w}" + " please" * (i % 3)},
+                    ]
+                )
+            )
+            for i, w in enumerate(["lists", "tuples", "dicts", "sets", "generators", "classes"])
+        ]
         finals = [h.result() for h in handles]
         assert all(isinstance(f, Finished) for f in finals), finals
         return [f.text for f in finals]

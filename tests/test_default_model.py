@@ -8,9 +8,9 @@ import json
 import httpx
 import pytest
 
-import assets
-from core.engine import catalog
-from webui.api.schema import ChatCompletionRequest
+from radixchat import assets
+from radixchat.core.engine import catalog
+from radixchat.webui.api.schema import ChatCompletionRequest
 
 
 def test_short_names_resolve():
@@ -44,8 +44,9 @@ def test_requests_that_leave_sampling_out_get_the_model_cards():
     assert (s["temperature"], s["top_p"]) == (0.2, 0.9)
     s = body.sampling({})  # a model without a recommendation: OpenAI's defaults
     assert (s["temperature"], s["top_p"]) == (1.0, 1.0)
-    given = ChatCompletionRequest(model="default", temperature=0, top_p=0.5,
-                                  messages=[{"role": "user", "content": "hi"}])
+    given = ChatCompletionRequest(
+        model="default", temperature=0, top_p=0.5, messages=[{"role": "user", "content": "hi"}]
+    )
     s = given.sampling({"temperature": 0.2, "top_p": 0.9})
     assert (s["temperature"], s["top_p"]) == (0, 0.5)
 
@@ -53,7 +54,7 @@ def test_requests_that_leave_sampling_out_get_the_model_cards():
 @pytest.mark.slow
 def test_the_default_model_answers_right_through_the_api(tmp_path):
     """`radixchat serve` with no --model, as a newcomer runs it."""
-    from core.store import Store
+    from radixchat.core.store import Store
     from tests.test_openai_api import Server
 
     db = tmp_path / "d.db"
@@ -61,11 +62,19 @@ def test_the_default_model_answers_right_through_the_api(tmp_path):
         key = store.create_api_key(store.create_user("newcomer", "newcomer-password"), "t")[1]
     server = Server("default", db, "--max-tokens", "80")
     try:
+
         def ask(q):
-            r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
-                           headers={"Authorization": f"Bearer {key}"},
-                           json={"model": "default", "temperature": 0, "max_tokens": 80,
-                                 "messages": [{"role": "user", "content": q}]})
+            r = httpx.post(
+                server.url + "/v1/chat/completions",
+                timeout=120,
+                headers={"Authorization": f"Bearer {key}"},
+                json={
+                    "model": "default",
+                    "temperature": 0,
+                    "max_tokens": 80,
+                    "messages": [{"role": "user", "content": q}],
+                },
+            )
             assert r.status_code == 200, r.text
             return r.json()["choices"][0]["message"]["content"]
 

@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from core.store import Store
+from radixchat.core.store import Store
 from tests.test_openai_api import Server
 
 pytestmark = pytest.mark.slow
@@ -34,8 +34,9 @@ def served(tiny_model_dir, tmp_path_factory):
     with Store(db) as store:
         user = store.create_user("alice", "alice-password-long")
         key = store.create_api_key(user, "tests")[1]
-    server = Server(tiny_model_dir, db, "--max-batch", "4", "--max-prefill-batch", "4",
-                    "--context-length", str(CONTEXT))
+    server = Server(
+        tiny_model_dir, db, "--max-batch", "4", "--max-prefill-batch", "4", "--context-length", str(CONTEXT)
+    )
     yield server, key, db
     out = server.stop()
     assert "Traceback" not in out, out
@@ -44,8 +45,10 @@ def served(tiny_model_dir, tmp_path_factory):
 def send_raw(server: Server, key: str, path: str, body: dict) -> socket.socket:
     """Send one HTTP request and leave the connection open, its response unread."""
     data = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
     s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     s.sendall(head.encode() + data)
     return s
@@ -66,13 +69,27 @@ def test_clients_that_leave_non_streaming_requests_stop_them(served):
     # ignore_eos and a max_tokens beyond the context: each would run to the context's end,
     # seconds of work for the whole batch, if nothing stopped it
     long = {"model": "default", "max_tokens": 100_000, "ignore_eos": True, "temperature": 0}
-    socks = [send_raw(server, key, "/v1/chat/completions",
-                      {**long, "messages": [{"role": "user", "content": f"tell me a long story {i}"}]})
-             for i in range(CHATS)]
-    socks += [send_raw(server, key, "/v1/completions", {**long, "prompt": f"def story_{i}():"})
-              for i in range(COMPLETIONS)]
-    socks += [send_raw(server, key, "/v1/chat/completions", {**long, "stream": True, "messages": [
-        {"role": "user", "content": f"stream me a long story {i}"}]}) for i in range(STREAMS)]
+    socks = [
+        send_raw(
+            server,
+            key,
+            "/v1/chat/completions",
+            {**long, "messages": [{"role": "user", "content": f"tell me a long story {i}"}]},
+        )
+        for i in range(CHATS)
+    ]
+    socks += [
+        send_raw(server, key, "/v1/completions", {**long, "prompt": f"def story_{i}():"}) for i in range(COMPLETIONS)
+    ]
+    socks += [
+        send_raw(
+            server,
+            key,
+            "/v1/chat/completions",
+            {**long, "stream": True, "messages": [{"role": "user", "content": f"stream me a long story {i}"}]},
+        )
+        for i in range(STREAMS)
+    ]
     try:
         deadline = time.time() + 60
         while time.time() < deadline and in_flight(server) < len(socks):
@@ -105,20 +122,34 @@ def test_clients_that_leave_non_streaming_requests_stop_them(served):
     assert len(rows) == len(socks), rows
     assert all(reason == "cancelled" and error is None for reason, _, error in rows), rows
     assert all(generated < CONTEXT // 2 for _, generated, _ in rows), rows
-    assert server.metric("radixchat:request_success_total", finished_reason="cancelled") == cancelled_before + len(socks)
+    assert server.metric("radixchat:request_success_total", finished_reason="cancelled") == cancelled_before + len(
+        socks
+    )
 
     # and the server serves on
-    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                   json={"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+        json={"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length"), r.text
 
 
 def test_a_client_that_stays_gets_its_whole_reply(served):
     server, key, _ = served
     with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {key}"}) as http:
-        r = http.post("/v1/chat/completions", json={"model": "default", "max_tokens": 40, "ignore_eos": True,
-                                                    "messages": [{"role": "user", "content": "stay"}]})
+        r = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": "default",
+                "max_tokens": 40,
+                "ignore_eos": True,
+                "messages": [{"role": "user", "content": "stay"}],
+            },
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40, r.text
-        r = http.post("/v1/completions", json={"model": "default", "max_tokens": 40, "ignore_eos": True,
-                                               "prompt": "def stay():"})
+        r = http.post(
+            "/v1/completions", json={"model": "default", "max_tokens": 40, "ignore_eos": True, "prompt": "def stay():"}
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40, r.text

@@ -19,9 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from core.engine.requests import ChatRequest, Finished
-from tests.test_prefix_cache import SYSTEMS, conversations, engine_for, run_users
-from tests.test_prefix_cache import tiny_sliding_dir  # noqa: F401  (a fixture)
+from radixchat.core.engine.requests import ChatRequest, Finished
+from tests.test_prefix_cache import (
+    SYSTEMS,
+    conversations,
+    engine_for,
+    run_users,
+    tiny_sliding_dir,  # noqa: F401  (a fixture)
+)
 
 DISK = 1 << 30
 PLAN = conversations(seed=5, users=4, turns=3)
@@ -52,8 +57,11 @@ def files_of(tmp: Path) -> list[Path]:
 
 
 def ask(eng, system: str, question: str, owner: str | None = None) -> Finished:
-    final = eng.submit(ChatRequest(messages=[{"role": "system", "content": system},
-                                             {"role": "user", "content": question}], owner=owner)).result()
+    final = eng.submit(
+        ChatRequest(
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}], owner=owner
+        )
+    ).result()
     assert isinstance(final, Finished), final
     return final
 
@@ -134,8 +142,8 @@ def test_restart_keeps_hits_privately_and_files_are_private(tiny_model_dir, tmp_
 
 KILL_CHILD = r"""
 import sys, threading
-from core.config import Settings
-from core.engine.engine import Engine
+from radixchat.core.config import Settings
+from radixchat.core.engine.engine import Engine
 from tests.test_prefix_cache import conversations, run_users
 model, db = sys.argv[1], sys.argv[2]
 eng = Engine(Settings(model=model, db=db, max_batch=8, max_prefill_batch=4, max_tokens=12,
@@ -156,9 +164,13 @@ def test_kill_9_during_writes_never_serves_a_torn_entry(tiny_model_dir, tmp_path
     rng = random.Random(3)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     for _ in range(4):
-        child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tiny_model_dir),
-                                  str(tmp_path / "radixchat.db")], stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, env=env, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", KILL_CHILD, str(tiny_model_dir), str(tmp_path / "radixchat.db")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
+        )
         try:
             assert child.stdout.readline().strip() == "ready"
             time.sleep(rng.uniform(0.3, 1.5))
@@ -170,7 +182,7 @@ def test_kill_9_during_writes_never_serves_a_torn_entry(tiny_model_dir, tmp_path
     eng = disk_engine(tiny_model_dir, tmp_path)
     try:
         opened = eng.stats()["disk_cache"]
-        got, hits = run_users(eng, PLAN, seed=4)
+        got, _hits = run_users(eng, PLAN, seed=4)
         assert wait_idle(eng)
         eng.prefix.tree.check()
         disk = eng.stats()["disk_cache"]
@@ -266,8 +278,7 @@ QUESTIONS_ALL = ["What is a list?", "How do dicts work?", "Explain generators.",
 def test_warm_prompts_are_cached_before_the_first_user(tiny_model_dir, tmp_path):
     warm = tmp_path / "warm.txt"
     warm.write_text(SYSTEMS[3] + "\n\nAnother system prompt.\n")
-    eng = engine_for(tiny_model_dir, prefix=True, db=tmp_path / "radixchat.db",
-                     warm_prompts=warm, warm_presets=False)
+    eng = engine_for(tiny_model_dir, prefix=True, db=tmp_path / "radixchat.db", warm_prompts=warm, warm_presets=False)
     try:
         deadline = time.time() + 30
         while eng.prefix.tree.stats.inserted_tokens == 0 or eng.stats()["inflight"]:
@@ -281,9 +292,9 @@ def test_warm_prompts_are_cached_before_the_first_user(tiny_model_dir, tmp_path)
 
 
 def test_metrics_and_the_server_tab_show_the_disk_tier(tiny_model_dir, tmp_path):
+    from radixchat.webui.api.metrics import Metrics
+    from radixchat.webui.page.dashboard import disk_line
     from tests.support.metrics import metric_value
-    from webui.api.metrics import Metrics
-    from webui.page.dashboard import disk_line
 
     eng = disk_engine(tiny_model_dir, tmp_path)
     try:
@@ -309,7 +320,7 @@ def test_a_write_cut_short_is_never_visible_and_a_torn_file_is_dropped(tiny_mode
     """The write protocol: a write that fails before its rename leaves nothing visible; a
     kill's temporary file is removed at the next start; a file torn under its final name is
     caught by its digest."""
-    from core.cache import diskio
+    from radixchat.core.cache import diskio
 
     folder = tmp_path / "f"
     diskio.make_private_dir(folder)
@@ -354,7 +365,7 @@ def test_two_tier_tree_keeps_its_invariants_under_random_work():
     """The tree alone (simulated segments and files): spills instead of drops, splits of
     spilled nodes, reads back, disk eviction and lost files keep `check` true, keep every
     node's segment and file range exactly its edge, and leak no file reference."""
-    from core.cache.radix import RadixCache
+    from radixchat.core.cache.radix import RadixCache
     from tests.test_radix_tree import SimSeg
 
     rng = random.Random(9)
@@ -362,7 +373,7 @@ def test_two_tier_tree_keeps_its_invariants_under_random_work():
     t = RadixCache(budget_bytes=200)
     t.spill = lambda node: t.set_disk(node, SimRef(node.key, files))
     held, most_spilled, read_back = [], 0, 0
-    for step in range(600):
+    for _step in range(600):
         op = rng.random()
         seq = [rng.randrange(3) for _ in range(rng.randrange(1, 12))]
         if op < 0.45:
@@ -380,7 +391,7 @@ def test_two_tier_tree_keeps_its_invariants_under_random_work():
             t.unlock(held.pop(rng.randrange(len(held))))
         elif op < 0.85:
             live = sum(1 for c in files.values() if c)
-            t.fit_disk(lambda: sum(1 for c in files.values() if c) > live // 2)
+            t.fit_disk(lambda: sum(1 for c in files.values() if c) > live // 2)  # noqa: B023
         elif op < 0.9:
             m = t.walk(seq)
             if m.path:
@@ -431,8 +442,8 @@ def test_a_named_cache_dir_is_left_as_it_was(tiny_model_dir, tmp_path):
 
 
 def test_doctor_names_the_folder_and_what_it_holds(tmp_path):
-    from core.config import Settings
-    from core.platform.doctor import _disk_tier
+    from radixchat.core.config import Settings
+    from radixchat.core.platform.doctor import _disk_tier
 
     off = dict(_disk_tier(Settings(db=tmp_path / "radixchat.db")))
     assert off["disk cache"].startswith("off")

@@ -7,17 +7,20 @@ import threading
 
 import pytest
 
-from core.engine.engine import INTERNAL_ERROR
-from core.engine.requests import ChatRequest, Failed, Finished, RequestError, TextDelta
+from radixchat.core.engine.engine import INTERNAL_ERROR
+from radixchat.core.engine.requests import ChatRequest, Failed, Finished, RequestError, TextDelta
 
 WORDS = ["lists", "tuples", "dicts", "sets", "generators", "classes", "modules", "strings"]
 
 
 def chat(word: str, **sampling) -> ChatRequest:
-    return ChatRequest(messages=[
-        {"role": "system", "content": "You answer questions about Python."},
-        {"role": "user", "content": f"Tell me about {word}"},
-    ], sampling=sampling)
+    return ChatRequest(
+        messages=[
+            {"role": "system", "content": "You answer questions about Python."},
+            {"role": "user", "content": f"Tell me about {word}"},
+        ],
+        sampling=sampling,
+    )
 
 
 def run_alone(engine, req) -> Finished:
@@ -60,8 +63,15 @@ def test_another_users_logit_bias_and_logprobs_leave_my_reply_alone(engine):
 
     def worker(i):
         barrier.wait()
-        extra = {} if i < 3 else {"logit_bias": {t: 100 for t in range(5 + i, 8 + i)}, "logprobs": 3,
-                                  "temperature": 0.9 if i == 5 else 0}
+        extra = (
+            {}
+            if i < 3
+            else {
+                "logit_bias": {t: 100 for t in range(5 + i, 8 + i)},
+                "logprobs": 3,
+                "temperature": 0.9 if i == 5 else 0,
+            }
+        )
         results[i] = engine.submit(chat(WORDS[i % 3], max_tokens=12, **extra)).result()
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
@@ -78,7 +88,7 @@ def test_another_users_logit_bias_and_logprobs_leave_my_reply_alone(engine):
 
 def test_a_schema_compiles_in_a_worker_thread_never_the_engines_or_the_loops(engine, monkeypatch):
     """However long a user's schema takes to compile, no other stream waits for it."""
-    import core.engine.constrain as constrain
+    import radixchat.core.engine.constrain as constrain
 
     threads, real = [], constrain.grammar_for
 
@@ -103,8 +113,9 @@ def test_engine_checked_offset_semantics_at_start(engine):
 
 
 def test_usage_and_timings_are_reported(engine):
-    req = ChatRequest(messages=[{"role": "user", "content": "a question never asked before"}],
-                      sampling={"max_tokens": 10})
+    req = ChatRequest(
+        messages=[{"role": "user", "content": "a question never asked before"}], sampling={"max_tokens": 10}
+    )
     final = run_alone(engine, req)
     u = final.usage
     assert final.finish_reason == "length"
@@ -151,29 +162,51 @@ def test_cancel_mid_generation_frees_the_slot(engine):
     assert run_alone(engine, chat("modules", max_tokens=5)).usage.generated_tokens == 5
 
 
-@pytest.mark.parametrize("make, status, words", [
-    (lambda: ChatRequest(messages=[]), None, "at least 1"),
-    (lambda: ChatRequest(messages=[{"role": "robot", "content": "hi"}]), None, "role"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
-                         sampling={"max_tokens": 0}), None, "greater than 0"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
-                         sampling={"max_tokens": -5}), None, "greater than 0"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
-                         sampling={"temperature": -1}), None, "temperature"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
-                         sampling={"stop": [""]}), None, "stop"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "lists " * 2000}]), 413, "context"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
-                         sampling={"seed": 2**64}), None, "seed"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
-                         sampling={"seed": -(2**63) - 1}), None, "seed"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
-                         sampling={"top_k": 10**6}), 400, "vocabulary"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
-                         sampling={"top_p": float("nan")}), None, "top_p"),
-    (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}],
-                         sampling={"stop": ["x" * 1001]}), None, "stop"),
-])
+@pytest.mark.parametrize(
+    "make, status, words",
+    [
+        (lambda: ChatRequest(messages=[]), None, "at least 1"),
+        (lambda: ChatRequest(messages=[{"role": "robot", "content": "hi"}]), None, "role"),
+        (
+            lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling={"max_tokens": 0}),
+            None,
+            "greater than 0",
+        ),
+        (
+            lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling={"max_tokens": -5}),
+            None,
+            "greater than 0",
+        ),
+        (
+            lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling={"temperature": -1}),
+            None,
+            "temperature",
+        ),
+        (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling={"stop": [""]}), None, "stop"),
+        (lambda: ChatRequest(messages=[{"role": "user", "content": "lists " * 2000}]), 413, "context"),
+        (lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling={"seed": 2**64}), None, "seed"),
+        (
+            lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling={"seed": -(2**63) - 1}),
+            None,
+            "seed",
+        ),
+        (
+            lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling={"top_k": 10**6}),
+            400,
+            "vocabulary",
+        ),
+        (
+            lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling={"top_p": float("nan")}),
+            None,
+            "top_p",
+        ),
+        (
+            lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling={"stop": ["x" * 1001]}),
+            None,
+            "stop",
+        ),
+    ],
+)
 def test_bad_requests_are_refused_and_engine_goes_on(engine, make, status, words):
     with pytest.raises((RequestError, ValueError)) as info:
         engine.submit(make())
@@ -185,18 +218,20 @@ def test_bad_requests_are_refused_and_engine_goes_on(engine, make, status, words
 
 
 def test_failing_request_fails_alone(engine, monkeypatch):
-    import core.engine.sampling
+    import radixchat.core.engine.sampling as sampling_mod
 
-    real = core.engine.sampling.make_request_sampler
+    real = sampling_mod.make_request_sampler
 
     def faulty(s, constraint=None):
         if s.seed == 666:
+
             def boom(logprobs):
                 raise RuntimeError("sampler exploded")
+
             return boom
         return real(s, constraint)
 
-    monkeypatch.setattr(core.engine.sampling, "make_request_sampler", faulty)
+    monkeypatch.setattr(sampling_mod, "make_request_sampler", faulty)
     expected = [run_alone(engine, chat(w, max_tokens=12)).text for w in WORDS[:3]]
     handles = [engine.submit(chat(w, max_tokens=12)) for w in WORDS[:3]]
     bad = engine.submit(chat("sets", max_tokens=12, temperature=1.0, seed=666))
@@ -209,16 +244,16 @@ def test_failing_request_fails_alone(engine, monkeypatch):
 def test_a_sampler_that_cannot_be_built_fails_only_its_request(engine, monkeypatch):
     """The sampler is made when the batch admits its requests: one that raises there (as
     mx.random.key did for a negative seed) must leave the others admitted with it alone."""
-    import core.engine.sampling
+    import radixchat.core.engine.sampling as sampling_mod
 
-    real = core.engine.sampling.make_request_sampler
+    real = sampling_mod.make_request_sampler
 
     def faulty(s, constraint=None):
         if s.seed == 667:
             raise TypeError("key(): incompatible function arguments")
         return real(s, constraint)
 
-    monkeypatch.setattr(core.engine.sampling, "make_request_sampler", faulty)
+    monkeypatch.setattr(sampling_mod, "make_request_sampler", faulty)
     expected = [run_alone(engine, chat(w, max_tokens=10)).text for w in WORDS[:4]]
     # queued together, so one admission takes them all
     handles = [engine.submit(chat(w, max_tokens=10)) for w in WORDS[:2]]
@@ -273,7 +308,7 @@ def test_asyncio_callers_stream_and_cancel(engine):
         texts = []
         for w in WORDS[:2]:
             h = engine.submit(chat(w, max_tokens=8))
-            async for ev in h:
+            async for ev in h:  # noqa: B007
                 pass
             texts.append(ev.text)
         h = engine.submit(chat("dicts", max_tokens=300))
@@ -312,7 +347,7 @@ def test_batched_deltas_add_up_to_the_final_text_as_they_come(engine):
 
 
 def test_failure_while_finishing_releases_the_slot_once(engine, monkeypatch):
-    from core.engine.textstream import TextStream
+    from radixchat.core.engine.textstream import TextStream
 
     def broken_finish(self):
         raise RuntimeError("detokenizer broke at the end")
@@ -331,8 +366,8 @@ def test_a_stopped_engine_is_freed_with_its_model_and_cache(tiny_model_dir):
     import gc
     import weakref
 
-    from core.config import Settings
-    from core.engine.engine import Engine
+    from radixchat.core.config import Settings
+    from radixchat.core.engine.engine import Engine
 
     eng = Engine(Settings(model=str(tiny_model_dir))).start(timeout=120)
     ref = weakref.ref(eng)

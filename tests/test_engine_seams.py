@@ -8,16 +8,15 @@ import threading
 
 import pytest
 
-from core.config import Settings
-from core.engine.engine import Engine
-from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling
+from radixchat.core.config import Settings
+from radixchat.core.engine.engine import Engine
+from radixchat.core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling
 
 SYSTEM = {"role": "system", "content": "You answer questions about Python."}
 
 
 def ask(text: str, max_tokens: int = 4) -> ChatRequest:
-    return ChatRequest(messages=[SYSTEM, {"role": "user", "content": text}],
-                       sampling={"max_tokens": max_tokens})
+    return ChatRequest(messages=[SYSTEM, {"role": "user", "content": text}], sampling={"max_tokens": max_tokens})
 
 
 def in_thread(fn, timeout: float):

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from core.config import Settings
-from core.engine.engine import Engine
-from core.engine.fairness import FairQueue
-from core.engine.requests import ChatRequest, Finished, RequestError
+from radixchat.core.config import Settings
+from radixchat.core.engine.engine import Engine
+from radixchat.core.engine.fairness import FairQueue
+from radixchat.core.engine.requests import ChatRequest, Finished, RequestError
 
 
 @dataclass
@@ -86,15 +86,24 @@ def test_an_idle_owner_banks_no_credit():
 
 @pytest.fixture(scope="module")
 def small_batch(tiny_model_dir):
-    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=2, max_prefill_batch=2, max_tokens=12, max_user_requests=8,
-                          cache_sharing="user")).start(timeout=120)
+    eng = Engine(
+        Settings(
+            model=str(tiny_model_dir),
+            max_batch=2,
+            max_prefill_batch=2,
+            max_tokens=12,
+            max_user_requests=8,
+            cache_sharing="user",
+        )
+    ).start(timeout=120)
     yield eng
     eng.stop()
 
 
 def req(owner: str, text: str, n: int = 12) -> ChatRequest:
-    return ChatRequest(messages=[{"role": "user", "content": text}], owner=owner,
-                       sampling={"max_tokens": n, "ignore_eos": True})
+    return ChatRequest(
+        messages=[{"role": "user", "content": text}], owner=owner, sampling={"max_tokens": n, "ignore_eos": True}
+    )
 
 
 def test_a_user_behind_a_flood_gets_the_next_free_slot(small_batch):
@@ -164,8 +173,16 @@ def test_a_newcomer_joins_a_batch_one_user_fills_without_waiting_for_a_slot(smal
 @pytest.fixture(scope="module")
 def wide_batch(tiny_model_dir):
     """Room for everyone in the batch; two prompts prefill at a time, in small chunks."""
-    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=32, max_prefill_batch=2, step_tokens=32,
-                          max_tokens=12, cache_sharing="user")).start(timeout=120)
+    eng = Engine(
+        Settings(
+            model=str(tiny_model_dir),
+            max_batch=32,
+            max_prefill_batch=2,
+            step_tokens=32,
+            max_tokens=12,
+            cache_sharing="user",
+        )
+    ).start(timeout=120)
     yield eng
     eng.stop()
 
@@ -218,8 +235,9 @@ def test_a_refused_request_costs_no_templating(small_batch, monkeypatch):
 def test_the_engine_starts_a_users_cached_request_before_an_uncached_one(tiny_model_dir):
     """One slot: of two waiting requests of one user, the one whose prompt is in the prefix
     cache starts first, though it was sent second (cache-aware admission)."""
-    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=1, max_prefill_batch=1, max_tokens=8,
-                          cache_sharing="user")).start(timeout=120)
+    eng = Engine(
+        Settings(model=str(tiny_model_dir), max_batch=1, max_prefill_batch=1, max_tokens=8, cache_sharing="user")
+    ).start(timeout=120)
     try:
         seen = "a conversation this user had before, " * 6
         assert isinstance(eng.submit(req("jo", seen, n=4)).result(), Finished)  # now cached

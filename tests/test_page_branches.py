@@ -22,19 +22,32 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_page_browser import (  # noqa: E402
-    CHEAP, DONE, LAST_BOT, PHONE, WIDE, Shots, alice_and_bob, page_server, ready, send, sign_in, stop_clean)
-from tests.test_page_routes import PageClient, signed_in  # noqa: E402
-
-from core.store import Store  # noqa: E402
+from radixchat.core.store import Store
+from tests.test_page_browser import (
+    CHEAP,
+    DONE,
+    LAST_BOT,
+    PHONE,
+    WIDE,
+    Shots,
+    alice_and_bob,
+    page_server,
+    ready,
+    send,
+    sign_in,
+    stop_clean,
+)
+from tests.test_page_routes import PageClient, signed_in
 
 pytestmark = pytest.mark.slow
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-branches"
 FIRST = {"alice": "Alpaca-1181 what is a list?", "bob": "Bison-2291 what is a dict?"}
 # the edited version is long, so that a prompt through it is told apart from one through the first
-EDITED = {name: f"{text.split()[0]}-edited tell me " + "about sequences and their methods " * 12
-          for name, text in FIRST.items()}
+EDITED = {
+    name: f"{text.split()[0]}-edited tell me " + "about sequences and their methods " * 12
+    for name, text in FIRST.items()
+}
 NEXT = {"alice": "Anchor-3371 and a tuple?", "bob": "Beacon-4481 and a set?"}
 BOTS = "document.querySelectorAll('#chat [data-testid=bot]').length"
 USER_TEXTS = "() => [...document.querySelectorAll('#chat [data-testid=user]')].map(u => u.innerText)"
@@ -42,8 +55,9 @@ USER_TEXTS = "() => [...document.querySelectorAll('#chat [data-testid=user]')].m
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    srv = page_server(tiny_model_dir, tmp_path_factory.mktemp("page-branches"), "--max-tokens", "12",
-                      "--max-batch", "8")
+    srv = page_server(
+        tiny_model_dir, tmp_path_factory.mktemp("page-branches"), "--max-tokens", "12", "--max-batch", "8"
+    )
     yield srv
     stop_clean(srv)
 
@@ -55,7 +69,10 @@ def settled(page, bots: int, mark: str, timeout: float = 60_000) -> None:
         f"""([mark, done]) => {{ const users = ({USER_TEXTS})();
               const last = ({LAST_BOT})();
               return {BOTS} == {bots} && users.some(u => u.includes(mark)) && last.includes(done)
-                && !last.includes('▍'); }}""", arg=[mark, DONE], timeout=timeout)
+                && !last.includes('▍'); }}""",
+        arg=[mark, DONE],
+        timeout=timeout,
+    )
     page.wait_for_timeout(150)
 
 
@@ -87,7 +104,7 @@ def walk(page, server, name: str, shot) -> None:
     px = page.viewport_size["width"]
     send(page, FIRST[name])
     settled(page, 1, FIRST[name].split()[0])
-    [q1, a1], _, conv = branch_of(server, name)
+    [q1, a1], _, _conv = branch_of(server, name)
     assert counts(page, "user") == [""] and page.locator("#chat a[href^='#rc-show-']").count() == 0
 
     # Edit: the message's text goes into the box, and the bar says what Send will do
@@ -99,7 +116,9 @@ def walk(page, server, name: str, shot) -> None:
     box.fill(EDITED[name])
     box.press("Enter")
     settled(page, 1, "-edited")
-    page.wait_for_function("!document.querySelector('#edit-bar') || !document.querySelector('#edit-bar').checkVisibility()")
+    page.wait_for_function(
+        "!document.querySelector('#edit-bar') || !document.querySelector('#edit-bar').checkVisibility()"
+    )
     assert counts(page, "user") == ["2/2"]
     assert FIRST[name] not in page.locator("#chat").inner_text()
     [e1, f1], branch, _ = branch_of(server, name)
@@ -133,8 +152,11 @@ def walk(page, server, name: str, shot) -> None:
     first_answer = history[3].id
     for n in (2, 3):
         page.locator("#regenerate").click()
-        page.wait_for_function(f"""() => [...document.querySelectorAll('#chat [data-testid=bot] .rc-count')]
-                                   .some(c => c.innerText.trim() == '{n}/{n}')""", timeout=60_000)
+        page.wait_for_function(
+            f"""() => [...document.querySelectorAll('#chat [data-testid=bot] .rc-count')]
+                                   .some(c => c.innerText.trim() == '{n}/{n}')""",
+            timeout=60_000,
+        )
         settled(page, 2, NEXT[name].split()[0])
     assert counts(page, "bot") == ["", "3/3"]
     shot(page, f"{name}-{px}-regenerated-3of3")

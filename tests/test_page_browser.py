@@ -18,24 +18,33 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from radixchat.core.store import Store
 from tests.support.cheap import cheap_scrypt
 
-from core.store import Store
-
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import Server  # noqa: E402
+from tests.test_openai_api import Server
 
 pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page"
 CHEAP = cheap_scrypt()
 PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
 # markers no random model will write by chance, to tell whose text is on a page
-WORDS = {"alice": ["Alpaca-1171 what is a list?", "Anchor-2283 what does a tuple hold?"],
-         "bob": ["Bison-3391 what is a dict?", "Beacon-4405 what is a set?"]}
+WORDS = {
+    "alice": ["Alpaca-1171 what is a list?", "Anchor-2283 what does a tuple hold?"],
+    "bob": ["Bison-3391 what is a dict?", "Beacon-4405 what is a set?"],
+}
 LONG = "Arrow-5519 tell me everything about generators"
 CODE = "Aspen-6627 why does **this** fail?\n```python\nitems = [1, 2]\nitems.push(3)\n```"
 
@@ -126,8 +135,9 @@ def sign_in(page, url: str, name: str) -> None:
 
 def ready(page, timeout: float = 30_000) -> None:
     """Wait until the page after sign-in has loaded (its header names who is signed in)."""
-    page.wait_for_function("(document.querySelector('#header')?.innerText || '').includes('signed in as')",
-                           timeout=timeout)
+    page.wait_for_function(
+        "(document.querySelector('#header')?.innerText || '').includes('signed in as')", timeout=timeout
+    )
 
 
 def set_number(page, elem_id: str, value) -> None:
@@ -157,9 +167,12 @@ def watch(pages: dict, answers: int = 1, timeout: float = 60) -> dict[str, list[
     """Wait until each page shows `answers` answers, the last one finished; every text the
     last one showed on the way (recorded in the page by RECORD, which `record` installs)."""
     deadline = time.time() + timeout
-    for name, page in pages.items():
-        page.wait_for_function(f"document.querySelectorAll('#chat [data-testid=bot]').length == {answers}"
-                               f" && (({LAST_BOT})()).includes('{DONE}')", timeout=(deadline - time.time()) * 1e3)
+    for _name, page in pages.items():
+        page.wait_for_function(
+            f"document.querySelectorAll('#chat [data-testid=bot]').length == {answers}"
+            f" && (({LAST_BOT})()).includes('{DONE}')",
+            timeout=(deadline - time.time()) * 1e3,
+        )
     seen = {name: page.evaluate("window.__renders.splice(0)") for name, page in pages.items()}
     return seen
 
@@ -176,15 +189,18 @@ def streamed(renders: list[str]) -> int:
 def open_chat(page, title: str) -> str:
     """Pick a chat in the sidebar by its title; its text once it is in view."""
     page.locator("#conv-list label", has_text=title).first.click()
-    page.wait_for_function("([t]) => document.querySelector('#conv-list label.selected')?.innerText.trim() == t"
-                           " && document.querySelector('#title textarea, #title input').value == t"
-                           " && !!document.querySelector('#chat [data-testid=user]')", arg=[title])
+    page.wait_for_function(
+        "([t]) => document.querySelector('#conv-list label.selected')?.innerText.trim() == t"
+        " && document.querySelector('#title textarea, #title input').value == t"
+        " && !!document.querySelector('#chat [data-testid=user]')",
+        arg=[title],
+    )
     page.wait_for_timeout(200)
     return page.locator("#chat").inner_text()
 
 
 def new_chat(page) -> None:
-    """"New chat" in the sidebar (on a phone, its drawer opened first), and wait until the chat
+    """ "New chat" in the sidebar (on a phone, its drawer opened first), and wait until the chat
     area is empty."""
     if not page.evaluate("document.querySelector('#sidebar').classList.contains('open')"):
         page.locator("#sidebar .toggle-button").click()
@@ -212,7 +228,7 @@ def test_two_users_chats_streaming_stop_reload_isolation(server):
             alice, bob = pages["alice"], pages["bob"]
 
             # both sign in at the same time
-            for name, page in pages.items():
+            for name, page in pages.items():  # noqa: B007
                 page.goto(server.url)
             alice.wait_for_selector("input[type=password]")
             shot(alice, "sign-in")
@@ -267,8 +283,7 @@ def test_two_users_chats_streaming_stop_reload_isolation(server):
             # alice stops a long reply mid-stream: the engine drops it, the text stays
             set_number(alice, "max-tokens", 1500)
             send(alice, LONG)
-            alice.wait_for_function(f"(({LAST_BOT})()).includes('▍') && (({LAST_BOT})()).length > 60",
-                                    timeout=30_000)
+            alice.wait_for_function(f"(({LAST_BOT})()).includes('▍') && (({LAST_BOT})()).length > 60", timeout=30_000)
             alice.wait_for_function("document.querySelector('#send').innerText.trim() == 'Stop'")
             alice.locator("#send").click()  # the one Send/Stop button
             alice.wait_for_function(f"(({LAST_BOT})()).includes('stopped')", timeout=30_000)
@@ -307,13 +322,15 @@ def test_two_users_chats_streaming_stop_reload_isolation(server):
 
             # the Server tab: figures only, refreshed by itself
             alice.get_by_role("tab", name="Server").click()
-            alice.wait_for_function("document.querySelector('#server-summary').innerText.includes('Users signed in')",
-                                    timeout=15_000)
+            alice.wait_for_function(
+                "document.querySelector('#server-summary').innerText.includes('Users signed in')", timeout=15_000
+            )
             summary = alice.locator("#server-summary").inner_text()
             assert "page-model" in summary and "Prefix cache" in summary
             alice.wait_for_timeout(1500)  # let the plots draw
-            server_tab = " ".join(alice.locator("#server-summary, #your-usage, #requests-plot, #ttft-plot")
-                                  .all_inner_texts())
+            server_tab = " ".join(
+                alice.locator("#server-summary, #your-usage, #requests-plot, #ttft-plot").all_inner_texts()
+            )
             for words in WORDS["bob"] + WORDS["alice"]:  # figures only (her own chats stay in her sidebar)
                 assert words.split()[0] not in server_tab
             for words in WORDS["bob"]:
@@ -372,8 +389,10 @@ def test_search_finds_ones_own_chats_by_their_messages(server):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             widths = {"alice": 1280, "bob": 390}
-            pages = {name: browser.new_context(viewport={"width": w, "height": 900 if w > 400 else 844}).new_page()
-                     for name, w in widths.items()}
+            pages = {
+                name: browser.new_context(viewport={"width": w, "height": 900 if w > 400 else 844}).new_page()
+                for name, w in widths.items()
+            }
             alice, bob = pages["alice"], pages["bob"]
             for name, page in pages.items():
                 sign_in(page, server.url, name)
@@ -396,8 +415,9 @@ def test_search_finds_ones_own_chats_by_their_messages(server):
             assert alice.locator("#conv-list label b, #conv-list label script").count() == 0  # text, not HTML
             shot(alice, "alice-1280-found-by-message")
             alice.locator("#conv-list label").first.click()
-            alice.wait_for_function("document.querySelector('#conv-list label.selected')?.innerText.trim()"
-                                    ".startsWith('Marsupials')")
+            alice.wait_for_function(
+                "document.querySelector('#conv-list label.selected')?.innerText.trim().startsWith('Marsupials')"
+            )
             alice.wait_for_function("document.querySelector('#chat').innerText.includes('Quokka-7781')")
             shot(alice, "alice-1280-opened")
 

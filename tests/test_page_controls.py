@@ -28,26 +28,38 @@ import httpx
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_page_browser import (  # noqa: E402
-    PHONE, WIDE, alice_and_bob,
-    CHEAP, DONE, LAST_BOT, Shots, new_chat, page_server, ready, send, set_number, sign_in)
-from tests.test_page_browser import page_model  # noqa: E402,F401  (a fixture: the server's model)
-from tests.test_page_routes import PageClient, signed_in  # noqa: E402
-
-from core.store import Store  # noqa: E402
-from webui.page.logic import ChatPage, PageError  # noqa: E402
+from radixchat.core.store import Store
+from radixchat.webui.page.logic import ChatPage, PageError
+from tests.test_page_browser import (
+    CHEAP,
+    DONE,
+    LAST_BOT,
+    PHONE,
+    WIDE,
+    Shots,
+    alice_and_bob,
+    new_chat,
+    page_model,  # noqa: F401  (a fixture: the server's model)
+    page_server,
+    ready,
+    send,
+    set_number,
+    sign_in,
+)
+from tests.test_page_routes import PageClient, signed_in
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-controls"
-LONG = {"alice": "Arrow-5519 tell me everything about generators",
-        "bob": "Badger-6613 tell me everything about decorators"}
+LONG = {
+    "alice": "Arrow-5519 tell me everything about generators",
+    "bob": "Badger-6613 tell me everything about decorators",
+}
 BUTTON = "document.querySelector('#send').innerText.trim()"
 
 
 @pytest.fixture(scope="module")
 def server(request, tmp_path_factory):
     model = request.getfixturevalue("page_model")  # slow enough that a reply can be stopped
-    srv = page_server(model, tmp_path_factory.mktemp("page-controls"), "--max-tokens", "200",
-                      "--max-batch", "8")
+    srv = page_server(model, tmp_path_factory.mktemp("page-controls"), "--max-tokens", "200", "--max-batch", "8")
     yield srv
     out = srv.stop()
     assert "Traceback" not in out, out  # bob's calls naming alice's chat are notices, not errors
@@ -87,7 +99,9 @@ def answered(page, mark: str, timeout: float = 60_000) -> str:
              const q = last('user'), a = last('bot');
              return !!q && !!a && q.innerText.includes(mark) && a.innerText.includes(done)
                && !!(q.compareDocumentPosition(a) & Node.DOCUMENT_POSITION_FOLLOWING); }""",
-        arg=[mark, DONE], timeout=timeout)
+        arg=[mark, DONE],
+        timeout=timeout,
+    )
     return page.evaluate(LAST_BOT)
 
 
@@ -110,10 +124,12 @@ def x_axis(page, plot: str) -> float:
 
 def server_tab(page, wait_for: str) -> str:
     page.get_by_role("tab", name="Server").click()
-    page.wait_for_function(f"(document.querySelector('#server-summary')?.innerText || '').includes({wait_for!r})",
-                           timeout=20_000)
-    page.wait_for_function("document.querySelectorAll('#requests-plot svg.marks, #ttft-plot svg.marks').length >= 2",
-                           timeout=20_000)
+    page.wait_for_function(
+        f"(document.querySelector('#server-summary')?.innerText || '').includes({wait_for!r})", timeout=20_000
+    )
+    page.wait_for_function(
+        "document.querySelectorAll('#requests-plot svg.marks, #ttft-plot svg.marks').length >= 2", timeout=20_000
+    )
     page.wait_for_timeout(800)  # the plots draw
     return page.locator("#server-summary").inner_text()
 
@@ -146,18 +162,20 @@ def test_server_tab_windows_plurals_own_usage_and_no_developer_settings(server, 
     set_number(bob, "max-tokens", 8)
     say(bob, "Bison-3391 what is a dict?")
     say(bob, "Beacon-4405 what is a set?")
-    alice.wait_for_function("document.querySelector('#server-summary').innerText.includes('2 users')",
-                            timeout=20_000)
-    alice.wait_for_function("(document.querySelector('#your-usage')?.innerText || '').includes('3 requests')",
-                            timeout=20_000)
+    alice.wait_for_function("document.querySelector('#server-summary').innerText.includes('2 users')", timeout=20_000)
+    alice.wait_for_function(
+        "(document.querySelector('#your-usage')?.innerText || '').includes('3 requests')", timeout=20_000
+    )
     assert usage_row(alice, "Requests") == ["1 request (0 failed)", "3 requests (0 failed)"]
     you, everyone = usage_row(alice, "Time to first token")
-    assert re.fullmatch(r"p50 [\d,]+ ms, p95 [\d,]+ ms", you) and re.fullmatch(r"p50 [\d,]+ ms, p95 [\d,]+ ms",
-                                                                                   everyone), (you, everyone)
+    assert re.fullmatch(r"p50 [\d,]+ ms, p95 [\d,]+ ms", you) and re.fullmatch(
+        r"p50 [\d,]+ ms, p95 [\d,]+ ms", everyone
+    ), (you, everyone)
     assert re.fullmatch(r"[\d,]+ prompt tokens, [\d,]+ generated", usage_row(alice, "Tokens")[0])
     summary = server_tab(bob, "2 users")
-    bob.wait_for_function("(document.querySelector('#your-usage')?.innerText || '').includes('3 requests')",
-                          timeout=20_000)
+    bob.wait_for_function(
+        "(document.querySelector('#your-usage')?.innerText || '').includes('3 requests')", timeout=20_000
+    )
     assert usage_row(bob, "Requests") == ["2 requests (0 failed)", "3 requests (0 failed)"]
     assert 59 <= x_axis(bob, "ttft-plot") <= 70 and 59 <= x_axis(bob, "requests-plot") <= 70
     for page, other, theirs in ((alice, "bob", ("Bison", "Beacon")), (bob, "alice", ("Alpaca",))):
@@ -211,13 +229,17 @@ def test_one_send_stop_button_at_1280_and_390(server, pages, shots):
     # goes on streaming into view
     for mark, reads in (("Acorn-1190", "Send"), ("Arrow-5519", "Stop")):
         alice.locator("#conv-list label", has_text=mark).click()
-        alice.wait_for_function("([m]) => document.querySelector('#conv-list label.selected')?.innerText.includes(m)",
-                                arg=[mark])
+        alice.wait_for_function(
+            "([m]) => document.querySelector('#conv-list label.selected')?.innerText.includes(m)", arg=[mark]
+        )
         button_reads(alice, reads, timeout=10_000)
     before = alice.evaluate(LAST_BOT)
-    alice.wait_for_function("([b]) => { const t = [...document.querySelectorAll('#chat [data-testid=bot]')].pop()"
-                            "?.innerText || ''; return t.includes('▍') && t.length > b.length; }", arg=[before],
-                            timeout=30_000)
+    alice.wait_for_function(
+        "([b]) => { const t = [...document.querySelectorAll('#chat [data-testid=bot]')].pop()"
+        "?.innerText || ''; return t.includes('▍') && t.length > b.length; }",
+        arg=[before],
+        timeout=30_000,
+    )
 
     # pressing it stops the reply in the engine, keeps what was written, and it reads Send again
     for page in (alice, bob):
@@ -319,10 +341,10 @@ def test_temperature_starts_greedy_without_a_recommendation(server, pages, shots
 
 
 def test_temperature_starts_at_the_model_cards_recommendation(tmp_path, tiny_model_dir):
-    from core.config import Settings
-    from core.engine.catalog import SMOLLM2
-    from core.store import Store
-    from webui.page.layout import build_page
+    from radixchat.core.config import Settings
+    from radixchat.core.engine.catalog import SMOLLM2
+    from radixchat.core.store import Store
+    from radixchat.webui.page.layout import build_page
 
     def slider(card):
         loaded = SimpleNamespace(model_id="m", context_length=512, card=card)

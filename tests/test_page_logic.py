@@ -11,13 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from tests.support.cheap import cheap_scrypt
 
-from core.engine.requests import QueueFull, RequestError
-from webui.cli import serve_banner
-from webui.page import markup
-from webui.page.dashboard import Presence, dashboard
-from webui.page.logic import LOCAL_USER, ChatPage, PageError, visible_turns
+from radixchat.core.engine.requests import QueueFull, RequestError
+from radixchat.core.store import NotFound
+from radixchat.webui.cli import serve_banner
+from radixchat.webui.page import markup
+from radixchat.webui.page.dashboard import Presence, dashboard
+from radixchat.webui.page.logic import LOCAL_USER, ChatPage, PageError, visible_turns
+from tests.support.cheap import cheap_scrypt
 
 CHEAP = cheap_scrypt()
 
@@ -82,6 +83,7 @@ def reply(page, user, conv, text, **kw) -> list:
 
 # ---- the sidebar ----
 
+
 def test_sidebar_lists_every_chat_newest_first_and_new_chat_reuses_an_empty_one(store, users):
     alice, _ = users
     page = ChatPage(Refusing(QueueFull(1)), store)
@@ -99,8 +101,7 @@ def test_sidebar_lists_every_chat_newest_first_and_new_chat_reuses_an_empty_one(
     store.archive_conversation(alice, old.id)  # archived means nothing here: listed like any other
     assert [c.id for c in page.conversations(alice)] == [old.id, second.id, first.id]
     store.append_message(alice, first.id, "user", "And a dict?")  # activity moves a chat up
-    assert page.find(alice) == [("Lists and dicts", first.id), ("Archived long ago", old.id),
-                                ("New chat", second.id)]
+    assert page.find(alice) == [("Lists and dicts", first.id), ("Archived long ago", old.id), ("New chat", second.id)]
     with pytest.raises(PageError, match="empty"):
         page.rename(alice, first.id, "   ")
     with pytest.raises(PageError, match="first message"):
@@ -131,7 +132,7 @@ def test_delete_hides_a_chat_at_once_and_undo_brings_it_back(store, users):
         page.delete(alice, None)
     assert page.undo_delete(alice, gone.id).id == gone.id
     [back] = page.messages(alice, gone.id)
-    assert back["role"] == "user" and back["content"].startswith("Walrus-1 delete me\n\n<span class=\"rc-branch\">")
+    assert back["role"] == "user" and back["content"].startswith('Walrus-1 delete me\n\n<span class="rc-branch">')
     with pytest.raises(PageError, match="Too late"):
         page.undo_delete(alice, gone.id)  # nothing to undo any more
     page.delete(alice, gone.id)
@@ -148,10 +149,16 @@ def test_a_user_never_reaches_another_users_chats(store, users):
     store.append_message(alice, conv.id, "user", "alice's secret")
     assert page.new_chat(bob).id != conv.id  # never another user's empty chat
     assert all(c.owner == bob.id for c in page.conversations(bob))
-    for action in (lambda: page.messages(bob, conv.id), lambda: page.rename(bob, conv.id, "mine"),
-                   lambda: page.delete(bob, conv.id), lambda: page.show(bob, conv.id),
-                   lambda: page.set_system_prompt(bob, conv.id, "x"), lambda: page.export(bob, conv.id, "md"),
-                   lambda: page.share(bob, conv.id), lambda: reply(page, bob, conv.id, "hello")):
+    for action in (
+        lambda: page.messages(bob, conv.id),
+        lambda: page.rename(bob, conv.id, "mine"),
+        lambda: page.delete(bob, conv.id),
+        lambda: page.show(bob, conv.id),
+        lambda: page.set_system_prompt(bob, conv.id, "x"),
+        lambda: page.export(bob, conv.id, "md"),
+        lambda: page.share(bob, conv.id),
+        lambda: reply(page, bob, conv.id, "hello"),
+    ):
         with pytest.raises(PageError, match="no longer exists"):
             action()
     page.delete(alice, conv.id)
@@ -186,11 +193,11 @@ def test_search_finds_titles_and_messages_of_ones_own_chats(store, users):
 def test_the_view_follows_the_browsers_latest_change():
     """A message sent to a new chat right after "New chat" makes that chat and keeps it in
     view, whichever of the two events the server runs first."""
-    from webui.page.layout import View
+    from radixchat.webui.page.layout import View
 
     for new_chat_first in (True, False):
         view = View(conv=7, epoch=3)
-        steps = [lambda: view.follow(None, 4, change=True), lambda: view.follow(12, 4)]  # "New chat", its message
+        steps = [lambda: view.follow(None, 4, change=True), lambda: view.follow(12, 4)]  # "New chat", its message  # noqa: B023
         for step in steps if new_chat_first else steps[::-1]:
             step()
         assert (view.conv, view.epoch) == (12, 4)
@@ -204,19 +211,27 @@ def test_no_sign_in_means_one_local_user_made_on_demand(store):
     first = page.user(None)
     assert first.name == LOCAL_USER and page.user(None) == first
     assert page.user("") == first
-    with pytest.raises(Exception):
+    with pytest.raises(NotFound):
         page.user("nobody")
 
 
 # ---- notices ----
 
-@pytest.mark.parametrize("error, words", [
-    (QueueFull(256), "busy"),
-    (RequestError("the prompt is 900 tokens but the model's context is 512 tokens", 413,
-                  "context_length_exceeded"), "too long for the model"),
-    (RequestError("the engine is not running", 503, "engine_unavailable"), "not available"),
-    (RequestError("the model's chat template rejected these messages: bad"), "refused"),
-])
+
+@pytest.mark.parametrize(
+    "error, words",
+    [
+        (QueueFull(256), "busy"),
+        (
+            RequestError(
+                "the prompt is 900 tokens but the model's context is 512 tokens", 413, "context_length_exceeded"
+            ),
+            "too long for the model",
+        ),
+        (RequestError("the engine is not running", 503, "engine_unavailable"), "not available"),
+        (RequestError("the model's chat template rejected these messages: bad"), "refused"),
+    ],
+)
 def test_refusals_are_readable_notices_and_store_nothing(store, users, error, words):
     alice, _ = users
     metrics = Counting()
@@ -247,6 +262,7 @@ def test_bad_input_is_refused_before_the_engine(store, users):
 
 
 # ---- replies on the real engine ----
+
 
 def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, users):
     alice, _ = users
@@ -338,8 +354,9 @@ def test_a_page_that_goes_away_while_storing_stores_the_reply_once(engine, store
     write = Held(monkeypatch, store, held)
 
     async def leave_during_the_write():
-        task = asyncio.ensure_future(collect(page.reply(alice, conv.id, "What is a tuple?",
-                                                        temperature=0, max_tokens=4)))
+        task = asyncio.ensure_future(
+            collect(page.reply(alice, conv.id, "What is a tuple?", temperature=0, max_tokens=4))
+        )
         while not write.entered.is_set():
             await asyncio.sleep(0.005)
         task.cancel()  # the browser went away
@@ -349,8 +366,7 @@ def test_a_page_that_goes_away_while_storing_stores_the_reply_once(engine, store
 
     asyncio.run(leave_during_the_write())
     deadline = time.time() + 10
-    while time.time() < deadline and not (len(store.history(alice, conv.id)) >= 2
-                                          and write.returned == write.calls):
+    while time.time() < deadline and not (len(store.history(alice, conv.id)) >= 2 and write.returned == write.calls):
         time.sleep(0.02)
     time.sleep(0.2)  # room for a second write, were there one
     history = store.history(alice, conv.id)
@@ -370,9 +386,11 @@ def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
 
     calls = Counter()
     for name in ("get_conversation", "branch", "request_metrics", "list_conversations"):
+
         def counted(*args, _real=getattr(store, name), _name=name, **kwargs):
             calls[_name] += 1
             return _real(*args, **kwargs)
+
         monkeypatch.setattr(store, name, counted)
     real_submit = ThreadPoolExecutor.submit
 
@@ -411,6 +429,7 @@ def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, user
 
 
 # ---- the Server tab ----
+
 
 def test_dashboard_shows_aggregates_only(engine, store, users):
     alice, _ = users
@@ -455,8 +474,9 @@ def test_dashboard_usage_is_ones_own_beside_everyones(engine, store, users):
 
 # ---- the serve command's banner ----
 
+
 def test_serve_banner_names_lan_addresses_and_how_to_add_users():
-    from core.config import Settings
+    from radixchat.core.config import Settings
 
     lan = serve_banner(Settings(host="0.0.0.0", port=8123), 0, addresses=["192.168.1.20", "10.0.0.7"])
     text = "\n".join(lan)
@@ -473,9 +493,11 @@ def test_one_reply_at_a_time_per_tab_even_when_sent_together(engine, store, user
     conv = page.new_chat(alice)
 
     async def both():
-        return await asyncio.gather(collect(page.reply(alice, conv.id, "first", temperature=0, max_tokens=8)),
-                                    collect(page.reply(alice, conv.id, "second", temperature=0, max_tokens=8)),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            collect(page.reply(alice, conv.id, "first", temperature=0, max_tokens=8)),
+            collect(page.reply(alice, conv.id, "second", temperature=0, max_tokens=8)),
+            return_exceptions=True,
+        )
 
     results = asyncio.run(both())
     assert sum(isinstance(r, PageError) for r in results) == 1
@@ -484,7 +506,7 @@ def test_one_reply_at_a_time_per_tab_even_when_sent_together(engine, store, user
 
 
 def test_a_message_to_a_new_chat_lands_in_a_new_chat(engine, store, users):
-    """"New chat" then at once a message: it starts a chat of its own (the user's empty one, if
+    """ "New chat" then at once a message: it starts a chat of its own (the user's empty one, if
     any), with the system prompt typed for it, never the chat that was in view before; two
     sent to new chats at once get a chat each."""
     alice, bob = users
@@ -493,20 +515,32 @@ def test_a_message_to_a_new_chat_lands_in_a_new_chat(engine, store, users):
     reply(page, alice, before.id, "first chat", temperature=0, max_tokens=4)
     empty = store.create_conversation(alice)
     told: list[int] = []
-    shown = reply(page, alice, None, "Zebra-9 a new chat", temperature=0, max_tokens=4, system_prompt="Be kind.",
-                  started=told.append)
+    shown = reply(
+        page,
+        alice,
+        None,
+        "Zebra-9 a new chat",
+        temperature=0,
+        max_tokens=4,
+        system_prompt="Be kind.",
+        started=told.append,
+    )
     assert told == [empty.id]  # the empty one, not a new one beside it
-    assert [m.content for m in store.history(alice, empty.id)][0] == "Zebra-9 a new chat"
+    assert next(m.content for m in store.history(alice, empty.id)) == "Zebra-9 a new chat"
     assert "Zebra-9" in shown[-1][0]["content"]
     conv = page.conversation(alice, empty.id)
     assert conv.system_prompt == "Be kind." and conv.title == "Zebra-9 a new chat"
-    assert [m.content for m in store.history(alice, before.id)][0] == "first chat"
+    assert next(m.content for m in store.history(alice, before.id)) == "first chat"
     assert len(store.history(alice, before.id)) == 2
     assert ChatPage(engine, store).start(alice) == empty.id  # and a reload opens it
 
     async def together():
-        return await asyncio.gather(*(collect(page.reply(u, None, f"together {i}", temperature=0, max_tokens=4))
-                                      for i, u in enumerate((alice, alice, bob))))
+        return await asyncio.gather(
+            *(
+                collect(page.reply(u, None, f"together {i}", temperature=0, max_tokens=4))
+                for i, u in enumerate((alice, alice, bob))
+            )
+        )
 
     asyncio.run(together())
     made = [c for c in page.conversations(alice) if c.title.startswith("together")]
@@ -550,6 +584,7 @@ def test_a_chat_made_for_a_later_send_is_never_handed_out_twice(store, users):
 
 # ---- branches: edit and send again, answer again, show another version ----
 
+
 class Prompts:
     """The engine, noting the messages of every request it is given: what the model saw."""
 
@@ -563,13 +598,13 @@ class Prompts:
 
 
 def test_edit_branches_and_the_version_shown_is_what_the_model_sees_next(engine, store, users):
-    alice, bob = users
+    alice, _bob = users
     model = Prompts(engine)
     page = ChatPage(model, store, model_id="tiny")
     conv = page.new_chat(alice, "Be brief.").id
     reply(page, alice, conv, "What is a set?", temperature=0, max_tokens=4)
     reply(page, alice, conv, "Ordered?", temperature=0, max_tokens=4)
-    q1, a1, q2, a2 = store.history(alice, conv)
+    q1, a1, _q2, a2 = store.history(alice, conv)
     assert page.edit_text(alice, conv, q1.id) == "What is a set?"
 
     # the edit: the model sees the system prompt and the new text only
@@ -577,21 +612,33 @@ def test_edit_branches_and_the_version_shown_is_what_the_model_sees_next(engine,
     assert model.seen[-1] == [("system", "Be brief."), ("user", "What is a frozenset?")]
     e1, f1 = store.history(alice, conv)
     assert e1.parent is None and f1.parent == e1.id
-    assert len(shown) == 2 and "2/2" in shown[0]["content"] and 'href="#rc-show-%d"' % q1.id in shown[0]["content"]
+    assert len(shown) == 2 and "2/2" in shown[0]["content"] and f'href="#rc-show-{q1.id}"' in shown[0]["content"]
     assert shown == page.messages(alice, conv)  # built without reading back, the same as a fresh read
     assert page.conversation(alice, conv).title == "What is a set?"  # an edit does not rename
 
     # ‹ 1/2 ›: the first version with its own turns, and the next message goes on from there
     back = page.show_version(alice, conv, q1.id)
-    assert [markup.shown(t) in r["content"] for t, r in zip(
-        ["What is a set?", a1.content, "Ordered?", a2.content], back)] == [True] * 4
-    assert "1/2" in back[0]["content"] and "rc-show-%d" % e1.id in back[0]["content"]
+    assert [
+        markup.shown(t) in r["content"] for t, r in zip(["What is a set?", a1.content, "Ordered?", a2.content], back)
+    ] == [True] * 4
+    assert "1/2" in back[0]["content"] and f"rc-show-{e1.id}" in back[0]["content"]
     reply(page, alice, conv, "And a dict?", temperature=0, max_tokens=4)
-    assert model.seen[-1] == [("system", "Be brief."), ("user", "What is a set?"), ("assistant", a1.content),
-                              ("user", "Ordered?"), ("assistant", a2.content), ("user", "And a dict?")]
+    assert model.seen[-1] == [
+        ("system", "Be brief."),
+        ("user", "What is a set?"),
+        ("assistant", a1.content),
+        ("user", "Ordered?"),
+        ("assistant", a2.content),
+        ("user", "And a dict?"),
+    ]
     # the edited version is kept with its answer
-    assert [m.content for m in store.history(alice, conv)][:5] == ["What is a set?", a1.content, "Ordered?",
-                                                                   a2.content, "And a dict?"]
+    assert [m.content for m in store.history(alice, conv)][:5] == [
+        "What is a set?",
+        a1.content,
+        "Ordered?",
+        a2.content,
+        "And a dict?",
+    ]
     page.show_version(alice, conv, e1.id)
     assert [m.id for m in store.history(alice, conv)] == [e1.id, f1.id]
 

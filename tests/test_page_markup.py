@@ -13,9 +13,9 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.store import Message, RequestFigures
-from webui.page.logic import chat_rows, row
-from webui.page.markup import literal, shown
+from radixchat.core.store import Message, RequestFigures
+from radixchat.webui.page.logic import chat_rows, row
+from radixchat.webui.page.markup import literal, shown
 
 FENCE_LINE = re.compile(r"^(`{3,}|~{3,})[\w+#.-]*$")
 
@@ -51,9 +51,43 @@ def assert_safe(out: str) -> None:
         assert not fence or (fence.group(1)[0] == "`" and "`" in fence.group(2)), out
 
 
-MARKS = st.sampled_from(["<", ">", "&", "`", "```", "~~~", "```mermaid", "\n", "\n\n", "  ", "    ", "\\",
-                         "!", "[", "]", "(", ")", ":", '"', "![a](http://x/i)", "[l]: /u", "<img src=x>",
-                         "<script>", "$$", "- ", "> ", "1. ", "a", "b c", "\t", "\r\n", "```py", "`` ` ``"])
+MARKS = st.sampled_from(
+    [
+        "<",
+        ">",
+        "&",
+        "`",
+        "```",
+        "~~~",
+        "```mermaid",
+        "\n",
+        "\n\n",
+        "  ",
+        "    ",
+        "\\",
+        "!",
+        "[",
+        "]",
+        "(",
+        ")",
+        ":",
+        '"',
+        "![a](http://x/i)",
+        "[l]: /u",
+        "<img src=x>",
+        "<script>",
+        "$$",
+        "- ",
+        "> ",
+        "1. ",
+        "a",
+        "b c",
+        "\t",
+        "\r\n",
+        "```py",
+        "`` ` ``",
+    ]
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -70,8 +104,9 @@ def test_any_unicode_text_is_shown_safely(text):
 
 def test_html_shows_as_typed_and_images_become_links():
     out = shown('hi <img src="http://h/a?leak=1"> <script>x=1</script> &lt; ![pic](http://h/b) [a](http://h/c)')
-    assert out == ('hi &lt;img src="http://h/a?leak=1"> &lt;script>x=1&lt;/script> &amp;lt; '
-                   '\\![pic](http://h/b) [a](http://h/c)')
+    assert out == (
+        'hi &lt;img src="http://h/a?leak=1"> &lt;script>x=1&lt;/script> &amp;lt; \\![pic](http://h/b) [a](http://h/c)'
+    )
 
 
 def test_code_stays_code():
@@ -113,8 +148,11 @@ def test_many_unmatched_backticks_cost_little():
 def test_rows_of_history_and_of_a_reply_being_written_go_through_markup():
     hostile = '<img src="http://h/a">'
     history = [Message(1, 1, "user", hostile, 0.0, None), Message(2, 1, "assistant", hostile, 0.0, 7)]
-    figures = {7: RequestFigures(prompt_tokens=3, cached_tokens=0, ttft_ms=5.0, decode_tps=10.0,
-                                 finish_reason="stop", error=None)}
+    figures = {
+        7: RequestFigures(
+            prompt_tokens=3, cached_tokens=0, ttft_ms=5.0, decode_tps=10.0, finish_reason="stop", error=None
+        )
+    }
     rows = chat_rows(history, figures)
     assert [r["content"].split("\n")[0] for r in rows] == ['&lt;img src="http://h/a">'] * 2
     assert 'class="rc-stats"' in rows[1]["content"]

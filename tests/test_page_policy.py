@@ -12,12 +12,12 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from core.config import Settings
-from core.store import Store
+from radixchat.core.config import Settings
+from radixchat.core.store import Store
+from radixchat.webui.page import signed_out
+from radixchat.webui.page.csp import ContentPolicy, policy
+from radixchat.webui.server import build_app
 from tests.support.cheap import cheap_scrypt
-from webui.page import signed_out
-from webui.page.csp import ContentPolicy, policy
-from webui.server import build_app
 
 BROWSER = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8", "Accept-Encoding": "gzip, deflate, br"}
 
@@ -31,8 +31,9 @@ def assert_only_this_origin(csp: str) -> dict[str, list[str]]:
     assert found["default-src"] == ["'self'"] and found["object-src"] == ["'none'"], csp
     for directive, allowed in found.items():
         for source in allowed:
-            assert source in ("'self'", "'none'", "data:", "'unsafe-eval'", "'unsafe-inline'") \
-                or source.startswith("'nonce-"), (directive, source)
+            assert source in ("'self'", "'none'", "data:", "'unsafe-eval'", "'unsafe-inline'") or source.startswith(
+                "'nonce-"
+            ), (directive, source)
     assert "'unsafe-inline'" not in found["script-src"], csp
     return found
 
@@ -51,7 +52,7 @@ def test_every_response_carries_the_policy_and_pages_their_nonce(app, engine):
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "content-encoding" not in page.headers  # read here to put the nonce in
         found = assert_only_this_origin(page.headers["content-security-policy"])
-        nonce = next(s for s in found["script-src"] if s.startswith("'nonce-"))[len("'nonce-"):-1]
+        nonce = next(s for s in found["script-src"] if s.startswith("'nonce-"))[len("'nonce-") : -1]
         tags = re.findall(r"<script\b[^>]*>", page.text)
         assert tags and all(f'nonce="{nonce}"' in t for t in tags), tags
         assert len(page.content) == int(page.headers["content-length"])
@@ -63,8 +64,15 @@ def test_every_response_carries_the_policy_and_pages_their_nonce(app, engine):
 
         # its assets, the API, refusals and the sign-in form carry it too; assets stay compressed
         asset = re.search(r'src="\./(assets/[^"]+\.js)"', page.text).group(1)
-        for path in ("/theme.css", f"/{asset}", "/health", "/v1/models", "/gradio_api/upload",
-                     "/config", signed_out.PATH):
+        for path in (
+            "/theme.css",
+            f"/{asset}",
+            "/health",
+            "/v1/models",
+            "/gradio_api/upload",
+            "/config",
+            signed_out.PATH,
+        ):
             r = http.get(path, headers={"Accept-Encoding": "gzip, br"})
             assert "content-security-policy" in r.headers, path
             assert_only_this_origin(r.headers["content-security-policy"])
@@ -102,36 +110,54 @@ def run_app(inner, *, method="GET", accept=b"*/*"):
 
         async def send(message):
             sent.append(message)
-        scope = {"type": "http", "method": method, "path": "/", "headers": [
-            (b"accept", accept), (b"accept-encoding", b"br")]}
+
+        scope = {
+            "type": "http",
+            "method": method,
+            "path": "/",
+            "headers": [(b"accept", accept), (b"accept-encoding", b"br")],
+        }
         await ContentPolicy(app)(scope, receive, send)
+
     asyncio.run(main())
     return sent, seen["headers"]
 
 
 def test_streams_pass_as_they_come_and_compressed_html_is_left_alone():
     async def stream(send):
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         for i in range(3):
             await send({"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
     sent, headers = run_app(stream)
     assert [m["type"] for m in sent] == ["http.response.start"] + ["http.response.body"] * 4
     assert headers[b"accept-encoding"] == b"br"  # not a page: left as asked
 
     async def brotli_page(send):
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/html"), (b"content-encoding", b"br")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/html"), (b"content-encoding", b"br")],
+            }
+        )
         await send({"type": "http.response.body", "body": b"\x8b<script>"})
+
     sent, _ = run_app(brotli_page)
     assert sent[1]["body"] == b"\x8b<script>" and b"nonce" not in dict(sent[0]["headers"])[b"content-security-policy"]
 
     async def page(send):
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", b"44")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", b"44")],
+            }
+        )
         await send({"type": "http.response.body", "body": b"<script>a</script><script src=x>", "more_body": True})
         await send({"type": "http.response.body", "body": b"<scripts>"})
+
     sent, headers = run_app(page, accept=b"text/html")
     assert b"accept-encoding" not in headers  # a page: asked for uncompressed
     start, body = sent

@@ -21,14 +21,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from core.config import Settings
-from core.store import Store
+from radixchat.core.config import Settings
+from radixchat.core.store import Store
+from radixchat.webui.gate import PageGate, Refused, SessionOwners
+from radixchat.webui.server import build_app
 from tests.support.cheap import cheap_scrypt
-from webui.gate import PageGate, Refused, SessionOwners
-from webui.server import build_app
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import Server  # noqa: E402
+from tests.test_openai_api import Server
 
 CHEAP = cheap_scrypt()
 PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
@@ -46,9 +46,16 @@ class PageClient:
 
     def join(self, fn: str, data: list) -> tuple[httpx.Response, str | None]:
         dep = self.fns[fn]
-        r = self.http.post(f"{API}/queue/join", json={
-            "data": data, "event_data": None, "fn_index": dep["id"], "trigger_id": dep["targets"][0][0],
-            "session_hash": self.session})
+        r = self.http.post(
+            f"{API}/queue/join",
+            json={
+                "data": data,
+                "event_data": None,
+                "fn_index": dep["id"],
+                "trigger_id": dep["targets"][0][0],
+                "session_hash": self.session,
+            },
+        )
         return r, (r.json().get("event_id") if r.status_code == 200 else None)
 
     def messages(self, event_id: str) -> list[dict]:
@@ -67,8 +74,7 @@ class PageClient:
         raise AssertionError(f"the stream ended before the event completed: {seen}")
 
     def cancel_body(self, event_id: str, session: str | None = None) -> dict:
-        return {"session_hash": session or self.session, "fn_index": self.fns["respond"]["id"],
-                "event_id": event_id}
+        return {"session_hash": session or self.session, "fn_index": self.fns["respond"]["id"], "event_id": event_id}
 
 
 def signed_in(url: str, name: str) -> httpx.Client:
@@ -111,8 +117,9 @@ def test_another_user_cannot_read_stop_or_end_a_page_session(server):
     assert status_of_stream(bob_http, "GET", f"{API}/heartbeat/{alice.session}") == 403
     r = bob_http.post(f"{API}/cancel", json=alice.cancel_body(event))
     assert r.status_code == 403 and "another" in r.json()["detail"]
-    r = bob_http.post(f"{API}/queue/join", json={"data": [], "fn_index": alice.fns["respond"]["id"],
-                                                 "session_hash": alice.session})
+    r = bob_http.post(
+        f"{API}/queue/join", json={"data": [], "fn_index": alice.fns["respond"]["id"], "session_hash": alice.session}
+    )
     assert r.status_code == 403
     assert bob_http.get(f"{API}/deep_link", params={"session_hash": alice.session}).status_code == 404
     # nor may a client that never signed in
@@ -142,8 +149,12 @@ def test_uploads_and_files_are_refused(server):
     # refused before the body is read: a 50 MB upload announced, never sent, is answered at once
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
         cookie = "; ".join(f"{k}={v}" for k, v in alice_http.cookies.items())
-        s.sendall((f"POST {API}/upload HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\n"
-                   "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 50000000\r\n\r\n").encode())
+        s.sendall(
+            (
+                f"POST {API}/upload HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\n"
+                "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 50000000\r\n\r\n"
+            ).encode()
+        )
         t0 = time.monotonic()
         head = s.recv(4096)
     assert head.split(b"\r\n")[0].split()[1] in (b"403", b"404") and time.monotonic() - t0 < 3, head
@@ -236,16 +247,24 @@ def test_gate_table_and_rules_without_a_server():
     assert http.post(f"{API}/queue/join", json={"session_hash": "sa", "data": []}).status_code == 200
     http.cookies.set("who", "b")
     assert http.post(f"{API}/queue/join", json={"session_hash": "sb", "data": []}).status_code == 200
-    assert http.post(f"{API}/cancel", json={"session_hash": "sb", "fn_index": 0,
-                                            "event_id": "ev-a"}).status_code == 403
-    assert http.post(f"{API}/cancel", json={"session_hash": "sb", "fn_index": 0,
-                                            "event_id": "ev-b"}).status_code == 200
-    assert http.post(f"{API}/cancel", json={"session_hash": ["sb"], "fn_index": 0,
-                                            "event_id": "ev-b"}).status_code == 422
+    assert http.post(f"{API}/cancel", json={"session_hash": "sb", "fn_index": 0, "event_id": "ev-a"}).status_code == 403
+    assert http.post(f"{API}/cancel", json={"session_hash": "sb", "fn_index": 0, "event_id": "ev-b"}).status_code == 200
+    assert (
+        http.post(f"{API}/cancel", json={"session_hash": ["sb"], "fn_index": 0, "event_id": "ev-b"}).status_code == 422
+    )
     assert http.get(f"{API}/queue/data?session_hash=sb&session_hash=sa").status_code == 422
     assert http.post(f"{API}/queue/join", content=b"x" * (1 << 17)).status_code == 413
-    for refused in ("upload", "file=/etc/passwd", "queue/join/", "stream/ev-a", "call/respond/ev-a",
-                    "component_server", "deep_link?session_hash=sa", "startup-events", "heartbeat/"):
+    for refused in (
+        "upload",
+        "file=/etc/passwd",
+        "queue/join/",
+        "stream/ev-a",
+        "call/respond/ev-a",
+        "component_server",
+        "deep_link?session_hash=sa",
+        "startup-events",
+        "heartbeat/",
+    ):
         assert http.get(f"{API}/{refused}").status_code == 404, refused
     assert http.get("/?deep_link=abc").status_code == http.get("/config?deep%5Flink=abc").status_code == 404
     assert http.get("/config").status_code == 200

@@ -29,13 +29,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.store import Store
+from radixchat.core.store import Store
 from tests.support.procs import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_page_browser import (  # noqa: E402
-    PHONE, WIDE,
-    CHEAP, DONE, Shots, new_chat, page_server, ready, send, sign_in, stop_clean)
+from tests.test_page_browser import (
+    CHEAP,
+    DONE,
+    PHONE,
+    WIDE,
+    Shots,
+    new_chat,
+    page_server,
+    ready,
+    send,
+    sign_in,
+    stop_clean,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +60,10 @@ ERRORS = """new MutationObserver(() => {
   if (/\\bError\\b/.test(text)) window.__sawError(text.slice(0, 300));
 }).observe(document, {subtree: true, childList: true, characterData: true});"""
 MESSAGE_PARTS = ":is(#chat [data-testid=bot], #chat [data-testid=user])"
-FETCHERS = ("img, iframe, script, object, embed, video, audio, source, link, style, meta, form, input, "
-            "svg:not(button svg), .mermaid, .latex-block")
+FETCHERS = (
+    "img, iframe, script, object, embed, video, audio, source, link, style, meta, form, input, "
+    "svg:not(button svg), .mermaid, .latex-block"
+)
 
 
 class Listener:
@@ -135,26 +147,27 @@ def both_widths(page, shot, name: str) -> None:
 def test_html_in_messages_and_replies_shows_as_typed_and_nothing_is_fetched(server, listener, browser, shots):
     leak = listener.url
     typed_img, typed_script = f'<img src="{leak}/a?leak=1">', "<script>window.__pwned=1</script>"
-    message = (f"Hostile-7781 {typed_img} {typed_script} and a picture ![x]({leak}/b) "
-               f"and [a link]({leak}/c)")
-    reply = "\n".join([
-        f'Reply-8893 <img src="{leak}/r?leak=2"> <script>window.__pwned=2</script>',
-        f"![y]({leak}/d) <iframe src=\"{leak}/e\"></iframe>",
-        f'`<img src="{leak}/f">` and ``<b>`` and <a href="{leak}/g" onclick="window.__pwned=3">x</a>',
-        f'[d]: {leak}/h "a title',  # a definition whose title would run over the fence below
-        "```",
-        '"',
-        f'<img src="{leak}/i">',
-        "```",
-        "```mermaid",
-        f'graph TD; A["<img src={leak}/j>"]-->B',
-        "```",
-        f'$$<img src="{leak}/k">$$',
-        f"[x](y`) ![z]({leak}/l) `",
-        "```python",
-        'if a < b and c & d: print("<ok>")',
-        "```",
-    ])
+    message = f"Hostile-7781 {typed_img} {typed_script} and a picture ![x]({leak}/b) and [a link]({leak}/c)"
+    reply = "\n".join(
+        [
+            f'Reply-8893 <img src="{leak}/r?leak=2"> <script>window.__pwned=2</script>',
+            f'![y]({leak}/d) <iframe src="{leak}/e"></iframe>',
+            f'`<img src="{leak}/f">` and ``<b>`` and <a href="{leak}/g" onclick="window.__pwned=3">x</a>',
+            f'[d]: {leak}/h "a title',  # a definition whose title would run over the fence below
+            "```",
+            '"',
+            f'<img src="{leak}/i">',
+            "```",
+            "```mermaid",
+            f'graph TD; A["<img src={leak}/j>"]-->B',
+            "```",
+            f'$$<img src="{leak}/k">$$',
+            f"[x](y`) ![z]({leak}/l) `",
+            "```python",
+            'if a < b and c & d: print("<ok>")',
+            "```",
+        ]
+    )
     outside: list[str] = []
     ctx = context(browser, server, outside)
     page = ctx.new_page()
@@ -191,8 +204,9 @@ def test_html_in_messages_and_replies_shows_as_typed_and_nothing_is_fetched(serv
 
         # the Server tab's plots draw under the policy
         page.get_by_role("tab", name="Server").click()
-        page.wait_for_function("document.querySelectorAll('#requests-plot svg.marks, #ttft-plot svg.marks').length >= 2",
-                               timeout=20_000)
+        page.wait_for_function(
+            "document.querySelectorAll('#requests-plot svg.marks, #ttft-plot svg.marks').length >= 2", timeout=20_000
+        )
         assert page.evaluate("window.__csp || []") == []
 
         # every page response carries the policy; the sign-in page names the server and the model
@@ -222,8 +236,7 @@ def test_sign_out_in_the_same_tab_and_a_signed_out_tab_shows_the_sign_in_page(se
         tab2.expose_binding("__sawError", lambda source, text: errors.append(text))
         tab2.add_init_script(ERRORS)
         tab2.goto(server.url)
-        tab2.wait_for_function("document.querySelector('#chat')?.innerText.includes('Alpaca-1171')",
-                               timeout=30_000)
+        tab2.wait_for_function("document.querySelector('#chat')?.innerText.includes('Alpaca-1171')", timeout=30_000)
         bob = bob_ctx.new_page()
         sign_in(bob, server.url, "bob")
         ready(bob)
@@ -273,12 +286,58 @@ def test_sign_out_in_the_same_tab_and_a_signed_out_tab_shows_the_sign_in_page(se
 
 def hostile_texts(leak: str, n: int, seed: int = 7) -> list[str]:
     """Random texts of Markdown's and HTML's marks, and of tags and images pointing at `leak`."""
-    marks = ["<", ">", "&", "`", "```", "~~~", "```mermaid", "\n", "\n\n", "  ", "    ", "\\", "!", "[", "]",
-             "(", ")", ":", '"', "'", "|", "---", "*", "_", "~~", "#", "- ", "> ", "1. ", "a", "b c", "\t", "```py",
-             "`` ` ``", "$$", "<!--", "-->", "&#60;", "\\`", "<code>", "</code>", f"![a]({leak}/i1)",
-             f"[l]: {leak}/i2", f"<img src={leak}/i3>", "<script>window.__pwned=1</script>",
-             f"<iframe src={leak}/i4>", f'<a href="{leak}/i5" onclick="window.__pwned=2">',
-             "<svg onload=window.__pwned=3>", f"{leak}/i6", f'"{leak}/i7"']
+    marks = [
+        "<",
+        ">",
+        "&",
+        "`",
+        "```",
+        "~~~",
+        "```mermaid",
+        "\n",
+        "\n\n",
+        "  ",
+        "    ",
+        "\\",
+        "!",
+        "[",
+        "]",
+        "(",
+        ")",
+        ":",
+        '"',
+        "'",
+        "|",
+        "---",
+        "*",
+        "_",
+        "~~",
+        "#",
+        "- ",
+        "> ",
+        "1. ",
+        "a",
+        "b c",
+        "\t",
+        "```py",
+        "`` ` ``",
+        "$$",
+        "<!--",
+        "-->",
+        "&#60;",
+        "\\`",
+        "<code>",
+        "</code>",
+        f"![a]({leak}/i1)",
+        f"[l]: {leak}/i2",
+        f"<img src={leak}/i3>",
+        "<script>window.__pwned=1</script>",
+        f"<iframe src={leak}/i4>",
+        f'<a href="{leak}/i5" onclick="window.__pwned=2">',
+        "<svg onload=window.__pwned=3>",
+        f"{leak}/i6",
+        f'"{leak}/i7"',
+    ]
     rng = random.Random(seed)
     return ["".join(rng.choice(marks) for _ in range(rng.randint(1, 40))) for _ in range(n)]
 
@@ -300,8 +359,9 @@ def test_random_hostile_text_through_the_real_renderer_fetches_nothing(server, l
         sign_in(page, server.url, "alice")
         ready(page)
         page.locator("#conv-list label", has_text="Fuzz").click()
-        page.wait_for_function(f"document.querySelectorAll('#chat [data-testid=bot]').length == {len(texts)}",
-                               timeout=60_000)
+        page.wait_for_function(
+            f"document.querySelectorAll('#chat [data-testid=bot]').length == {len(texts)}", timeout=60_000
+        )
         page.wait_for_timeout(1500)
         assert listener.hits == [], listener.hits
         assert page.evaluate("window.__pwned") is None

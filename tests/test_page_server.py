@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from tests.support.cheap import cheap_scrypt
 from fastapi.testclient import TestClient
 
-from core.config import Settings
-from core.store import Store
-from webui.server import build_app
+from radixchat.core.config import Settings
+from radixchat.core.store import Store
+from radixchat.webui.server import build_app
+from tests.support.cheap import cheap_scrypt
 
 CHEAP = cheap_scrypt()
 
@@ -59,13 +59,28 @@ def test_serve_on_the_lan_prints_addresses_and_how_to_add_a_user(tiny_model_dir,
     import time
 
     sys.path.insert(0, os.path.dirname(__file__))
-    from tests.support.procs import free_port
     from test_cli import RADIXCHAT
 
+    from tests.support.procs import free_port
+
     port = free_port()
-    proc = subprocess.Popen([RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0",
-                             "--port", str(port), "--db", str(tmp_path / "empty.db")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            RADIXCHAT,
+            "serve",
+            "--model",
+            str(tiny_model_dir),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--db",
+            str(tmp_path / "empty.db"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines = []
     try:
         deadline = time.time() + 120

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_page_browser import Shots, page_server, ready, sign_in, stop_clean  # noqa: E402
-from tests.test_page_safety import PHONE, WIDE, Listener, context, say  # noqa: E402
+from tests.test_page_browser import Shots, page_server, ready, sign_in, stop_clean
+from tests.test_page_safety import PHONE, WIDE, Listener, context, say
 
 pytestmark = pytest.mark.slow
 

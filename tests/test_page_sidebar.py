@@ -22,15 +22,24 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_page_browser import (CHEAP, PHONE, WIDE, Shots, alice_and_bob, page_server, ready,  # noqa: E402
-                                     send, sign_in, stop_clean)
-from tests.test_page_browser import page_model  # noqa: E402,F401  (a fixture: the server's model)
-from tests.test_page_controls import answered, say  # noqa: E402
-from tests.test_page_routes import PageClient, signed_in  # noqa: E402
-
-from core.store import NotFound, Store  # noqa: E402
-from webui.page.layout import UNDO_S  # noqa: E402
-from webui.page.logic import title_from  # noqa: E402
+from radixchat.core.store import NotFound, Store
+from radixchat.webui.page.layout import UNDO_S
+from radixchat.webui.page.logic import title_from
+from tests.test_page_browser import (
+    CHEAP,
+    PHONE,
+    WIDE,
+    Shots,
+    alice_and_bob,
+    page_model,  # noqa: F401  (a fixture: the server's model)
+    page_server,
+    ready,
+    send,
+    sign_in,
+    stop_clean,
+)
+from tests.test_page_controls import answered, say
+from tests.test_page_routes import PageClient, signed_in
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +48,11 @@ LIST = "() => [...document.querySelectorAll('#conv-list label')].map(l => l.inne
 SELECTED = "() => document.querySelector('#conv-list label.selected')?.innerText.trim() ?? null"
 OPEN = "() => document.querySelector('#sidebar')?.classList.contains('open')"
 # the second one's last word is only in its message: its title is cut before it
-A = ["Alpaca-1171 what is a list?", "Anchor-2283 what is a tuple in Python, and a Quagga-5?",
-     "Aspen-3391 what is a set?"]
+A = [
+    "Alpaca-1171 what is a list?",
+    "Anchor-2283 what is a tuple in Python, and a Quagga-5?",
+    "Aspen-3391 what is a set?",
+]
 B = ["Bison-4405 what is a dict?", "Beacon-5519 what is a frozenset?"]
 
 
@@ -55,8 +67,9 @@ def server(request, tmp_path_factory):
 def fits(page) -> None:
     """Nothing scrolls sideways; the message box and Send are on screen without scrolling."""
     width, height = page.viewport_size["width"], page.viewport_size["height"]
-    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), \
-        page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), page.evaluate(
+        "[document.documentElement.scrollWidth, window.innerWidth]"
+    )
     page.evaluate("window.scrollTo(0, 0)")
     for what in ("#message textarea", "#send"):
         box = page.locator(what).bounding_box()
@@ -80,8 +93,10 @@ def chats(server, name: str) -> dict[str, list[str]]:
     """What the store holds for `name`: each chat's title -> its messages, newest chat first."""
     with Store(server.db, scrypt=CHEAP) as store:
         user = store.get_user(name)
-        return {c.title: [m.content for m in store.history(user, c.id)]
-                for c in store.list_conversations(user, archived=None)}
+        return {
+            c.title: [m.content for m in store.history(user, c.id)]
+            for c in store.list_conversations(user, archived=None)
+        }
 
 
 def test_sidebar_two_users_at_1280_and_390(server, browser):
@@ -132,8 +147,10 @@ def test_sidebar_two_users_at_1280_and_390(server, browser):
         alice.wait_for_function("document.querySelector('#preset input')?.value == 'Custom'")
         for _ in range(3):
             alice.locator("#new-chat").click()
-        alice.wait_for_function("document.querySelector('#system textarea').value == ''"
-                                " && !document.querySelector('#chat [data-testid=user]')")
+        alice.wait_for_function(
+            "document.querySelector('#system textarea').value == ''"
+            " && !document.querySelector('#chat [data-testid=user]')"
+        )
         alice.wait_for_timeout(500)
         assert len(chats(server, "alice")) == 2 and alice.evaluate(SELECTED) is None
         say(alice, A[2])
@@ -240,10 +257,15 @@ def test_another_users_chat_through_the_page_handlers_is_not_found(server):
     bob = PageClient(signed_in(server.url, "bob"))
     r, event = bob.join("on_load", [None])
     assert bob.messages(event)[-1]["success"]
-    calls = {"switch": [theirs.id, 1000, "", None], "rename_chat": [theirs.id, "bob was here", ""],
-             "delete_chat": [theirs.id, "", None], "export_md": [theirs.id], "share_tab": [theirs.id],
-             "send_message": ["bob writes here", theirs.id, "", 1000, "", 0, 8, None],
-             "respond": ["bob writes here", theirs.id, 0, 8, None]}
+    calls = {
+        "switch": [theirs.id, 1000, "", None],
+        "rename_chat": [theirs.id, "bob was here", ""],
+        "delete_chat": [theirs.id, "", None],
+        "export_md": [theirs.id],
+        "share_tab": [theirs.id],
+        "send_message": ["bob writes here", theirs.id, "", 1000, "", 0, 8, None],
+        "respond": ["bob writes here", theirs.id, 0, 8, None],
+    }
     for fn, data in calls.items():
         r, event = bob.join(fn, data)
         assert r.status_code == 200, (fn, r.text)

@@ -11,10 +11,10 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
-from core.config import Settings
-from core.engine.engine import Engine
-from core.cache.kv import PrefixStore
-from core.engine.requests import ChatRequest, Finished
+from radixchat.core.cache.kv import PrefixStore
+from radixchat.core.config import Settings
+from radixchat.core.engine.engine import Engine
+from radixchat.core.engine.requests import ChatRequest, Finished
 from tests.support.randmodel import SLIDING_WINDOW, build_random_model
 
 
@@ -89,14 +89,20 @@ def test_tree_holds_live_tokens_only_and_pins_no_buffer(tiny):
 
 
 def engine_for(model_dir, prefix: bool, **kw) -> Engine:
-    return Engine(Settings(model=str(model_dir), prefix_cache=prefix, max_batch=8,
-                           max_prefill_batch=4, max_tokens=12, **kw)).start(timeout=120)
+    return Engine(
+        Settings(model=str(model_dir), prefix_cache=prefix, max_batch=8, max_prefill_batch=4, max_tokens=12, **kw)
+    ).start(timeout=120)
 
 
-SYSTEMS = [f"You are assistant {i}. " + " ".join(["Answer about Python lists and dicts."] * (i + 2))
-           for i in range(4)]
-QUESTIONS = ["What is a list?", "How do dicts work?", "Explain generators.", "What is a tuple?",
-             "Why use sets?", "What does yield do?"]
+SYSTEMS = [f"You are assistant {i}. " + " ".join(["Answer about Python lists and dicts."] * (i + 2)) for i in range(4)]
+QUESTIONS = [
+    "What is a list?",
+    "How do dicts work?",
+    "Explain generators.",
+    "What is a tuple?",
+    "Why use sets?",
+    "What does yield do?",
+]
 
 
 def conversations(seed: int, users: int, turns: int):
@@ -174,12 +180,18 @@ def test_fifty_conversations_share_one_system_prompt(tiny_model_dir):
             system += f"Rule {sys_tokens}: Python lists are mutable sequences. "
             sys_tokens = len(tok.apply_chat_template([{"role": "system", "content": system}]))
         assert 300 <= sys_tokens <= 340
-        first = eng.submit(ChatRequest(messages=[{"role": "system", "content": system},
-                                                 {"role": "user", "content": "question 0"}])).result()
+        first = eng.submit(
+            ChatRequest(messages=[{"role": "system", "content": system}, {"role": "user", "content": "question 0"}])
+        ).result()
         bytes_one = eng.prefix.tree.bytes
-        handles = [eng.submit(ChatRequest(messages=[{"role": "system", "content": system},
-                                                    {"role": "user", "content": f"question {i}"}]))
-                   for i in range(1, 50)]
+        handles = [
+            eng.submit(
+                ChatRequest(
+                    messages=[{"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}]
+                )
+            )
+            for i in range(1, 50)
+        ]
         finals = [h.result() for h in handles]
         tree = eng.prefix.tree
         per_token = eng.prefix.bytes_per_token
@@ -203,8 +215,10 @@ def test_long_random_workload_stays_in_budget_and_leaks_no_lock(tiny_model_dir):
     def worker(seed):
         r = random.Random(seed)
         for _ in range(10):
-            msgs = [{"role": "system", "content": SYSTEMS[r.randrange(4)]},
-                    {"role": "user", "content": " ".join(r.choice(words) for _ in range(r.randrange(1, 30)))}]
+            msgs = [
+                {"role": "system", "content": SYSTEMS[r.randrange(4)]},
+                {"role": "user", "content": " ".join(r.choice(words) for _ in range(r.randrange(1, 30)))},
+            ]
             h = eng.submit(ChatRequest(messages=msgs, sampling={"max_tokens": r.randrange(1, 20)}))
             if r.random() < 0.2:
                 h.cancel()
@@ -235,9 +249,12 @@ def test_simultaneous_arrivals_share_one_prefill(tiny_model_dir):
     """Six users send the same new system prompt at once: it is prefilled once, not six times."""
     system = "You answer questions about Python lists, dicts, sets and tuples. " * 8
     questions = [f"Tell me about {w}" for w in ("lists", "dicts", "sets", "tuples", "yield", "async")]
-    reqs = [ChatRequest(messages=[{"role": "system", "content": system},
-                                  {"role": "user", "content": q}], sampling={"max_tokens": 6})
-            for q in questions]
+    reqs = [
+        ChatRequest(
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": q}], sampling={"max_tokens": 6}
+        )
+        for q in questions
+    ]
     off = engine_for(tiny_model_dir, prefix=False)
     try:
         expected = [h.result().text for h in [off.submit(r) for r in reqs]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.cache.radix import RadixCache
+from radixchat.core.cache.radix import RadixCache
 
 BPT = 10  # simulated bytes per token
 
@@ -129,8 +129,9 @@ def test_tree_against_brute_force(ops, budget_tokens):
         t.check()  # bytes == sum of live segments, lock_ref monotone, evictable set exact
         seqs = live_sequences(t)
         for _, protected in locks:  # a locked path is never evicted
-            assert not protected or tuple(protected) in seqs or any(
-                s[: len(protected)] == tuple(protected) for s in seqs)
+            assert (
+                not protected or tuple(protected) in seqs or any(s[: len(protected)] == tuple(protected) for s in seqs)
+            )
         unlocked_leaves = [n for n in leaves(t) if n.lock_ref == 0]
         assert t.bytes <= t.budget or not unlocked_leaves
     for node, _ in locks:
@@ -141,6 +142,7 @@ def test_tree_against_brute_force(ops, budget_tokens):
 
 class WatchedChildren(dict):
     """A children dict that counts enumerations: any walk of the tree must enumerate some."""
+
     walks = 0
 
     def values(self):

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import Server, client, keyed_server  # noqa: E402
+from tests.test_openai_api import Server, client, keyed_server
 
 
 @pytest.fixture(scope="module")
@@ -20,17 +20,28 @@ def keyed(tiny_model_dir, tmp_path_factory):
 
 
 def test_a_response_then_its_follow_up_in_the_users_conversation(keyed):
-    from core.store import Store
+    from radixchat.core.store import Store
 
     server, key, _, db = keyed
     c = client(server, key)
-    first = c.responses.create(model="default", input="Tell me about lists.", max_output_tokens=8,
-                               temperature=0, instructions="Answer briefly.")
+    first = c.responses.create(
+        model="default",
+        input="Tell me about lists.",
+        max_output_tokens=8,
+        temperature=0,
+        instructions="Answer briefly.",
+    )
     assert first.id.startswith("resp_") and first.status == "completed" and first.output_text
     assert first.usage.input_tokens > 0 and first.usage.output_tokens == 8
     # instructions are this turn's (OpenAI does not carry them over): the same again
-    again = c.responses.create(model="default", input="And tuples?", previous_response_id=first.id,
-                               max_output_tokens=8, temperature=0, instructions="Answer briefly.")
+    again = c.responses.create(
+        model="default",
+        input="And tuples?",
+        previous_response_id=first.id,
+        max_output_tokens=8,
+        temperature=0,
+        instructions="Answer briefly.",
+    )
     assert again.previous_response_id == first.id
     # the follow-up's prompt holds the first turn and its reply, restored from the cache
     assert again.usage.input_tokens > first.usage.input_tokens + 8
@@ -39,25 +50,38 @@ def test_a_response_then_its_follow_up_in_the_users_conversation(keyed):
         alice = store.get_user("alice")
         conv = next(cv for cv in store.list_conversations(alice) if cv.title == "Tell me about lists.")
         texts = [(m.role, m.content) for m in store.history(alice, conv.id)]
-    assert texts == [("user", "Tell me about lists."), ("assistant", first.output_text),
-                     ("user", "And tuples?"), ("assistant", again.output_text)]
+    assert texts == [
+        ("user", "Tell me about lists."),
+        ("assistant", first.output_text),
+        ("user", "And tuples?"),
+        ("assistant", again.output_text),
+    ]
     # streamed: the SDK's events, deltas adding up to the completed response's text
-    events = list(c.responses.create(model="default", input="And dicts?", previous_response_id=again.id,
-                                     max_output_tokens=8, temperature=0, stream=True))
+    events = list(
+        c.responses.create(
+            model="default",
+            input="And dicts?",
+            previous_response_id=again.id,
+            max_output_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+    )
     kinds = [e.type for e in events]
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text and text == events[-1].response.output_text
     # going on from the first response again branches: a new conversation, the old one as it was
-    branch = c.responses.create(model="default", input="Sets?", previous_response_id=first.id,
-                                max_output_tokens=4, temperature=0)
+    branch = c.responses.create(
+        model="default", input="Sets?", previous_response_id=first.id, max_output_tokens=4, temperature=0
+    )
     assert branch.id.split("_")[1] != first.id.split("_")[1]
 
 
 def test_another_users_response_is_not_found(keyed):
     import openai
 
-    from core.store import Store
+    from radixchat.core.store import Store
 
     server, key, _, db = keyed
     first = client(server, key).responses.create(model="default", input="Secret plans.", max_output_tokens=4)
@@ -65,35 +89,48 @@ def test_another_users_response_is_not_found(keyed):
         bob = store.create_user("bob-responses", "bob-password-1")
         _, bob_key = store.create_api_key(bob, "bob")
     with pytest.raises(openai.NotFoundError):
-        client(server, bob_key).responses.create(model="default", input="What were they?",
-                                                 previous_response_id=first.id, max_output_tokens=4)
+        client(server, bob_key).responses.create(
+            model="default", input="What were they?", previous_response_id=first.id, max_output_tokens=4
+        )
     with pytest.raises(openai.NotFoundError):
-        client(server, bob_key).responses.create(model="default", input="x", previous_response_id="resp_1_999999",
-                                                 max_output_tokens=4)
+        client(server, bob_key).responses.create(
+            model="default", input="x", previous_response_id="resp_1_999999", max_output_tokens=4
+        )
 
 
-@pytest.mark.parametrize("extra, words", [
-    ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
-    ({"colour": "red"}, "unknown field"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "text only"),
-    ({"text": {"format": {"type": "xml"}}}, "text.format"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
+        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"colour": "red"}, "unknown field"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "text only"),
+        ({"text": {"format": {"type": "xml"}}}, "text.format"),
+    ],
+)
 def test_what_the_responses_api_does_not_do_is_refused_by_name(keyed, extra, words):
     server, key, _, _ = keyed
-    r = httpx.post(server.url + "/v1/responses", headers={"Authorization": f"Bearer {key}"},
-                   json={"model": "default", "input": "hi", **extra}, timeout=30)
+    r = httpx.post(
+        server.url + "/v1/responses",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "default", "input": "hi", **extra},
+        timeout=30,
+    )
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
 
 
 def test_no_auth_keeps_no_responses(tiny_model_dir, tmp_path):
     srv = Server(tiny_model_dir, tmp_path / "n.db", "--no-auth")
     try:
-        r = httpx.post(srv.url + "/v1/responses", json={"model": "default", "input": "hi", "max_output_tokens": 3},
-                       timeout=30)
+        r = httpx.post(
+            srv.url + "/v1/responses", json={"model": "default", "input": "hi", "max_output_tokens": 3}, timeout=30
+        )
         assert r.status_code == 200 and r.json()["output"][0]["content"][0]["type"] == "output_text"
-        r = httpx.post(srv.url + "/v1/responses", json={"model": "default", "input": "hi",
-                                                        "previous_response_id": r.json()["id"]}, timeout=30)
+        r = httpx.post(
+            srv.url + "/v1/responses",
+            json={"model": "default", "input": "hi", "previous_response_id": r.json()["id"]},
+            timeout=30,
+        )
         assert r.status_code == 400 and "no-auth" in r.json()["error"]["message"]
     finally:
         srv.stop()

@@ -29,14 +29,17 @@ from tests.support.randmodel import build_random_model
 
 BIN = Path(sys.executable).parent
 SYSTEM = "You are a terse assistant for a shared team chat. Answer in one short line, please."
-QUESTIONS = [["Hello there", "And then what?"], ["What is a radix tree", "Say more"],
-             ["Name three colors", "Why those?"], ["Write a haiku", "Another one"]]
+QUESTIONS = [
+    ["Hello there", "And then what?"],
+    ["What is a radix tree", "Say more"],
+    ["Name three colors", "Why those?"],
+    ["Write a haiku", "Another one"],
+]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def model(request, tmp_path_factory) -> Path:
-    return build_random_model(tmp_path_factory.mktemp(request.param), seed=3, dim=64, layers=2,
-                              arch=request.param)
+    return build_random_model(tmp_path_factory.mktemp(request.param), seed=3, dim=64, layers=2, arch=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +53,29 @@ class Sharded:
 
     def __init__(self, model: Path, tmp: Path, *flags: str):
         self.port, self.db, self.log = free_port(), tmp / "sharded.sqlite", tmp / "sharded.log"
-        cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port_block(2)), "--",
-               str(BIN / "radixchat"), "serve", "--model", str(model), "--host", "127.0.0.1",
-               "--port", str(self.port), "--db", str(self.db), "--no-auth", *flags]
-        self.proc = subprocess.Popen(cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        cmd = [
+            str(BIN / "mlx.launch"),
+            "-n",
+            "2",
+            "--backend",
+            "ring",
+            "--starting-port",
+            str(free_port_block(2)),
+            "--",
+            str(BIN / "radixchat"),
+            "serve",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--db",
+            str(self.db),
+            "--no-auth",
+            *flags,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -141,7 +162,7 @@ def conversations(url: str) -> dict:
                 text, cached = chat(url, messages, stream=bool(i % 2))
                 out[(i, turn)] = (text, cached)
                 messages.append({"role": "assistant", "content": text})
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=user, args=(i,)) for i in range(len(QUESTIONS))]
@@ -199,8 +220,12 @@ def test_greedy_answers_equal_one_process_for_concurrent_users(model, tmp_path):
         server.stop()
     assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in expected.items()}
     assert all(got[(i, 1)][1] > 0 for i in range(len(QUESTIONS))), got  # second turns hit the cache
-    assert {k: shards[k] for k in ("size", "backend", "sharding", "in_step")} == \
-        {"size": 2, "backend": "ring", "sharding": "tensor", "in_step": True}
+    assert {k: shards[k] for k in ("size", "backend", "sharding", "in_step")} == {
+        "size": 2,
+        "backend": "ring",
+        "sharding": "tensor",
+        "in_step": True,
+    }
     assert shards["messages"] > 0 and shards["message_bytes"] > 0
 
 
@@ -208,8 +233,14 @@ def test_a_cancelled_stream_leaves_no_row_on_either_rank(llama, tmp_path):
     server = Sharded(llama, tmp_path)
     try:
         messages = [{"role": "user", "content": "Tell me a long story"}]
-        body = {"model": "llama", "messages": messages, "max_tokens": 400, "temperature": 0,
-                "stream": True, "ignore_eos": True}
+        body = {
+            "model": "llama",
+            "messages": messages,
+            "max_tokens": 400,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
         body["model"] = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
             chunks = 0
@@ -227,8 +258,13 @@ def test_a_cancelled_stream_leaves_no_row_on_either_rank(llama, tmp_path):
 
 
 def _stream_until_error(url: str, started: threading.Event, out: dict) -> None:
-    body = {"messages": [{"role": "user", "content": "Count forever"}], "max_tokens": 450,
-            "temperature": 0, "stream": True, "ignore_eos": True}
+    body = {
+        "messages": [{"role": "user", "content": "Count forever"}],
+        "max_tokens": 450,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     body["model"] = httpx.get(url + "/v1/models").json()["data"][0]["id"]
     try:
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
@@ -286,22 +322,57 @@ def test_a_lost_rank_ends_the_server_with_a_clear_error(llama, tmp_path, fault):
 def test_a_model_whose_heads_do_not_split_is_refused_in_one_line(llama, tmp_path):
     """4 attention heads over 3 ranks: mlx-lm would floor them and compute garbage."""
     log = tmp_path / "three.log"
-    cmd = [str(BIN / "mlx.launch"), "-n", "3", "--backend", "ring", "--starting-port", str(free_port_block(3)), "--",
-           str(BIN / "radixchat"), "serve", "--model", str(llama), "--port", str(free_port()),
-           "--db", str(tmp_path / "three.sqlite"), "--no-auth"]
+    cmd = [
+        str(BIN / "mlx.launch"),
+        "-n",
+        "3",
+        "--backend",
+        "ring",
+        "--starting-port",
+        str(free_port_block(3)),
+        "--",
+        str(BIN / "radixchat"),
+        "serve",
+        "--model",
+        str(llama),
+        "--port",
+        str(free_port()),
+        "--db",
+        str(tmp_path / "three.sqlite"),
+        "--no-auth",
+    ]
     subprocess.run(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=120, start_new_session=True)
     text = log.read_text()
-    assert "4 attention heads, 2 key value heads, 128 intermediate size do not split evenly over 3 ranks" in text, \
-        text[-2000:]
+    assert "4 attention heads, 2 key value heads, 128 intermediate size do not split evenly over 3 ranks" in text, text[
+        -2000:
+    ]
     assert "Traceback" not in text
 
 
 def test_speculation_under_mlx_launch_is_refused_in_one_line(llama, tmp_path):
     """Drafts would be one more thing the ranks must agree on: not built, so not silently off."""
     log = tmp_path / "spec.log"
-    cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port_block(2)), "--",
-           str(BIN / "radixchat"), "serve", "--model", str(llama), "--port", str(free_port()),
-           "--db", str(tmp_path / "spec.sqlite"), "--no-auth", "--speculate", "2"]
+    cmd = [
+        str(BIN / "mlx.launch"),
+        "-n",
+        "2",
+        "--backend",
+        "ring",
+        "--starting-port",
+        str(free_port_block(2)),
+        "--",
+        str(BIN / "radixchat"),
+        "serve",
+        "--model",
+        str(llama),
+        "--port",
+        str(free_port()),
+        "--db",
+        str(tmp_path / "spec.sqlite"),
+        "--no-auth",
+        "--speculate",
+        "2",
+    ]
     subprocess.run(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=120, start_new_session=True)
     text = log.read_text()
     assert "--speculate do not run sharded (under mlx.launch) yet" in text, text[-2000:]
@@ -311,8 +382,8 @@ def test_speculation_under_mlx_launch_is_refused_in_one_line(llama, tmp_path):
 def test_the_shape_digest_tells_trees_apart():
     """What /health's in_step compares: the same inserts and locks give the same digest on
     every rank, a different insert or a lock left behind does not."""
-    from core.cache.radix import RadixCache
-    from core.engine.lockstep import counters, shape_digest
+    from radixchat.core.cache.radix import RadixCache
+    from radixchat.core.engine.lockstep import counters, shape_digest
 
     def tree(*seqs):
         t = RadixCache(1 << 20)
@@ -329,8 +400,20 @@ def test_the_shape_digest_tells_trees_apart():
 
 
 def test_doctor_under_mlx_launch_prints_each_rank_and_the_sharding(llama, tmp_path):
-    cmd = [str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "--starting-port", str(free_port_block(2)), "--",
-           str(BIN / "radixchat"), "doctor", "--model", str(llama)]
+    cmd = [
+        str(BIN / "mlx.launch"),
+        "-n",
+        "2",
+        "--backend",
+        "ring",
+        "--starting-port",
+        str(free_port_block(2)),
+        "--",
+        str(BIN / "radixchat"),
+        "doctor",
+        "--model",
+        str(llama),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, start_new_session=True).stdout
     assert re.search(r"mlx\.launch group\s+2 ranks, backend ring", out), out
     assert re.search(r"rank 0\s+\S+, pid \d+", out) and re.search(r"rank 1\s+\S+, pid \d+", out), out
@@ -344,7 +427,7 @@ def test_the_model_digest_follows_the_bytes_not_the_file_times(llama, tmp_path):
     model, one changed weight byte or config key is not."""
     import shutil
 
-    from core.engine.lockstep import model_digest
+    from radixchat.core.engine.lockstep import model_digest
 
     copy = shutil.copytree(llama, tmp_path / "copy")
     os.utime(copy / "model.safetensors", (1, 1))

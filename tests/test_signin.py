@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from core.store import AuthFailed, Store
-from webui.signin import SignInGuard, TooManyFailures
+from radixchat.core.store import AuthFailed, Store
+from radixchat.webui.signin import SignInGuard, TooManyFailures
 
 
 class Clock:
@@ -63,7 +63,7 @@ def test_lockout_doubles_refuses_before_hashing_and_clears_on_success():
 
 def test_a_guessing_address_is_locked_out_for_every_name_and_a_guessed_name_from_every_address():
     clock = Clock()
-    guard, calls = make_guard(clock, free_failures=2)
+    guard, _calls = make_guard(clock, free_failures=2)
 
     async def main():
         for name in ("alice", "bob"):
@@ -109,6 +109,7 @@ def test_the_page_login_route_locks_out_a_guesser(tiny_model_dir, tmp_path):
         store.create_user("alice", "correct horse battery")
     server = Server(tiny_model_dir, db)
     try:
+
         def login(pw):
             return httpx.post(server.url + "/login", data={"username": "alice", "password": pw}, timeout=30)
 

@@ -15,7 +15,7 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from core.cache.kv import PrefixStore
+from radixchat.core.cache.kv import PrefixStore
 from tests.support.randmodel import SLIDING_WINDOW, build_random_model
 
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import Server  # noqa: E402
+from tests.test_openai_api import Server
 
 pytestmark = pytest.mark.slow
 
@@ -104,8 +104,11 @@ def test_slow_headers_are_closed_and_others_still_served(timed):
 
 
 def test_a_stalled_body_and_an_idle_keep_alive_are_closed(timed):
-    body = stall(timed.port, b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/"
-                             b"x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\nusername=al")
+    body = stall(
+        timed.port,
+        b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/"
+        b"x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\nusername=al",
+    )
     idle = stall(timed.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     t0 = time.monotonic()
     try:
@@ -137,8 +140,14 @@ def test_more_slow_sockets_than_the_cap_leave_room_for_others(capped):
 
 def test_with_every_connection_busy_a_new_one_is_refused_at_once(capped):
     # 50 sign-ins whose bodies never come: requests under way, so none is idle to close
-    busy = [stall(capped.port, b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/"
-                               b"x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\n") for _ in range(50)]
+    busy = [
+        stall(
+            capped.port,
+            b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/"
+            b"x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\n",
+        )
+        for _ in range(50)
+    ]
     try:
         time.sleep(0.5)
         late = stall(capped.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")

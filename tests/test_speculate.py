@@ -12,10 +12,10 @@ from mlx_lm import load
 from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from core.cache.slots import SlotKVCache, swap_order
-from core.engine import speculate
-from core.engine.speculate import Drafts, Speculator
-from core.engine.stepper import BudgetedBatchGenerator
+from radixchat.core.cache.slots import SlotKVCache, swap_order
+from radixchat.core.engine import speculate
+from radixchat.core.engine.speculate import Drafts, Speculator
+from radixchat.core.engine.stepper import BudgetedBatchGenerator
 
 H, D = 2, 4
 
@@ -93,9 +93,9 @@ def test_holes_attend_like_caches_that_never_held_the_rejected_tokens(seed):
         out = attend(slot, q, k, k + 1)
         kept = [rng.randint(1, width) for _ in range(b)]
         for i, ref in enumerate(refs):
-            mine = attend(ref, q[i: i + 1], k[i: i + 1], k[i: i + 1] + 1)
+            mine = attend(ref, q[i : i + 1], k[i : i + 1], k[i : i + 1] + 1)
             # query j sees the row's whole write up to j, rejected drafts included, as a verify does
-            assert mx.allclose(out[i: i + 1], mine, atol=1e-5).item(), (step, i)
+            assert mx.allclose(out[i : i + 1], mine, atol=1e-5).item(), (step, i)
             ref.trim(width - kept[i])
         slot.reject([width - n for n in kept])
         assert slot.offset.tolist() == [r.offset for r in refs]
@@ -143,9 +143,16 @@ def model(tiny_model_dir):
 
 def run(model, speculate: int, plan) -> tuple[dict[int, list[int]], BudgetedBatchGenerator]:
     """Greedy tokens per request for a plan of (step, prompt, max_tokens, stop) arrivals."""
-    gen = BudgetedBatchGenerator(model, step_tokens=64, on_prompt=lambda r: None, speculate=speculate,
-                                 max_tokens=100, completion_batch_size=6, prefill_batch_size=2,
-                                 prefill_step_size=64)
+    gen = BudgetedBatchGenerator(
+        model,
+        step_tokens=64,
+        on_prompt=lambda r: None,
+        speculate=speculate,
+        max_tokens=100,
+        completion_batch_size=6,
+        prefill_batch_size=2,
+        prefill_step_size=64,
+    )
     out, names, finals, pending = {}, {}, {}, list(plan)
     for step in range(600):
         while pending and pending[0][0] <= step:
@@ -157,8 +164,13 @@ def run(model, speculate: int, plan) -> tuple[dict[int, list[int]], BudgetedBatc
             if r.finish_reason is not None:
                 c = r.prompt_cache[0]
                 finals[names[r.uid]] = (r.finish_reason, len(r.all_tokens), c.offset, c.keys.shape[2])
-        if not pending and len(finals) == len(plan) and not gen._generation_batch.uids \
-                and not gen._unprocessed_sequences and not gen._currently_processing:
+        if (
+            not pending
+            and len(finals) == len(plan)
+            and not gen._generation_batch.uids
+            and not gen._unprocessed_sequences
+            and not gen._currently_processing
+        ):
             break
     gen.close()
     return {i: (out[i], finals[i]) for i in out}, gen
@@ -171,11 +183,20 @@ def test_the_generator_gives_the_same_tokens_and_caches_with_speculation_on_and_
     monkeypatch.setattr(speculate, "COMPACT_AT", 6)
     compactions = []
     real_compact = SlotKVCache.compact
-    monkeypatch.setattr(SlotKVCache, "compact", lambda self: (compactions.append(self.most_holes), real_compact(self))[1])
+    monkeypatch.setattr(
+        SlotKVCache, "compact", lambda self: (compactions.append(self.most_holes), real_compact(self))[1]
+    )
     rng = random.Random(5)
     # short vocabularies make a random model's replies (and prompts) repeat: drafts get accepted
-    plan = sorted((rng.randrange(0, 80), [rng.randrange(5, 5 + rng.choice([4, 12, 250])) for _ in range(rng.randint(3, 120))],
-                   rng.randint(1, 60), rng.choice([None, None, rng.randrange(5, 20)])) for _ in range(18))
+    plan = sorted(
+        (
+            rng.randrange(0, 80),
+            [rng.randrange(5, 5 + rng.choice([4, 12, 250])) for _ in range(rng.randint(3, 120))],
+            rng.randint(1, 60),
+            rng.choice([None, None, rng.randrange(5, 20)]),
+        )
+        for _ in range(18)
+    )
     off, _ = run(model, 0, plan)
     on, gen = run(model, 4, plan)
     assert len(on) == len(plan) and on == off
@@ -183,33 +204,58 @@ def test_the_generator_gives_the_same_tokens_and_caches_with_speculation_on_and_
     # the test means something only if drafts were made, kept and thrown away
     assert spec["accepted"] > 20 and spec["drafted"] > spec["accepted"], spec
     assert max(compactions) >= 6, compactions
-    for i, (tokens, (reason, n_all, offset, width)) in on.items():
+    for i, (_tokens, (_reason, n_all, offset, width)) in on.items():
         assert offset == width == n_all, i  # the finished cache holds exactly its tokens
 
 
 def test_the_engine_replies_the_same_with_speculation_and_counts_it(tiny_model_dir):
-    from core.config import Settings
-    from core.engine.engine import Engine
-    from core.engine.requests import ChatRequest
+    from radixchat.core.config import Settings
+    from radixchat.core.engine.engine import Engine
+    from radixchat.core.engine.requests import ChatRequest
 
     def replies(speculate: int):
-        eng = Engine(Settings(model=str(tiny_model_dir), max_batch=8, max_tokens=40, speculate=speculate)).start(timeout=120)
+        eng = Engine(Settings(model=str(tiny_model_dir), max_batch=8, max_tokens=40, speculate=speculate)).start(
+            timeout=120
+        )
         try:
-            words = ["alpha beta gamma alpha beta gamma alpha", "one two one two one two", "x y z", "code: a=1; b=2; a=1;"]
-            handles = [eng.submit(ChatRequest(messages=[{"role": "user", "content": w}],
-                                              sampling={"temperature": 0.0, "max_tokens": 40})) for w in words]
+            words = [
+                "alpha beta gamma alpha beta gamma alpha",
+                "one two one two one two",
+                "x y z",
+                "code: a=1; b=2; a=1;",
+            ]
+            handles = [
+                eng.submit(
+                    ChatRequest(
+                        messages=[{"role": "user", "content": w}], sampling={"temperature": 0.0, "max_tokens": 40}
+                    )
+                )
+                for w in words
+            ]
             # a second turn restores the first's cache, which speculation wrote with holes
             first = [h.result() for h in handles]
-            second = [eng.submit(ChatRequest(messages=[{"role": "user", "content": w},
-                                                       {"role": "assistant", "content": f.text},
-                                                       {"role": "user", "content": "again"}],
-                                             sampling={"temperature": 0.0, "max_tokens": 40})).result()
-                      for w, f in zip(words, first)]
-            from webui.api.metrics import Metrics
+            second = [
+                eng.submit(
+                    ChatRequest(
+                        messages=[
+                            {"role": "user", "content": w},
+                            {"role": "assistant", "content": f.text},
+                            {"role": "user", "content": "again"},
+                        ],
+                        sampling={"temperature": 0.0, "max_tokens": 40},
+                    )
+                ).result()
+                for w, f in zip(words, first)
+            ]
+            from radixchat.webui.api.metrics import Metrics
 
             scraped = Metrics(eng).render().decode()
-            return ([f.text for f in first + second], [s.usage.cached_tokens for s in second],
-                    eng.stats()["speculation"], scraped)
+            return (
+                [f.text for f in first + second],
+                [s.usage.cached_tokens for s in second],
+                eng.stats()["speculation"],
+                scraped,
+            )
         finally:
             eng.stop()
 
@@ -238,12 +284,14 @@ def test_a_step_waits_for_the_current_tokens_only_where_a_verify_step_could_pay(
     # where no step is promising, the generator never waits and never verifies, and its
     # tokens stay those of plain decoding
     rng = random.Random(9)
-    plan = sorted((rng.randrange(0, 30), [rng.randrange(5, 9) for _ in range(rng.randint(8, 40))],
-                   rng.randint(5, 30), None) for _ in range(6))
+    plan = sorted(
+        (rng.randrange(0, 30), [rng.randrange(5, 9) for _ in range(rng.randint(8, 40))], rng.randint(5, 30), None)
+        for _ in range(6)
+    )
     off, _ = run(model, 0, plan)
     waits = {}
     for answer in (True, False):
-        monkeypatch.setattr(Speculator, "promising", lambda self, uids, likely, k: answer)
+        monkeypatch.setattr(Speculator, "promising", lambda self, uids, likely, k: answer)  # noqa: B023
         on, gen = run(model, 3, plan)
         assert on == off
         waits[answer] = gen.speculator.waits

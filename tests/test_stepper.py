@@ -11,7 +11,7 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from core.engine.stepper import BudgetedBatchGenerator, check_layout
+from radixchat.core.engine.stepper import BudgetedBatchGenerator, check_layout
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,9 @@ def make(model, budget: int | None, seen: list | None = None):
     kw = dict(max_tokens=1000, completion_batch_size=16, prefill_batch_size=4, prefill_step_size=512)
     if budget is None:
         return BatchGenerator(model, **kw)
-    return BudgetedBatchGenerator(model, step_tokens=budget,
-                                  on_prompt=(seen.extend if seen is not None else lambda r: None), **kw)
+    return BudgetedBatchGenerator(
+        model, step_tokens=budget, on_prompt=(seen.extend if seen is not None else lambda r: None), **kw
+    )
 
 
 def insert(gen, prompt: list[int]) -> int:
@@ -87,8 +88,11 @@ def test_a_newcomers_first_token_is_the_one_its_own_forward_would_give(model):
         gen = make(model, budget)
         running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(3)}
         decode_until_running(gen, running)
-        uids = gen.insert([list(range(10, 40)), [9, 8, 7], [11, 12, 13]], max_tokens=[6, 1, 5],
-                          stop_sequences=[stop, StopSequences(), StopSequences()])
+        uids = gen.insert(
+            [list(range(10, 40)), [9, 8, 7], [11, 12, 13]],
+            max_tokens=[6, 1, 5],
+            stop_sequences=[stop, StopSequences(), StopSequences()],
+        )
         uids += gen.insert([[21]], max_tokens=[4], stop_sequences=[StopSequences()])  # one token: no K/V yet
         got: dict[int, list] = {u: [] for u in uids}
         ends = {}
@@ -142,18 +146,16 @@ def test_prefill_keeps_a_share_when_the_batch_is_larger_than_the_budget(model):
     gen.close()
 
 
-def test_the_engine_keeps_mlx_lms_order_when_the_generator_is_not_the_one_it_knows(
-        tiny_model_dir, monkeypatch, caplog):
+def test_the_engine_keeps_mlx_lms_order_when_the_generator_is_not_the_one_it_knows(tiny_model_dir, monkeypatch, caplog):
     """Another mlx-lm whose BatchGenerator lacks the parts the budgeted step reorders: the
     engine says so and serves with the library's own order instead of failing every step."""
-    import core.engine.stepper as stepper
-    from core.config import Settings
-    from core.engine.engine import Engine
-    from core.engine.requests import Finished, Sampling
+    import radixchat.core.engine.stepper as stepper
+    from radixchat.core.config import Settings
+    from radixchat.core.engine.engine import Engine
+    from radixchat.core.engine.requests import Finished, Sampling
 
     monkeypatch.setattr(stepper, "check_layout", lambda gen: False)
-    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=4, max_prefill_batch=2,
-                          max_tokens=4)).start(timeout=120)
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=4, max_prefill_batch=2, max_tokens=4)).start(timeout=120)
     try:
         assert type(eng._gen) is BatchGenerator
         final = eng.submit_tokens([5, 6, 7, 8], Sampling(max_tokens=3, ignore_eos=True)).result()
@@ -167,11 +169,18 @@ def test_short_prompts_join_the_prefill_together_and_long_ones_a_few_at_a_time(m
     """The prefill's working size follows the step's room: twenty 8-token prompts all start in
     one step, while 200-token prompts join four at a time (an equal chunk of 256 tokens each
     step, never under MIN_CHUNK), so the first of them is not held back by all the others."""
-    from core.engine.stepper import MIN_CHUNK
+    from radixchat.core.engine.stepper import MIN_CHUNK
 
     def gen_for():
-        return BudgetedBatchGenerator(model, step_tokens=256, on_prompt=lambda r: None, max_tokens=1000,
-                                      completion_batch_size=64, prefill_batch_size=32, prefill_step_size=512)
+        return BudgetedBatchGenerator(
+            model,
+            step_tokens=256,
+            on_prompt=lambda r: None,
+            max_tokens=1000,
+            completion_batch_size=64,
+            prefill_batch_size=32,
+            prefill_step_size=512,
+        )
 
     gen = gen_for()
     short = {insert(gen, [5 + i, 6, 7, 8, 9, 10, 11, 12]) for i in range(20)}

@@ -11,12 +11,23 @@ import threading
 from pathlib import Path
 
 import pytest
-from tests.support.cheap import cheap_scrypt
 
-from core.store import auth
-from core.store import schema as store_schema
-from core.store import (MAX_ERROR_CHARS, MAX_MESSAGE_CHARS, MAX_TITLE_CHARS, AlreadyExists, AuthFailed,
-                        Invalid, NotFound, RequestFigures, RequestRecord, Store, StoreError)
+from radixchat.core.store import (
+    MAX_ERROR_CHARS,
+    MAX_MESSAGE_CHARS,
+    MAX_TITLE_CHARS,
+    AlreadyExists,
+    AuthFailed,
+    Invalid,
+    NotFound,
+    RequestFigures,
+    RequestRecord,
+    Store,
+    StoreError,
+    auth,
+)
+from radixchat.core.store import schema as store_schema
+from tests.support.cheap import cheap_scrypt
 
 CHEAP = cheap_scrypt()
 REPO = Path(__file__).resolve().parent.parent
@@ -41,6 +52,7 @@ def counts(store: Store) -> dict:
 
 
 # ---- users and passwords ----
+
 
 def test_default_password_hash_is_a_slow_kdf():
     assert auth.DEFAULT_SCRYPT.n * auth.DEFAULT_SCRYPT.r * 128 >= 16 << 20  # >= 16 MiB of memory
@@ -87,6 +99,7 @@ def test_remove_user_takes_their_data_and_keeps_metrics(store, alice, bob):
 
 # ---- API keys ----
 
+
 def test_api_keys_create_verify_revoke(store, alice):
     key, secret = store.create_api_key(alice, "laptop")
     assert secret.startswith("rc-") and len(secret) > 40 and key.visible == secret[:10]
@@ -95,8 +108,10 @@ def test_api_keys_create_verify_revoke(store, alice):
     [listed] = store.list_api_keys(alice)
     assert listed.last_used is not None and listed.revoked is None and listed.label == "laptop"
     with sqlite3.connect(store.path) as c:  # only the hash is stored
-        assert c.execute("SELECT count(*) FROM api_keys WHERE key_hash = ?",
-                         [auth.api_key_hash(secret)]).fetchone()[0] == 1
+        assert (
+            c.execute("SELECT count(*) FROM api_keys WHERE key_hash = ?", [auth.api_key_hash(secret)]).fetchone()[0]
+            == 1
+        )
         dump = "\n".join(c.iterdump())
     assert secret not in dump and secret[10:] not in dump
 
@@ -111,7 +126,7 @@ def test_api_keys_create_verify_revoke(store, alice):
 
 
 def test_revoke_only_own_keys_with_user(store, alice, bob):
-    key, secret = store.create_api_key(alice)
+    _key, secret = store.create_api_key(alice)
     with pytest.raises(NotFound):
         store.revoke_api_key(secret, user=bob)
     assert store.verify_api_key(secret) == alice
@@ -120,6 +135,7 @@ def test_revoke_only_own_keys_with_user(store, alice, bob):
 
 
 # ---- conversations and messages ----
+
 
 def test_conversations_list_rename_archive_search(store, alice):
     a = store.create_conversation(alice, "Python lists")
@@ -147,23 +163,32 @@ def test_conversations_list_rename_archive_search(store, alice):
 def test_history_reply_and_exports(store, alice):
     conv = store.create_conversation(alice, "Lists", system_prompt="Be brief.")
     q = store.append_message(alice, conv.id, "user", "What is a list?\n\n# not a heading")
-    reply = store.append_reply(alice, conv.id, "An ordered sequence.", RequestRecord(
-        model="tiny", prompt_tokens=12, cached_tokens=4, generated_tokens=5, ttft_ms=20.0,
-        finish_reason="stop"))
+    reply = store.append_reply(
+        alice,
+        conv.id,
+        "An ordered sequence.",
+        RequestRecord(
+            model="tiny", prompt_tokens=12, cached_tokens=4, generated_tokens=5, ttft_ms=20.0, finish_reason="stop"
+        ),
+    )
     assert reply.request is not None and reply.role == "assistant"
     assert [m.id for m in store.history(alice, conv.id)] == [q.id, reply.id]
     assert store.prompt_messages(alice, conv.id) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is a list?\n\n# not a heading"},
-        {"role": "assistant", "content": "An ordered sequence."}]
+        {"role": "assistant", "content": "An ordered sequence."},
+    ]
     with sqlite3.connect(store.path) as c:
-        assert c.execute("SELECT user, conversation, generated_tokens FROM requests WHERE id = ?",
-                         [reply.request]).fetchone() == (alice.id, conv.id, 5)
+        assert c.execute(
+            "SELECT user, conversation, generated_tokens FROM requests WHERE id = ?", [reply.request]
+        ).fetchone() == (alice.id, conv.id, 5)
 
     doc = json.loads(store.export_conversation(alice, conv.id, "json"))
     assert doc["title"] == "Lists" and doc["owner"] == "alice" and doc["system_prompt"] == "Be brief."
     assert [(m["role"], m["content"]) for m in doc["messages"]] == [
-        ("user", "What is a list?\n\n# not a heading"), ("assistant", "An ordered sequence.")]
+        ("user", "What is a list?\n\n# not a heading"),
+        ("assistant", "An ordered sequence."),
+    ]
     assert doc["created"].endswith("Z")
     md = store.export_conversation(alice, conv.id, "md")
     assert md.startswith("# Lists\n") and "## System\n\nBe brief." in md
@@ -174,8 +199,15 @@ def test_history_reply_and_exports(store, alice):
 
 def test_request_metrics_are_named_figures_as_recorded(store, alice):
     conv = store.create_conversation(alice)
-    ok = RequestRecord(model="tiny", prompt_tokens=12, cached_tokens=4, generated_tokens=5, ttft_ms=20.5,
-                       decode_tps=31.25, finish_reason="stop")
+    ok = RequestRecord(
+        model="tiny",
+        prompt_tokens=12,
+        cached_tokens=4,
+        generated_tokens=5,
+        ttft_ms=20.5,
+        decode_tps=31.25,
+        finish_reason="stop",
+    )
     bad = RequestRecord(finish_reason="error", error="x" * (MAX_ERROR_CHARS + 10))
     first = store.append_reply(alice, conv.id, "An answer.", ok)
     second = store.append_reply(alice, conv.id, "", bad)
@@ -184,7 +216,13 @@ def test_request_metrics_are_named_figures_as_recorded(store, alice):
     f = figures[first.request]
     assert isinstance(f, RequestFigures)
     assert (f.prompt_tokens, f.cached_tokens, f.ttft_ms, f.decode_tps, f.finish_reason, f.error) == (
-        12, 4, 20.5, 31.25, "stop", None)
+        12,
+        4,
+        20.5,
+        31.25,
+        "stop",
+        None,
+    )
     # what a record says it will read back is what is read back (the page shows a new
     # reply's figures without reading them)
     assert f == ok.figures() and figures[second.request] == bad.figures()
@@ -229,6 +267,7 @@ def test_isolation_other_users_conversation_is_not_found(store, alice, bob):
 
 # ---- bad input: clear errors, nothing half-written ----
 
+
 def test_bad_input_is_refused_and_writes_nothing(store, alice):
     conv = store.create_conversation(alice, "ok")
     _, secret = store.create_api_key(alice)
@@ -245,21 +284,31 @@ def test_bad_input_is_refused_and_writes_nothing(store, alice):
         (AuthFailed, "wrong user name or password", lambda: store.authenticate("alice", "nope-nope")),
         (AuthFailed, "wrong user name or password", lambda: store.authenticate("", "")),
         (AuthFailed, "revoked", lambda: store.verify_api_key(secret)),
-        (Invalid, "too long: 100,001 characters, the limit is 100,000",
-         lambda: store.append_message(alice, conv.id, "user", "x" * (MAX_MESSAGE_CHARS + 1))),
-        (Invalid, "too long", lambda: store.append_reply(alice, conv.id, "x" * (MAX_MESSAGE_CHARS + 1),
-                                                         RequestRecord(generated_tokens=1))),
+        (
+            Invalid,
+            "too long: 100,001 characters, the limit is 100,000",
+            lambda: store.append_message(alice, conv.id, "user", "x" * (MAX_MESSAGE_CHARS + 1)),
+        ),
+        (
+            Invalid,
+            "too long",
+            lambda: store.append_reply(
+                alice, conv.id, "x" * (MAX_MESSAGE_CHARS + 1), RequestRecord(generated_tokens=1)
+            ),
+        ),
         (Invalid, "user message is empty", lambda: store.append_message(alice, conv.id, "user", "  \n")),
         (Invalid, "role must be one of", lambda: store.append_message(alice, conv.id, "tool", "x")),
         (Invalid, "must be text", lambda: store.append_message(alice, conv.id, "user", b"bytes")),
         (Invalid, "title is empty", lambda: store.rename_conversation(alice, conv.id, " ")),
-        (Invalid, "title is too long",
-         lambda: store.rename_conversation(alice, conv.id, "t" * (MAX_TITLE_CHARS + 1))),
+        (Invalid, "title is too long", lambda: store.rename_conversation(alice, conv.id, "t" * (MAX_TITLE_CHARS + 1))),
         (Invalid, "title is too long", lambda: store.create_conversation(alice, "t" * 201)),
         (NotFound, "user 9999 not found", lambda: store.create_conversation(9999, "ghost")),
         (NotFound, "user 'nobody' not found", lambda: store.remove_user("nobody")),
-        (NotFound, "request 12345 not found",
-         lambda: store.append_message(alice, conv.id, "assistant", "x", request=12345)),
+        (
+            NotFound,
+            "request 12345 not found",
+            lambda: store.append_message(alice, conv.id, "assistant", "x", request=12345),
+        ),
         (Invalid, "prompt_tokens", lambda: RequestRecord(prompt_tokens=-1)),
         (Invalid, "ttft_ms", lambda: RequestRecord(ttft_ms=float("nan"))),
         (Invalid, "bucket_s", lambda: store.stats(window_s=60, bucket_s=0)),
@@ -292,12 +341,22 @@ def test_reply_and_its_metrics_are_written_together_or_not_at_all(store, alice, 
 
 # ---- metrics ----
 
+
 def test_stats_buckets_percentiles_and_cache_ratio(store, alice):
     t0 = 1_800_000_000.0  # a minute boundary
     for i, ttft in enumerate([10, 20, 30, 40, 100]):
-        store.record_request(RequestRecord(user=alice.id, created=t0 + i, ttft_ms=ttft,
-                                           prompt_tokens=100, cached_tokens=50, generated_tokens=10,
-                                           decode_tps=20.0, finish_reason="stop"))
+        store.record_request(
+            RequestRecord(
+                user=alice.id,
+                created=t0 + i,
+                ttft_ms=ttft,
+                prompt_tokens=100,
+                cached_tokens=50,
+                generated_tokens=10,
+                decode_tps=20.0,
+                finish_reason="stop",
+            )
+        )
     store.record_request(RequestRecord(created=t0 + 125, prompt_tokens=10, error="boom", finish_reason="error"))
     buckets = store.stats(window_s=180, bucket_s=60, now=t0 + 170)
     assert [b.start for b in buckets] == [t0 - 60, t0, t0 + 60, t0 + 120]
@@ -354,6 +413,7 @@ def test_async_record_of_a_deleted_conversation_keeps_the_metrics(store, alice):
 
 # ---- threads ----
 
+
 def test_16_threads_x_200_mixed_operations(tmp_path):
     store = Store(tmp_path / "busy.db", scrypt=CHEAP)
     n_threads, n_ops = 16, 200
@@ -391,7 +451,7 @@ def test_16_threads_x_200_mixed_operations(tmp_path):
                 else:
                     assert store.verify_api_key(keys[t]) == me
                     store.rename_conversation(me, conv.id, f"renamed {i}")
-        except Exception as e:  # noqa: BLE001 - collected and asserted on below
+        except Exception as e:
             errors.append(f"thread {t}: {type(e).__name__}: {e}")
         written[t] = mine
 
@@ -418,12 +478,15 @@ def test_16_threads_x_200_mixed_operations(tmp_path):
 
 # ---- schema and migrations ----
 
+
 def old_database(path, version: int, message: str) -> None:
     """A database file at schema `version` holding olga, her 'old chat' and its one message."""
     c = sqlite3.connect(path, isolation_level=None)
     assert store_schema.migrate(c, target=version) == (0, version)
-    c.execute("INSERT INTO users (name, password_hash, created) VALUES ('olga', ?, 1.0)",
-              [auth.hash_password("olga-password", CHEAP)])
+    c.execute(
+        "INSERT INTO users (name, password_hash, created) VALUES ('olga', ?, 1.0)",
+        [auth.hash_password("olga-password", CHEAP)],
+    )
     c.execute("INSERT INTO conversations (owner, title, created, updated) VALUES (1, 'old chat', 1.0, 1.0)")
     c.execute("INSERT INTO messages (conversation, role, content, created) VALUES (1, 'user', ?, 1.0)", [message])
     c.close()
@@ -443,8 +506,10 @@ def test_old_schema_migrates_forward_keeping_rows(tmp_path):
 
     def schema():
         with sqlite3.connect(path) as c:
-            return (c.execute("PRAGMA user_version").fetchone()[0],
-                    c.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall())
+            return (
+                c.execute("PRAGMA user_version").fetchone()[0],
+                c.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall(),
+            )
 
     once = schema()
     again = Store(path, scrypt=CHEAP)
@@ -462,7 +527,7 @@ def test_many_openers_of_a_new_file_migrate_it_once(tmp_path):
     def open_it():
         try:
             stores.append(Store(path, scrypt=CHEAP))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=open_it) for _ in range(6)]
@@ -500,9 +565,11 @@ def test_new_file_is_private_and_closed_store_refuses(tmp_path):
 
 
 def test_store_imports_neither_mlx_nor_http():
-    code = ("import sys, core.store, webui.cli_admin; "
-            "bad = [m for m in ('mlx', 'mlx_lm', 'fastapi', 'starlette', 'uvicorn', 'gradio', 'httpx') "
-            "if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    code = (
+        "import sys, radixchat.core.store, radixchat.webui.cli_admin; "
+        "bad = [m for m in ('mlx', 'mlx_lm', 'fastapi', 'starlette', 'uvicorn', 'gradio', 'httpx') "
+        "if m in sys.modules]; print(bad); sys.exit(bool(bad))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -551,6 +618,7 @@ def test_opening_waits_for_another_connection_that_is_writing_a_new_file(tmp_pat
 
 # ---- full-text search ----
 
+
 def test_search_finds_a_word_inside_a_message_and_in_a_title(store, alice):
     trip = store.create_conversation(alice, "Trip planning")
     store.append_message(alice, trip.id, "user", "Should we visit the aquarium in Lisbon next spring?")
@@ -574,8 +642,12 @@ def test_search_finds_a_word_inside_a_message_and_in_a_title(store, alice):
 
 def test_search_ranks_better_matches_first(store, alice):
     once = store.create_conversation(alice, "Long chat")
-    store.append_message(alice, once.id, "user", "A long message about many things: " + "filler words " * 60
-                         + "and one mention of kayak at the end.")
+    store.append_message(
+        alice,
+        once.id,
+        "user",
+        "A long message about many things: " + "filler words " * 60 + "and one mention of kayak at the end.",
+    )
     often = store.create_conversation(alice, "Short chat")
     store.append_message(alice, often.id, "user", "kayak kayak: which kayak should I buy?")
     titled = store.create_conversation(alice, "Kayak")
@@ -586,9 +658,35 @@ def test_search_ranks_better_matches_first(store, alice):
     assert len(store.search_conversations(alice, "kayak", limit=2)) == 2
 
 
-@pytest.mark.parametrize("query", ['"', '""', "*", "AND", "OR NOT", "-", "a -b", ":", "title:x", "content:kayak",
-                                   "NEAR(a b)", "(", ")", "^kayak", "kayak*", '"kayak', "{content}: kayak",
-                                   "+", "'", "\\", "%_", "\x00", "kayak AND", "AND kayak OR"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"',
+        '""',
+        "*",
+        "AND",
+        "OR NOT",
+        "-",
+        "a -b",
+        ":",
+        "title:x",
+        "content:kayak",
+        "NEAR(a b)",
+        "(",
+        ")",
+        "^kayak",
+        "kayak*",
+        '"kayak',
+        "{content}: kayak",
+        "+",
+        "'",
+        "\\",
+        "%_",
+        "\x00",
+        "kayak AND",
+        "AND kayak OR",
+    ],
+)
 def test_search_takes_fts_syntax_as_text_and_never_raises(store, alice, query):
     conv = store.create_conversation(alice, "Boats")
     store.append_message(alice, conv.id, "user", "a kayak AND a canoe, not NEAR the title")
@@ -671,6 +769,7 @@ def test_share_owner_only_same_token_until_revoked(store, alice, bob):
 
 # ---- the page's sidebar: delete with undo, a fresh chat, the open conversation ----
 
+
 def test_delete_hides_at_once_undo_brings_back_and_later_it_is_gone(store, alice, bob):
     conv = store.create_conversation(alice, "Walrus plans")
     store.append_message(alice, conv.id, "user", "walrus tusks")
@@ -681,9 +780,13 @@ def test_delete_hides_at_once_undo_brings_back_and_later_it_is_gone(store, alice
     # gone from every read, its owner's too: list, search, history, its link, export
     assert store.list_conversations(alice, archived=None) == []
     assert store.search_conversations(alice, "walrus") == []
-    for read in (lambda: store.history(alice, conv.id), lambda: store.shared_conversation(token),
-                 lambda: store.export_conversation(alice, conv.id), lambda: store.get_conversation(alice, conv.id),
-                 lambda: store.append_message(alice, conv.id, "user", "more")):
+    for read in (
+        lambda: store.history(alice, conv.id),
+        lambda: store.shared_conversation(token),
+        lambda: store.export_conversation(alice, conv.id),
+        lambda: store.get_conversation(alice, conv.id),
+        lambda: store.append_message(alice, conv.id, "user", "more"),
+    ):
         with pytest.raises(NotFound):
             read()
     with pytest.raises(NotFound):
@@ -762,6 +865,7 @@ def test_a_v4_database_migrates_to_v5_keeping_its_chats(tmp_path):
 
 # ---- branches: edit a message, answer again, show another version (schema V6) ----
 
+
 def texts(messages) -> list[str]:
     return [m.content for m in messages]
 
@@ -774,11 +878,17 @@ def test_a_v5_database_migrates_to_branches_with_regenerated_answers_as_versions
     old_database(path, 5, "What is a list?")
     with sqlite3.connect(path, isolation_level=None) as c:
         c.execute("INSERT INTO conversations (owner, title, created, updated) VALUES (1, 'replies', 1.0, 1.0)")
-        for conv, role, text in [(1, "assistant", "A box."), (1, "assistant", "A sequence."),
-                                 (1, "user", "And a dict?"), (1, "assistant", "A mapping."),
-                                 (2, "assistant", "hello"), (2, "assistant", "hi")]:
-            c.execute("INSERT INTO messages (conversation, role, content, created) VALUES (?, ?, ?, 2.0)",
-                      [conv, role, text])
+        for conv, role, text in [
+            (1, "assistant", "A box."),
+            (1, "assistant", "A sequence."),
+            (1, "user", "And a dict?"),
+            (1, "assistant", "A mapping."),
+            (2, "assistant", "hello"),
+            (2, "assistant", "hi"),
+        ]:
+            c.execute(
+                "INSERT INTO messages (conversation, role, content, created) VALUES (?, ?, ?, 2.0)", [conv, role, text]
+            )
     store = Store(path, scrypt=CHEAP)
     assert store.migrated_from == 5 and store_schema.LATEST == 6
     olga = store.authenticate("olga", "olga-password")
@@ -819,7 +929,9 @@ def test_edit_and_answer_again_branch_and_each_version_comes_back(store, alice):
     assert [m.id for m in branch.messages] == [e1.id, f3.id]
     assert branch.versions == {e1.id: (q1.id, e1.id), f3.id: (f1.id, f2.id, f3.id)}
     assert store.prompt_messages(alice, conv.id)[1:] == [
-        {"role": "user", "content": "What is a frozenset?"}, {"role": "assistant", "content": "Hashable set."}]
+        {"role": "user", "content": "What is a frozenset?"},
+        {"role": "assistant", "content": "Hashable set."},
+    ]
     # browse the answers: what is shown is what the model sees next
     assert texts(store.show_version(alice, conv.id, f1.id).messages) == ["What is a frozenset?", "An immutable set."]
     assert store.prompt_messages(alice, conv.id)[-1]["content"] == "An immutable set."
@@ -877,16 +989,21 @@ def test_another_users_messages_are_not_found_for_any_branch_call(store, alice, 
     b = store.append_message(bob, theirs.id, "user", "bob's question")
     before = texts(store.history(alice, mine.id))
     # bob on alice's conversation
-    for call in (lambda: store.show_version(bob, mine.id, q.id), lambda: store.branch(bob, mine.id),
-                 lambda: store.edit_message(bob, mine.id, q.id, "mine now"),
-                 lambda: store.append_reply(bob, mine.id, "x", RequestRecord(), parent=q.id)):
+    for call in (
+        lambda: store.show_version(bob, mine.id, q.id),
+        lambda: store.branch(bob, mine.id),
+        lambda: store.edit_message(bob, mine.id, q.id, "mine now"),
+        lambda: store.append_reply(bob, mine.id, "x", RequestRecord(), parent=q.id),
+    ):
         with pytest.raises(NotFound):
             call()
     # bob naming alice's messages in his own conversation: the same "not found"
-    for call in (lambda: store.show_version(bob, theirs.id, a.id),
-                 lambda: store.edit_message(bob, theirs.id, q.id, "grafted"),
-                 lambda: store.append_message(bob, theirs.id, "user", "grafted", after=a.id),
-                 lambda: store.append_reply(bob, theirs.id, "x", RequestRecord(), parent=q.id)):
+    for call in (
+        lambda: store.show_version(bob, theirs.id, a.id),
+        lambda: store.edit_message(bob, theirs.id, q.id, "grafted"),
+        lambda: store.append_message(bob, theirs.id, "user", "grafted", after=a.id),
+        lambda: store.append_reply(bob, theirs.id, "x", RequestRecord(), parent=q.id),
+    ):
         with pytest.raises(NotFound) as e:
             call()
         assert "secret" not in str(e.value)

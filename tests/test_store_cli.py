@@ -9,17 +9,18 @@ import subprocess
 import sys
 
 import pytest
-from tests.support.cheap import cheap_scrypt
 
-from core.store import AuthFailed, Store
+from radixchat.core.store import AuthFailed, Store
+from tests.support.cheap import cheap_scrypt
 
 RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
 CHEAP = cheap_scrypt()
 
 
 def run(*args, env=None, **kw):
-    return subprocess.run([RADIXCHAT, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, **kw)
+    return subprocess.run(
+        [RADIXCHAT, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}, **kw
+    )
 
 
 def refused(out, text):
@@ -63,9 +64,8 @@ def test_users_keys_lifecycle(db, pwfile):
 
     out = run("keys", "revoke", key[:10], "--db", db)
     assert out.returncode == 0 and "revoked" in out.stdout, out.stderr
-    with Store(db, scrypt=CHEAP) as store:
-        with pytest.raises(AuthFailed, match="revoked"):
-            store.verify_api_key(key)
+    with Store(db, scrypt=CHEAP) as store, pytest.raises(AuthFailed, match="revoked"):
+        store.verify_api_key(key)
     assert refused(run("keys", "revoke", "rc-nothere", "--db", db), "not found")
     assert refused(run("keys", "create", "nobody", "--db", db), "user 'nobody' not found")
 
@@ -87,7 +87,9 @@ def test_export_json_and_markdown(db):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["title"] == "Lists" and [m["content"] for m in doc["messages"]] == [
-        "What is a list? ünïcode", "A sequence."]
+        "What is a list? ünïcode",
+        "A sequence.",
+    ]
     out = run("export", "alice", str(conv.id), "--format", "md", "--db", db)
     assert out.returncode == 0 and out.stdout.startswith("# Lists\n")
     assert "## Assistant\n\nA sequence." in out.stdout
@@ -100,8 +102,9 @@ def test_bad_input_is_one_line(db, pwfile, tmp_path):
     short = tmp_path / "short"
     short.write_text("abc\n")
     assert refused(run("users", "add", "carol", "--password-file", str(short), "--db", db), "too short")
-    assert refused(run("users", "add", "carol", "--password-file", str(tmp_path / "none"), "--db", db),
-                   "cannot read password file")
+    assert refused(
+        run("users", "add", "carol", "--password-file", str(tmp_path / "none"), "--db", db), "cannot read password file"
+    )
     # no terminal to ask on (own session, stdin closed): told to use --password-file
     out = run("users", "add", "carol", "--db", db, stdin=subprocess.DEVNULL, start_new_session=True)
     assert refused(out, "--password-file")
@@ -115,9 +118,13 @@ def test_bad_input_is_one_line(db, pwfile, tmp_path):
 def test_default_db_is_in_the_user_data_folder(tmp_path, pwfile):
     env = {k: v for k, v in os.environ.items() if k != "RADIXCHAT_DB"}
     env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "data"))
-    out = subprocess.run([RADIXCHAT, "users", "add", "dora", "--password-file", pwfile],
-                         capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [RADIXCHAT, "users", "add", "dora", "--password-file", pwfile],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
-    folder = (tmp_path / "home" / "Library" / "Application Support" if sys.platform == "darwin"
-              else tmp_path / "data")
+    folder = tmp_path / "home" / "Library" / "Application Support" if sys.platform == "darwin" else tmp_path / "data"
     assert (folder / "radixchat" / "radixchat.db").exists()

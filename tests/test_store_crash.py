@@ -18,16 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from core.store import auth
-from core.store import RequestRecord, Store
+from radixchat.core.store import RequestRecord, Store, auth
 
 REPO = Path(__file__).resolve().parent.parent
 CHEAP = auth.ScryptCost(n=2**8, r=8, p=1)
 
 CHILD = r"""
 import random, sys, threading
-from core.store import auth
-from core.store import RequestRecord, Store
+from radixchat.core.store import auth
+from radixchat.core.store import RequestRecord, Store
 
 path, uid, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = Store(path, scrypt=auth.ScryptCost(n=2**8, r=8, p=1))
@@ -57,8 +56,13 @@ while True:
 
 
 def run_and_kill(path: Path, uid: int, seed: int) -> list[str]:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(uid), str(seed)], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), str(uid), str(seed)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     ready = threading.Event()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from core.store import RequestRecord, Store
+from radixchat.core.store import RequestRecord, Store
 from tests.support.cheap import cheap_scrypt
 
 

@@ -1,6 +1,6 @@
 """Stop strings and held-back text, without a model."""
 
-from core.engine.textstream import TextStream
+from radixchat.core.engine.textstream import TextStream
 
 
 class CharDetok:

@@ -12,32 +12,73 @@ import sys
 import httpx
 import pytest
 
-from core.engine import tools as formats
+from radixchat.core.engine import tools as formats
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import GOOD, Server, client  # noqa: E402
+from tests.test_openai_api import GOOD, Server, client
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
-                   "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
-                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
-                                       "properties": {"zone": {"enum": ["UTC", "CET"]}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city", "days"],
+            "properties": {
+                "city": {"enum": ["Paris", "Oslo", "Lima"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["zone"],
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+        },
+    },
+}
 
 
-@pytest.mark.parametrize("fam, text, content, calls", [
-    ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>',
-     "Let me look.", [("get_time", {"zone": "UTC"})]),
-    ("hermes", '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call><tool_call>{"name": "b", "arguments": '
-     '{"x": 1}}</tool_call>', "", [("a", {}), ("b", {"x": 1})]),
-    ("hermes", "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
-    ("llama3", '<|python_tag|>{"name": "get_time", "parameters": {"zone": "CET"}}', "", [("get_time", {"zone": "CET"})]),
-    ("llama3", "It is sunny.", "It is sunny.", []),
-    ("mistral", '[TOOL_CALLS] [{"name": "get_time", "arguments": {"zone": "UTC"}}]', "",
-     [("get_time", {"zone": "UTC"})]),
-])
+@pytest.mark.parametrize(
+    "fam, text, content, calls",
+    [
+        (
+            "hermes",
+            'Let me look.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>',
+            "Let me look.",
+            [("get_time", {"zone": "UTC"})],
+        ),
+        (
+            "hermes",
+            '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call><tool_call>{"name": "b", "arguments": '
+            '{"x": 1}}</tool_call>',
+            "",
+            [("a", {}), ("b", {"x": 1})],
+        ),
+        ("hermes", "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+        (
+            "llama3",
+            '<|python_tag|>{"name": "get_time", "parameters": {"zone": "CET"}}',
+            "",
+            [("get_time", {"zone": "CET"})],
+        ),
+        ("llama3", "It is sunny.", "It is sunny.", []),
+        (
+            "mistral",
+            '[TOOL_CALLS] [{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+            "",
+            [("get_time", {"zone": "UTC"})],
+        ),
+    ],
+)
 def test_each_family_parses_its_calls(fam, text, content, calls):
     got_content, got = formats.parse(fam, text)
     assert got_content == content
@@ -81,32 +122,52 @@ def check_weather(call) -> dict:
 def test_a_required_call_round_trip_through_the_official_client(tool_server):
     c = client(tool_server, "none")
     msgs = [{"role": "user", "content": "What is the weather in Oslo for three days?"}]
-    out = c.chat.completions.create(model="default", messages=msgs, tools=[WEATHER, TIME],
-                                    tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                    temperature=0)
+    out = c.chat.completions.create(
+        model="default",
+        messages=msgs,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+    )
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     check_weather(choice.message.tool_calls[0])
     # the same streamed: no text, one tool_calls delta, the same call
-    chunks = list(c.chat.completions.create(model="default", messages=msgs, tools=[WEATHER, TIME],
-                                            tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                            temperature=0, stream=True))
+    chunks = list(
+        c.chat.completions.create(
+            model="default",
+            messages=msgs,
+            tools=[WEATHER, TIME],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            temperature=0,
+            stream=True,
+        )
+    )
     deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
     assert not "".join(d.content or "" for d in deltas)
     streamed = [tc for d in deltas for tc in (d.tool_calls or [])]
     assert [json.loads(tc.function.arguments) for tc in streamed] == [
-        json.loads(choice.message.tool_calls[0].function.arguments)]
+        json.loads(choice.message.tool_calls[0].function.arguments)
+    ]
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
     # "required" with two tools: one of them, valid either way
-    req = c.chat.completions.create(model="default", messages=msgs, tools=[WEATHER, TIME], tool_choice="required",
-                                    temperature=1.0, seed=3).choices[0].message.tool_calls[0]
+    req = (
+        c.chat.completions.create(
+            model="default", messages=msgs, tools=[WEATHER, TIME], tool_choice="required", temperature=1.0, seed=3
+        )
+        .choices[0]
+        .message.tool_calls[0]
+    )
     assert req.function.name in ("get_weather", "get_time") and json.loads(req.function.arguments)
     # the round trip: the call and the tool's answer go back into the conversation
     call = choice.message.tool_calls[0]
-    follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                     {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "snow"}'}]
-    after = c.chat.completions.create(model="default", messages=follow, tools=[WEATHER, TIME], max_tokens=5,
-                                      temperature=0)
+    follow = msgs + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "snow"}'},
+    ]
+    after = c.chat.completions.create(
+        model="default", messages=follow, tools=[WEATHER, TIME], max_tokens=5, temperature=0
+    )
     assert after.usage.prompt_tokens > out.usage.prompt_tokens + 10
 
 
@@ -116,8 +177,9 @@ def test_tools_on_a_model_without_a_tool_format_is_a_clear_400(tiny_model_dir, t
         r = httpx.post(srv.url + "/v1/chat/completions", json={**GOOD, "tools": [WEATHER]}, timeout=30)
         assert r.status_code == 400 and "no tool-call format" in r.json()["error"]["message"], r.text
         # tool_choice "none" keeps the tools away from the model: served
-        r = httpx.post(srv.url + "/v1/chat/completions", json={**GOOD, "tools": [WEATHER], "tool_choice": "none"},
-                       timeout=30)
+        r = httpx.post(
+            srv.url + "/v1/chat/completions", json={**GOOD, "tools": [WEATHER], "tool_choice": "none"}, timeout=30
+        )
         assert r.status_code == 200, r.text
     finally:
         srv.stop()

@@ -7,9 +7,9 @@ import threading
 import mlx.core as mx
 import pytest
 
-from core.engine import unnormalized
-from core.engine.requests import ChatRequest, Finished, Sampling
-from core.engine.sampling import make_request_sampler
+from radixchat.core.engine import unnormalized
+from radixchat.core.engine.requests import ChatRequest, Finished, Sampling
+from radixchat.core.engine.sampling import make_request_sampler
 
 SAMPLINGS = [
     {"temperature": 0.8, "seed": 1},
@@ -58,10 +58,13 @@ def test_reported_log_probabilities_are_mlx_lms_normalized_ones(engine, tiny_mod
     from mlx_lm import load
     from mlx_lm.generate import generate_step
 
-    messages = [{"role": "system", "content": "You answer questions about Python."},
-                {"role": "user", "content": "Tell me about sets"}]
-    final = engine.submit(ChatRequest(messages=messages, sampling={
-        "max_tokens": 6, "ignore_eos": True, "logprobs": 2})).result()
+    messages = [
+        {"role": "system", "content": "You answer questions about Python."},
+        {"role": "user", "content": "Tell me about sets"},
+    ]
+    final = engine.submit(
+        ChatRequest(messages=messages, sampling={"max_tokens": 6, "ignore_eos": True, "logprobs": 2})
+    ).result()
     assert isinstance(final, Finished) and len(final.logprobs) == 6
 
     model, tok = load(str(tiny_model_dir))

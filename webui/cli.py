@@ -20,19 +20,23 @@ import time
 
 from pydantic import ValidationError
 
-from core.config import Settings, settings_error_line
-from webui.cli_admin import add_admin_commands, run_admin
+from radixchat.core.config import Settings, settings_error_line
+from radixchat.webui.cli_admin import add_admin_commands, run_admin
 
 
 def _add_settings_flags(p: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         if field.annotation is bool and name.startswith("no_"):  # argparse reads --no-x as x=False
-            p.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS,
-                           help=field.description)
+            p.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=field.description)
         elif field.annotation is bool:
-            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                           default=argparse.SUPPRESS, help=field.description)
+            p.add_argument(
+                flag,
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=field.description,
+            )
         else:
             p.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=field.description)
 
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     settings = load_settings(args)
-    from core.platform.blas import reexec_with_openblas
+    from radixchat.core.platform.blas import reexec_with_openblas
 
     if argv is None:  # only a real command line can be re-executed
         reexec_with_openblas(settings.blas)
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _start_engine(settings: Settings, on_fatal=None):
-    from core.engine.engine import Engine
+    from radixchat.core.engine.engine import Engine
 
     try:
         engine = Engine(settings)
@@ -94,32 +98,38 @@ def cmd_serve(args, settings: Settings) -> None:
     # once; with the default 5 ms switch interval it waits behind the HTTP thread, which
     # slowed every decode step under load.
     sys.setswitchinterval(0.0005)
-    from core.engine.lockstep import launched
+    from radixchat.core.engine.lockstep import launched
 
     place = launched()
     if place is not None and (settings.cache_disk_bytes or settings.warm_prompts or settings.speculate):
-        sys.exit("radixchat: --cache-disk-bytes, --warm-prompts and --speculate do not run sharded "
-                 "(under mlx.launch) yet")
+        sys.exit(
+            "radixchat: --cache-disk-bytes, --warm-prompts and --speculate do not run sharded (under mlx.launch) yet"
+        )
     if place is not None and place[0] != 0:  # mlx.launch: rank 0 serves, the others follow it
-        from core.engine.follower import follow
+        from radixchat.core.engine.follower import follow
 
         sys.exit(follow(settings))
     import uvicorn
 
-    from webui.server import build_app
-
-    from core.store import Store
+    from radixchat.core.store import Store
+    from radixchat.webui.server import build_app
 
     settings.db.parent.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db)
     engine = _start_engine(settings, on_fatal=_stop_serving)
     m = engine.loaded
-    print(f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
-          f"context {m.context_length}) on http://{settings.host}:{settings.port}", flush=True)
+    print(
+        f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
+        f"context {m.context_length}) on http://{settings.host}:{settings.port}",
+        flush=True,
+    )
     if engine.link is not None:
         link = engine.link
-        print(f"radixchat: sharded over {link.size} ranks ({link.backend}, {link.sharding} parallel): "
-              + ", ".join(f"rank {r.rank} on {r.host} pid {r.pid}" for r in link.ranks), flush=True)
+        print(
+            f"radixchat: sharded over {link.size} ranks ({link.backend}, {link.sharding} parallel): "
+            + ", ".join(f"rank {r.rank} on {r.host} pid {r.pid}" for r in link.ranks),
+            flush=True,
+        )
     if m.notice:
         print(f"radixchat: note: {m.notice}", flush=True)
     for line in serve_banner(settings, len(store.list_users())):
@@ -146,13 +156,22 @@ def _stop_serving(reason: str) -> None:
 def uvicorn_options(settings: Settings) -> dict:
     """How uvicorn serves: time limits and a connection cap for slow or idle clients
     (webui/http_limits.py); no WebSockets, which nothing here uses."""
-    from webui.http_limits import Limits, limited_protocol
+    from radixchat.webui.http_limits import Limits, limited_protocol
 
     _room_for_connections(settings.max_connections)
-    limits = Limits(header_timeout_s=settings.header_timeout_s, body_timeout_s=settings.body_timeout_s,
-                    max_connections=settings.max_connections)
-    return {"host": settings.host, "port": settings.port, "log_level": "warning", "ws": "none",
-            "http": limited_protocol(limits), "timeout_keep_alive": settings.keep_alive_s}
+    limits = Limits(
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_connections=settings.max_connections,
+    )
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": "warning",
+        "ws": "none",
+        "http": limited_protocol(limits),
+        "timeout_keep_alive": settings.keep_alive_s,
+    }
 
 
 def _room_for_connections(max_connections: int, spare: int = 256) -> None:
@@ -172,8 +191,11 @@ def _room_for_connections(max_connections: int, spare: int = 256) -> None:
         except (ValueError, OSError):
             new = soft
         if new < want:
-            print(f"radixchat: only {new} open files allowed here; --max-connections "
-                  f"{max_connections} may not fit", file=sys.stderr, flush=True)
+            print(
+                f"radixchat: only {new} open files allowed here; --max-connections {max_connections} may not fit",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def lan_addresses() -> list[str]:
@@ -200,29 +222,33 @@ def serve_banner(settings: Settings, n_users: int, addresses: list[str] | None =
         lines = [f"radixchat: open http://127.0.0.1:{port} here"]
         lines += [f"radixchat: or, from the LAN, http://{a}:{port}" for a in lan]
         if not lan:
-            lines.append("radixchat: no LAN address found; use this machine's address and port "
-                         f"{port}")
+            lines.append(f"radixchat: no LAN address found; use this machine's address and port {port}")
     else:
         lines = [f"radixchat: open http://{settings.host}:{port}"]
     if settings.no_auth:
         lines.append("radixchat: no sign-in (--no-auth): everyone uses the page as the user 'local'")
     elif n_users == 0:
-        lines.append("radixchat: no users yet, so nobody can sign in: add one with "
-                     "`radixchat users add NAME` (it works while the server runs)")
+        lines.append(
+            "radixchat: no users yet, so nobody can sign in: add one with "
+            "`radixchat users add NAME` (it works while the server runs)"
+        )
     else:
-        lines.append(f"radixchat: {n_users} user{'s' if n_users != 1 else ''} can sign in "
-                     "(`radixchat users add NAME` adds one)")
+        lines.append(
+            f"radixchat: {n_users} user{'s' if n_users != 1 else ''} can sign in (`radixchat users add NAME` adds one)"
+        )
     return lines
 
 
 def cmd_ask(args, settings: Settings) -> None:
-    from core.engine.requests import ChatRequest, Failed, RequestError, TextDelta
+    from radixchat.core.engine.requests import ChatRequest, Failed, RequestError, TextDelta
 
-    messages = ([{"role": "system", "content": args.system}] if args.system else [])
+    messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.prompt})
     try:
-        req = ChatRequest(messages=messages, sampling={
-            "temperature": args.temperature, "seed": args.seed, "max_tokens": args.max_new_tokens})
+        req = ChatRequest(
+            messages=messages,
+            sampling={"temperature": args.temperature, "seed": args.seed, "max_tokens": args.max_new_tokens},
+        )
     except ValidationError as e:
         sys.exit(f"radixchat: {settings_error_line(e).removeprefix('invalid setting: ')}")
     engine = _start_engine(settings)
@@ -239,18 +265,20 @@ def cmd_ask(args, settings: Settings) -> None:
         if isinstance(ev, Failed):
             sys.exit(f"radixchat: {ev.message}")
         u = ev.usage
-        print(f"[{ev.finish_reason}] prompt {u.prompt_tokens} tok (cached {u.cached_tokens}), "
-              f"generated {u.generated_tokens} tok, queue {u.queue_ms:.0f} ms, "
-              f"first token {u.ttft_ms or 0:.0f} ms, decode {u.decode_tps:.1f} tok/s, "
-              f"total {u.total_ms:.0f} ms", file=sys.stderr)
+        print(
+            f"[{ev.finish_reason}] prompt {u.prompt_tokens} tok (cached {u.cached_tokens}), "
+            f"generated {u.generated_tokens} tok, queue {u.queue_ms:.0f} ms, "
+            f"first token {u.ttft_ms or 0:.0f} ms, decode {u.decode_tps:.1f} tok/s, "
+            f"total {u.total_ms:.0f} ms",
+            file=sys.stderr,
+        )
     finally:
         engine.stop()
 
 
 def cmd_doctor(args, settings: Settings) -> None:
-    from core.platform.doctor import report
-
-    from core.engine.lockstep import launched
+    from radixchat.core.engine.lockstep import launched
+    from radixchat.core.platform.doctor import report
 
     quiet = (launched() or (0, 1))[0] != 0  # under mlx.launch every rank runs it, rank 0 prints
     t0 = time.perf_counter()

@@ -27,29 +27,27 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     """Add `users`, `keys` and `export` to the `radixchat` subparsers; each sets `admin`
     (the handler) on the parsed arguments."""
     db = argparse.ArgumentParser(add_help=False)
-    db.add_argument("--db", type=Path, default=None,
-                    help="SQLite file (default: the db setting, RADIXCHAT_DB)")
+    db.add_argument("--db", type=Path, default=None, help="SQLite file (default: the db setting, RADIXCHAT_DB)")
     pw = argparse.ArgumentParser(add_help=False)
-    pw.add_argument("--password-file", default=None,
-                    help="read the password from the first line of this file ('-' for stdin) "
-                         "instead of asking")
+    pw.add_argument(
+        "--password-file",
+        default=None,
+        help="read the password from the first line of this file ('-' for stdin) instead of asking",
+    )
 
-    users = sub.add_parser("users", help="add, list or remove users").add_subparsers(
-        dest="action", required=True)
+    users = sub.add_parser("users", help="add, list or remove users").add_subparsers(dest="action", required=True)
     p = users.add_parser("add", parents=[db, pw], help="add a user")
     p.add_argument("name")
     p.set_defaults(admin=cmd_users_add)
     users.add_parser("list", parents=[db], help="list users").set_defaults(admin=cmd_users_list)
-    p = users.add_parser("remove", parents=[db],
-                         help="remove a user with their conversations and keys")
+    p = users.add_parser("remove", parents=[db], help="remove a user with their conversations and keys")
     p.add_argument("name")
     p.set_defaults(admin=cmd_users_remove)
     p = users.add_parser("passwd", parents=[db, pw], help="set a user's password")
     p.add_argument("name")
     p.set_defaults(admin=cmd_users_passwd)
 
-    keys = sub.add_parser("keys", help="create, list or revoke API keys").add_subparsers(
-        dest="action", required=True)
+    keys = sub.add_parser("keys", help="create, list or revoke API keys").add_subparsers(dest="action", required=True)
     p = keys.add_parser("create", parents=[db], help="create an API key for a user; prints it once")
     p.add_argument("name")
     p.add_argument("--label", default="", help="a note to tell keys apart")
@@ -71,7 +69,7 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
 
 def run_admin(args: argparse.Namespace) -> int:
     """Run the handler the parser chose; store errors become one line and exit code 1."""
-    from core.store import StoreError
+    from radixchat.core.store import StoreError
 
     try:
         return args.admin(args)
@@ -86,15 +84,15 @@ def run_admin(args: argparse.Namespace) -> int:
 def _open(args):
     from pydantic import ValidationError
 
-    from core.config import Settings, settings_error_line
-    from core.store import Store
+    from radixchat.core.config import Settings, settings_error_line
+    from radixchat.core.store import Store
 
     path = args.db
     if path is None:
         try:
             path = Settings().db
         except ValidationError as e:
-            raise SystemExit(f"radixchat: {settings_error_line(e)}")
+            raise SystemExit(f"radixchat: {settings_error_line(e)}") from None
     return Store(path)
 
 
@@ -103,7 +101,7 @@ def _read_password(args) -> str:
         try:
             text = sys.stdin.read() if args.password_file == "-" else Path(args.password_file).read_text()
         except OSError as e:
-            raise SystemExit(f"radixchat: cannot read password file: {e.strerror}: {args.password_file}")
+            raise SystemExit(f"radixchat: cannot read password file: {e.strerror}: {args.password_file}") from None
         return text.splitlines()[0] if text else ""
     if not _can_prompt():
         raise SystemExit("radixchat: no terminal to ask for the password on; use --password-file")
@@ -129,7 +127,7 @@ def _when(ts: float | None) -> str:
 
 
 def cmd_users_add(args) -> int:
-    from core.store import check_name, check_password
+    from radixchat.core.store import check_name, check_password
 
     check_name(args.name)  # before asking for a password that would be refused anyway
     password = _read_password(args)
@@ -158,7 +156,7 @@ def cmd_users_remove(args) -> int:
 
 
 def cmd_users_passwd(args) -> int:
-    from core.store import check_password
+    from radixchat.core.store import check_password
 
     password = _read_password(args)
     check_password(password)
@@ -172,8 +170,7 @@ def cmd_keys_create(args) -> int:
     with _open(args) as store:
         key, secret = store.create_api_key(store.get_user(args.name), args.label)
     print(secret)
-    print(f"API key {key.visible}... for {key.owner_name}: shown this once, store it now",
-          file=sys.stderr)
+    print(f"API key {key.visible}... for {key.owner_name}: shown this once, store it now", file=sys.stderr)
     return 0
 
 
@@ -202,6 +199,6 @@ def cmd_export(args) -> int:
         try:
             args.output.write_text(text, encoding="utf-8")
         except OSError as e:
-            raise SystemExit(f"radixchat: cannot write {args.output}: {e.strerror}")
+            raise SystemExit(f"radixchat: cannot write {args.output}: {e.strerror}") from None
         print(f"wrote {args.output}", file=sys.stderr)
     return 0

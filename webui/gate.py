@@ -41,11 +41,16 @@ ROUTES = {
     "queue/join": JOIN,
     "queue/data": DATA,
     "cancel": CANCEL,
-    "reset": OPEN, "reset/": OPEN,  # a no-op in Gradio 6: /cancel does the work
-    "info": OPEN, "info/": OPEN,
-    "app_id": OPEN, "app_id/": OPEN,
-    "user": OPEN, "user/": OPEN,
-    "login_check": OPEN, "login_check/": OPEN,
+    "reset": OPEN,
+    "reset/": OPEN,  # a no-op in Gradio 6: /cancel does the work
+    "info": OPEN,
+    "info/": OPEN,
+    "app_id": OPEN,
+    "app_id/": OPEN,
+    "user": OPEN,
+    "user/": OPEN,
+    "login_check": OPEN,
+    "login_check/": OPEN,
     "theme.css": OPEN,
 }
 # pages that load a saved deep link (files under Gradio's upload folder) when asked to
@@ -134,8 +139,7 @@ class GradioSide:
 class PageGate:
     """ASGI middleware in front of the page (see the module's docstring)."""
 
-    def __init__(self, app, *, side: GradioSide, no_auth: bool, max_body: int,
-                 owners: SessionOwners | None = None):
+    def __init__(self, app, *, side: GradioSide, no_auth: bool, max_body: int, owners: SessionOwners | None = None):
         self.app, self.side, self.no_auth, self.max_body = app, side, no_auth, max_body
         self.owners = owners or SessionOwners()
 
@@ -145,7 +149,7 @@ class PageGate:
         path = route_path(scope)
         try:
             if path.startswith(API):
-                return await self._api(path[len(API):], scope, receive, send)
+                return await self._api(path[len(API) :], scope, receive, send)
             if path in DEEP_LINKED and "deep_link" in query(scope):
                 raise Refused(404, "Not Found")
         except Refused as e:
@@ -203,20 +207,21 @@ class PageGate:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie)]}
             await send(message)
+
         return minted, send_with_cookie
 
 
 def route_path(scope) -> str:
     """The path the routes match on: scope's path less its root_path, as Starlette does."""
     path, root = scope["path"], scope.get("root_path", "")
-    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
-        return path[len(root):]
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        return path[len(root) :]
     return path
 
 
 def heartbeat_session(rest: str) -> str | None:
     """The session of a heartbeat/{session_hash} path (one non-empty segment), else None."""
-    session = rest[len(HEARTBEAT):] if rest.startswith(HEARTBEAT) else ""
+    session = rest[len(HEARTBEAT) :] if rest.startswith(HEARTBEAT) else ""
     return session if session and "/" not in session else None
 
 
@@ -283,6 +288,7 @@ def replay(body: bytes, receive):
             pending = False
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
+
     return replayed
 
 
@@ -291,8 +297,9 @@ async def answer(send, status: int, detail: str, scope=None) -> None:
     connection closes after it, so the server does not go on reading a refused upload."""
     body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if scope is not None and (header(scope, b"transfer-encoding") or header(scope, b"content-length")
-                              not in (None, b"0")):
+    if scope is not None and (
+        header(scope, b"transfer-encoding") or header(scope, b"content-length") not in (None, b"0")
+    ):
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -19,14 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import TYPE_CHECKING, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from core.engine.requests import Failed, Finished
+from radixchat.core.engine.requests import Failed, Finished
 
 if TYPE_CHECKING:
-    from core.engine.handle import RequestHandle
-    from webui.api.metrics import Metrics
+    from radixchat.core.engine.handle import RequestHandle
+    from radixchat.webui.api.metrics import Metrics
 
 log = logging.getLogger("radixchat.requests")
 
@@ -41,9 +42,15 @@ class RequestEnd(Generic[T]):
     is anything to store the request under. Without an `executor`, `write` runs in the
     engine thread and must not block."""
 
-    def __init__(self, handle: RequestHandle, metrics: Metrics | None,
-                 write: Callable[[Finished | Failed, str], T], *,
-                 executor: Executor | None = None, reader: bool = False):
+    def __init__(
+        self,
+        handle: RequestHandle,
+        metrics: Metrics | None,
+        write: Callable[[Finished | Failed, str], T],
+        *,
+        executor: Executor | None = None,
+        reader: bool = False,
+    ):
         self._metrics, self._write, self._executor = metrics, write, executor
         self._lock = threading.Lock()
         self._final: Finished | Failed | None = None

@@ -21,16 +21,15 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse, Response
 from starlette.routing import Mount
 
-from core.config import Settings
-from core.engine.engine import Engine
-from core.store import Store
-
-from webui.api.errors import BodyLimit, install_error_handlers
-from webui.api.metrics import Metrics
-from webui.api.routes import openai_router
-from webui.gate import GradioSide, PageGate
-from webui.page.csp import ContentPolicy
-from webui.signin import ClientAddress, SignInGuard, TooManyFailures
+from radixchat.core.config import Settings
+from radixchat.core.engine.engine import Engine
+from radixchat.core.store import Store
+from radixchat.webui.api.errors import BodyLimit, install_error_handlers
+from radixchat.webui.api.metrics import Metrics
+from radixchat.webui.api.routes import openai_router
+from radixchat.webui.gate import GradioSide, PageGate
+from radixchat.webui.page.csp import ContentPolicy
+from radixchat.webui.signin import ClientAddress, SignInGuard, TooManyFailures
 
 
 def build_app(engine: Engine, settings: Settings, store: Store | None = None) -> FastAPI:
@@ -76,8 +75,8 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
-    from webui.page import shared, signed_out
-    from webui.page.layout import CSS, build_page, sign_in_message, theme
+    from radixchat.webui.page import shared, signed_out
+    from radixchat.webui.page.layout import CSS, build_page, sign_in_message, theme
 
     guard = app.state.signin
 
@@ -92,14 +91,25 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
     signed_out.install(app)  # before the page's mount, which takes every path left
     shared.install(app, store, no_auth=settings.no_auth)  # /shared/{token}: read-only, signed-in users
     gr.mount_gradio_app(
-        app, page, path="/", auth=None if settings.no_auth else sign_in,
-        auth_message=sign_in_message(engine.loaded), head=signed_out.HEAD,
-        theme=theme(), css=CSS, footer_links=[], run_history=False, mcp_server=False,
-        ssr_mode=False, show_error=True)
+        app,
+        page,
+        path="/",
+        auth=None if settings.no_auth else sign_in,
+        auth_message=sign_in_message(engine.loaded),
+        head=signed_out.HEAD,
+        theme=theme(),
+        css=CSS,
+        footer_links=[],
+        run_history=False,
+        mcp_server=False,
+        ssr_mode=False,
+        show_error=True,
+    )
     gradio_app = next(r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None)
     # the sign-in form and the page's calls get no bigger bodies than an API request; the gate,
     # outside this limit, caps the bodies it reads itself and refuses uploads unread
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, prefixes=("/gradio_api/", "/login"))
     app.state.page_side = side = GradioSide(gradio_app, page)  # who a page cookie signs in
-    app.add_middleware(PageGate, side=side, no_auth=settings.no_auth,
-                       max_body=settings.max_body_bytes)  # outermost: refusals cost nothing downstream
+    app.add_middleware(
+        PageGate, side=side, no_auth=settings.no_auth, max_body=settings.max_body_bytes
+    )  # outermost: refusals cost nothing downstream

@@ -24,11 +24,11 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
-from core.store import AuthFailed
+from radixchat.core.store import AuthFailed
 
 log = logging.getLogger("radixchat.signin")
 
@@ -49,8 +49,15 @@ class _Failures:
 
 
 class SignInGuard:
-    def __init__(self, verify: Callable[[str, str], object], *, free_failures: int = 5,
-                 max_lockout_s: float = 300.0, hash_workers: int = 1, clock=time.monotonic):
+    def __init__(
+        self,
+        verify: Callable[[str, str], object],
+        *,
+        free_failures: int = 5,
+        max_lockout_s: float = 300.0,
+        hash_workers: int = 1,
+        clock=time.monotonic,
+    ):
         self._verify = verify  # (name, password) -> user, or raises AuthFailed
         self.free_failures = free_failures
         self.max_lockout_s = max_lockout_s
@@ -149,7 +156,15 @@ class ClientAddress:
 
 async def _too_many(send, wait: float) -> None:
     body = f'{{"detail":"{TooManyFailures(wait)}"}}'.encode()
-    await send({"type": "http.response.start", "status": 429, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"retry-after", str(math.ceil(wait)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 429,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(math.ceil(wait)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

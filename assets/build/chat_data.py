@@ -10,7 +10,6 @@ produce), 0 elsewhere. Token ids are laid out exactly as the chat template in
 import random
 
 import numpy as np
-
 from train_tokenizer import ASSISTANT, END, SYSTEM, USER
 
 # Short prompts and no prompt at all, next to the long scenario prompts, so that the answer does
@@ -34,8 +33,7 @@ class Layout:
 
     def __init__(self, tok):
         self.tok = tok
-        self.role = {r: tok.token_to_id(t) for r, t in
-                     (("system", SYSTEM), ("user", USER), ("assistant", ASSISTANT))}
+        self.role = {r: tok.token_to_id(t) for r, t in (("system", SYSTEM), ("user", USER), ("assistant", ASSISTANT))}
         self.end = tok.token_to_id(END)
         self.newline = tok.encode("\n").ids
 
@@ -73,8 +71,7 @@ def rows(records, long_prompts, layout, rng: random.Random, length: int):
     i = 0
     while i < len(order):
         r = rng.random()
-        system = (rng.choice(long_prompts) if r < 0.35
-                  else rng.choice(SHORT_PROMPTS) if r < 0.8 else None)
+        system = rng.choice(long_prompts) if r < 0.35 else rng.choice(SHORT_PROMPTS) if r < 0.8 else None
         ids, w = layout.turn("system", system) if system else ([], [])
         turns = 0
         while i < len(order):

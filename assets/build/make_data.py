@@ -18,7 +18,6 @@ import json
 import re
 import zlib
 from pathlib import Path
-
 from pydoc_data.topics import topics
 
 ASSETS = Path(__file__).resolve().parents[1]
@@ -26,49 +25,224 @@ ASSETS = Path(__file__).resolve().parents[1]
 # Common modules only: the model has a few million parameters, and a smaller set of subjects
 # seen many times gives on-topic answers where a larger set seen once would not.
 MODULES = [
-    "os", "os.path", "sys", "json", "re", "math", "random", "itertools", "functools",
-    "collections", "datetime", "time", "pathlib", "string", "textwrap", "shutil",
-    "subprocess", "dataclasses", "enum", "statistics", "heapq", "bisect", "copy", "csv",
-    "hashlib", "base64", "uuid", "logging", "argparse", "tempfile", "glob", "operator",
-    "contextlib", "io", "pickle", "struct", "threading", "queue", "typing", "urllib.parse",
-    "sqlite3", "decimal", "fractions", "pprint", "secrets", "zipfile", "gzip", "unittest",
+    "os",
+    "os.path",
+    "sys",
+    "json",
+    "re",
+    "math",
+    "random",
+    "itertools",
+    "functools",
+    "collections",
+    "datetime",
+    "time",
+    "pathlib",
+    "string",
+    "textwrap",
+    "shutil",
+    "subprocess",
+    "dataclasses",
+    "enum",
+    "statistics",
+    "heapq",
+    "bisect",
+    "copy",
+    "csv",
+    "hashlib",
+    "base64",
+    "uuid",
+    "logging",
+    "argparse",
+    "tempfile",
+    "glob",
+    "operator",
+    "contextlib",
+    "io",
+    "pickle",
+    "struct",
+    "threading",
+    "queue",
+    "typing",
+    "urllib.parse",
+    "sqlite3",
+    "decimal",
+    "fractions",
+    "pprint",
+    "secrets",
+    "zipfile",
+    "gzip",
+    "unittest",
 ]
 # Names too common to leave to the cap below (os alone exports over 300), the scenario
 # questions' subjects among them.
-COMMON = set("""os.listdir os.getcwd os.makedirs os.remove os.rename os.walk os.getenv
-    os.path.join os.path.exists os.path.basename os.path.splitext json.dumps json.loads json.dump
-    json.load re.sub re.findall re.search re.match re.compile random.choice random.randint
-    random.shuffle itertools.chain itertools.product itertools.groupby functools.lru_cache
-    functools.partial functools.reduce functools.wraps collections.Counter collections.defaultdict
-    collections.namedtuple collections.deque subprocess.run pathlib.Path time.sleep time.time
-    math.sqrt math.floor math.ceil sys.exit shutil.copy shutil.rmtree heapq.heappush
-    heapq.heappop bisect.bisect_left csv.reader csv.writer hashlib.sha256 uuid.uuid4
-    datetime.datetime copy.deepcopy dataclasses.dataclass""".split())
+COMMON = set(
+    [
+        "os.listdir",
+        "os.getcwd",
+        "os.makedirs",
+        "os.remove",
+        "os.rename",
+        "os.walk",
+        "os.getenv",
+        "os.path.join",
+        "os.path.exists",
+        "os.path.basename",
+        "os.path.splitext",
+        "json.dumps",
+        "json.loads",
+        "json.dump",
+        "json.load",
+        "re.sub",
+        "re.findall",
+        "re.search",
+        "re.match",
+        "re.compile",
+        "random.choice",
+        "random.randint",
+        "random.shuffle",
+        "itertools.chain",
+        "itertools.product",
+        "itertools.groupby",
+        "functools.lru_cache",
+        "functools.partial",
+        "functools.reduce",
+        "functools.wraps",
+        "collections.Counter",
+        "collections.defaultdict",
+        "collections.namedtuple",
+        "collections.deque",
+        "subprocess.run",
+        "pathlib.Path",
+        "time.sleep",
+        "time.time",
+        "math.sqrt",
+        "math.floor",
+        "math.ceil",
+        "sys.exit",
+        "shutil.copy",
+        "shutil.rmtree",
+        "heapq.heappush",
+        "heapq.heappop",
+        "bisect.bisect_left",
+        "csv.reader",
+        "csv.writer",
+        "hashlib.sha256",
+        "uuid.uuid4",
+        "datetime.datetime",
+        "copy.deepcopy",
+        "dataclasses.dataclass",
+    ]
+)
 BUILTIN_TYPES = ["str", "list", "dict", "set"]
 MAX_PER_MODULE = 10
 MAX_WORDS = 28
 
 QUESTIONS = {
-    "function": ["What does {n} do?", "What is {n} used for?", "How do I use {n}?",
-                 "Explain {n} in Python.", "What does the {n} function do?"],
-    "method": ["What does {n} do?", "What is {n} used for?", "How do I use {n}?",
-               "Explain the {n} method.", "What does the {n} method do?"],
-    "class": ["What is {n}?", "What is {n} used for?", "How do I use {n}?",
-              "Explain the {n} class.", "What is the {n} class in Python?"],
-    "module": ["What is the {n} module?", "What is the {n} module for?",
-               "What does the {n} module do?", "Tell me about the {n} module.",
-               "When should I use the {n} module?"],
-    "topic": ["What is {n}?", "Explain {n}.", "Tell me about {n} in Python.",
-              "How does {n} work in Python?", "Can you explain {n}?"],
+    "function": [
+        "What does {n} do?",
+        "What is {n} used for?",
+        "How do I use {n}?",
+        "Explain {n} in Python.",
+        "What does the {n} function do?",
+    ],
+    "method": [
+        "What does {n} do?",
+        "What is {n} used for?",
+        "How do I use {n}?",
+        "Explain the {n} method.",
+        "What does the {n} method do?",
+    ],
+    "class": [
+        "What is {n}?",
+        "What is {n} used for?",
+        "How do I use {n}?",
+        "Explain the {n} class.",
+        "What is the {n} class in Python?",
+    ],
+    "module": [
+        "What is the {n} module?",
+        "What is the {n} module for?",
+        "What does the {n} module do?",
+        "Tell me about the {n} module.",
+        "When should I use the {n} module?",
+    ],
+    "topic": [
+        "What is {n}?",
+        "Explain {n}.",
+        "Tell me about {n} in Python.",
+        "How does {n} work in Python?",
+        "Can you explain {n}?",
+    ],
 }
 
 # Docstrings start most summaries with an imperative ("Return the ..."); turning it into the
 # third person lets an answer read as a sentence about its subject.
-VERBS = ("Return Create Convert Remove Add Get Set Make Compute Calculate Open Close Read Write "
-         "Test Raise Call Construct Decode Encode Format Split Join Insert Append Extend Delete "
-         "Update Apply Copy Change Wait Start Run Execute Load Find Search Match Replace Parse "
-         "Sort Reverse Count Print Register Initialize Determine Produce Generate Build Acquire "
-         "Release Put Iterate Yield Pack Unpack Compress Decompress Escape Shift Truncate").split()
+VERBS = [
+    "Return",
+    "Create",
+    "Convert",
+    "Remove",
+    "Add",
+    "Get",
+    "Set",
+    "Make",
+    "Compute",
+    "Calculate",
+    "Open",
+    "Close",
+    "Read",
+    "Write",
+    "Test",
+    "Raise",
+    "Call",
+    "Construct",
+    "Decode",
+    "Encode",
+    "Format",
+    "Split",
+    "Join",
+    "Insert",
+    "Append",
+    "Extend",
+    "Delete",
+    "Update",
+    "Apply",
+    "Copy",
+    "Change",
+    "Wait",
+    "Start",
+    "Run",
+    "Execute",
+    "Load",
+    "Find",
+    "Search",
+    "Match",
+    "Replace",
+    "Parse",
+    "Sort",
+    "Reverse",
+    "Count",
+    "Print",
+    "Register",
+    "Initialize",
+    "Determine",
+    "Produce",
+    "Generate",
+    "Build",
+    "Acquire",
+    "Release",
+    "Put",
+    "Iterate",
+    "Yield",
+    "Pack",
+    "Unpack",
+    "Compress",
+    "Decompress",
+    "Escape",
+    "Shift",
+    "Truncate",
+]
 
 
 def third_person(verb):
@@ -140,14 +314,17 @@ def pydoc_records():
         yield "topic", topic_name(title), prose(paragraphs(pydoc_markup(body)))
         for i in range(2, len(lines) - 1):
             under = lines[i + 1]
-            if re.fullmatch(r"=+|-+", under) and len(under) == len(lines[i]) \
-                    and lines[i].strip() not in ("", "Overview"):
-                rest = "\n".join(lines[i + 2:])
+            if (
+                re.fullmatch(r"=+|-+", under)
+                and len(under) == len(lines[i])
+                and lines[i].strip() not in ("", "Overview")
+            ):
+                rest = "\n".join(lines[i + 2 :])
                 yield "topic", topic_name(lines[i]), prose(paragraphs(pydoc_markup(rest))[:3])
         for i, line in enumerate(lines[:-2]):
             m = re.match(r"^(?:class |exception )?([A-Za-z_][\w.]*)\((.*)\)$", line)
             if m and lines[i + 1] == "" and lines[i + 2].startswith("   "):
-                block = inspect.cleandoc("\n".join(lines[i + 2:i + 40]))
+                block = inspect.cleandoc("\n".join(lines[i + 2 : i + 40]))
                 kind = "method" if "." in m[1] else "function"
                 yield kind, f"{m[1]}({m[2]})", prose(paragraphs(pydoc_markup(block))[:2])
 
@@ -156,8 +333,7 @@ def topic_name(title):
     title = pydoc_markup(title.strip())
     # "Sequence Types — list, tuple, range" asks better as "sequence types".
     title = title.split(" — ")[0].split(": ")[0]
-    return " ".join(w if w in KEEP_CASE or not re.fullmatch(r"[A-Z][a-z]+", w) else w.lower()
-                    for w in title.split())
+    return " ".join(w if w in KEEP_CASE or not re.fullmatch(r"[A-Z][a-z]+", w) else w.lower() for w in title.split())
 
 
 KEEP_CASE = {"None", "NotImplemented", "Ellipsis", "Python", "Unicode"}
@@ -182,17 +358,17 @@ def docstring_records():
         # Names the module exports first, then a fixed pseudo-random order: alphabetical order
         # would keep only the names that start with early letters.
         public = set(getattr(module, "__all__", []))
-        names = sorted((n for n in vars(module) if not n.startswith("_")),
-                       key=lambda n: (f"{modname}.{n}" not in COMMON, n not in public,
-                                      zlib.crc32(n.encode())))
+        names = sorted(
+            (n for n in vars(module) if not n.startswith("_")),
+            key=lambda n: (f"{modname}.{n}" not in COMMON, n not in public, zlib.crc32(n.encode())),
+        )
         count = 0
         for n in names:
             obj = getattr(module, n)
             # Skip names imported from other public modules; keep those a module re-exports
             # from its C accelerator (_functools, posix, io...).
             home = getattr(obj, "__module__", None) or modname
-            if home not in (modname, "posix", "io") \
-                    and home.lstrip("_") != modname and modname != "os.path":
+            if home not in (modname, "posix", "io") and home.lstrip("_") != modname and modname != "os.path":
                 continue
             if modname != "builtins" and count >= MAX_PER_MODULE:
                 break
@@ -234,8 +410,11 @@ def build(protected=()):
     # Docstrings come before pydoc's definitions: pydoc also documents helpers such as
     # "len(dictview)" that would take the name of the builtin.
     pydoc = list(pydoc_records())
-    sources = [r for r in pydoc if r[0] == "topic"] + list(docstring_records()) \
+    sources = (
+        [r for r in pydoc if r[0] == "topic"]
+        + list(docstring_records())
         + [r for r in pydoc if r[0] != "topic" and "." in r[1].split("(")[0]]
+    )
     for kind, subject, text in sources:
         name = bare_name(kind, subject)
         text = shorten(text)
@@ -244,25 +423,43 @@ def build(protected=()):
         seen.add(name)
         questions = [q.format(n=name) for q in QUESTIONS[kind]]
         holdout = zlib.crc32(name.encode()) % 20 == 0 and name not in protected
-        records.append({"subject": name, "kind": kind, "questions": questions,
-                        "answer": answer_text(kind, subject, text),
-                        "split": "valid" if holdout else "train", "core": name in protected})
+        records.append(
+            {
+                "subject": name,
+                "kind": kind,
+                "questions": questions,
+                "answer": answer_text(kind, subject, text),
+                "split": "valid" if holdout else "train",
+                "core": name in protected,
+            }
+        )
     for i, (questions, answer) in enumerate(SMALL_TALK):
-        records.append({"subject": f"small talk {i}", "kind": "chat", "questions": questions,
-                        "answer": answer, "split": "train", "core": False})
+        records.append(
+            {
+                "subject": f"small talk {i}",
+                "kind": "chat",
+                "questions": questions,
+                "answer": answer,
+                "split": "train",
+                "core": False,
+            }
+        )
     return records
 
 
 # What users type first in a chat page; without these the model answers "Hi" with a docstring.
 SMALL_TALK = [
-    (["Hello!", "Hi", "Hello, who are you?", "Who are you?", "What are you?"],
-     "Hello! I am a small assistant for Python questions. Ask me about a statement, a built-in "
-     "function or a standard-library module, and I will answer from the Python documentation."),
-    (["What can you do?", "How can you help me?", "What do you know about?"],
-     "I answer short questions about Python: statements such as `for` and `with`, built-in "
-     "functions and types, and common standard-library modules such as `os`, `json` and `re`."),
-    (["Thank you!", "Thanks", "Thanks for your help."],
-     "You are welcome! Ask me another Python question any time."),
+    (
+        ["Hello!", "Hi", "Hello, who are you?", "Who are you?", "What are you?"],
+        "Hello! I am a small assistant for Python questions. Ask me about a statement, a built-in "
+        "function or a standard-library module, and I will answer from the Python documentation.",
+    ),
+    (
+        ["What can you do?", "How can you help me?", "What do you know about?"],
+        "I answer short questions about Python: statements such as `for` and `with`, built-in "
+        "functions and types, and common standard-library modules such as `os`, `json` and `re`.",
+    ),
+    (["Thank you!", "Thanks", "Thanks for your help."], "You are welcome! Ask me another Python question any time."),
 ]
 
 

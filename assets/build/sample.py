@@ -16,10 +16,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from mlx_lm import generate, load  # noqa: E402
+from mlx_lm import generate, load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_data  # noqa: E402
+import make_data
 
 ASSETS = Path(__file__).resolve().parents[1]
 CARD = ASSETS / "README.md"
@@ -51,7 +51,8 @@ def main():
 
     counts = "| name | words | tokens |\n|---|---|---|\n" + "".join(
         f"| {p['name']} | {len(p['text'].split())} | {len(tokenizer.encode(p['text']))} |\n"
-        for p in prompts["system_prompts"])
+        for p in prompts["system_prompts"]
+    )
 
     rows = "| question | greedy answer |\n|---|---|\n"
     for i in SAMPLE_QUESTIONS:

@@ -28,9 +28,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules, however we are run
-import chat_data  # noqa: E402
-import make_data  # noqa: E402
-import train_tokenizer  # noqa: E402
+import chat_data
+import make_data
+import train_tokenizer
 
 ASSETS = Path(__file__).resolve().parents[1]
 
@@ -97,14 +97,14 @@ def batches(records, long_prompts, layout, args):
             ids = np.concatenate([ids, more_ids[order]])
             weights = np.concatenate([weights, more_w[order]])
             epoch += 1
-        yield epoch, mx.array(ids[:args.batch]), mx.array(weights[:args.batch])
-        ids, weights = ids[args.batch:], weights[args.batch:]
+        yield epoch, mx.array(ids[: args.batch]), mx.array(weights[: args.batch])
+        ids, weights = ids[args.batch :], weights[args.batch :]
 
 
 def evaluate(model, ids, weights, batch):
     total, count = 0.0, 0.0
     for i in range(0, len(ids), batch):
-        s, n = weighted_ce(model, mx.array(ids[i:i + batch]), mx.array(weights[i:i + batch]))
+        s, n = weighted_ce(model, mx.array(ids[i : i + batch]), mx.array(weights[i : i + batch]))
         total, count = total + s.item(), count + n.item()
     return total / count
 
@@ -124,11 +124,9 @@ def main(argv=None):
     valid = [r for r in records if r["split"] == "valid"]
     prompts = json.loads((ASSETS / "prompts.json").read_text())
     long_prompts = [p["text"] for p in prompts["system_prompts"]]
-    tok = train_tokenizer.train(train, long_prompts + chat_data.SHORT_PROMPTS, args.out,
-                                args.vocab, 2048)
+    tok = train_tokenizer.train(train, long_prompts + chat_data.SHORT_PROMPTS, args.out, args.vocab, 2048)
     layout = chat_data.Layout(tok)
-    valid_ids, valid_w = chat_data.rows(valid, long_prompts, layout, random.Random(args.seed + 1),
-                                        args.length)
+    valid_ids, valid_w = chat_data.rows(valid, long_prompts, layout, random.Random(args.seed + 1), args.length)
     t_data = time.perf_counter() - t0
 
     mx.random.seed(args.seed)
@@ -138,8 +136,12 @@ def main(argv=None):
     print(f"{n_params / 1e6:.2f}M parameters; data and tokenizer in {t_data:.0f}s", flush=True)
 
     schedule = optim.join_schedules(
-        [optim.linear_schedule(args.lr / args.warmup, args.lr, args.warmup),
-         optim.cosine_decay(args.lr, args.steps - args.warmup, args.lr / 10)], [args.warmup])
+        [
+            optim.linear_schedule(args.lr / args.warmup, args.lr, args.warmup),
+            optim.cosine_decay(args.lr, args.steps - args.warmup, args.lr / 10),
+        ],
+        [args.warmup],
+    )
     opt = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=0.01)
     state = [model.state, opt.state]
 
@@ -163,8 +165,7 @@ def main(argv=None):
         window.append(loss.item())
         if it % 10 == 0 or it == args.steps:
             elapsed = time.perf_counter() - t_train
-            entry = {"step": it, "epoch": epoch, "train_loss": sum(window) / len(window),
-                     "seconds": round(elapsed, 1)}
+            entry = {"step": it, "epoch": epoch, "train_loss": sum(window) / len(window), "seconds": round(elapsed, 1)}
             if it % args.eval_every == 0 or it == args.steps:
                 entry["valid_loss"] = evaluate(model, valid_ids, valid_w, args.batch)
             history.append(entry)
@@ -173,18 +174,28 @@ def main(argv=None):
             print(json.dumps(entry), f"{tps:.0f} tok/s", flush=True)
     t_train = time.perf_counter() - t_train
 
-    mx.save_safetensors(str(args.out / "model.safetensors"),
-                        dict(tree_flatten(model.parameters())), metadata={"format": "mlx"})
+    mx.save_safetensors(
+        str(args.out / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"}
+    )
     (args.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     valid_loss = history[-1]["valid_loss"]
-    log = {"args": {k: str(relative(v)) for k, v in vars(args).items()}, "parameters": n_params,
-           "train_subjects": len(train), "valid_subjects": len(valid),
-           "valid_loss": valid_loss, "valid_perplexity": math.exp(valid_loss),
-           "seconds_data": round(t_data, 1), "seconds_train": round(t_train, 1),
-           "seconds_total": round(time.perf_counter() - t0, 1), "history": history}
+    log = {
+        "args": {k: str(relative(v)) for k, v in vars(args).items()},
+        "parameters": n_params,
+        "train_subjects": len(train),
+        "valid_subjects": len(valid),
+        "valid_loss": valid_loss,
+        "valid_perplexity": math.exp(valid_loss),
+        "seconds_data": round(t_data, 1),
+        "seconds_train": round(t_train, 1),
+        "seconds_total": round(time.perf_counter() - t0, 1),
+        "history": history,
+    }
     args.log.write_text(json.dumps(log, indent=2) + "\n")
-    print(f"held-out loss {valid_loss:.3f} (perplexity {math.exp(valid_loss):.1f}); "
-          f"wrote {args.out} in {log['seconds_total']:.0f}s")
+    print(
+        f"held-out loss {valid_loss:.3f} (perplexity {math.exp(valid_loss):.1f}); "
+        f"wrote {args.out} in {log['seconds_total']:.0f}s"
+    )
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ system prompts and pydoc's reference topics. It does not touch the model or its 
 
 import json
 from pathlib import Path
-
 from pydoc_data.topics import topics
+
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SYSTEM, USER, ASSISTANT, END = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
@@ -29,8 +29,7 @@ def corpus(records, prompts):
     for r in records:
         yield "\n".join(r["questions"])
         yield r["answer"]
-    for p in prompts:
-        yield p
+    yield from prompts
     for key in sorted(topics):
         yield topics[key]
 
@@ -40,8 +39,12 @@ def train(records, prompts, out: Path, vocab_size: int, max_length: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus(records, prompts), trainer)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
@@ -58,6 +61,5 @@ def train(records, prompts, out: Path, vocab_size: int, max_length: int):
         "chat_template": CHAT_TEMPLATE,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(
-        json.dumps({"eos_token": END, "pad_token": END}, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps({"eos_token": END, "pad_token": END}, indent=2) + "\n")
     return tok

@@ -35,16 +35,15 @@ import shutil
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 
-from core.cache.diskio import (Job, Reader, Writer, make_private_dir, parse_name, read_header,
-                               Corrupt)
-from core.cache.kv import KVSegment, PrefixStore, Snapshot
-from core.cache.radix import Node, RadixCache
+from radixchat.core.cache.diskio import Corrupt, Job, Reader, Writer, make_private_dir, parse_name, read_header
+from radixchat.core.cache.kv import KVSegment, PrefixStore, Snapshot
+from radixchat.core.cache.radix import Node, RadixCache
 
 log = logging.getLogger("radixchat.disk")
 FORMAT = "1"
@@ -59,9 +58,10 @@ MAX_BACKLOG = 256 << 20  # bytes waiting for the writer; past it, entries wait i
 
 class DiskFile:
     """One file (or one being written): which nodes refer to which of its tokens."""
-    __slots__ = ("tier", "seq", "path", "dig", "nbytes", "n", "refs", "data", "state", "snap")
 
-    def __init__(self, tier: "DiskTier", seq: int, nbytes: int, n: int, state: str):
+    __slots__ = ("data", "dig", "n", "nbytes", "path", "refs", "seq", "snap", "state", "tier")
+
+    def __init__(self, tier: DiskTier, seq: int, nbytes: int, n: int, state: str):
         self.tier, self.seq, self.nbytes, self.n, self.state = tier, seq, nbytes, n, state
         self.path: Path | None = None
         self.dig = ""
@@ -69,7 +69,7 @@ class DiskFile:
         self.data: bytes | None = None  # its bytes until the writer has written them
         self.snap = False  # holds the snapshot of the non-trimmable layers at its end
 
-    def ref(self, start: int, n: int) -> "DiskRef":
+    def ref(self, start: int, n: int) -> DiskRef:
         r = DiskRef(self, start, n)
         self.refs.add(r)
         return r
@@ -77,7 +77,8 @@ class DiskFile:
 
 class DiskRef:
     """Tokens start..start+n of a file: one node's K/V on disk (radix.Node.disk)."""
-    __slots__ = ("file", "start", "n", "node")
+
+    __slots__ = ("file", "n", "node", "start")
 
     def __init__(self, file: DiskFile, start: int, n: int):
         self.file, self.start, self.n = file, start, n
@@ -88,7 +89,7 @@ class DiskRef:
         """Does reading it back bring a snapshot (the file has one, at this range's end)?"""
         return self.file.snap and self.start + self.n == self.file.n
 
-    def split(self, k: int) -> tuple["DiskRef", "DiskRef"]:
+    def split(self, k: int) -> tuple[DiskRef, DiskRef]:
         self.file.refs.discard(self)
         return self.file.ref(self.start, k), self.file.ref(self.start + k, self.n - k)
 
@@ -118,8 +119,9 @@ class DiskStats:
 
 
 class DiskTier:
-    def __init__(self, folder: Path, budget: int, fingerprint: str, sharing: str,
-                 store: PrefixStore, wake: Callable[[], None]):
+    def __init__(
+        self, folder: Path, budget: int, fingerprint: str, sharing: str, store: PrefixStore, wake: Callable[[], None]
+    ):
         make_private_dir(folder)
         self.folder, self.budget, self.fp, self.sharing = folder, budget, fingerprint, sharing
         self.trimmable, self.classes = store.trimmable, store.classes
@@ -165,7 +167,10 @@ class DiskTier:
             try:
                 meta = read_header(p).get("__metadata__") or {}
                 if (meta.get("format"), meta.get("fingerprint"), meta.get("sharing")) != (
-                        FORMAT, self.fp, self.sharing):  # written under another --cache-sharing
+                    FORMAT,
+                    self.fp,
+                    self.sharing,
+                ):  # written under another --cache-sharing
                     log.info("disk cache: %s was written under other settings: deleted", p.name)
                     p.unlink(missing_ok=True)
                     continue
@@ -183,14 +188,19 @@ class DiskTier:
             f.path, f.dig, f.snap = p, dig, snap
             self.bytes += size
             self.stats.files += 1
-            if tree.adopt(key, start, lambda s, e: f.ref(s - start, e - s)):
+            if tree.adopt(key, start, lambda s, e: f.ref(s - start, e - s)):  # noqa: B023
                 self.stats.adopted += 1
             else:  # an orphan (its prefix is gone) or a duplicate
                 self._unused(f)
         self._fit()
         self.stats.open_s = time.perf_counter() - t0
-        log.info("disk cache %s: %d entries, %.1f MB, %d tokens", self.folder, self.stats.adopted,
-                 self.bytes / 1e6, tree.disk_tokens)
+        log.info(
+            "disk cache %s: %d entries, %.1f MB, %d tokens",
+            self.folder,
+            self.stats.adopted,
+            self.bytes / 1e6,
+            tree.disk_tokens,
+        )
 
     def _key_of(self, meta: dict, tag_of: Callable[[str], int]) -> tuple[list[int], int]:
         key, start = json.loads(meta["key"]), int(meta["start"])
@@ -204,10 +214,15 @@ class DiskTier:
     def _prune_other_models(self) -> None:
         """Folders of other fingerprints count against the budget: oldest go first. Only
         folders that are plainly this tier's (a fingerprint's name, nothing but its files)."""
+
         def ours(p: Path) -> bool:
-            return (p.is_dir() and p != self.folder and len(p.name) == len(self.folder.name)
-                    and all(c in "0123456789abcdef" for c in p.name)
-                    and all(f.is_file() and (parse_name(f.name) or f.name.endswith(".tmp")) for f in p.iterdir()))
+            return (
+                p.is_dir()
+                and p != self.folder
+                and len(p.name) == len(self.folder.name)
+                and all(c in "0123456789abcdef" for c in p.name)
+                and all(f.is_file() and (parse_name(f.name) or f.name.endswith(".tmp")) for f in p.iterdir())
+            )
 
         others = [p for p in self.folder.parent.iterdir() if ours(p)]
         sizes = {p: sum(f.stat().st_size for f in p.iterdir() if f.is_file()) for p in others}
@@ -240,7 +255,8 @@ class DiskTier:
             self.todo.popleft()  # only now: `summary` (other threads) never sees it in neither
         self._fit()
         return (bool(self.todo) and self.backlog < MAX_BACKLOG) or (
-            converted >= READ_BYTES_PER_TURN and not self._done.empty())
+            converted >= READ_BYTES_PER_TURN and not self._done.empty()
+        )
 
     def want(self, path: list[Node]) -> bool:
         """Are all of `path`'s nodes in memory? If not, ask the reader for their files."""
@@ -263,8 +279,15 @@ class DiskTier:
 
     def summary(self) -> dict:
         out = asdict(self.stats)
-        out.update(bytes=self.bytes, budget=self.budget, folder=str(self.folder),
-                   backlog_bytes=self.backlog, deleting=self.deleting, waiting=len(self.todo), reading=len(self.loading))
+        out.update(
+            bytes=self.bytes,
+            budget=self.budget,
+            folder=str(self.folder),
+            backlog_bytes=self.backlog,
+            deleting=self.deleting,
+            waiting=len(self.todo),
+            reading=len(self.loading),
+        )
         return out
 
     def close(self, timeout: float = 10.0) -> None:
@@ -314,15 +337,25 @@ class DiskTier:
         for i, kv in enumerate(node.seg.layers):
             if kv is not None:
                 arrays[f"k{i}"], arrays[f"v{i}"] = kv
-        meta = {"format": FORMAT, "fingerprint": self.fp, "sharing": self.sharing,
-                "start": str(len(prefix)), "n": str(len(node.key)), "key": json.dumps(key)}
+        meta = {
+            "format": FORMAT,
+            "fingerprint": self.fp,
+            "sharing": self.sharing,
+            "start": str(len(prefix)),
+            "n": str(len(node.key)),
+            "key": json.dumps(key),
+        }
         if owner is not True:
             meta["owner"] = owner
         if node.snapshot is not None:
-            meta["snapshot"] = json.dumps([
-                None if layer is None else {"cls": layer[0].__name__, "state": _flatten(layer[1], arrays, f"s{i}"),
-                                            "meta": layer[2]}
-                for i, layer in enumerate(node.snapshot.layers)])
+            meta["snapshot"] = json.dumps(
+                [
+                    None
+                    if layer is None
+                    else {"cls": layer[0].__name__, "state": _flatten(layer[1], arrays, f"s{i}"), "meta": layer[2]}
+                    for i, layer in enumerate(node.snapshot.layers)
+                ]
+            )
         buf = io.BytesIO()
         mx.save_safetensors(buf, arrays, metadata=meta)
         data = buf.getvalue()
@@ -394,8 +427,7 @@ class DiskTier:
         try:
             if meta.get("fingerprint") != self.fp or int(meta.get("n", -1)) != f.n:
                 raise Corrupt("another model's entry")
-            mxa = {name: mx.array(a).view(mx.bfloat16) if name in bf16 else mx.array(a)
-                   for name, a in arrays.items()}
+            mxa = {name: mx.array(a).view(mx.bfloat16) if name in bf16 else mx.array(a) for name, a in arrays.items()}
             kv = {}
             for i, t in enumerate(self.trimmable):
                 if t:
@@ -413,9 +445,14 @@ class DiskTier:
             if not ref.node.spilled:
                 continue
             whole = ref.start == 0 and ref.n == f.n
-            layers = [None if i not in kv else kv[i] if whole else
-                      tuple(mx.contiguous(a[..., ref.start: ref.start + ref.n, :]) for a in kv[i])
-                      for i in range(len(self.trimmable))]
+            layers = [
+                None
+                if i not in kv
+                else kv[i]
+                if whole
+                else tuple(mx.contiguous(a[..., ref.start : ref.start + ref.n, :]) for a in kv[i])
+                for i in range(len(self.trimmable))
+            ]
             # the physical trim across tiers: exactly this node's tokens come back
             assert all(pair[0].shape[2] == pair[1].shape[2] == ref.n for pair in layers if pair)
             fresh += [a for pair in layers if pair for a in pair]
@@ -439,8 +476,13 @@ class DiskTier:
             if self.trimmable[i] or entry["cls"] != cls.__name__:
                 raise Corrupt(f"layer {i}: a {entry['cls']} snapshot for a {cls.__name__}")
             meta_state = entry["meta"]
-            layers.append((cls, _unflatten(entry["state"], arrays),
-                           tuple(meta_state) if isinstance(meta_state, list) else meta_state))
+            layers.append(
+                (
+                    cls,
+                    _unflatten(entry["state"], arrays),
+                    tuple(meta_state) if isinstance(meta_state, list) else meta_state,
+                )
+            )
         return Snapshot.of_layers(layers)
 
     def _lose(self, f: DiskFile) -> None:
@@ -510,17 +552,24 @@ def cache_folder(settings) -> Path:
 def open_tier(settings, loaded, prefix, scope, wake: Callable[[], None]) -> DiskTier | None:
     """The disk tier for this model (its own folder under `cache_folder`), with the tree's
     keys rebuilt from it; None where it cannot be kept (a hub id: no files to fingerprint)."""
-    from core.cache.identity import fingerprint
-    from core.engine.catalog import resolve
+    from radixchat.core.cache.identity import fingerprint
+    from radixchat.core.engine.catalog import resolve
 
     model_dir = Path(loaded.gguf.folder) if loaded.gguf is not None else Path(resolve(settings.model).path).expanduser()
     if not model_dir.is_dir():
         log.warning("disk cache: %s is not a local folder to fingerprint; memory tier only", model_dir)
         return None
     t0 = time.perf_counter()
-    fp = fingerprint(model_dir, {"format": FORMAT, "dtype": loaded.dtype, "runs_as": loaded.runs_as,
-                                 "context_length": loaded.context_length,
-                                 "layers": [c.__name__ for c in prefix.classes]})
+    fp = fingerprint(
+        model_dir,
+        {
+            "format": FORMAT,
+            "dtype": loaded.dtype,
+            "runs_as": loaded.runs_as,
+            "context_length": loaded.context_length,
+            "layers": [c.__name__ for c in prefix.classes],
+        },
+    )
     root = cache_folder(settings)
     make_private_dir(root, ours=settings.cache_dir is None)
     tier = DiskTier(root / fp[:32], settings.cache_disk_bytes, fp, settings.cache_sharing, prefix, wake)

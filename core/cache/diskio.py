@@ -25,17 +25,27 @@ import queue
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 log = logging.getLogger("radixchat.disk")
 SUFFIX = ".safetensors"
 DIGEST_CHARS = 32  # of sha256's hex: 128 bits are plenty against accidents
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
-           "I32": np.int32, "I64": np.int64, "U32": np.uint32, "U8": np.uint8, "BOOL": np.bool_}
+_DTYPES = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": np.uint16,
+    "F64": np.float64,
+    "I32": np.int32,
+    "I64": np.int64,
+    "U32": np.uint32,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 
 
 class Corrupt(Exception):
@@ -100,7 +110,7 @@ def _header(first8: bytes, read: Callable[[int], bytes]) -> dict:
 def arrays_of(data: bytes) -> tuple[dict[str, np.ndarray], dict, set[str]]:
     """Numpy views of a file's tensors (no copy), its metadata and the bfloat16 names
     (read as uint16: numpy has no bfloat16; the engine thread views them back)."""
-    header = _header(data[:8], lambda n: data[8: 8 + n])
+    header = _header(data[:8], lambda n: data[8 : 8 + n])
     base = 8 + struct.unpack("<Q", data[:8])[0]
     meta = header.pop("__metadata__", {}) or {}
     out, bf16 = {}, set()
@@ -124,7 +134,7 @@ def write_file(folder: Path, seq: int, data: bytes) -> Path:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -151,6 +161,7 @@ def read_file(path: Path, dig: str) -> bytes:
 @dataclass
 class Job:
     """One unit of work for a thread; `result` and `error` are filled in there."""
+
     kind: str  # "write", "delete", "read"
     entry: Any  # the engine thread's DiskFile (never touched by the thread)
     path: Path | None = None

@@ -26,8 +26,7 @@ _CONFIGS = ("config.json",)
 
 def model_files(folder: Path) -> list[Path]:
     """The files whose bytes decide the K/V: weights and the model's config."""
-    return sorted(p for p in folder.iterdir()
-                  if p.is_file() and (p.suffix in _WEIGHTS or p.name in _CONFIGS))
+    return sorted(p for p in folder.iterdir() if p.is_file() and (p.suffix in _WEIGHTS or p.name in _CONFIGS))
 
 
 def fingerprint(folder: Path, layout: dict) -> str:

@@ -21,7 +21,7 @@ import logging
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from core.cache.radix import Match, RadixCache
+from radixchat.core.cache.radix import Match, RadixCache
 
 log = logging.getLogger("radixchat.prefix")
 
@@ -53,18 +53,20 @@ class KVSegment:
         self.nbytes = sum(k.nbytes + v.nbytes for k, v in filter(None, layers))
 
     @classmethod
-    def from_caches(cls, caches, trimmable: list[bool], start: int, end: int) -> "KVSegment":
-        layers = [(_own(c.keys[..., start:end, :]), _own(c.values[..., start:end, :])) if t else None
-                  for c, t in zip(caches, trimmable)]
+    def from_caches(cls, caches, trimmable: list[bool], start: int, end: int) -> KVSegment:
+        layers = [
+            (_own(c.keys[..., start:end, :]), _own(c.values[..., start:end, :])) if t else None
+            for c, t in zip(caches, trimmable)
+        ]
         # async: the copy runs behind the decode step already queued instead of stalling it;
         # until it has run, the source buffer stays referenced by the graph, not by the tree
         mx.async_eval([kv for kv in layers if kv is not None])
         return cls(layers, end - start)
 
-    def split(self, k: int) -> tuple["KVSegment", "KVSegment"]:
+    def split(self, k: int) -> tuple[KVSegment, KVSegment]:
         def part(s, e):
-            return [(_own(kv[0][..., s:e, :]), _own(kv[1][..., s:e, :])) if kv else None
-                    for kv in self.layers]
+            return [(_own(kv[0][..., s:e, :]), _own(kv[1][..., s:e, :])) if kv else None for kv in self.layers]
+
         left, right = part(0, k), part(k, self.n)
         mx.async_eval([kv for kv in left + right if kv is not None])
         return KVSegment(left, k), KVSegment(right, self.n - k)
@@ -78,6 +80,7 @@ class Snapshot:
     0.32 keeps all of them in `state` (a RotatingKVCache's offset, keep, max_size and _idx
     too) and has no `meta_state`; earlier releases kept those scalars in `meta_state`.
     """
+
     __slots__ = ("layers", "nbytes")
 
     def __init__(self, caches, trimmable: list[bool]):
@@ -86,7 +89,7 @@ class Snapshot:
         self.nbytes = sum(_nbytes(s[1]) for s in self.layers if s is not None)
 
     @classmethod
-    def of_layers(cls, layers: list) -> "Snapshot":
+    def of_layers(cls, layers: list) -> Snapshot:
         """One read back from disk: (class, state, meta_state) or None per layer."""
         snap = cls.__new__(cls)
         snap.layers = layers
@@ -146,8 +149,10 @@ class PrefixStore:
         on disk only (else None): what the disk tier must read back first. Touches nothing."""
         m = self.tree.walk(key[:-1])
         if self.hybrid:  # as match(need_snapshot): end where a snapshot is, in memory or on disk
-            while m.path and (m.path_lengths[-1] < len(m.path[-1].key) or not (
-                    m.path[-1].snapshot is not None or (m.path[-1].spilled and m.path[-1].disk.snap))):
+            while m.path and (
+                m.path_lengths[-1] < len(m.path[-1].key)
+                or not (m.path[-1].snapshot is not None or (m.path[-1].spilled and m.path[-1].disk.snap))
+            ):
                 m.path.pop()
                 m.path_lengths.pop()
         m.length = sum(m.path_lengths)
@@ -167,11 +172,9 @@ class PrefixStore:
             log.warning("not caching a sequence of %d tokens whose cache holds %s", len(tokens), live[:1])
             return False
         if not self.bytes_per_token:
-            self.bytes_per_token = sum(2 * c.keys[..., :1, :].nbytes
-                                       for c, t in zip(caches, self.trimmable) if t)
+            self.bytes_per_token = sum(2 * c.keys[..., :1, :].nbytes for c, t in zip(caches, self.trimmable) if t)
         snapshot = Snapshot(caches, self.trimmable) if self.hybrid else None
-        node = self.tree.insert(tokens, lambda s, e: KVSegment.from_caches(caches, self.trimmable, s, e),
-                                snapshot)
+        node = self.tree.insert(tokens, lambda s, e: KVSegment.from_caches(caches, self.trimmable, s, e), snapshot)
         if self.disk is not None:
             self.disk.persist(node)
         return True

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 from mlx_lm.models import cache as mlc
@@ -66,8 +66,7 @@ def _probes(cls) -> dict[str, Callable[[], tuple[object, Callable[[object], None
     probes = {
         "update_and_fetch": lambda: (_filled(cls), lambda c: c.update_and_fetch(*_kv(1))),
         "prepare(left)": lambda: (_new(cls, (0, 0)), lambda c: c.prepare(left_padding=[1, 2])),
-        "prepare(right)": lambda: (_new(cls, (0, 0)),
-                                   lambda c: c.prepare(lengths=[2, 3], right_padding=[1, 0])),
+        "prepare(right)": lambda: (_new(cls, (0, 0)), lambda c: c.prepare(lengths=[2, 3], right_padding=[1, 0])),
         "finalize": lambda: (right_padded(), lambda c: c.finalize()),
         "trim": lambda: (_filled(cls), lambda c: c.trim(1)),
         "filter": lambda: (_filled(cls), lambda c: c.filter([1])),
@@ -130,6 +129,10 @@ def ensure_offset_semantics(classes=None) -> dict[str, str]:
         repair_class(cls)
         still = [m for m, ok in check_class(cls).items() if not ok]
         report[cls.__name__] = f"FAILED: {', '.join(still)}" if still else "repaired"
-        log.warning("%s mutated a captured offset in place (%s); applied rebinding: %s",
-                    cls.__name__, ", ".join(bad), report[cls.__name__])
+        log.warning(
+            "%s mutated a captured offset in place (%s); applied rebinding: %s",
+            cls.__name__,
+            ", ".join(bad),
+            report[cls.__name__],
+        )
     return report

@@ -31,17 +31,17 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 _clock = itertools.count()
 
 
 class Node:
-    __slots__ = ("key", "seg", "snapshot", "children", "parent", "lock_ref", "last_access", "disk",
-                 "mem_children")
+    __slots__ = ("children", "disk", "key", "last_access", "lock_ref", "mem_children", "parent", "seg", "snapshot")
 
-    def __init__(self, key: tuple[int, ...], seg: Any, parent: "Node | None"):
+    def __init__(self, key: tuple[int, ...], seg: Any, parent: Node | None):
         self.key = key
         self.seg = seg
         self.snapshot: Any = None  # state of non-trimmable layers at the end of this edge
@@ -60,7 +60,8 @@ class Node:
     @property
     def nbytes(self) -> int:
         return (self.seg.nbytes if self.seg is not None else 0) + (
-            self.snapshot.nbytes if self.snapshot is not None else 0)
+            self.snapshot.nbytes if self.snapshot is not None else 0
+        )
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Match:
     The last node may be used only partly: `path_lengths[i]` tokens of `path[i]`.
     `node` is the deepest node touched (lock it while the cache is in use).
     """
+
     length: int
     path: list[Node] = field(default_factory=list)
     path_lengths: list[int] = field(default_factory=list)
@@ -158,8 +160,7 @@ class RadixCache:
         n = sum(self._walk(tokens).path_lengths)
         return n if n >= min_length else 0
 
-    def insert(self, tokens: list[int], make_seg: Callable[[int, int], Any],
-               snapshot: Any = None) -> Node:
+    def insert(self, tokens: list[int], make_seg: Callable[[int, int], Any], snapshot: Any = None) -> Node:
         """Store `tokens`; `make_seg(start, end)` supplies the segment of a new edge.
 
         Splits a node where `tokens` leaves its edge. Attaches `snapshot` (if given) to
@@ -328,12 +329,24 @@ class RadixCache:
 
     def summary(self) -> dict:
         s = self.stats
-        return {"nodes": self.nodes, "cached_tokens": self.tokens, "bytes": self.bytes,
-                "disk_nodes": self.disk_nodes, "disk_tokens": self.disk_tokens, "spills": s.spills,
-                "budget": self.budget, "reserved": self.reserved, "locks": self.locks, "hits": s.hits, "misses": s.misses,
-                "hit_tokens": s.hit_tokens, "lookup_tokens": s.lookup_tokens,
-                "evictions": s.evictions, "evicted_tokens": s.evicted_tokens,
-                "restore_ms": round(s.restore_s * 1e3, 3)}
+        return {
+            "nodes": self.nodes,
+            "cached_tokens": self.tokens,
+            "bytes": self.bytes,
+            "disk_nodes": self.disk_nodes,
+            "disk_tokens": self.disk_tokens,
+            "spills": s.spills,
+            "budget": self.budget,
+            "reserved": self.reserved,
+            "locks": self.locks,
+            "hits": s.hits,
+            "misses": s.misses,
+            "hit_tokens": s.hit_tokens,
+            "lookup_tokens": s.lookup_tokens,
+            "evictions": s.evictions,
+            "evicted_tokens": s.evicted_tokens,
+            "restore_ms": round(s.restore_s * 1e3, 3),
+        }
 
     def check(self) -> None:
         """Assert the invariants (for tests; walks the whole tree)."""
@@ -360,8 +373,10 @@ class RadixCache:
             assert n.mem_children == sum(not c.spilled for c in n.children.values())
             assert n.lock_ref >= max((c.lock_ref for c in n.children.values()), default=0)
             stack.extend(n.children.values())
-        assert (total, tokens, nodes) == (self.bytes, self.tokens, self.nodes), \
-            ((total, tokens, nodes), (self.bytes, self.tokens, self.nodes))
+        assert (total, tokens, nodes) == (self.bytes, self.tokens, self.nodes), (
+            (total, tokens, nodes),
+            (self.bytes, self.tokens, self.nodes),
+        )
         assert (disk_tokens, disk_nodes) == (self.disk_tokens, self.disk_nodes)
         assert evictable == self.evictable, (len(evictable), len(self.evictable))
         assert disk_evictable == self.disk_evictable, (len(disk_evictable), len(self.disk_evictable))

@@ -59,7 +59,7 @@ class SlotKVCache(BatchKVCache):
         self._holes: dict[int, list[int]] = {}  # row -> buffer columns it rejected (see `reject`)
 
     @classmethod
-    def adopt(cls, c: BatchKVCache) -> "SlotKVCache":
+    def adopt(cls, c: BatchKVCache) -> SlotKVCache:
         """The same rows, K/V and padding as a library cache, in a buffer with spare room."""
         s = cls.__new__(cls)
         s._rows = int(c.offset.shape[0])
@@ -70,7 +70,7 @@ class SlotKVCache(BatchKVCache):
         s.keys = s.values = None
         s._holes = {}
         if c.keys is not None:
-            s._relay(rows=s._rows, left=0, extra=0, src=(c.keys[..., :c._idx, :], c.values[..., :c._idx, :]))
+            s._relay(rows=s._rows, left=0, extra=0, src=(c.keys[..., : c._idx, :], c.values[..., : c._idx, :]))
         return s
 
     @classmethod
@@ -80,8 +80,8 @@ class SlotKVCache(BatchKVCache):
     # -- layout ---------------------------------------------------------------------
 
     def _views(self) -> None:
-        self.keys = self._k[: self._rows, :, self.t0: self._end, :]
-        self.values = self._v[: self._rows, :, self.t0: self._end, :]
+        self.keys = self._k[: self._rows, :, self.t0 : self._end, :]
+        self.values = self._v[: self._rows, :, self.t0 : self._end, :]
 
     def _write(self, index, k: mx.array, v: mx.array) -> None:
         """Write into the buffers in place. MLX reuses a buffer only when nothing unevaluated
@@ -127,8 +127,8 @@ class SlotKVCache(BatchKVCache):
         if self._end + n > self._k.shape[2]:
             self._relay(rows=self._rows, left=0, extra=n + self.step)
         self.keys = self.values = None  # see _write; keys and values are the model's, not views of ours
-        self._k[: self._rows, :, self._end: self._end + n, :] = keys
-        self._v[: self._rows, :, self._end: self._end + n, :] = values
+        self._k[: self._rows, :, self._end : self._end + n, :] = keys
+        self._v[: self._rows, :, self._end : self._end + n, :] = values
         self._end += n
         self._idx += n
         self.offset = self.offset + n
@@ -168,7 +168,7 @@ class SlotKVCache(BatchKVCache):
         if self._k is not None:
             moves = [(dst, src) for dst, src in enumerate(keep) if dst != src]
             # a row at a time: slice writes reuse the buffer, an indexed scatter copied it
-            sources = [(mx.contiguous(self._k[s: s + 1]), mx.contiguous(self._v[s: s + 1])) for _, s in moves]
+            sources = [(mx.contiguous(self._k[s : s + 1]), mx.contiguous(self._v[s : s + 1])) for _, s in moves]
             for (dst, _), (k, v) in zip(moves, sources):
                 self._write(slice(dst, dst + 1), k, v)
         self._rows = len(keep)
@@ -222,10 +222,13 @@ class SlotKVCache(BatchKVCache):
         """Row `idx`'s tokens as a plain cache: its live columns, without padding or holes."""
         cache = KVCache()
         padding = self.left_padding.tolist()[idx]
-        keys, values = self.keys[idx: idx + 1, :, padding:, :], self.values[idx: idx + 1, :, padding:, :]
+        keys, values = self.keys[idx : idx + 1, :, padding:, :], self.values[idx : idx + 1, :, padding:, :]
         if self._holes.get(idx):
             cols = mx.array(self._live(idx, padding))
-            keys, values = mx.take(self.keys[idx: idx + 1], cols, axis=2), mx.take(self.values[idx: idx + 1], cols, axis=2)
+            keys, values = (
+                mx.take(self.keys[idx : idx + 1], cols, axis=2),
+                mx.take(self.values[idx : idx + 1], cols, axis=2),
+            )
         cache.keys, cache.values = mx.contiguous(keys), mx.contiguous(values)
         cache.offset = cache.keys.shape[2]
         return cache

@@ -18,7 +18,7 @@ WARM_OWNER = "radixchat:warm-up"  # not a valid user name: its namespace is nobo
 def warm_prompts(file: Path | None, presets: bool = True) -> list[str]:
     out: list[str] = []
     if presets:
-        import assets
+        from radixchat import assets
 
         out += [p["text"] for p in assets.prompts().get("system_prompts", []) if p.get("text")]
     if file is not None:

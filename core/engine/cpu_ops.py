@@ -76,8 +76,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     elif mask is not None:
         m = mask
         if m.ndim == 4:  # (B|1, H|1, L|1, T) -> grouped (B|1, kv_heads|1, r|1, L|1, T)
-            m = m.reshape(m.shape[0], kv_heads, r, *m.shape[2:]) if m.shape[1] == H and H > 1 \
-                else mx.expand_dims(m, 2)
+            m = m.reshape(m.shape[0], kv_heads, r, *m.shape[2:]) if m.shape[1] == H and H > 1 else mx.expand_dims(m, 2)
         if m.dtype == mx.bool_:
             s = mx.where(m, s, lowest)
         else:
@@ -94,10 +93,17 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
 
 def _fast_sdpa(library):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
-        if sinks is not None or hasattr(cache, "bits") or not _wanted() \
-                or queries.dtype != mx.float32 or keys.shape[1] == 0 or queries.shape[1] % keys.shape[1]:
+        if (
+            sinks is not None
+            or hasattr(cache, "bits")
+            or not _wanted()
+            or queries.dtype != mx.float32
+            or keys.shape[1] == 0
+            or queries.shape[1] % keys.shape[1]
+        ):
             return library(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         return attention(queries, keys, values, scale, mask)
+
     scaled_dot_product_attention.library = library
     return scaled_dot_product_attention
 
@@ -107,6 +113,7 @@ def _fast_swiglu(library):
         if not _wanted() or gate.dtype != mx.float32:
             return library(gate, x)
         return swiglu(gate, x)
+
     fast.library = library
     return fast
 

@@ -32,19 +32,28 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from core.cache.radix import Match, common_prefix
-from core.cache.scope import CacheScope
-from core.config import Settings, kv_budget
-from core.engine.fairness import FairQueue
-from core.engine.handle import Outbox, RequestHandle
-from core.engine.lockstep import IDLE_TICK_S, LOST, Watchdog, counters, launched, shape_digest
-from core.engine.requests import (ChatRequest, Failed, Finished, QueueFull, RequestError, Sampling,
-                                  TextDelta, TokenLogprob, Usage)
-from core.engine.textstream import TextStream
+from radixchat.core.cache.radix import Match, common_prefix
+from radixchat.core.cache.scope import CacheScope
+from radixchat.core.config import Settings, kv_budget
+from radixchat.core.engine.fairness import FairQueue
+from radixchat.core.engine.handle import Outbox, RequestHandle
+from radixchat.core.engine.lockstep import IDLE_TICK_S, LOST, Watchdog, counters, launched, shape_digest
+from radixchat.core.engine.requests import (
+    ChatRequest,
+    Failed,
+    Finished,
+    QueueFull,
+    RequestError,
+    Sampling,
+    TextDelta,
+    TokenLogprob,
+    Usage,
+)
+from radixchat.core.engine.textstream import TextStream
 
 if TYPE_CHECKING:  # both import MLX, which only the engine thread may load
-    from core.cache.kv import PrefixStore
-    from core.engine.model import LoadedModel
+    from radixchat.core.cache.kv import PrefixStore
+    from radixchat.core.engine.model import LoadedModel
 
 log = logging.getLogger("radixchat.engine")
 MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
@@ -64,6 +73,7 @@ def _lost_or_internal(e: BaseException) -> str:
 @dataclass
 class _Active:
     """Engine-thread state of one request."""
+
     handle: RequestHandle
     prompt: list[int]
     sampling: Sampling
@@ -114,6 +124,7 @@ def over_cap(max_batch: int) -> int:
 @dataclass
 class Templated:
     """A chat request's prompt as tokens, with the positions the prefix cache cares about."""
+
     tokens: list[int]
     boundaries: list[int]  # message ends where snapshots are taken (hybrid models only)
     shared_len: int  # where the system message ends (0 without one)
@@ -122,12 +133,14 @@ class Templated:
 @dataclass
 class _Submit:
     """Command: admit a validated, tokenized request."""
+
     active: _Active
 
 
 @dataclass
 class _Cancel:
     """Command: stop a request (queued or running) at the next step."""
+
     rid: str
 
 
@@ -180,14 +193,17 @@ class Engine:
         self.in_step: bool | None = None  # the last check that every rank's tree and batch agree
         self.fatal: str | None = None  # why a sharded server stopped
         self.on_fatal = None  # called (any thread) with that reason; the CLI stops the server
-        self._disk_first = settings.prefix_cache and not self._sharded and (
-            settings.cache_disk_bytes > 0 or settings.warm_prompts is not None)
+        self._disk_first = (
+            settings.prefix_cache
+            and not self._sharded
+            and (settings.cache_disk_bytes > 0 or settings.warm_prompts is not None)
+        )
         if self._disk_first:
             self._cmds.put(_Wake())
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    def start(self, timeout: float | None = None) -> "Engine":
+    def start(self, timeout: float | None = None) -> Engine:
         """Start the engine thread, load the model there, and wait until it is ready."""
         self.started_at = time.time()
         self._thread.start()
@@ -216,14 +232,21 @@ class Engine:
     def stats(self) -> dict:
         """Counters for /health and /metrics; safe to call from any thread (reads only)."""
         bpt = self.kv_bytes_per_token
-        return {"alive": self.alive, "inflight": self._inflight, "active": len(self._active),
-                "running": len(self._by_uid), "steps": self.steps,
-                "kv_budget": self.kv_budget, "kv_bytes_per_token": bpt,
-                "batch_tokens": self.batch_room() // bpt if bpt else 0, "max_batch": self.settings.max_batch,
-                "prefix_cache": self.prefix.tree.summary() if self.prefix else None,
-                "disk_cache": self.prefix.disk.summary() if self.prefix and self.prefix.disk else None,
-                "shards": self.link.summary() | {"in_step": self.in_step} if self.link else None,
-                "speculation": self._speculation()}
+        return {
+            "alive": self.alive,
+            "inflight": self._inflight,
+            "active": len(self._active),
+            "running": len(self._by_uid),
+            "steps": self.steps,
+            "kv_budget": self.kv_budget,
+            "kv_bytes_per_token": bpt,
+            "batch_tokens": self.batch_room() // bpt if bpt else 0,
+            "max_batch": self.settings.max_batch,
+            "prefix_cache": self.prefix.tree.summary() if self.prefix else None,
+            "disk_cache": self.prefix.disk.summary() if self.prefix and self.prefix.disk else None,
+            "shards": self.link.summary() | {"in_step": self.in_step} if self.link else None,
+            "speculation": self._speculation(),
+        }
 
     def _speculation(self) -> dict | None:
         spec = getattr(self._gen, "speculator", None)  # a plain BatchGenerator has none
@@ -238,18 +261,26 @@ class Engine:
         loop use `asubmit`, which does it in a worker thread."""
         self._check_owner(request.owner)
         p = self.template(request)
-        return self.submit_tokens(p.tokens, request.sampling, p.boundaries,
-                                  shared_len=p.shared_len, owner=request.owner)
+        return self.submit_tokens(
+            p.tokens, request.sampling, p.boundaries, shared_len=p.shared_len, owner=request.owner
+        )
 
     async def asubmit(self, request: ChatRequest) -> RequestHandle:
         """`submit` for asyncio callers: the template and any grammar are built in a worker
         thread, and the handle delivers its events to the calling loop."""
         self._check_owner(request.owner)  # a flood's refusals cost no templating
         p = await asyncio.to_thread(self.template, request)
-        constraint = await asyncio.to_thread(self.constraint, request.sampling) \
-            if request.sampling.constrained else None
-        return self.submit_tokens(p.tokens, request.sampling, p.boundaries,
-                                  shared_len=p.shared_len, owner=request.owner, constraint=constraint)
+        constraint = (
+            await asyncio.to_thread(self.constraint, request.sampling) if request.sampling.constrained else None
+        )
+        return self.submit_tokens(
+            p.tokens,
+            request.sampling,
+            p.boundaries,
+            shared_len=p.shared_len,
+            owner=request.owner,
+            constraint=constraint,
+        )
 
     def template(self, request: ChatRequest) -> Templated:
         """The prompt's tokens, where its system message ends and, for models with
@@ -265,8 +296,9 @@ class Engine:
         extra = {}
         if request.tools:
             if self.tool_format() is None:
-                raise RequestError("tools: this model's chat template has no tool-call format",
-                                   code="tools_unsupported")
+                raise RequestError(
+                    "tools: this model's chat template has no tool-call format", code="tools_unsupported"
+                )
             extra["tools"] = request.tools
         with self._tok_lock:
             try:
@@ -288,8 +320,16 @@ class Engine:
         boundaries = sorted(ends.values()) if hybrid else []
         return Templated(prompt, boundaries, ends.get(system, 0) if system else 0)
 
-    def submit_tokens(self, prompt: list[int], sampling: Sampling, boundaries: list[int] | None = None,
-                      *, shared_len: int = 0, owner: str | None = None, constraint=None) -> RequestHandle:
+    def submit_tokens(
+        self,
+        prompt: list[int],
+        sampling: Sampling,
+        boundaries: list[int] | None = None,
+        *,
+        shared_len: int = 0,
+        owner: str | None = None,
+        constraint=None,
+    ) -> RequestHandle:
         """Queue an already tokenized prompt (plain completions: no system message, so all
         of it lives in `owner`'s part of the prefix cache)."""
         if not self._ready.is_set() or self._stopping or self._closed:
@@ -302,13 +342,18 @@ class Engine:
             raise RequestError(
                 f"This model's maximum context length is {ctx} tokens. However, your messages "
                 f"resulted in {len(prompt)} tokens. Please reduce the length of the messages.",
-                413, "context_length_exceeded")
+                413,
+                "context_length_exceeded",
+            )
         if sampling.top_k > self.loaded.vocab_size:
-            raise RequestError(f"top_k must be at most the model's vocabulary size "
-                               f"({self.loaded.vocab_size}), got {sampling.top_k}")
+            raise RequestError(
+                f"top_k must be at most the model's vocabulary size ({self.loaded.vocab_size}), got {sampling.top_k}"
+            )
         if sampling.logit_bias and max(sampling.logit_bias) >= self.loaded.vocab_size:
-            raise RequestError(f"logit_bias: token {max(sampling.logit_bias)} is not in the model's "
-                               f"vocabulary of {self.loaded.vocab_size} tokens")
+            raise RequestError(
+                f"logit_bias: token {max(sampling.logit_bias)} is not in the model's "
+                f"vocabulary of {self.loaded.vocab_size} tokens"
+            )
         if constraint is None and sampling.constrained:
             constraint = self.constraint(sampling)
         max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
@@ -325,16 +370,28 @@ class Engine:
             loop = None
         rid = f"req-{next(self._ids)}"
         handle = RequestHandle(rid, len(prompt), self.cancel, loop, self._outbox)
-        self._cmds.put(_Submit(_Active(handle, prompt, sampling, max_tokens, time.perf_counter(),
-                                       boundaries=boundaries or [], shared_len=shared_len, owner=owner,
-                                       constraint=constraint)))
+        self._cmds.put(
+            _Submit(
+                _Active(
+                    handle,
+                    prompt,
+                    sampling,
+                    max_tokens,
+                    time.perf_counter(),
+                    boundaries=boundaries or [],
+                    shared_len=shared_len,
+                    owner=owner,
+                    constraint=constraint,
+                )
+            )
+        )
         if self._closed:  # the engine stopped between the check above and the put: nobody
             self._fail_queued("the engine stopped")  # else will answer what is queued now
         return handle
 
     def tool_format(self) -> str | None:
         """The tool-call family of the model's chat template (core/engine/tools.py), or None."""
-        from core.engine.tools import family
+        from radixchat.core.engine.tools import family
 
         return family(getattr(self.loaded.tokenizer, "chat_template", None)) if self.loaded else None
 
@@ -343,23 +400,28 @@ class Engine:
         is refused before it is queued, and however long a user's schema takes to compile
         (llguidance's limits bound it), the engine thread, which every stream waits on,
         never compiles anything."""
-        from core.engine import constrain
+        from radixchat.core.engine import constrain
 
         lark = sampling.lark
         try:
             grammar = constrain.grammar_for(sampling.json_schema) if lark is None else constrain.grammar_of_lark(lark)
             return constrain.Constraint(grammar, self.loaded.tokenizer, self.loaded.vocab_size)
         except constrain.SchemaError as e:
-            raise RequestError(f"{'response_format' if lark is None else 'tools'}: {e}",
-                               code="invalid_schema") from None
+            raise RequestError(
+                f"{'response_format' if lark is None else 'tools'}: {e}", code="invalid_schema"
+            ) from None
 
     def _check_owner(self, owner: str | None) -> None:
         """Refuse a request of an owner who has `max_user_requests` waiting or running (a
         read of a counter: callers check before templating, submit_tokens under the lock)."""
         mine = self._owner_inflight[owner] if owner is not None else 0
         if mine >= self.settings.max_user_requests:
-            raise RequestError(f"you already have {mine} requests waiting or running, the most one "
-                               "user may have at once: retry when one has finished", 429, "user_limit")
+            raise RequestError(
+                f"you already have {mine} requests waiting or running, the most one "
+                "user may have at once: retry when one has finished",
+                429,
+                "user_limit",
+            )
 
     def cancel(self, rid: str) -> None:
         self._cmds.put(_Cancel(rid))
@@ -369,36 +431,36 @@ class Engine:
     def _main(self) -> None:
         import mlx.core as mx
 
-        from core.engine.model import load_model
+        from radixchat.core.engine.model import load_model
 
         try:
             try:
                 s = self.settings
-                from core.cache.offset_guard import ensure_offset_semantics
+                from radixchat.core.cache.offset_guard import ensure_offset_semantics
 
                 self.offset_report = ensure_offset_semantics()
-                from core.engine import lockstep
+                from radixchat.core.engine import lockstep
 
                 self.link = lockstep.join("tensor") if self._sharded else None
                 if self.link is not None:
                     self.link.hello()
                     s = self.settings = self.link.settings(s)
-                    from core.engine.catalog import resolve
+                    from radixchat.core.engine.catalog import resolve
 
                     self.link.same_model(resolve(s.model).path)
                     lockstep.install()
                     lockstep.share_tokens_here(self.link)
                 self.loaded = load_model(s.model, s.dtype, s.context_length, link=self.link)
-                from core.engine import unnormalized
+                from radixchat.core.engine import unnormalized
 
                 unnormalized.install()
                 unnormalized.use_here(True)
                 if s.cpu_ops:
-                    from core.engine import cpu_ops
+                    from radixchat.core.engine import cpu_ops
 
                     self.cpu_ops = cpu_ops.install(self.loaded.model)
                     cpu_ops.use_here(True)
-                from core.cache.kv import PrefixStore, kv_bytes_per_token
+                from radixchat.core.cache.kv import PrefixStore, kv_bytes_per_token
 
                 self.kv_budget = kv_budget(s)
                 if self.link is not None:  # memory may differ between machines: rank 0's counts
@@ -480,8 +542,7 @@ class Engine:
         now = counters(tree, len(self._by_uid))
         digest = not step and now != self._digested
         ops, self._ops = self._ops, []
-        self.link.send({"ops": ops, "step": step, "state": now, "digest": digest,
-                        "nap": 0 if step else IDLE_TICK_S})
+        self.link.send({"ops": ops, "step": step, "state": now, "digest": digest, "nap": 0 if step else IDLE_TICK_S})
         if digest:
             digests = self.link.digests(shape_digest(tree, len(self._by_uid)))
             self._digested = now
@@ -505,25 +566,36 @@ class Engine:
     def _new_generator(self):
         from mlx_lm.generate import BatchGenerator, StopSequences
 
-        from core.engine.stepper import BudgetedBatchGenerator, check_layout
+        from radixchat.core.engine.stepper import BudgetedBatchGenerator, check_layout
 
         s = self.settings
         # every insert names its stop sequences (eos, or none with ignore_eos)
         self._eos_stops = StopSequences([[t] for t in sorted(self.loaded.tokenizer.eos_token_ids)])
         self._no_stops = StopSequences()
-        kwargs = dict(max_tokens=s.max_tokens, completion_batch_size=over_cap(s.max_batch),
-                      prefill_batch_size=s.max_prefill_batch, prefill_step_size=s.prefill_step,
-                      stream=self._mx_stream)
+        kwargs = dict(
+            max_tokens=s.max_tokens,
+            completion_batch_size=over_cap(s.max_batch),
+            prefill_batch_size=s.max_prefill_batch,
+            prefill_step_size=s.prefill_step,
+            stream=self._mx_stream,
+        )
         if s.step_tokens:
             # the ranks of a sharded server would have to agree on drafts too: not built
-            gen = BudgetedBatchGenerator(self.loaded.model, step_tokens=s.step_tokens,
-                                         on_prompt=self._on_prompt, slots=s.kv_slots,
-                                         speculate=0 if self._sharded else s.speculate, **kwargs)
+            gen = BudgetedBatchGenerator(
+                self.loaded.model,
+                step_tokens=s.step_tokens,
+                on_prompt=self._on_prompt,
+                slots=s.kv_slots,
+                speculate=0 if self._sharded else s.speculate,
+                **kwargs,
+            )
             if check_layout(gen):
                 return gen
             gen.close()
-            log.warning("this mlx-lm's BatchGenerator is not the one --step-tokens reorders: "
-                        "running with its own order (decode, then prefill)")
+            log.warning(
+                "this mlx-lm's BatchGenerator is not the one --step-tokens reorders: "
+                "running with its own order (decode, then prefill)"
+            )
         return BatchGenerator(self.loaded.model, **kwargs)
 
     def _drain_commands(self, block: bool) -> None:
@@ -582,19 +654,27 @@ class Engine:
 
         prefer = None
         if self.prefix is not None:
+
             def prefer(a: _Active) -> int:  # cache-aware: the longest cached prefix first
                 return self.prefix.tree.peek(a.key[:-1], self.scope.min_match(a.shared_len))
 
-        admit = self._fair.pick(min(soft - running, prefill),
-                                lambda a, p: no_room(a, p) or self._should_wait(a, p) or self._disk_wait(a), prefer)
+        admit = self._fair.pick(
+            min(soft - running, prefill),
+            lambda a, p: no_room(a, p) or self._should_wait(a, p) or self._disk_wait(a),
+            prefer,
+        )
         if len(self._fair) and running + len(admit) >= soft and len(admit) < prefill:
             mine = Counter(a.owner for a in self._by_uid.values())
             mine.update(a.owner for a in admit)
             share = max(1, soft // max(1, len(self._fair.load)))
 
             def over_share(a: _Active, picked: list[_Active]) -> bool:
-                return mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share or \
-                    no_room(a, admit + picked) or self._should_wait(a, admit + picked) or self._disk_wait(a)
+                return (
+                    mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share
+                    or no_room(a, admit + picked)
+                    or self._should_wait(a, admit + picked)
+                    or self._disk_wait(a)
+                )
 
             admit += self._fair.pick(min(over_cap(soft) - running, prefill) - len(admit), over_share, prefer)
         if admit:
@@ -620,14 +700,15 @@ class Engine:
             return False
         head, least = a.key[:-1], self.scope.min_match(a.shared_len)
         others = [b.key for b in admitting] + [
-            b.key for b in self._active.values() if b.uid is not None and not b.prefilled and not b.done]
+            b.key for b in self._active.values() if b.uid is not None and not b.prefilled and not b.done
+        ]
         shared = max((common_prefix(head, k) for k in others), default=0)
         if shared < least:  # a part of someone else's system message: it would be a miss
             return False
         return shared - self.prefix.tree.peek(head, least) >= MIN_SHARED_PREFIX
 
     def _admit(self, new: list[_Active]) -> None:
-        from core.engine.sampling import make_request_sampler
+        from radixchat.core.engine.sampling import make_request_sampler
 
         samplers, ok = [], []
         for a in new:  # one request's bad sampler must not keep the others out
@@ -645,8 +726,13 @@ class Engine:
         self._insert(ok, samplers)
         for a in ok:
             self._fair.charge(a.owner, prompt_tokens=len(a.prompt) - a.cached)
-        self._record("admit", [[a.uid, a.prompt, a.shared_len, a.owner, a.boundaries, a.cached, a.max_tokens,
-                                a.sampling.ignore_eos] for a in ok])
+        self._record(
+            "admit",
+            [
+                [a.uid, a.prompt, a.shared_len, a.owner, a.boundaries, a.cached, a.max_tokens, a.sampling.ignore_eos]
+                for a in ok
+            ],
+        )
 
     def _insert(self, rows: list[_Active], samplers: list) -> None:
         """Restore each request's cached prefix (its path locked) and give the generator the
@@ -664,9 +750,14 @@ class Engine:
             prefixes.append(a.prompt[: a.cached])
         # segments make the generator pause at message ends, so snapshots can be taken there
         stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in rows]
-        uids = self._gen.insert_segments(prompts, max_tokens=[a.max_tokens for a in rows],
-                                         caches=caches, all_tokens=prefixes, samplers=samplers,
-                                         stop_sequences=stops)
+        uids = self._gen.insert_segments(
+            prompts,
+            max_tokens=[a.max_tokens for a in rows],
+            caches=caches,
+            all_tokens=prefixes,
+            samplers=samplers,
+            stop_sequences=stops,
+        )
         for a, uid in zip(rows, uids):
             a.uid = uid
             self._by_uid[uid] = a
@@ -679,6 +770,7 @@ class Engine:
 
         def guarded(logprobs):
             import mlx.core as mx
+
             try:
                 return sampler(logprobs)
             except Exception as e:
@@ -741,8 +833,11 @@ class Engine:
             if delta:
                 a.handle._push(self._delta(a, delta))
         if finish_reason is not None:  # the generator has already dropped it
-            self._finish(a, "stop" if a.stream.stopped or finish_reason == "stop" else "length",
-                         final=(r.prompt_cache, r.all_tokens))
+            self._finish(
+                a,
+                "stop" if a.stream.stopped or finish_reason == "stop" else "length",
+                final=(r.prompt_cache, r.all_tokens),
+            )
         elif a.stream.stopped:
             self._finish(a, "stop")
 
@@ -759,7 +854,7 @@ class Engine:
         logits of this step (core.engine.unnormalized: the step leaves them unnormalized)."""
         import mlx.core as mx
 
-        from core.engine.unnormalized import normalized
+        from radixchat.core.engine.unnormalized import normalized
 
         logprobs = normalized(logprobs)
         chosen = logprobs[token]
@@ -770,8 +865,7 @@ class Engine:
             alts = sorted(zip(ids.tolist(), values.tolist()), key=lambda p: -p[1])
         else:
             alts = []
-        return TokenLogprob(self._token_text(token), chosen.item(),
-                            [(self._token_text(i), v) for i, v in alts])
+        return TokenLogprob(self._token_text(token), chosen.item(), [(self._token_text(i), v) for i, v in alts])
 
     def _token_text(self, token: int) -> str:
         text = self._token_texts.get(token)
@@ -795,8 +889,14 @@ class Engine:
         tail = a.stream.finish()
         if tail or a.unsent:
             a.handle._push(self._delta(a, tail))
-        a.handle._push(Finished(text=a.stream.text, finish_reason=reason, usage=a.usage(),
-                                logprobs=a.logprobs if a.sampling.logprobs is not None else None))
+        a.handle._push(
+            Finished(
+                text=a.stream.text,
+                finish_reason=reason,
+                usage=a.usage(),
+                logprobs=a.logprobs if a.sampling.logprobs is not None else None,
+            )
+        )
 
     def _fail(self, a: _Active, message: str) -> None:
         if a.uid is not None:
@@ -846,12 +946,11 @@ class Engine:
         if self._disk_first:
             self._disk_first = False
             if self.settings.cache_disk_bytes > 0:
-                from core.cache.disk import open_tier
+                from radixchat.core.cache.disk import open_tier
 
                 cmds = self._cmds  # (the disk threads keep this queue, not the engine)
                 try:
-                    open_tier(self.settings, self.loaded, self.prefix, self.scope,
-                              wake=lambda: cmds.put(_Wake()))
+                    open_tier(self.settings, self.loaded, self.prefix, self.scope, wake=lambda: cmds.put(_Wake()))
                 except Exception:
                     log.exception("the prefix cache's disk tier did not open: memory tier only")
             self._start_warm_up()
@@ -889,7 +988,7 @@ class Engine:
     def _start_warm_up(self) -> None:
         """Prefill the system-prompt presets and --warm-prompts in the background, one at a
         time, as requests of an owner no user can be (not stored, not users' metrics)."""
-        from core.cache.warm import WARM_OWNER, warm_prompts
+        from radixchat.core.cache.warm import WARM_OWNER, warm_prompts
 
         s = self.settings
         if s.cache_sharing == "user":  # nothing is shared: a warm prompt would help nobody
@@ -903,9 +1002,11 @@ class Engine:
         def run() -> None:
             for text in prompts:
                 try:
-                    req = ChatRequest(messages=[{"role": "system", "content": text},
-                                                {"role": "user", "content": "Hello"}],
-                                      sampling={"max_tokens": 1, "temperature": 0.0}, owner=WARM_OWNER)
+                    req = ChatRequest(
+                        messages=[{"role": "system", "content": text}, {"role": "user", "content": "Hello"}],
+                        sampling={"max_tokens": 1, "temperature": 0.0},
+                        owner=WARM_OWNER,
+                    )
                     self.submit(req).result()
                 except RequestError as e:
                     log.info("warm prompt skipped: %s", e)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from typing import Callable, Hashable, Iterable, Protocol
+from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol
 
 PROMPT_WEIGHT, GENERATED_WEIGHT = 1.0, 2.0
 PREFER_AMONG = 16  # how many of one owner's waiting requests `prefer` is asked about per slot
@@ -46,8 +47,9 @@ class FairQueue:
         self.load[a.owner] += 1
         self._waiting.append((next(self._arrivals), a))
 
-    def pick(self, slots: int, blocked: Callable[[Waiting, list], bool],
-             prefer: Callable[[Waiting], int] | None = None) -> list[Waiting]:
+    def pick(
+        self, slots: int, blocked: Callable[[Waiting, list], bool], prefer: Callable[[Waiting], int] | None = None
+    ) -> list[Waiting]:
         """Take up to `slots` requests, least-served owner first; skip (and keep) those for
         which `blocked(request, picked so far)` is true. Among that owner's requests (the
         first PREFER_AMONG of them), the one with the largest `prefer` goes first (the
@@ -79,8 +81,9 @@ class FairQueue:
         return picked
 
     def charge(self, owner: Hashable, prompt_tokens: int = 0, generated_tokens: int = 0) -> None:
-        self.served[owner] = (self.served.get(owner, 0.0) + PROMPT_WEIGHT * prompt_tokens
-                              + GENERATED_WEIGHT * generated_tokens)
+        self.served[owner] = (
+            self.served.get(owner, 0.0) + PROMPT_WEIGHT * prompt_tokens + GENERATED_WEIGHT * generated_tokens
+        )
 
     def left(self, owner: Hashable) -> None:
         """A request of `owner` ended (finished, failed or cancelled, waiting or running)."""

@@ -25,10 +25,10 @@ import logging
 import sys
 import time
 
-from core.config import Settings
-from core.engine.engine import Engine, _Active
-from core.engine.lockstep import counters, shape_digest
-from core.engine.requests import Sampling
+from radixchat.core.config import Settings
+from radixchat.core.engine.engine import Engine, _Active
+from radixchat.core.engine.lockstep import counters, shape_digest
+from radixchat.core.engine.requests import Sampling
 
 log = logging.getLogger("radixchat.follower")
 
@@ -61,8 +61,10 @@ class Follower(Engine):
                 tree = self.prefix.tree if self.prefix is not None else None
                 mine = counters(tree, len(self._by_uid))
                 if mine != msg["state"]:
-                    raise RuntimeError(f"out of step with rank 0 (prefix cache counters and running "
-                                       f"requests): {mine} here, {msg['state']} there")
+                    raise RuntimeError(
+                        f"out of step with rank 0 (prefix cache counters and running "
+                        f"requests): {mine} here, {msg['state']} there"
+                    )
                 if msg.get("digest"):
                     self.link.digests(shape_digest(tree, len(self._by_uid)))
                 if msg["step"]:
@@ -78,8 +80,16 @@ class Follower(Engine):
     def _op_admit(self, rows: list) -> None:
         news = []
         for uid, prompt, shared_len, owner, boundaries, cached, max_tokens, ignore_eos in rows:
-            a = _Active(_Quiet(f"rank0-{uid}"), prompt, Sampling(ignore_eos=ignore_eos), max_tokens,
-                        time.perf_counter(), boundaries=boundaries, shared_len=shared_len, owner=owner)
+            a = _Active(
+                _Quiet(f"rank0-{uid}"),
+                prompt,
+                Sampling(ignore_eos=ignore_eos),
+                max_tokens,
+                time.perf_counter(),
+                boundaries=boundaries,
+                shared_len=shared_len,
+                owner=owner,
+            )
             if self.prefix is not None:
                 a.key = self.scope.key(a.prompt, a.shared_len, a.owner)
             news.append((uid, cached, a))
@@ -87,8 +97,7 @@ class Follower(Engine):
         self._insert([a for _, _, a in news], [None] * len(news))
         for uid, cached, a in news:
             if a.cached != cached:
-                raise RuntimeError(f"rank 0 restored {cached} cached tokens of request {uid}, "
-                                   f"this rank {a.cached}")
+                raise RuntimeError(f"rank 0 restored {cached} cached tokens of request {uid}, this rank {a.cached}")
             if a.uid != uid:
                 raise RuntimeError(f"the generator numbered a request {a.uid}, rank 0's {uid}")
 

@@ -37,18 +37,52 @@ MARKER = "gguf.json"  # written last; a folder without it (or of another version
 GROUP_SIZE = 32  # llama.cpp's block of Q4_0, Q4_1 and Q8_0, which MLX keeps as its group size
 
 TYPE_NAMES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
-    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
-    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
-    23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
-    30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    8: "Q8_0",
+    9: "Q8_1",
+    10: "Q2_K",
+    11: "Q3_K",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    15: "Q8_K",
+    16: "IQ2_XXS",
+    17: "IQ2_XS",
+    18: "IQ3_XXS",
+    19: "IQ1_S",
+    20: "IQ4_NL",
+    21: "IQ3_S",
+    22: "IQ2_S",
+    23: "IQ4_XS",
+    24: "I8",
+    25: "I16",
+    26: "I32",
+    27: "I64",
+    28: "F64",
+    29: "IQ1_M",
+    30: "BF16",
+    34: "TQ1_0",
+    35: "TQ2_0",
+    39: "MXFP4",
 }
 # (weights per block, bytes per block) of the types accepted; the rest are refused
-BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20),
-          "Q8_0": (32, 34), "Q2_K": (256, 84), "Q6_K": (256, 210)}
+BLOCKS = {
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q8_0": (32, 34),
+    "Q2_K": (256, 84),
+    "Q6_K": (256, 210),
+}
 _TYPES_OK = f"files of {', '.join(list(BLOCKS)[:-1])} or {list(BLOCKS)[-1]} tensors load"
-MISREAD = {"Q4_K": "MLX's GGUF reader decodes wrongly (every second sub-block gets its "
-                   "neighbour's scale)"}
+MISREAD = {"Q4_K": "MLX's GGUF reader decodes wrongly (every second sub-block gets its neighbour's scale)"}
 
 # GGUF metadata value types: struct formats of the fixed-size ones
 _STRING, _ARRAY = 8, 9
@@ -57,31 +91,42 @@ _FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 # llama.cpp's tensor names -> mlx-lm's llama module paths
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 
 # llama.cpp's pre-tokenizer regexes (llm_tokenizer_bpe), applied one after another, each
 # match isolated; byte-level BPE then runs inside every piece
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
-           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _PRE = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"),
     **dict.fromkeys(["gpt2", "gpt-2", "mpt", "olmo", "jais"], (_GPT2,)),
-    **dict.fromkeys(["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
-                     "minerva"], (r"\p{N}", _GPT2)),
+    **dict.fromkeys(
+        ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"], (r"\p{N}", _GPT2)
+    ),
     **dict.fromkeys(["llama-bpe", "llama3", "dbrx", "smaug-bpe"], (_LLAMA3,)),
 }
 _IGNORE_MERGES = {"llama-bpe", "llama3", "dbrx", "smaug-bpe"}  # whole-word vocabulary hits first
 
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
-_ROLE_KEYS = (("bos", "bos_token"), ("eos", "eos_token"), ("padding", "pad_token"),
-              ("unknown", "unk_token"))  # tokenizer.ggml.<role>_token_id -> tokenizer_config
-_REQUIRED = ("llama.block_count", "llama.embedding_length", "llama.feed_forward_length",
-             "llama.attention.head_count")
+_ROLE_KEYS = (
+    ("bos", "bos_token"),
+    ("eos", "eos_token"),
+    ("padding", "pad_token"),
+    ("unknown", "unk_token"),
+)  # tokenizer.ggml.<role>_token_id -> tokenizer_config
+_REQUIRED = ("llama.block_count", "llama.embedding_length", "llama.feed_forward_length", "llama.attention.head_count")
 _QUANT_TAG = re.compile(r"[.\-_](?:i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
 
 
@@ -108,6 +153,7 @@ class Header:
 @dataclass
 class GGUFInfo:
     """What doctor and the model's description say about a converted GGUF."""
+
     file: str
     model_id: str
     tensor_types: dict[str, int] = field(default_factory=dict)
@@ -134,7 +180,7 @@ class _Reader:
         if self.pos + n > len(self.buf):
             raise struct.error("string past the end")
         self.pos += n
-        return bytes(self.buf[self.pos - n:self.pos]).decode("utf-8", "replace")
+        return bytes(self.buf[self.pos - n : self.pos]).decode("utf-8", "replace")
 
     def value(self, vtype: int):
         if vtype == _STRING:
@@ -167,8 +213,9 @@ def read_header(path: Path) -> Header:
         try:
             return _parse(_Reader(buf), size, path.name)
         except (struct.error, OverflowError) as e:
-            raise GGUFError(f"{path.name} is truncated or corrupt: its header ends early or "
-                            f"makes no sense ({e})") from None
+            raise GGUFError(
+                f"{path.name} is truncated or corrupt: its header ends early or makes no sense ({e})"
+            ) from None
 
 
 def _parse(r: _Reader, size: int, name: str) -> Header:
@@ -219,14 +266,15 @@ def check(header: Header, name: str) -> None:
     meta = header.metadata
     arch = meta.get("general.architecture")
     if arch != "llama":
-        raise GGUFError(f"{name}: architecture {arch!r} is not llama-family; only llama GGUF "
-                        "files convert (other models: an mlx-lm model folder)")
+        raise GGUFError(
+            f"{name}: architecture {arch!r} is not llama-family; only llama GGUF "
+            "files convert (other models: an mlx-lm model folder)"
+        )
     if meta.get("llama.expert_count", 0) > 0:
         raise GGUFError(f"{name}: a mixture-of-experts llama (Mixtral-style) is not supported")
     missing = [k for k in _REQUIRED if k not in meta]
     if missing or "token_embd.weight" not in {t.name for t in header.tensors}:
-        raise GGUFError(f"{name}: not a complete llama model (missing "
-                        f"{', '.join(missing) or 'token_embd.weight'})")
+        raise GGUFError(f"{name}: not a complete llama model (missing {', '.join(missing) or 'token_embd.weight'})")
     for t in header.tensors:
         _check_tensor(t, name, header.size)
     _check_rope(meta, header, name)
@@ -235,18 +283,18 @@ def check(header: Header, name: str) -> None:
 
 def _check_tensor(t: Tensor, name: str, size: int) -> None:
     if t.name == "rope_freqs.weight":
-        raise GGUFError(f"{name}: llama-3.1-style rope frequency factors (rope_freqs) are not "
-                        "supported")
+        raise GGUFError(f"{name}: llama-3.1-style rope frequency factors (rope_freqs) are not supported")
     if t.type in MISREAD:
         raise GGUFError(f"{name}: tensor {t.name} is {t.type}, which {MISREAD[t.type]}; {_TYPES_OK}")
     if t.type not in BLOCKS:
-        raise GGUFError(f"{name}: tensor {t.name} is {t.type}, which MLX's GGUF reader cannot "
-                        f"read; {_TYPES_OK}")
+        raise GGUFError(f"{name}: tensor {t.name} is {t.type}, which MLX's GGUF reader cannot read; {_TYPES_OK}")
     _mlx_name(t.name, name)
     end = t.offset + _nbytes(t)
     if end > size:
-        raise GGUFError(f"{name} is truncated: tensor {t.name} ends at byte {end:,} but the "
-                        f"file has {size:,} (an incomplete download?)")
+        raise GGUFError(
+            f"{name} is truncated: tensor {t.name} ends at byte {end:,} but the "
+            f"file has {size:,} (an incomplete download?)"
+        )
 
 
 def _check_rope(meta: dict, header: Header, name: str) -> None:
@@ -255,11 +303,13 @@ def _check_rope(meta: dict, header: Header, name: str) -> None:
         raise GGUFError(f"{name}: rope scaling {scaling!r} is not supported")
     heads = meta.get("llama.attention.head_count", 0)
     head_dim = meta.get("llama.attention.key_length") or (
-        meta.get("llama.embedding_length", 0) // heads if heads else 0)
+        meta.get("llama.embedding_length", 0) // heads if heads else 0
+    )
     rope_dims = meta.get("llama.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise GGUFError(f"{name}: rope over {rope_dims} of {head_dim} head dimensions (partial "
-                        "rotary) is not supported")
+        raise GGUFError(
+            f"{name}: rope over {rope_dims} of {head_dim} head dimensions (partial rotary) is not supported"
+        )
 
 
 def _check_tokenizer(meta: dict, arrays: set[str], name: str) -> None:
@@ -267,12 +317,12 @@ def _check_tokenizer(meta: dict, arrays: set[str], name: str) -> None:
         raise GGUFError(f"{name}: the file has no vocabulary (tokenizer.ggml.tokens)")
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
-        raise GGUFError(f"{name}: tokenizer {model!r} is not supported; only byte-level BPE "
-                        "('gpt2') vocabularies convert")
+        raise GGUFError(
+            f"{name}: tokenizer {model!r} is not supported; only byte-level BPE ('gpt2') vocabularies convert"
+        )
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE:
-        raise GGUFError(f"{name}: pre-tokenizer {pre!r} is not supported (known: "
-                        f"{', '.join(sorted(_PRE))})")
+        raise GGUFError(f"{name}: pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(_PRE))})")
 
 
 def _mlx_name(gguf_name: str, name: str = "") -> str:
@@ -299,9 +349,12 @@ def model_config(header: Header, weights: dict, name_or_path: str) -> dict:
     get = lambda key, default=None: meta.get(f"llama.{key}", default)  # noqa: E731
     heads = get("attention.head_count")
     config = {
-        "model_type": "llama", "_name_or_path": name_or_path,
-        "hidden_size": get("embedding_length"), "num_hidden_layers": get("block_count"),
-        "intermediate_size": get("feed_forward_length"), "num_attention_heads": heads,
+        "model_type": "llama",
+        "_name_or_path": name_or_path,
+        "hidden_size": get("embedding_length"),
+        "num_hidden_layers": get("block_count"),
+        "intermediate_size": get("feed_forward_length"),
+        "num_attention_heads": heads,
         "num_key_value_heads": get("attention.head_count_kv", heads),
         "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-5),
         "rope_theta": get("rope.freq_base", 10000.0),
@@ -325,8 +378,11 @@ def model_config(header: Header, weights: dict, name_or_path: str) -> dict:
 def _packed_bits(weights: dict) -> dict[str, int]:
     """Bits of each packed module: a row of n weights packs into n * bits / 32 uint32 words
     beside n / 32 scales, so there are `bits` words per scale."""
-    return {k.removesuffix(".scales"): weights[k.removesuffix("scales") + "weight"].shape[-1] // s.shape[-1]
-            for k, s in weights.items() if k.endswith(".scales")}
+    return {
+        k.removesuffix(".scales"): weights[k.removesuffix("scales") + "weight"].shape[-1] // s.shape[-1]
+        for k, s in weights.items()
+        if k.endswith(".scales")
+    }
 
 
 def _quantization(weights: dict) -> dict:
@@ -378,18 +434,24 @@ def build_tokenizer(meta: dict, out: Path, context_length: int) -> list[int]:
     types = _ints(meta.get("tokenizer.ggml.token_type")) or [1] * len(tokens)
     tok = _bpe(tokens, list(meta.get("tokenizer.ggml.merges", [])), meta.get("tokenizer.ggml.pre", "default"))
     _add_tokens(tok, tokens, types)
-    named = {role: _scalar(meta.get(f"tokenizer.ggml.{role}_token_id"))
-             for role in ("bos", "eos", "padding", "unknown", "eot", "eom")}
+    named = {
+        role: _scalar(meta.get(f"tokenizer.ggml.{role}_token_id"))
+        for role in ("bos", "eos", "padding", "unknown", "eot", "eom")
+    }
     named = {role: i for role, i in named.items() if i is not None and 0 <= i < len(tokens)}
     if _scalar(meta.get("tokenizer.ggml.add_bos_token")) and "bos" in named:
         from tokenizers import processors
 
         bos = tokens[named["bos"]]
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, named["bos"])])
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, named["bos"])]
+        )
     tok.save(str(out / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": context_length,
-              "clean_up_tokenization_spaces": False}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": context_length,
+        "clean_up_tokenization_spaces": False,
+    }
     for role, key in _ROLE_KEYS:
         if role in named:
             config[key] = tokens[named[role]]
@@ -407,7 +469,8 @@ def _bpe(tokens: list[str], merges: list[str], pre: str):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre in _IGNORE_MERGES))
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE[pre]]
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     return tok
 
@@ -417,10 +480,12 @@ def _add_tokens(tok, tokens: list[str], types: list[int]) -> None:
     never split; user-defined ones are matched whole but decode like text."""
     from tokenizers import AddedToken
 
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, k in zip(tokens, types) if k == _CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, k in zip(tokens, types) if k == _USER_DEFINED])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _CONTROL]
+    )
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == _USER_DEFINED]
+    )
 
 
 def _scalar(v):
@@ -442,7 +507,7 @@ def file_key(path: Path) -> str:
 
 
 def cache_root() -> Path:
-    from core.config import default_data_dir
+    from radixchat.core.config import default_data_dir
 
     return default_data_dir() / "models"
 
@@ -524,10 +589,19 @@ def convert(path: Path, out: Path, digest: str = "") -> GGUFInfo:
     config["eos_token_id"] = build_tokenizer(meta, out, config["max_position_embeddings"])
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    (out / MARKER).write_text(json.dumps({
-        "converter": CONVERTER_VERSION, "file": info.file, "sha256": digest, "model_id": info.model_id,
-        "general.name": header.metadata.get("general.name"), "tensor_types": info.tensor_types,
-    }, indent=2))
+    (out / MARKER).write_text(
+        json.dumps(
+            {
+                "converter": CONVERTER_VERSION,
+                "file": info.file,
+                "sha256": digest,
+                "model_id": info.model_id,
+                "general.name": header.metadata.get("general.name"),
+                "tensor_types": info.tensor_types,
+            },
+            indent=2,
+        )
+    )
     return info
 
 

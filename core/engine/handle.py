@@ -10,12 +10,12 @@ GIL against the engine thread at every token. Nothing here runs MLX.
 from __future__ import annotations
 
 import asyncio
-import queue
 import logging
+import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
-from core.engine.requests import Event, Failed, Finished, TextDelta
+from radixchat.core.engine.requests import Event, Failed, Finished, TextDelta
 
 
 class Outbox:
@@ -48,8 +48,14 @@ def _deliver(items) -> None:
 
 
 class RequestHandle:
-    def __init__(self, rid: str, prompt_tokens: int, cancel: Callable[[str], None],
-                 loop: asyncio.AbstractEventLoop | None, outbox: Outbox):
+    def __init__(
+        self,
+        rid: str,
+        prompt_tokens: int,
+        cancel: Callable[[str], None],
+        loop: asyncio.AbstractEventLoop | None,
+        outbox: Outbox,
+    ):
         self.id = rid
         self.prompt_tokens = prompt_tokens
         self._cancel = cancel

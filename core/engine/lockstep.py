@@ -40,8 +40,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 log = logging.getLogger("radixchat.lockstep")
 FRAME = 2048  # bytes of the first collective of a message; a longer one takes a second
@@ -56,8 +56,9 @@ LOST = "a shard of this server (another rank of the mlx.launch group) stopped an
 def launched() -> tuple[int, int] | None:
     """(rank, size) when this process is one of several started by mlx.launch or mpirun."""
     env = os.environ
-    if "MLX_RANK" in env and (env.get("MLX_HOSTFILE") or env.get("MLX_JACCL_COORDINATOR")
-                              or env.get("MLX_IBV_DEVICES")):
+    if "MLX_RANK" in env and (
+        env.get("MLX_HOSTFILE") or env.get("MLX_JACCL_COORDINATOR") or env.get("MLX_IBV_DEVICES")
+    ):
         rank = int(env["MLX_RANK"])
         size = _hostfile_size(env.get("MLX_HOSTFILE"), env.get("MLX_IBV_DEVICES"))
         return (rank, size) if size > 1 else None
@@ -125,9 +126,9 @@ class Link:
         frame = bytearray(FRAME)
         frame[:4] = len(body).to_bytes(4, "little")
         first = body[: FRAME - 4]
-        frame[4: 4 + len(first)] = first
+        frame[4 : 4 + len(first)] = first
         self._sum(mx.array(memoryview(frame), dtype=mx.uint8))
-        rest = body[FRAME - 4:]
+        rest = body[FRAME - 4 :]
         if rest:
             self._sum(mx.array(memoryview(bytearray(rest)), dtype=mx.uint8))
         self.sent_bytes += len(body)
@@ -139,7 +140,7 @@ class Link:
 
         frame = bytes(memoryview(self._sum(mx.zeros((FRAME,), dtype=mx.uint8))))
         n = int.from_bytes(frame[:4], "little")
-        body = frame[4: 4 + n]
+        body = frame[4 : 4 + n]
         if n > FRAME - 4:
             body += bytes(memoryview(self._sum(mx.zeros((n - (FRAME - 4),), dtype=mx.uint8))))
         self.messages += 1
@@ -151,9 +152,9 @@ class Link:
 
         rows = bytearray(width * self.size)
         mine = text.encode()[:width]
-        rows[self.rank * width: self.rank * width + len(mine)] = mine
+        rows[self.rank * width : self.rank * width + len(mine)] = mine
         out = bytes(memoryview(self._sum(mx.array(memoryview(rows), dtype=mx.uint8))))
-        return [out[r * width:(r + 1) * width].rstrip(b"\0").decode() for r in range(self.size)]
+        return [out[r * width : (r + 1) * width].rstrip(b"\0").decode() for r in range(self.size)]
 
     def hello(self) -> None:
         """Learn every rank's host and process id (for /health, doctor and the tests)."""
@@ -170,7 +171,7 @@ class Link:
     def settings(self, settings):
         """Rank 0's settings on every rank: the ranks must batch, cache and sample alike, and
         a variable set on one machine only must not make them differ."""
-        from core.config import Settings
+        from radixchat.core.config import Settings
 
         data = self.share(settings.model_dump(mode="json"))
         return settings if self.rank == 0 else Settings(**data)
@@ -182,17 +183,24 @@ class Link:
         theirs = self.gather(mine, width=64)
         odd = [r for r, d in enumerate(theirs) if d != theirs[0]]
         if odd:
-            raise ValueError(f"rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} "
-                             f"{'have' if len(odd) > 1 else 'has'} another model at {path} or other "
-                             "versions of MLX, mlx-lm or radixchat than rank 0: install the same everywhere")
+            raise ValueError(
+                f"rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} "
+                f"{'have' if len(odd) > 1 else 'has'} another model at {path} or other "
+                "versions of MLX, mlx-lm or radixchat than rank 0: install the same everywhere"
+            )
 
     def digests(self, digest: str) -> list[str]:
         return self.gather(digest, width=64)
 
     def summary(self) -> dict:
-        return {"size": self.size, "backend": self.backend, "sharding": self.sharding,
-                "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid} for r in self.ranks],
-                "messages": self.messages, "message_bytes": self.sent_bytes}
+        return {
+            "size": self.size,
+            "backend": self.backend,
+            "sharding": self.sharding,
+            "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid} for r in self.ranks],
+            "messages": self.messages,
+            "message_bytes": self.sent_bytes,
+        }
 
 
 def model_digest(path: str) -> str:
@@ -201,11 +209,11 @@ def model_digest(path: str) -> str:
     from importlib.metadata import version
     from pathlib import Path
 
-    from core.cache.identity import model_files
+    from radixchat.core.cache.identity import model_files
 
     h = hashlib.sha256(repr([version(p) for p in ("mlx", "mlx-lm", "radixchat")]).encode())
     p = Path(path).expanduser()
-    for f in (model_files(p) if p.is_dir() else [p] if p.is_file() else []):
+    for f in model_files(p) if p.is_dir() else [p] if p.is_file() else []:
         size = f.stat().st_size
         h.update(f"{f.name}:{size}".encode())
         with open(f, "rb") as fh:
@@ -236,15 +244,23 @@ def shard_model(model, link: Link) -> str:
     """Shard a lazily loaded model over the group, or say in one line why it cannot be."""
     if not hasattr(model, "shard"):
         pipeline = hasattr(getattr(model, "model", None), "pipeline")
-        raise ValueError(f"this model ({type(model).__module__.rsplit('.', 1)[-1]}) has no tensor-parallel "
-                         "sharding in mlx-lm" + (" (only pipeline stages, which radixchat does not run yet)"
-                                                  if pipeline else "") + ": run it on one machine")
+        raise ValueError(
+            f"this model ({type(model).__module__.rsplit('.', 1)[-1]}) has no tensor-parallel "
+            "sharding in mlx-lm"
+            + (" (only pipeline stages, which radixchat does not run yet)" if pipeline else "")
+            + ": run it on one machine"
+        )
     args = getattr(model, "args", None)
-    uneven = [f"{getattr(args, k)} {k.replace('_', ' ').replace('num ', '')}" for k in SPLIT
-              if isinstance(getattr(args, k, None), int) and getattr(args, k) % link.size]
+    uneven = [
+        f"{getattr(args, k)} {k.replace('_', ' ').replace('num ', '')}"
+        for k in SPLIT
+        if isinstance(getattr(args, k, None), int) and getattr(args, k) % link.size
+    ]
     if uneven:  # mlx-lm would divide them with // and compute garbage
-        raise ValueError(f"this model's {', '.join(uneven)} do not split evenly over {link.size} ranks: "
-                         "run it on a number of ranks that divides them")
+        raise ValueError(
+            f"this model's {', '.join(uneven)} do not split evenly over {link.size} ranks: "
+            "run it on a number of ranks that divides them"
+        )
     model.shard(link.group)
     return "tensor"
 
@@ -293,6 +309,7 @@ def share_tokens(tokens, link: Link):
 
 # ---- the tree's shape ---------------------------------------------------------------------
 
+
 def counters(tree, running: int) -> list[int]:
     """What each message carries of a rank's state (the prefix cache's counters and the
     requests in the batch): cheap to compare every step."""
@@ -306,8 +323,11 @@ def shape_digest(tree, running: int) -> str:
     stack = [tree.root] if tree is not None else []
     while stack:
         node = stack.pop()
-        h.update(repr((node.key, node.lock_ref, node.snapshot is not None, node.seg is not None,
-                       sorted(node.children))).encode())
+        h.update(
+            repr(
+                (node.key, node.lock_ref, node.snapshot is not None, node.seg is not None, sorted(node.children))
+            ).encode()
+        )
         stack.extend(node.children[k] for k in sorted(node.children, reverse=True))
     return h.hexdigest()[:32]
 

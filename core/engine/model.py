@@ -21,8 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
-from core.engine.catalog import Card, card_of_folder, resolve
-from core.engine.gguf import GGUFInfo, converted_folder
+from radixchat.core.engine.catalog import Card, card_of_folder, resolve
+from radixchat.core.engine.gguf import GGUFInfo, converted_folder
 
 log = logging.getLogger("radixchat.models")
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -86,8 +86,7 @@ def _runs_as(model: nn.Module, dtype: str) -> str:
     return dtype
 
 
-def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None = None,
-               link=None) -> LoadedModel:
+def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None = None, link=None) -> LoadedModel:
     """With `link` (core.engine.lockstep.Link: a rank of an mlx.launch group) only this
     rank's shard of the weights is kept; the parameter count stays the whole model's."""
     from mlx_lm import load
@@ -108,7 +107,7 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
     model, tokenizer, config = load(path_or_id, return_config=True, lazy=link is not None)
     whole = None
     if link is not None:
-        from core.engine.lockstep import shard_model
+        from radixchat.core.engine.lockstep import shard_model
 
         whole = sum(v.size for _, v in tree_flatten(model.parameters()))  # shapes only: still lazy
         link.sharding = shard_model(model, link)

@@ -51,6 +51,7 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 class Sampling(BaseModel):
     """How to pick tokens. Every field is checked here, and `top_k` against the model's
     vocabulary at submit: a value that passes can't fail inside a batched step."""
+
     model_config = ConfigDict(extra="forbid")
     temperature: float = Field(0.0, ge=0.0, le=5.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
@@ -147,6 +148,7 @@ class Usage:
 class TokenLogprob:
     """One generated token as a request with `logprobs` sees it: its text, its
     log-probability under the model, and the most likely alternatives (text, logprob)."""
+
     token: str
     logprob: float
     top: list[tuple[str, float]] = field(default_factory=list)

@@ -16,8 +16,8 @@ import random
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-from core.engine.requests import Sampling
-from core.engine.unnormalized import normalized
+from radixchat.core.engine.requests import Sampling
+from radixchat.core.engine.unnormalized import normalized
 
 
 def _biased(bias: dict[int, float]):

@@ -33,7 +33,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
-from core.cache.slots import SlotKVCache
+from radixchat.core.cache.slots import SlotKVCache
 
 NGRAMS = (3, 2)  # the lookup's n, longest first: a 1-token match guesses too often to pay
 COMPACT_AT = 32  # holes in a row before the batch's caches are re-laid without them
@@ -62,7 +62,7 @@ class Drafts:
 
     def sync(self, tokens: list[int]) -> None:
         """Catch up with the row's tokens (they only ever grow)."""
-        self.extend(tokens[len(self.seq):])
+        self.extend(tokens[len(self.seq) :])
 
     def extend(self, tokens: list[int]) -> None:
         seq, follows = self.seq, self.follows
@@ -70,7 +70,7 @@ class Drafts:
             end = len(seq)  # t's index: it follows the n-grams that end just before it
             for n in NGRAMS:
                 if end >= n:
-                    follows[tuple(seq[end - n: end])] = end
+                    follows[tuple(seq[end - n : end])] = end
             seq.append(t)
 
     def likely(self) -> bool:
@@ -87,9 +87,9 @@ class Drafts:
         for n in NGRAMS:
             if len(seq) < n - 1:
                 continue
-            at = self.follows.get(tuple(seq[len(seq) - n + 1:]) + (current,))
+            at = self.follows.get(tuple(seq[len(seq) - n + 1 :]) + (current,))
             if at is not None:
-                return seq[at: at + k]
+                return seq[at : at + k]
         return []
 
 
@@ -153,7 +153,7 @@ class Speculator:
             for uid, d in zip(uids, drafts):
                 if d:
                     a = self.rows[uid].acceptance
-                    gain += sum(a ** j for j in range(1, min(len(d), k) + 1))
+                    gain += sum(a**j for j in range(1, min(len(d), k) + 1))
             v = (b + gain) / self.cost(b, k + 1)
             if v > value:
                 best, value = k, v
@@ -174,11 +174,18 @@ class Speculator:
         self.seconds[key] = seconds if old is None else (1 - EMA) * old + EMA * seconds
 
     def summary(self) -> dict:
-        return {"max_draft": self.k, "steps": self.steps, "waits": self.waits, "rows_verified": self.rows_verified,
-                "rows_drafting": self.rows_drafting, "drafted": self.drafted, "accepted": self.accepted,
-                "acceptance": round(self.accepted / self.drafted, 3) if self.drafted else None,
-                # tokens a drafting row got from one forward (1 without speculation)
-                "tokens_per_draft": round(1 + self.accepted / self.rows_drafting, 2) if self.rows_drafting else None}
+        return {
+            "max_draft": self.k,
+            "steps": self.steps,
+            "waits": self.waits,
+            "rows_verified": self.rows_verified,
+            "rows_drafting": self.rows_drafting,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": round(self.accepted / self.drafted, 3) if self.drafted else None,
+            # tokens a drafting row got from one forward (1 without speculation)
+            "tokens_per_draft": round(1 + self.accepted / self.rows_drafting, 2) if self.rows_drafting else None,
+        }
 
 
 def usable(gen: GenerationBatch) -> bool:
@@ -186,8 +193,9 @@ def usable(gen: GenerationBatch) -> bool:
     return bool(gen.prompt_cache) and all(type(c) is SlotKVCache for c in gen.prompt_cache)
 
 
-def verify_step(gen: GenerationBatch, tokens: list[int], drafts: list[list[int]],
-                spec: Speculator) -> list[GenerationBatch.Response]:
+def verify_step(
+    gen: GenerationBatch, tokens: list[int], drafts: list[list[int]], spec: Speculator
+) -> list[GenerationBatch.Response]:
     """One decode step of `gen` with drafts: what `GenerationBatch.next` does, for 1 + K
     tokens per row. `tokens` are the rows' current tokens (gen._next_tokens, evaluated)."""
     b, k = len(gen.uids), max(len(d) for d in drafts)
@@ -198,7 +206,7 @@ def verify_step(gen: GenerationBatch, tokens: list[int], drafts: list[list[int]]
     if any(gen.logits_processors):  # as the library's step: only rows with processors need a context
         rows = []
         for e in range(b):
-            row = first[e: e + 1]
+            row = first[e : e + 1]
             if gen.logits_processors[e]:
                 ctx = gen._token_context[e].update_and_fetch(x[e, :1])
                 context.append(ctx)
@@ -211,7 +219,7 @@ def verify_step(gen: GenerationBatch, tokens: list[int], drafts: list[list[int]]
     if all(s is samplers[0] for s in samplers):
         sampled = samplers[0](first)
     else:
-        sampled = mx.concatenate([s(first[e: e + 1]) for e, s in enumerate(samplers)], axis=0)
+        sampled = mx.concatenate([s(first[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
     argmax = mx.argmax(logits, axis=-1)  # [b, 1 + k]: the model's own choice after each input
     mx.eval(sampled, argmax, context)
     sampled, argmax = sampled.tolist(), argmax.tolist()
@@ -227,7 +235,7 @@ def verify_step(gen: GenerationBatch, tokens: list[int], drafts: list[list[int]]
         # the logits each token was chosen from: the current one's came with the last step
         logprobs = [gen._next_logprobs[i]] + [logits[i, j] for j in range(took)]
         finish, n = None, 0
-        for n, t in enumerate(out, 1):
+        for n, t in enumerate(out, 1):  # noqa: B007
             gen._num_tokens[i] += 1
             if gen._num_tokens[i] >= gen.max_tokens[i]:
                 finish = "length"
@@ -249,9 +257,16 @@ def verify_step(gen: GenerationBatch, tokens: list[int], drafts: list[list[int]]
     out = []
     for i, token, logprobs, finish in responses:
         done = finish is not None
-        out.append(GenerationBatch.Response(gen.uids[i], token, logprobs, finish,
-                                            gen.extract_cache(i) if done else None,
-                                            gen.tokens[i] if done else None))
+        out.append(
+            GenerationBatch.Response(
+                gen.uids[i],
+                token,
+                logprobs,
+                finish,
+                gen.extract_cache(i) if done else None,
+                gen.tokens[i] if done else None,
+            )
+        )
     gen._next_tokens = mx.array(nexts, dtype=mx.uint32)
     gen._next_logprobs = next_logprobs
     if len(keep) < b:

@@ -42,21 +42,42 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch, StopSequences, TokenBuffer
 from mlx_lm.models.cache import BatchKVCache
 
-from core.cache.slots import SlotKVCache, swap_order
-from core.engine.speculate import Speculator, usable, verify_step
+from radixchat.core.cache.slots import SlotKVCache, swap_order
+from radixchat.core.engine.speculate import Speculator, usable, verify_step
 
-_LAYOUT = ("_prompt_batch", "_generation_batch", "_unprocessed_sequences", "_currently_processing",
-           "_make_batch", "_counters", "completion_batch_size", "prefill_batch_size", "prefill_step_size")
+_LAYOUT = (
+    "_prompt_batch",
+    "_generation_batch",
+    "_unprocessed_sequences",
+    "_currently_processing",
+    "_make_batch",
+    "_counters",
+    "completion_batch_size",
+    "prefill_batch_size",
+    "prefill_step_size",
+)
 
 
-_ROWS = ("uids", "prompt_cache", "tokens", "samplers", "logits_processors", "stop_sequences", "max_tokens",
-         "_next_tokens", "_next_logprobs", "_token_context", "_num_tokens", "_matchers")
+_ROWS = (
+    "uids",
+    "prompt_cache",
+    "tokens",
+    "samplers",
+    "logits_processors",
+    "stop_sequences",
+    "max_tokens",
+    "_next_tokens",
+    "_next_logprobs",
+    "_token_context",
+    "_num_tokens",
+    "_matchers",
+)
 TIME_PLAIN_EVERY = 8  # with speculation on, one plain step in so many is timed (core.engine.speculate)
 MIN_CHUNK = 64  # the least prompt tokens a step gives each long prompt being prefilled
 NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
@@ -64,15 +85,30 @@ NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
 
 def check_layout(gen: BatchGenerator) -> bool:
     """Does this mlx-lm's generator have the parts the budgeted step reorders?"""
-    rows = GenerationBatch.empty(gen.model, gen._generation_batch.fallback_sampler) \
-        if hasattr(gen, "_generation_batch") else None
-    return all(hasattr(gen, name) for name in _LAYOUT) and hasattr(PromptProcessingBatch, "Response") \
-        and rows is not None and all(hasattr(rows, name) for name in _ROWS)
+    rows = (
+        GenerationBatch.empty(gen.model, gen._generation_batch.fallback_sampler)
+        if hasattr(gen, "_generation_batch")
+        else None
+    )
+    return (
+        all(hasattr(gen, name) for name in _LAYOUT)
+        and hasattr(PromptProcessingBatch, "Response")
+        and rows is not None
+        and all(hasattr(rows, name) for name in _ROWS)
+    )
 
 
 class BudgetedBatchGenerator(BatchGenerator):
-    def __init__(self, model, *, step_tokens: int,
-                 on_prompt: Callable[[list], None], slots: bool = True, speculate: int = 0, **kwargs):
+    def __init__(
+        self,
+        model,
+        *,
+        step_tokens: int,
+        on_prompt: Callable[[list], None],
+        slots: bool = True,
+        speculate: int = 0,
+        **kwargs,
+    ):
         super().__init__(model, **kwargs)
         self.step_tokens = step_tokens
         self.on_prompt = on_prompt
@@ -91,8 +127,11 @@ class BudgetedBatchGenerator(BatchGenerator):
         gen = self._generation_batch
         if len(gen) < self.completion_batch_size:
             room = max(self.step_tokens - len(gen), self.step_tokens // 4)
-            n = min(self.prefill_batch_size - len(self._prompt_batch),
-                    self.completion_batch_size - len(gen), len(self._unprocessed_sequences))
+            n = min(
+                self.prefill_batch_size - len(self._prompt_batch),
+                self.completion_batch_size - len(gen),
+                len(self._unprocessed_sequences),
+            )
             n = self._joining(n, room)
             if n > 0:
                 self._prompt_batch.extend(self._make_batch(n))
@@ -166,8 +205,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         batch = self._unstepped(prompts, last) if folded else prompts.generate(last)
         if self.slots and not self._generation_batch.prompt_cache:
             # the first rows of a decoding batch: from here on, joins write into their slots
-            batch.prompt_cache = [SlotKVCache.adopt(c) if type(c) is BatchKVCache else c
-                                  for c in batch.prompt_cache]
+            batch.prompt_cache = [SlotKVCache.adopt(c) if type(c) is BatchKVCache else c for c in batch.prompt_cache]
         self._generation_batch.extend(batch)
         return [PromptProcessingBatch.Response(uid, (t - folded, t), True, True) for uid, t in zip(batch.uids, totals)]
 
@@ -197,7 +235,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         for uid, seq in zip(self._prompt_batch.uids, rows):
             segments = seq[0]
             take = segments[0][:per_row]
-            segments[0] = segments[0][len(take):]
+            segments[0] = segments[0][len(take) :]
             end_of_segment = not segments[0]
             if end_of_segment:
                 segments.pop(0)

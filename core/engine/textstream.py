@@ -33,7 +33,7 @@ class TextStream:
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
-        pending = self.text[self.sent:]
+        pending = self.text[self.sent :]
         cut = min((p for p in (pending.find(s) for s in self._stops) if p >= 0), default=-1)
         if cut >= 0:
             self.stopped = True

@@ -44,9 +44,12 @@ def family(chat_template: str | None) -> str | None:
 
 def _call_schema(tool: dict, arguments_key: str) -> dict:
     fn = tool["function"]
-    return {"type": "object", "additionalProperties": False, "required": ["name", arguments_key],
-            "properties": {"name": {"const": fn["name"]},
-                           arguments_key: fn.get("parameters") or {"type": "object"}}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", arguments_key],
+        "properties": {"name": {"const": fn["name"]}, arguments_key: fn.get("parameters") or {"type": "object"}},
+    }
 
 
 def grammar(fam: str, tools: list[dict], only: str | None = None) -> str:
@@ -65,8 +68,7 @@ def grammar(fam: str, tools: list[dict], only: str | None = None) -> str:
 
 def _call(name: str, arguments) -> dict:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": args}}
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
 
 
 def parse(fam: str, text: str) -> tuple[str, list[dict]]:

@@ -103,14 +103,15 @@ def reexec_with_openblas(mode: str = "auto") -> None:
         return
     lib = find_openblas()
     if lib is None:
-        msg = ("OpenBLAS not found (apt-get install libopenblas0-pthread); "
-               "MLX falls back to its bundled BLAS, about 25x slower on the CPU")
+        msg = (
+            "OpenBLAS not found (apt-get install libopenblas0-pthread); "
+            "MLX falls back to its bundled BLAS, about 25x slower on the CPU"
+        )
         if mode == "openblas":
             sys.exit(f"radixchat: {msg}")
         warnings.warn(msg, stacklevel=2)
         return
-    env = openblas_env(dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib,
-                            **{REEXEC_MARK: "1"}))
+    env = openblas_env(dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib, **{REEXEC_MARK: "1"}))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

@@ -15,13 +15,20 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from importlib.metadata import version
-from typing import Iterator
 
-from core.platform.blas import REEXEC_MARK, active_blas, find_openblas, matmul_gflops, openblas_core, openblas_env
-from core.config import Settings
+from radixchat.core.config import Settings
+from radixchat.core.platform.blas import (
+    REEXEC_MARK,
+    active_blas,
+    find_openblas,
+    matmul_gflops,
+    openblas_core,
+    openblas_env,
+)
 
-_CHILD = "from core.platform.blas import matmul_gflops; print(matmul_gflops())"
+_CHILD = "from radixchat.core.platform.blas import matmul_gflops; print(matmul_gflops())"
 
 
 def _other_blas_gflops(current: str) -> tuple[str, str]:
@@ -37,8 +44,7 @@ def _other_blas_gflops(current: str) -> tuple[str, str]:
         other, env["LD_PRELOAD"] = "openblas", lib
         env = openblas_env(env)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=root, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         return other, f"failed: {out.stderr.strip().splitlines()[-1:]}"
     return other, f"{float(out.stdout):.1f}"
@@ -58,7 +64,7 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     if sys.platform.startswith("linux"):
         other, figure = _other_blas_gflops(blas)
         yield f"matmul gflops ({other})", figure
-    from core.cache.offset_guard import ensure_offset_semantics
+    from radixchat.core.cache.offset_guard import ensure_offset_semantics
 
     for cls, verdict in ensure_offset_semantics().items():
         yield f"{cls}.offset", f"{verdict} (captured offsets keep their value)"
@@ -67,8 +73,8 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
         if link is not None:
             yield "sharding", "decided when the model loads (tensor parallel where mlx-lm has it)"
         return
-    from core.engine.gguf import GGUFError
-    from core.engine.model import load_model
+    from radixchat.core.engine.gguf import GGUFError
+    from radixchat.core.engine.model import load_model
 
     t0 = time.perf_counter()
     yield "model", settings.model
@@ -84,8 +90,13 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
         return
     yield "model load", f"{time.perf_counter() - t0:.1f} s"
     if link is not None:
-        yield "sharding", (f"{link.sharding} parallel: each of {link.size} ranks holds 1/{link.size} of every "
-                           "layer's attention heads, MLP and K/V; rank 0 serves and sends each step's changes")
+        yield (
+            "sharding",
+            (
+                f"{link.sharding} parallel: each of {link.size} ranks holds 1/{link.size} of every "
+                "layer's attention heads, MLP and K/V; rank 0 serves and sends each step's changes"
+            ),
+        )
     yield from _gguf(m)
     yield "parameters", f"{m.num_params / 1e6:.2f}M, {m.dtype}, {m.num_layers} layers"
     yield "context length", str(m.context_length)
@@ -97,7 +108,7 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
 def _group():
     """Under mlx.launch: the group, its backend and each rank (every rank runs the doctor in
     step, since loading and timing the model run collectives; the CLI prints rank 0's)."""
-    from core.engine.lockstep import join, launched
+    from radixchat.core.engine.lockstep import join, launched
 
     if launched() is None:
         return None
@@ -111,41 +122,67 @@ def _group():
 
 def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     """What the K/V budget lets the engine run at once (its working batch limit)."""
-    from core.cache.kv import kv_bytes_per_token
-    from core.config import kv_budget
-    from core.engine.engine import BATCH_SHARE
+    from radixchat.core.cache.kv import kv_bytes_per_token
+    from radixchat.core.config import kv_budget
+    from radixchat.core.engine.engine import BATCH_SHARE
 
     budget, bpt = kv_budget(settings), kv_bytes_per_token(m.model)
     tokens = int(budget * BATCH_SHARE) // bpt
     per_seq = 512 + settings.max_tokens
     yield "kv budget", f"{budget / 2**30:.2f} GiB (--cache-bytes), {bpt:,} bytes per token"
-    yield "batch limit", (f"{tokens:,} tokens of running sequences: {min(settings.max_batch, tokens // per_seq)} "
-                          f"of {per_seq} tokens (512 prompt + --max-tokens), at most --max-batch "
-                          f"{settings.max_batch}")
-    yield "engine step", (f"{settings.step_tokens} tokens (--step-tokens): each decoding stream one, new "
-                          f"prompts prefill in chunks in the rest" if settings.step_tokens else
-                          "mlx-lm's order (--step-tokens 0): decode, then a whole prefill step")
+    yield (
+        "batch limit",
+        (
+            f"{tokens:,} tokens of running sequences: {min(settings.max_batch, tokens // per_seq)} "
+            f"of {per_seq} tokens (512 prompt + --max-tokens), at most --max-batch "
+            f"{settings.max_batch}"
+        ),
+    )
+    yield (
+        "engine step",
+        (
+            f"{settings.step_tokens} tokens (--step-tokens): each decoding stream one, new "
+            f"prompts prefill in chunks in the rest"
+            if settings.step_tokens
+            else "mlx-lm's order (--step-tokens 0): decode, then a whole prefill step"
+        ),
+    )
     yield from _disk_tier(settings)
-    yield "decoding k/v", ("slots with spare room (--kv-slots): a join or a leave copies one row"
-                           if settings.kv_slots and settings.step_tokens else
-                           "mlx-lm's BatchKVCache: a join or a leave copies the whole batch")
+    yield (
+        "decoding k/v",
+        (
+            "slots with spare room (--kv-slots): a join or a leave copies one row"
+            if settings.kv_slots and settings.step_tokens
+            else "mlx-lm's BatchKVCache: a join or a leave copies the whole batch"
+        ),
+    )
     import mlx.core as mx
 
-    yield "model ops", ("attention and SwiGLU in CPU-fast forms (--cpu-ops, core/engine/cpu_ops.py)"
-                        if settings.cpu_ops and mx.default_device() == mx.cpu else
-                        "mlx-lm's own" + (" (--no-cpu-ops)" if not settings.cpu_ops else " (GPU)"))
+    yield (
+        "model ops",
+        (
+            "attention and SwiGLU in CPU-fast forms (--cpu-ops, core/engine/cpu_ops.py)"
+            if settings.cpu_ops and mx.default_device() == mx.cpu
+            else "mlx-lm's own" + (" (--no-cpu-ops)" if not settings.cpu_ops else " (GPU)")
+        ),
+    )
 
 
 def _disk_tier(settings: Settings) -> Iterator[tuple[str, str]]:
     """The prefix cache's disk tier: where, its budget, and what lies there now (all models)."""
-    from core.cache.disk import cache_folder, disk_usage
+    from radixchat.core.cache.disk import cache_folder, disk_usage
 
     if not settings.cache_disk_bytes:
         yield "disk cache", "off (--cache-disk-bytes 0)"
         return
     used, files = disk_usage(settings)
-    yield "disk cache", (f"{cache_folder(settings)}: {used / 2**20:.1f} MiB in {files} entries of "
-                         f"{settings.cache_disk_bytes / 2**20:.0f} MiB (--cache-disk-bytes)")
+    yield (
+        "disk cache",
+        (
+            f"{cache_folder(settings)}: {used / 2**20:.1f} MiB in {files} entries of "
+            f"{settings.cache_disk_bytes / 2**20:.0f} MiB (--cache-disk-bytes)"
+        ),
+    )
 
 
 def _gguf(m) -> Iterator[tuple[str, str]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sqlite_utils import Database
 
-from core.store.types import Branch, Message, NotFound, as_id
+from radixchat.core.store.types import Branch, Message, NotFound, as_id
 
 COLUMNS = "id, conversation, role, content, created, request, parent"
 
@@ -34,8 +34,10 @@ _PATH = f"""WITH RECURSIVE path(id) AS (
 
 def path(db: Database, conv_id: int) -> list[Message]:
     """The messages of the branch in view, first to last."""
-    rows = db.execute(_PATH + f"SELECT {COLUMNS} FROM messages WHERE conversation = :c "
-                      "AND id IN (SELECT id FROM path) ORDER BY id", {"c": conv_id})
+    rows = db.execute(
+        _PATH + f"SELECT {COLUMNS} FROM messages WHERE conversation = :c AND id IN (SELECT id FROM path) ORDER BY id",
+        {"c": conv_id},
+    )
     return [Message(*r) for r in rows]
 
 
@@ -45,9 +47,11 @@ def branch(db: Database, conv_id: int) -> Branch:
     by_parent: dict[int | None, list[int]] = {}
     # `IS`: the first messages' versions are the conversation's other first messages (NULL parent)
     for mid, parent in db.execute(
-            _PATH + "SELECT s.id, s.parent FROM messages s JOIN messages m "
-            "ON s.conversation = :c AND s.parent IS m.parent "
-            "WHERE m.conversation = :c AND m.id IN (SELECT id FROM path) ORDER BY s.id", {"c": conv_id}):
+        _PATH + "SELECT s.id, s.parent FROM messages s JOIN messages m "
+        "ON s.conversation = :c AND s.parent IS m.parent "
+        "WHERE m.conversation = :c AND m.id IN (SELECT id FROM path) ORDER BY s.id",
+        {"c": conv_id},
+    ):
         by_parent.setdefault(parent, []).append(mid)
     return Branch(tuple(messages), {m.id: tuple(by_parent.get(m.parent, [m.id])) for m in messages})
 
@@ -67,8 +71,7 @@ def follows(db: Database, conv_id: int, message_id: object | None) -> int | None
 def message(db: Database, conv_id: int, message_id: object) -> Message:
     """A message of this conversation; NotFound for any other id, the same as for no message."""
     mid = as_id(message_id, "message")
-    row = db.execute(f"SELECT {COLUMNS} FROM messages WHERE id = ? AND conversation = ?",
-                     [mid, conv_id]).fetchone()
+    row = db.execute(f"SELECT {COLUMNS} FROM messages WHERE id = ? AND conversation = ?", [mid, conv_id]).fetchone()
     if row is None:
         raise NotFound(f"message {mid} not found")
     return Message(*row)
@@ -77,7 +80,10 @@ def message(db: Database, conv_id: int, message_id: object) -> Message:
 def newest_under(db: Database, conv_id: int, message_id: int) -> int:
     """The newest message under `message_id` (itself when it has none): where the branch that
     was last written through it ends."""
-    return db.execute("""WITH RECURSIVE sub(id) AS (
+    return db.execute(
+        """WITH RECURSIVE sub(id) AS (
         SELECT :m UNION
         SELECT m.id FROM messages m JOIN sub ON m.parent = sub.id WHERE m.conversation = :c)
-        SELECT max(id) FROM sub""", {"m": message_id, "c": conv_id}).fetchone()[0]
+        SELECT max(id) FROM sub""",
+        {"m": message_id, "c": conv_id},
+    ).fetchone()[0]

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Iterable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from core.store.types import Conversation, Message
+    from radixchat.core.store.types import Conversation, Message
 
 EXPORT_FORMAT = "radixchat.conversation/1"
 EXPORT_FORMATS = ("json", "md")
@@ -23,7 +24,7 @@ def iso(ts: float | None) -> str | None:
     """Unix seconds as ISO 8601 UTC, to the second (exports are for people and other tools)."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def export_json(conv: Conversation, messages: list[Message], owner: str) -> str:
@@ -36,16 +37,20 @@ def export_json(conv: Conversation, messages: list[Message], owner: str) -> str:
         "created": iso(conv.created),
         "updated": iso(conv.updated),
         "archived": iso(conv.archived),
-        "messages": [{"id": m.id, "role": m.role, "content": m.content, "created": iso(m.created)}
-                     for m in messages],
+        "messages": [{"id": m.id, "role": m.role, "content": m.content, "created": iso(m.created)} for m in messages],
     }
     return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
 
 
 def export_markdown(conv: Conversation, messages: list[Message], owner: str) -> str:
-    lines = [f"# {conv.title}", "",
-             f"*{owner}, started {iso(conv.created)}, last message {iso(conv.updated)}"
-             + (", archived" if conv.archived is not None else "") + "*", ""]
+    lines = [
+        f"# {conv.title}",
+        "",
+        f"*{owner}, started {iso(conv.created)}, last message {iso(conv.updated)}"
+        + (", archived" if conv.archived is not None else "")
+        + "*",
+        "",
+    ]
     if conv.system_prompt:
         lines += ["## System", "", conv.system_prompt, ""]
     for m in messages:
@@ -104,10 +109,17 @@ def buckets(rows: Iterable[tuple], start: float, end: float, width: float) -> li
     out = []
     for i, a in enumerate(acc):
         ttft = sorted(a["ttft"])
-        out.append(StatsBucket(
-            start=(first + i) * width, requests=a["n"], errors=a["err"],
-            ttft_p50_ms=percentile(ttft, 0.50), ttft_p95_ms=percentile(ttft, 0.95),
-            cache_hit_ratio=a["cached"] / a["prompt"] if a["prompt"] else None,
-            prompt_tokens=a["prompt"], generated_tokens=a["gen"],
-            decode_tps=sum(a["tps"]) / len(a["tps"]) if a["tps"] else None))
+        out.append(
+            StatsBucket(
+                start=(first + i) * width,
+                requests=a["n"],
+                errors=a["err"],
+                ttft_p50_ms=percentile(ttft, 0.50),
+                ttft_p95_ms=percentile(ttft, 0.95),
+                cache_hit_ratio=a["cached"] / a["prompt"] if a["prompt"] else None,
+                prompt_tokens=a["prompt"],
+                generated_tokens=a["gen"],
+                decode_tps=sum(a["tps"]) / len(a["tps"]) if a["tps"] else None,
+            )
+        )
     return out

@@ -40,21 +40,48 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from sqlite_utils import Database
 
-from core.store import auth, branches
-from core.store import report as store_report
-from core.store import schema as store_schema
-from core.store.report import StatsBucket
-from core.store.types import (
-    DEFAULT_TITLE, MAX_LABEL_CHARS, MAX_LIST, MAX_MESSAGE_CHARS, MAX_PASSWORD_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS, ROLES, AlreadyExists, ApiKey,
-    AuthFailed, Branch, Conversation, Invalid, Message, NotFound, RequestFigures, RequestRecord, SearchHit, StoreError, User, as_id,
-    check_name, check_password, check_text, clean_title, is_valid_name, user_id)
+from radixchat.core.store import auth, branches
+from radixchat.core.store import report as store_report
+from radixchat.core.store import schema as store_schema
+from radixchat.core.store.report import StatsBucket
+from radixchat.core.store.types import (
+    DEFAULT_TITLE,
+    MAX_LABEL_CHARS,
+    MAX_LIST,
+    MAX_MESSAGE_CHARS,
+    MAX_PASSWORD_CHARS,
+    MAX_SYSTEM_PROMPT_CHARS,
+    MAX_TITLE_CHARS,
+    ROLES,
+    AlreadyExists,
+    ApiKey,
+    AuthFailed,
+    Branch,
+    Conversation,
+    Invalid,
+    Message,
+    NotFound,
+    RequestFigures,
+    RequestRecord,
+    SearchHit,
+    StoreError,
+    User,
+    as_id,
+    check_name,
+    check_password,
+    check_text,
+    clean_title,
+    is_valid_name,
+    user_id,
+)
 
 log = logging.getLogger("radixchat.store")
 
@@ -129,8 +156,14 @@ class _Connection(sqlite3.Connection):
 
 
 class Store:
-    def __init__(self, path: str | Path, *, scrypt: auth.ScryptCost = auth.DEFAULT_SCRYPT,
-                 timeout_s: float = 30.0, synchronous: str = "FULL"):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        scrypt: auth.ScryptCost = auth.DEFAULT_SCRYPT,
+        timeout_s: float = 30.0,
+        synchronous: str = "FULL",
+    ):
         """Open (creating, or migrating forward) the database at `path`.
 
         `scrypt` is the password-hash cost for new hashes; tests pass a cheap one.
@@ -162,8 +195,10 @@ class Store:
         try:
             found = store_schema.version(conn)
             if found > store_schema.LATEST:
-                raise StoreError(f"{self.path} has schema version {found}, newer than this radixchat "
-                                 f"knows ({store_schema.LATEST}); upgrade radixchat")
+                raise StoreError(
+                    f"{self.path} has schema version {found}, newer than this radixchat "
+                    f"knows ({store_schema.LATEST}); upgrade radixchat"
+                )
             self.migrated_from, _ = store_schema.migrate(conn, timeout_s=self._timeout_s)
             self.purge_deleted()  # what was deleted while no server ran is gone for good
         except (sqlite3.Error, StoreError) as e:
@@ -182,8 +217,13 @@ class Store:
             try:
                 # check_same_thread=False only so close() may close it from another thread;
                 # the thread-local is what keeps each connection to one thread.
-                conn = sqlite3.connect(self.path, timeout=self._timeout_s, isolation_level=None,
-                                       check_same_thread=False, factory=_Connection)
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self._timeout_s,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    factory=_Connection,
+                )
                 conn.execute("PRAGMA foreign_keys=ON")
                 conn.execute(f"PRAGMA synchronous={self._synchronous}")
             except sqlite3.Error as e:
@@ -229,7 +269,7 @@ class Store:
         for conn in list(self._conns):
             conn.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -258,8 +298,7 @@ class Store:
         row = None
         if is_valid_name(name):
             with self._tx(write=False) as db:
-                row = db.execute("SELECT id, name, created, password_hash FROM users WHERE name = ?",
-                                 [name]).fetchone()
+                row = db.execute("SELECT id, name, created, password_hash FROM users WHERE name = ?", [name]).fetchone()
         if not isinstance(password, str) or len(password) > MAX_PASSWORD_CHARS:
             password = ""
         if row is None:
@@ -284,8 +323,7 @@ class Store:
 
     def get_user_by_id(self, user_id: int) -> User:
         with self._tx(write=False) as db:
-            row = db.execute("SELECT id, name, created FROM users WHERE id = ?",
-                             [as_id(user_id, "user")]).fetchone()
+            row = db.execute("SELECT id, name, created FROM users WHERE id = ?", [as_id(user_id, "user")]).fetchone()
         if row is None:
             raise NotFound(f"user {user_id!r} not found")
         return User(*row)
@@ -317,13 +355,25 @@ class Store:
             owner = db.execute("SELECT name FROM users WHERE id = ?", [uid]).fetchone()
             if owner is None:
                 raise NotFound(f"user {uid} not found")
-            kid = db["api_keys"].insert({"owner": uid, "key_hash": auth.api_key_hash(key),
-                                         "visible": auth.api_key_visible(key), "label": label,
-                                         "created": now}).last_pk
+            kid = (
+                db["api_keys"]
+                .insert(
+                    {
+                        "owner": uid,
+                        "key_hash": auth.api_key_hash(key),
+                        "visible": auth.api_key_visible(key),
+                        "label": label,
+                        "created": now,
+                    }
+                )
+                .last_pk
+            )
         return ApiKey(kid, uid, owner[0], auth.api_key_visible(key), label, now, None, None), key
 
-    _KEY_COLUMNS = ("SELECT k.id, k.owner, u.name, k.visible, k.label, k.created, k.last_used, k.revoked "
-                    "FROM api_keys k JOIN users u ON u.id = k.owner")
+    _KEY_COLUMNS = (
+        "SELECT k.id, k.owner, u.name, k.visible, k.label, k.created, k.last_used, k.revoked "
+        "FROM api_keys k JOIN users u ON u.id = k.owner"
+    )
 
     def list_api_keys(self, user: User | int | None = None) -> list[ApiKey]:
         """One user's keys, or everyone's with user=None (for the admin command)."""
@@ -338,8 +388,10 @@ class Store:
         """Revoke by the whole key or by its visible start (as listed). With `user`, only that
         user's keys are candidates. Revoking a revoked key changes nothing."""
         if not isinstance(key, str) or not auth.looks_like_api_key(key):
-            raise Invalid(f"{key!r} is not an API key or the start of one (keys begin with "
-                          f"{auth.KEY_PREFIX!r} and are listed by their first {auth.KEY_VISIBLE_CHARS} characters)")
+            raise Invalid(
+                f"{key!r} is not an API key or the start of one (keys begin with "
+                f"{auth.KEY_PREFIX!r} and are listed by their first {auth.KEY_VISIBLE_CHARS} characters)"
+            )
         if len(key) > auth.KEY_VISIBLE_CHARS:
             where, arg = "k.key_hash = ?", auth.api_key_hash(key)
         else:
@@ -366,9 +418,11 @@ class Store:
         if not isinstance(key, str) or not auth.looks_like_api_key(key) or len(key) > 200:
             raise AuthFailed("invalid API key")
         with self._tx(write=False) as db:
-            row = db.execute("SELECT k.id, k.revoked, k.last_used, u.id, u.name, u.created "
-                             "FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.key_hash = ?",
-                             [auth.api_key_hash(key)]).fetchone()
+            row = db.execute(
+                "SELECT k.id, k.revoked, k.last_used, u.id, u.name, u.created "
+                "FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.key_hash = ?",
+                [auth.api_key_hash(key)],
+            ).fetchone()
         if row is None:
             raise AuthFailed("invalid API key")
         kid, revoked, last_used, *owner = row
@@ -386,14 +440,12 @@ class Store:
     def _conv(self, db: Database, uid: int, conv_id: Any) -> Conversation:
         """The conversation if `uid` owns it; otherwise NotFound, with no hint that it exists."""
         cid = as_id(conv_id, "conversation")
-        row = db.execute(self._CONV_COLUMNS + " WHERE id = ? AND owner = ? AND deleted IS NULL",
-                         [cid, uid]).fetchone()
+        row = db.execute(self._CONV_COLUMNS + " WHERE id = ? AND owner = ? AND deleted IS NULL", [cid, uid]).fetchone()
         if row is None:
             raise NotFound(f"conversation {cid} not found")
         return Conversation(*row)
 
-    def create_conversation(self, user: User | int, title: str | None = None,
-                            system_prompt: str = "") -> Conversation:
+    def create_conversation(self, user: User | int, title: str | None = None, system_prompt: str = "") -> Conversation:
         uid = user_id(user)
         title = DEFAULT_TITLE if title is None else clean_title(title)
         check_text(system_prompt, "system prompt", MAX_SYSTEM_PROMPT_CHARS, allow_empty=True)
@@ -401,16 +453,26 @@ class Store:
         with self._tx(write=True) as db:
             if db.execute("SELECT 1 FROM users WHERE id = ?", [uid]).fetchone() is None:
                 raise NotFound(f"user {uid} not found")
-            cid = db["conversations"].insert({"owner": uid, "title": title, "system_prompt": system_prompt,
-                                              "created": now, "updated": now}).last_pk
+            cid = (
+                db["conversations"]
+                .insert({"owner": uid, "title": title, "system_prompt": system_prompt, "created": now, "updated": now})
+                .last_pk
+            )
         return Conversation(cid, uid, title, system_prompt, now, now, None)
 
     def get_conversation(self, user: User | int, conv_id: int) -> Conversation:
         with self._tx(write=False) as db:
             return self._conv(db, user_id(user), conv_id)
 
-    def list_conversations(self, user: User | int, *, archived: bool | None = False,
-                           search: str | None = None, limit: int = 200, offset: int = 0) -> list[Conversation]:
+    def list_conversations(
+        self,
+        user: User | int,
+        *,
+        archived: bool | None = False,
+        search: str | None = None,
+        limit: int = 200,
+        offset: int = 0,
+    ) -> list[Conversation]:
         """Most recently updated first. archived: False = active only, True = archived only,
         None = both. `search` matches anywhere in the title, ignoring ASCII case."""
         sql, args = self._CONV_COLUMNS + " WHERE owner = ? AND deleted IS NULL", [user_id(user)]
@@ -456,8 +518,7 @@ class Store:
             ORDER BY best.score, c.updated DESC, c.id DESC LIMIT :limit"""
         args = {"q": match, "uid": uid, "limit": max(0, min(int(limit), MAX_LIST))}
         with self._tx(write=False) as db:
-            return [SearchHit(Conversation(*r[:7]), " ".join(r[7].split()))
-                    for r in db.execute(sql, args)]
+            return [SearchHit(Conversation(*r[:7]), " ".join(r[7].split())) for r in db.execute(sql, args)]
 
     def _update_conv(self, user: User | int, conv_id: int, sets: str, args: list) -> Conversation:
         uid = user_id(user)
@@ -502,9 +563,11 @@ class Store:
         a conversation that was never deleted: there is nothing to undo)."""
         uid, cid = user_id(user), as_id(conv_id, "conversation")
         with self._tx(write=True) as db:
-            if not db.execute("UPDATE conversations SET deleted = NULL WHERE id = ? AND owner = ? "
-                              "AND deleted IS NOT NULL AND deleted >= ?",
-                              [cid, uid, time.time() - DELETED_KEPT_S]).rowcount:
+            if not db.execute(
+                "UPDATE conversations SET deleted = NULL WHERE id = ? AND owner = ? "
+                "AND deleted IS NOT NULL AND deleted >= ?",
+                [cid, uid, time.time() - DELETED_KEPT_S],
+            ).rowcount:
                 raise NotFound(f"conversation {cid} not found")
             return self._conv(db, uid, cid)
 
@@ -516,11 +579,11 @@ class Store:
 
     @staticmethod
     def _purge(db: Database, before: float) -> int:
-        return db.execute("DELETE FROM conversations WHERE deleted IS NOT NULL AND deleted < ?",
-                          [before]).rowcount
+        return db.execute("DELETE FROM conversations WHERE deleted IS NOT NULL AND deleted < ?", [before]).rowcount
 
-    def fresh_conversation(self, user: User | int, system_prompt: str = "",
-                           exclude: Iterable[int] = ()) -> Conversation:
+    def fresh_conversation(
+        self, user: User | int, system_prompt: str = "", exclude: Iterable[int] = ()
+    ) -> Conversation:
         """A conversation to start a new chat in, with `system_prompt`: the user's newest one
         that is still untitled and empty (not one in `exclude`), else a new one. In one
         transaction, so two callers never both take the same one unless both may."""
@@ -533,17 +596,31 @@ class Store:
                 "SELECT id FROM conversations c WHERE owner = ? AND deleted IS NULL AND title = ? "
                 "AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.conversation = c.id)"
                 + (f" AND id NOT IN ({','.join('?' * len(skip))})" if skip else "")
-                + " ORDER BY updated DESC, id DESC LIMIT 1", [uid, DEFAULT_TITLE, *skip]).fetchone()
+                + " ORDER BY updated DESC, id DESC LIMIT 1",
+                [uid, DEFAULT_TITLE, *skip],
+            ).fetchone()
             if row is None:
                 if db.execute("SELECT 1 FROM users WHERE id = ?", [uid]).fetchone() is None:
                     raise NotFound(f"user {uid} not found")
-                cid = db["conversations"].insert({"owner": uid, "title": DEFAULT_TITLE,
-                                                  "system_prompt": system_prompt, "created": now,
-                                                  "updated": now}).last_pk
+                cid = (
+                    db["conversations"]
+                    .insert(
+                        {
+                            "owner": uid,
+                            "title": DEFAULT_TITLE,
+                            "system_prompt": system_prompt,
+                            "created": now,
+                            "updated": now,
+                        }
+                    )
+                    .last_pk
+                )
             else:
                 cid = row[0]
-                db.execute("UPDATE conversations SET system_prompt = ?, updated = ?, archived = NULL "
-                           "WHERE id = ?", [system_prompt, now, cid])
+                db.execute(
+                    "UPDATE conversations SET system_prompt = ?, updated = ?, archived = NULL WHERE id = ?",
+                    [system_prompt, now, cid],
+                )
             return self._conv(db, uid, cid)
 
     def set_open_conversation(self, user: User | int, conv_id: int | None) -> None:
@@ -580,8 +657,9 @@ class Store:
             if row is not None:
                 return row[0]
             token = secrets.token_urlsafe(24)
-            db.execute("INSERT INTO shares (conversation, token, created) VALUES (?, ?, ?)",
-                       [conv.id, token, time.time()])
+            db.execute(
+                "INSERT INTO shares (conversation, token, created) VALUES (?, ?, ?)", [conv.id, token, time.time()]
+            )
             return token
 
     def share_token(self, user: User | int, conv_id: int) -> str | None:
@@ -604,8 +682,11 @@ class Store:
         if not isinstance(token, str) or not token or len(token) > 200:
             raise NotFound("shared conversation not found")
         with self._tx(write=False) as db:
-            row = db.execute("SELECT c.id, c.title FROM shares s JOIN conversations c ON c.id = s.conversation "
-                             "WHERE s.token = ? AND c.deleted IS NULL", [token]).fetchone()
+            row = db.execute(
+                "SELECT c.id, c.title FROM shares s JOIN conversations c ON c.id = s.conversation "
+                "WHERE s.token = ? AND c.deleted IS NULL",
+                [token],
+            ).fetchone()
             if row is None:
                 raise NotFound("shared conversation not found")
             return row[1], branches.path(db, row[0])  # the branch in view, as its owner sees it
@@ -615,10 +696,30 @@ class Store:
     # appending goes on from its last message, editing or answering again adds a sibling, and
     # each of these makes the new message the branch's end. Reads follow the branch in view.
 
-    def _insert_message(self, db: Database, conv: Conversation, role: str, content: str,
-                        request: int | None, now: float, parent: int | None) -> Message:
-        mid = db["messages"].insert({"conversation": conv.id, "role": role, "content": content,
-                                     "created": now, "request": request, "parent": parent}).last_pk
+    def _insert_message(
+        self,
+        db: Database,
+        conv: Conversation,
+        role: str,
+        content: str,
+        request: int | None,
+        now: float,
+        parent: int | None,
+    ) -> Message:
+        mid = (
+            db["messages"]
+            .insert(
+                {
+                    "conversation": conv.id,
+                    "role": role,
+                    "content": content,
+                    "created": now,
+                    "request": request,
+                    "parent": parent,
+                }
+            )
+            .last_pk
+        )
         db.execute("UPDATE conversations SET updated = ?, leaf = ? WHERE id = ?", [now, mid, conv.id])
         return Message(mid, conv.id, role, content, now, request, parent)
 
@@ -629,8 +730,16 @@ class Store:
         # a reply may be empty (stopped at once); what a person sends may not
         check_text(content, f"{role} message", MAX_MESSAGE_CHARS, allow_empty=role == "assistant")
 
-    def append_message(self, user: User | int, conv_id: int, role: str, content: str,
-                       *, request: int | None = None, after: int | None = None) -> Message:
+    def append_message(
+        self,
+        user: User | int,
+        conv_id: int,
+        role: str,
+        content: str,
+        *,
+        request: int | None = None,
+        after: int | None = None,
+    ) -> Message:
         """Add a message at the end of the branch in view, or after the message `after` of this
         conversation (the end of the branch its caller read: what it follows must not change
         meanwhile), and mark the conversation updated. Committed on return."""
@@ -638,14 +747,18 @@ class Store:
         uid = user_id(user)
         with self._tx(write=True) as db:
             conv = self._conv(db, uid, conv_id)
-            if request is not None and db.execute("SELECT 1 FROM requests WHERE id = ?",
-                                                  [as_id(request, "request")]).fetchone() is None:
+            if (
+                request is not None
+                and db.execute("SELECT 1 FROM requests WHERE id = ?", [as_id(request, "request")]).fetchone() is None
+            ):
                 raise NotFound(f"request {request!r} not found")
-            return self._insert_message(db, conv, role, content, request, time.time(),
-                                        branches.follows(db, conv.id, after))
+            return self._insert_message(
+                db, conv, role, content, request, time.time(), branches.follows(db, conv.id, after)
+            )
 
-    def append_reply(self, user: User | int, conv_id: int, content: str,
-                     record: RequestRecord, *, parent: int | None = None) -> Message:
+    def append_reply(
+        self, user: User | int, conv_id: int, content: str, record: RequestRecord, *, parent: int | None = None
+    ) -> Message:
         """The assistant's reply and its request metrics, in one transaction: both or neither.
         It answers `parent` (a message of this conversation; None: the end of the branch in
         view); another answer to the same message is a new version of the answer, shown from
@@ -679,8 +792,10 @@ class Store:
         with self._tx(write=True) as db:
             conv = self._conv(db, uid, conv_id)
             chosen = branches.message(db, conv.id, message_id)
-            db.execute("UPDATE conversations SET leaf = ? WHERE id = ?",
-                       [branches.newest_under(db, conv.id, chosen.id), conv.id])
+            db.execute(
+                "UPDATE conversations SET leaf = ? WHERE id = ?",
+                [branches.newest_under(db, conv.id, chosen.id), conv.id],
+            )
             return branches.branch(db, conv.id)
 
     def history(self, user: User | int, conv_id: int) -> list[Message]:
@@ -702,10 +817,12 @@ class Store:
         out: dict[int, RequestFigures] = {}
         with self._tx(write=False) as db:
             for i in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
-                chunk = ids[i:i + 500]
+                chunk = ids[i : i + 500]
                 rows = db.execute(
                     "SELECT id, prompt_tokens, cached_tokens, ttft_ms, decode_tps, finish_reason, error "
-                    f"FROM requests WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+                    f"FROM requests WHERE id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                )
                 out.update((rid, RequestFigures(*rest)) for rid, *rest in rows)
         return out
 
@@ -731,17 +848,31 @@ class Store:
     # ---- request metrics ----
 
     def _insert_request(self, db: Database, rec: RequestRecord) -> int:
-        if rec.user is not None and db.execute("SELECT 1 FROM users WHERE id = ?",
-                                               [rec.user]).fetchone() is None:
+        if rec.user is not None and db.execute("SELECT 1 FROM users WHERE id = ?", [rec.user]).fetchone() is None:
             raise NotFound(f"user {rec.user!r} not found")
         if rec.conversation is not None:
             self._conv(db, rec.user, rec.conversation)  # a request of user A can't point into B's chat
-        return db["requests"].insert({
-            "created": rec.created, "user": rec.user, "conversation": rec.conversation,
-            "model": rec.model, "prompt_tokens": rec.prompt_tokens, "cached_tokens": rec.cached_tokens,
-            "generated_tokens": rec.generated_tokens, "queue_ms": rec.queue_ms, "ttft_ms": rec.ttft_ms,
-            "total_ms": rec.total_ms, "decode_tps": rec.decode_tps, "finish_reason": rec.finish_reason,
-            "error": rec.error}).last_pk
+        return (
+            db["requests"]
+            .insert(
+                {
+                    "created": rec.created,
+                    "user": rec.user,
+                    "conversation": rec.conversation,
+                    "model": rec.model,
+                    "prompt_tokens": rec.prompt_tokens,
+                    "cached_tokens": rec.cached_tokens,
+                    "generated_tokens": rec.generated_tokens,
+                    "queue_ms": rec.queue_ms,
+                    "ttft_ms": rec.ttft_ms,
+                    "total_ms": rec.total_ms,
+                    "decode_tps": rec.decode_tps,
+                    "finish_reason": rec.finish_reason,
+                    "error": rec.error,
+                }
+            )
+            .last_pk
+        )
 
     def record_request(self, record: RequestRecord) -> int:
         """Store one request's metrics now; returns its id (for `append_message(request=)`)."""
@@ -763,8 +894,7 @@ class Store:
                 self.dropped += 1
                 return
             if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, daemon=True,
-                                                name="radixchat-store-writer")
+                self._writer = threading.Thread(target=self._write_loop, daemon=True, name="radixchat-store-writer")
                 self._writer.start()
                 atexit.register(self.close)  # a daemon thread would lose its queue at exit
             try:
@@ -807,8 +937,10 @@ class Store:
             with self._tx(write=True) as db:
                 for x in work:
                     if isinstance(x, _Touch):
-                        db.execute("UPDATE api_keys SET last_used = max(coalesce(last_used, 0), ?) "
-                                   "WHERE id = ?", [x.when, x.key_id])
+                        db.execute(
+                            "UPDATE api_keys SET last_used = max(coalesce(last_used, 0), ?) WHERE id = ?",
+                            [x.when, x.key_id],
+                        )
                         continue
                     try:
                         self._insert_request(db, x)
@@ -819,8 +951,14 @@ class Store:
             self.async_errors += sum(isinstance(x, RequestRecord) for x in work)
             log.exception("store writer: %d queued records lost", len(work))
 
-    def stats(self, *, window_s: float = 3600.0, bucket_s: float = 60.0,
-              now: float | None = None, user: User | int | None = None) -> list[StatsBucket]:
+    def stats(
+        self,
+        *,
+        window_s: float = 3600.0,
+        bucket_s: float = 60.0,
+        now: float | None = None,
+        user: User | int | None = None,
+    ) -> list[StatsBucket]:
         """The dashboard's series: one StatsBucket per `bucket_s` over the last `window_s`,
         oldest first, empty buckets included; with `user`, of that user's requests only."""
         if not (0 < bucket_s <= window_s) or window_s / bucket_s > 10_000:
@@ -829,8 +967,9 @@ class Store:
         start = end - window_s
         return store_report.buckets(self._stats_rows(start, end, user), start, end, bucket_s)
 
-    def usage(self, *, window_s: float = 3600.0, now: float | None = None,
-              user: User | int | None = None) -> StatsBucket:
+    def usage(
+        self, *, window_s: float = 3600.0, now: float | None = None, user: User | int | None = None
+    ) -> StatsBucket:
         """The last `window_s` as one StatsBucket (its percentiles over the whole window, its
         start the window's); with `user`, of that user's requests only."""
         if not window_s > 0:
@@ -848,17 +987,26 @@ class Store:
                 "SELECT created, ttft_ms, prompt_tokens, cached_tokens, generated_tokens, decode_tps, "
                 "error IS NOT NULL OR finish_reason = 'error' FROM requests "
                 "WHERE created >= ? AND created <= ?" + mine,
-                [start, end] + ([] if user is None else [user_id(user)])).fetchall()
+                [start, end] + ([] if user is None else [user_id(user)]),
+            ).fetchall()
 
     def totals(self) -> dict[str, int]:
         """Counts for the dashboard's header: users, conversations, messages, requests, errors,
         prompt, cached and generated tokens."""
         with self._tx(write=False) as db:
-            counts = {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-                      for t in ("users", "conversations", "messages", "requests")}
+            counts = {
+                t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("users", "conversations", "messages", "requests")
+            }
             errors, prompt, cached, generated = db.execute(
                 "SELECT count(*) FILTER (WHERE error IS NOT NULL OR finish_reason = 'error'), "
                 "coalesce(sum(prompt_tokens), 0), coalesce(sum(cached_tokens), 0), "
-                "coalesce(sum(generated_tokens), 0) FROM requests").fetchone()
-        return {**counts, "errors": errors, "prompt_tokens": prompt, "cached_tokens": cached,
-                "generated_tokens": generated}
+                "coalesce(sum(generated_tokens), 0) FROM requests"
+            ).fetchone()
+        return {
+            **counts,
+            "errors": errors,
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "generated_tokens": generated,
+        }

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-
 MAX_NAME_CHARS = 64
 NAME_RULE = "1-64 characters: letters, digits, '.', '_' and '-'"
 _NAME_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_NAME_CHARS}}}", re.ASCII)
@@ -85,6 +84,7 @@ class Conversation:
 class SearchHit:
     """A conversation that matches a search, with a short piece of the text that matched
     (plain user text: escape it wherever it is shown as HTML)."""
+
     conversation: Conversation
     snippet: str
 
@@ -105,10 +105,11 @@ class Branch:
     """The branch of a conversation in view: its messages, first to last, and for each the ids
     of its versions (itself and its siblings: the other children of its parent, each an edit
     of the same message or another answer to it), oldest first."""
+
     messages: tuple[Message, ...] = ()
     versions: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
-    def grow(self, message: Message) -> "Branch":
+    def grow(self, message: Message) -> Branch:
         """The branch once `message` is written as a child of its parent (on this branch): what
         followed that parent here is left for another branch, and `message` is its newest version."""
         ids = [m.id for m in self.messages]
@@ -157,16 +158,16 @@ class RequestRecord:
             object.__setattr__(self, "error", str(self.error)[:MAX_ERROR_CHARS])
 
     @classmethod
-    def from_usage(cls, usage: Any, **fields: Any) -> "RequestRecord":
+    def from_usage(cls, usage: Any, **fields: Any) -> RequestRecord:
         """From core.engine.requests.Usage (or anything with its attributes) plus the other fields."""
-        names = ("prompt_tokens", "cached_tokens", "generated_tokens", "queue_ms", "ttft_ms",
-                 "total_ms", "decode_tps")
+        names = ("prompt_tokens", "cached_tokens", "generated_tokens", "queue_ms", "ttft_ms", "total_ms", "decode_tps")
         return cls(**{n: getattr(usage, n) for n in names if hasattr(usage, n)}, **fields)
 
-    def figures(self) -> "RequestFigures":
+    def figures(self) -> RequestFigures:
         """What `Store.request_metrics` will read back for this record once it is stored."""
-        return RequestFigures(self.prompt_tokens, self.cached_tokens, self.ttft_ms, self.decode_tps,
-                              self.finish_reason, self.error)
+        return RequestFigures(
+            self.prompt_tokens, self.cached_tokens, self.ttft_ms, self.decode_tps, self.finish_reason, self.error
+        )
 
 
 @dataclass(frozen=True)

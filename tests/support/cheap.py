@@ -5,6 +5,6 @@ from __future__ import annotations
 
 def cheap_scrypt():
     """scrypt at a test cost: the real default takes ~0.4 s a hash (core.store.auth)."""
-    from core.store import auth
+    from radixchat.core.store import auth
 
     return auth.ScryptCost(n=2**8, r=8, p=1)

@@ -21,10 +21,17 @@ import numpy as np
 TYPE_IDS = {"F32": 0, "Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "BF16": 30}
 _BLOCK_BYTES = {"Q4_K": (256, 144)}
 
-_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-          "post_attention_layernorm": "ffn_norm"}
+_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 def _gguf_name(name: str) -> str:
@@ -66,7 +73,8 @@ def metadata_from_folder(folder: Path, name: str, arch: str = "llama") -> dict:
     special = {t["content"] for t in tok["added_tokens"] if t["special"]}
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
     return {
-        "general.architecture": arch, "general.name": name,
+        "general.architecture": arch,
+        "general.name": name,
         f"{arch}.block_count": config["num_hidden_layers"],
         f"{arch}.context_length": config["max_position_embeddings"],
         f"{arch}.embedding_length": config["hidden_size"],
@@ -76,8 +84,10 @@ def metadata_from_folder(folder: Path, name: str, arch: str = "llama") -> dict:
         f"{arch}.rope.freq_base": float(config["rope_theta"]),
         f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
         f"{arch}.vocab_size": config["vocab_size"],
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2",
-        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
         "tokenizer.ggml.token_type": [3 if t in special else 1 for t in tokens],
         "tokenizer.ggml.eos_token_id": vocab[tok_config["eos_token"]],
         "tokenizer.ggml.padding_token_id": vocab[tok_config["pad_token"]],
@@ -102,8 +112,7 @@ def save_mlx(path: Path, tensors: dict[str, np.ndarray], metadata: dict) -> Path
             return mx.array(v, dtype=mx.int32)
         return v
 
-    mx.save_gguf(str(path), {k: mx.array(w) for k, w in tensors.items()},
-                 {k: value(v) for k, v in metadata.items()})
+    mx.save_gguf(str(path), {k: mx.array(w) for k, w in tensors.items()}, {k: value(v) for k, v in metadata.items()})
     return path
 
 
@@ -191,17 +200,22 @@ def _kv(key: str, v) -> bytes:
     return s(key) + body
 
 
-def save_raw(path: Path, tensors: dict[str, tuple[tuple[int, ...], str | int, bytes]],
-             metadata: dict, align: int = 32) -> Path:
+def save_raw(
+    path: Path, tensors: dict[str, tuple[tuple[int, ...], str | int, bytes]], metadata: dict, align: int = 32
+) -> Path:
     """A GGUF v3 file: tensors map a name to (MLX-order shape, type name or id, raw bytes)."""
     infos, data = b"", b""
     for name, (shape, kind, raw) in tensors.items():
         data += bytes(-len(data) % align)
         type_id = TYPE_IDS[kind] if isinstance(kind, str) else kind
         b = name.encode()
-        infos += (struct.pack("<Q", len(b)) + b + struct.pack("<I", len(shape))
-                  + b"".join(struct.pack("<Q", n) for n in reversed(shape))
-                  + struct.pack("<IQ", type_id, len(data)))
+        infos += (
+            struct.pack("<Q", len(b))
+            + b
+            + struct.pack("<I", len(shape))
+            + b"".join(struct.pack("<Q", n) for n in reversed(shape))
+            + struct.pack("<IQ", type_id, len(data))
+        )
         data += raw
     head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata))
     head += b"".join(_kv(k, v) for k, v in metadata.items()) + infos
@@ -211,10 +225,12 @@ def save_raw(path: Path, tensors: dict[str, tuple[tuple[int, ...], str | int, by
 
 def packed_types(tensors: dict[str, np.ndarray], matrices: str = "Q4_0", tables: str = "Q8_0") -> dict[str, str]:
     """SmolLM2's mix: 4-bit layers, 8-bit token embedding (and output), float32 norms."""
+
     def kind(name: str, w: np.ndarray) -> str:
         if w.ndim == 1:
             return "F32"
         return tables if name.startswith(("token_embd", "output.")) else matrices
+
     return {name: kind(name, w) for name, w in tensors.items()}
 
 

@@ -49,13 +49,15 @@ def free_port_block(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free loopback ports below {low}")
 
 
-def start_and_wait(cmd: list[str], ready_url: str, log: Path, env=None,
-                   timeout: float = 300, cwd=None, group: bool = False) -> subprocess.Popen:
+def start_and_wait(
+    cmd: list[str], ready_url: str, log: Path, env=None, timeout: float = 300, cwd=None, group: bool = False
+) -> subprocess.Popen:
     """Start `cmd` (output to `log`); return once `ready_url` answers 200, else exit. With
     `group` it leads a process group of its own, which `stop_process` ends as a whole (mlx.launch
     leaves its ranks running when it alone is stopped)."""
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                            start_new_session=group)
+    proc = subprocess.Popen(
+        cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=group
+    )
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -82,8 +84,19 @@ def peak_rss_mb(pid: int) -> float:
 
 def start_radixchat(model: str, db: Path, port: int, log: Path, *flags: str, timeout: float = 300) -> subprocess.Popen:
     """`radixchat serve` of this environment on 127.0.0.1:`port`, once /health answers."""
-    cmd = [str(Path(sys.executable).with_name("radixchat")), "serve", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), "--db", str(db), *flags]
+    cmd = [
+        str(Path(sys.executable).with_name("radixchat")),
+        "serve",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--db",
+        str(db),
+        *flags,
+    ]
     return start_and_wait(cmd, f"http://127.0.0.1:{port}/health", log, timeout=timeout)
 
 

@@ -19,15 +19,28 @@ log = logging.getLogger("radixchat.api")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
         self.headers = headers
 
 
-def error_response(status: int, message: str, type_: str = "invalid_request_error",
-                   code: str | None = None, param: str | None = None, headers=None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    type_: str = "invalid_request_error",
+    code: str | None = None,
+    param: str | None = None,
+    headers=None,
+) -> JSONResponse:
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -117,10 +130,21 @@ class BodyLimit:
     async def _too_large(self, scope, send):
         if scope.get("app") is not None:
             count_refusal(scope["app"], scope["path"], "body_too_large")
-        body = json.dumps({"error": {"message": f"request body over {self.limit} bytes",
-                                     "type": "invalid_request_error", "param": None,
-                                     "code": "body_too_large"}}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"request body over {self.limit} bytes",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "body_too_large",
+                }
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -20,15 +20,37 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from core.engine.requests import Failed, Finished
+from radixchat.core.engine.requests import Failed, Finished
 
 if TYPE_CHECKING:
-    from core.engine.engine import Engine
+    from radixchat.core.engine.engine import Engine
 
 P = "radixchat:"
 # from 1 ms (a cached prompt's first token on a small model) to minutes (a long queue)
-_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0,
-                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+_TIME_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    320.0,
+)
 
 
 class _EngineCollector:
@@ -53,11 +75,12 @@ class _EngineCollector:
 
         yield gauge("engine_alive", "1 while the engine thread runs", int(s["alive"]))
         yield gauge("num_requests_running", "Requests in the engine's batch (prefilling or decoding)", s["running"])
-        yield gauge("num_requests_waiting", "Requests waiting for a batch slot",
-                    max(0, s["inflight"] - s["running"]))
+        yield gauge("num_requests_waiting", "Requests waiting for a batch slot", max(0, s["inflight"] - s["running"]))
         spec = s.get("speculation")
         if spec is not None:  # named as vLLM names its own
-            yield counter("spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec["rows_drafting"])
+            yield counter(
+                "spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec["rows_drafting"]
+            )
             yield counter("spec_decode_num_draft_tokens", "Draft tokens verified", spec["drafted"])
             yield counter("spec_decode_num_accepted_tokens", "Draft tokens the model accepted", spec["accepted"])
         cache = s.get("prefix_cache")
@@ -66,43 +89,55 @@ class _EngineCollector:
         yield gauge("prefix_cache_nodes", "Radix tree nodes", cache["nodes"])
         yield gauge("prefix_cache_tokens", "Tokens held by the prefix cache", cache["cached_tokens"])
         yield gauge("prefix_cache_bytes", "Live K/V bytes held by the prefix cache", cache["bytes"])
-        yield gauge("prefix_cache_budget_bytes", "The K/V byte budget (prefix cache and running batch)",
-                    cache["budget"])
-        yield gauge("prefix_cache_usage_perc", "Prefix cache bytes over the budget (0-1)",
-                    cache["bytes"] / cache["budget"] if cache["budget"] else 0.0)
+        yield gauge(
+            "prefix_cache_budget_bytes", "The K/V byte budget (prefix cache and running batch)", cache["budget"]
+        )
+        yield gauge(
+            "prefix_cache_usage_perc",
+            "Prefix cache bytes over the budget (0-1)",
+            cache["bytes"] / cache["budget"] if cache["budget"] else 0.0,
+        )
         yield gauge("prefix_cache_locks", "Cache paths locked by running requests", cache["locks"])
-        lookups = CounterMetricFamily(P + "prefix_cache_lookups", "Cache lookups by result",
-                                      labels=["model_name", "result"])
+        lookups = CounterMetricFamily(
+            P + "prefix_cache_lookups", "Cache lookups by result", labels=["model_name", "result"]
+        )
         lookups.add_metric([model, "hit"], cache["hits"])
         lookups.add_metric([model, "miss"], cache["misses"])
         yield lookups
         yield counter("prefix_cache_evictions", "Nodes evicted to fit the budget", cache["evictions"])
-        yield counter("prefix_cache_restore_seconds", "Time spent restoring cached prefixes",
-                      cache["restore_ms"] / 1e3)
-        yield gauge("prefix_cache_disk_tokens", "Tokens of the prefix cache on disk only (K/V read back on a hit)",
-                    cache.get("disk_tokens", 0))
+        yield counter("prefix_cache_restore_seconds", "Time spent restoring cached prefixes", cache["restore_ms"] / 1e3)
+        yield gauge(
+            "prefix_cache_disk_tokens",
+            "Tokens of the prefix cache on disk only (K/V read back on a hit)",
+            cache.get("disk_tokens", 0),
+        )
         disk = s.get("disk_cache")
         if disk is None:
             return
-        yield gauge("prefix_cache_disk_bytes", "Bytes of the prefix cache's disk tier (written or being written)",
-                    disk["bytes"])
-        yield gauge("prefix_cache_disk_budget_bytes", "The disk tier's byte budget (--cache-disk-bytes)",
-                    disk["budget"])
+        yield gauge(
+            "prefix_cache_disk_bytes", "Bytes of the prefix cache's disk tier (written or being written)", disk["bytes"]
+        )
+        yield gauge(
+            "prefix_cache_disk_budget_bytes", "The disk tier's byte budget (--cache-disk-bytes)", disk["budget"]
+        )
         yield gauge("prefix_cache_disk_files", "Entries (files) of the disk tier", disk["files"])
         yield gauge("prefix_cache_disk_backlog_bytes", "Bytes waiting for the disk writer", disk["backlog_bytes"])
         yield counter("prefix_cache_disk_hits", "Entries read back from disk for a request", disk["loads"])
-        yield counter("prefix_cache_disk_hit_tokens", "Tokens whose K/V was read back from disk",
-                      disk["load_tokens"])
-        yield counter("prefix_cache_disk_read_seconds", "Time reading entries back: file read and checksum "
-                      "(reader thread) plus making arrays (engine thread)", disk["read_s"] + disk["load_s"])
+        yield counter("prefix_cache_disk_hit_tokens", "Tokens whose K/V was read back from disk", disk["load_tokens"])
+        yield counter(
+            "prefix_cache_disk_read_seconds",
+            "Time reading entries back: file read and checksum (reader thread) plus making arrays (engine thread)",
+            disk["read_s"] + disk["load_s"],
+        )
         yield counter("prefix_cache_disk_writes", "Entries written to disk", disk["writes"])
         yield counter("prefix_cache_disk_write_bytes", "Bytes written to disk", disk["write_bytes"])
-        yield counter("prefix_cache_disk_write_seconds", "Writer thread's time writing and syncing entries",
-                      disk["write_s"])
-        yield counter("prefix_cache_disk_evictions", "Disk entries deleted (budget, or no longer used)",
-                      disk["evicted"])
-        yield counter("prefix_cache_disk_dropped", "Disk entries dropped as corrupt or unreadable",
-                      disk["dropped"])
+        yield counter(
+            "prefix_cache_disk_write_seconds", "Writer thread's time writing and syncing entries", disk["write_s"]
+        )
+        yield counter(
+            "prefix_cache_disk_evictions", "Disk entries deleted (budget, or no longer used)", disk["evicted"]
+        )
+        yield counter("prefix_cache_disk_dropped", "Disk entries dropped as corrupt or unreadable", disk["dropped"])
 
 
 class Metrics:
@@ -114,29 +149,46 @@ class Metrics:
         def hist(name, help_):
             return Histogram(P + name, help_, m, buckets=_TIME_BUCKETS, registry=r)
 
-        self.success = Counter(P + "request_success", "Requests that ended, by finish reason",
-                               m + ["finished_reason"], registry=r)
+        self.success = Counter(
+            P + "request_success", "Requests that ended, by finish reason", m + ["finished_reason"], registry=r
+        )
         self.failure = Counter(P + "request_failure", "Requests the engine failed", m, registry=r)
-        self.refused = Counter(P + "request_refused", "Requests refused before generating, by reason "
-                               "(the error code: invalid_value, queue_full, invalid_api_key, ...)",
-                               m + ["reason"], registry=r)
+        self.refused = Counter(
+            P + "request_refused",
+            "Requests refused before generating, by reason "
+            "(the error code: invalid_value, queue_full, invalid_api_key, ...)",
+            m + ["reason"],
+            registry=r,
+        )
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of ended requests", m, registry=r)
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens", m, registry=r)
-        self.cache_queries = Counter(P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-                                     m, registry=r)
-        self.cache_hits = Counter(P + "prefix_cache_hits", "Prompt tokens served from the prefix cache",
-                                  m, registry=r)
+        self.cache_queries = Counter(
+            P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache", m, registry=r
+        )
+        self.cache_hits = Counter(P + "prefix_cache_hits", "Prompt tokens served from the prefix cache", m, registry=r)
         self.ttft = hist("time_to_first_token_seconds", "Submit to first token")
-        self.itl = hist("inter_token_latency_seconds", "Time between generated tokens (each request's "
-                        "mean gap, once per gap)")
+        self.itl = hist(
+            "inter_token_latency_seconds", "Time between generated tokens (each request's mean gap, once per gap)"
+        )
         self.e2e = hist("e2e_request_latency_seconds", "Submit to last token")
         self.queue = hist("request_queue_time_seconds", "Submit to the step that begins its prefill")
         self.prefill = hist("request_prefill_time_seconds", "Start of prefill to first token")
         self.decode = hist("request_decode_time_seconds", "First token to last token")
         r.register(_EngineCollector(engine))
         # every series exists from the start (at 0), so a dashboard's rates are not "no data"
-        for metric in (self.failure, self.prompt_tokens, self.generation_tokens, self.cache_queries,
-                       self.cache_hits, self.ttft, self.itl, self.e2e, self.queue, self.prefill, self.decode):
+        for metric in (
+            self.failure,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.cache_queries,
+            self.cache_hits,
+            self.ttft,
+            self.itl,
+            self.e2e,
+            self.queue,
+            self.prefill,
+            self.decode,
+        ):
             metric.labels(self.model)
         for reason in ("stop", "length", "cancelled"):
             self.success.labels(self.model, reason)

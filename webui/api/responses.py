@@ -24,22 +24,45 @@ from __future__ import annotations
 import json
 import re
 import time
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from core.store import Store
-from core.store.types import StoreError, User
-from webui.api.errors import ApiError
-from webui.api.schema import check_fields, new_id, with_defaults
+from radixchat.core.store import Store
+from radixchat.core.store.types import StoreError, User
+from radixchat.webui.api.errors import ApiError
+from radixchat.webui.api.schema import check_fields, new_id, with_defaults
 
 # what each field does here (the one rule of webui/api/schema.py)
-FIELDS = {"model": "used", "input": "used", "instructions": "used", "stream": "used",
-          "previous_response_id": "used", "max_output_tokens": "used", "temperature": "used",
-          "top_p": "used", "store": "used", "text": "used", "seed": "used",
-          "user": "ignored", "metadata": "ignored", "service_tier": "ignored", "truncation": "ignored",
-          "parallel_tool_calls": "ignored", "safety_identifier": "ignored", "prompt_cache_key": "ignored",
-          "tools": "refused", "tool_choice": "refused", "reasoning": "refused", "include": "refused",
-          "background": "refused", "conversation": "refused", "prompt": "refused", "top_logprobs": "refused",
-          "max_tool_calls": "refused", "stream_options": "ignored"}
+FIELDS = {
+    "model": "used",
+    "input": "used",
+    "instructions": "used",
+    "stream": "used",
+    "previous_response_id": "used",
+    "max_output_tokens": "used",
+    "temperature": "used",
+    "top_p": "used",
+    "store": "used",
+    "text": "used",
+    "seed": "used",
+    "user": "ignored",
+    "metadata": "ignored",
+    "service_tier": "ignored",
+    "truncation": "ignored",
+    "parallel_tool_calls": "ignored",
+    "safety_identifier": "ignored",
+    "prompt_cache_key": "ignored",
+    "tools": "refused",
+    "tool_choice": "refused",
+    "reasoning": "refused",
+    "include": "refused",
+    "background": "refused",
+    "conversation": "refused",
+    "prompt": "refused",
+    "top_logprobs": "refused",
+    "max_tool_calls": "refused",
+    "stream_options": "ignored",
+}
 ID = re.compile(r"^resp_(\d+)_(\d+)$")
 
 
@@ -64,8 +87,12 @@ class ResponsesRequest(BaseModel):
 
     def sampling(self, defaults: dict | None) -> dict:
         """The engine's sampling fields; `defaults` fill what the request left out."""
-        return {**with_defaults(self.temperature, self.top_p, defaults), "max_tokens": self.max_output_tokens,
-                "seed": self.seed, "json_schema": self.schema()}
+        return {
+            **with_defaults(self.temperature, self.top_p, defaults),
+            "max_tokens": self.max_output_tokens,
+            "seed": self.seed,
+            "json_schema": self.schema(),
+        }
 
     def messages(self) -> list[dict]:
         """This turn's input as chat messages."""
@@ -73,8 +100,12 @@ class ResponsesRequest(BaseModel):
             return [{"role": "user", "content": self.input}]
         out = []
         for item in self.input:
-            if item.get("type", "message") != "message" or item.get("role") not in ("user", "assistant", "system",
-                                                                                   "developer"):
+            if item.get("type", "message") != "message" or item.get("role") not in (
+                "user",
+                "assistant",
+                "system",
+                "developer",
+            ):
                 raise ValueError("input: only messages (user, assistant, system, developer) are supported")
             content = item.get("content")
             if isinstance(content, list):
@@ -130,6 +161,7 @@ def continue_from(store: Store, user: User, response_id: str) -> tuple[int, list
             store.append_message(user, conv, m["role"], m["content"])
     return conv, kept
 
+
 def start_turn(store: Store, user: User, conv: int | None, turn: list[dict]) -> tuple[int, int]:
     """Keep this turn's input in the user's conversation (a new one without `conv`);
     (conversation, the last input message's id). Store thread."""
@@ -143,25 +175,49 @@ def start_turn(store: Store, user: User, conv: int | None, turn: list[dict]) -> 
     return conv, last.id
 
 
-def response_object(rid: str, model: str, text: str, status: str, usage, previous: str | None,
-                    msg_id: str, created: float) -> dict:
+def response_object(
+    rid: str, model: str, text: str, status: str, usage, previous: str | None, msg_id: str, created: float
+) -> dict:
     out = [] if status == "in_progress" else [message_item(msg_id, text, "completed")]
-    body = {"id": rid, "object": "response", "created_at": int(created), "status": status, "model": model,
-            "output": out, "previous_response_id": previous, "error": None, "incomplete_details": None,
-            "instructions": None, "metadata": {}, "parallel_tool_calls": False, "tool_choice": "none",
-            "tools": [], "temperature": None, "top_p": None, "text": {"format": {"type": "text"}},
-            "usage": None}
+    body = {
+        "id": rid,
+        "object": "response",
+        "created_at": int(created),
+        "status": status,
+        "model": model,
+        "output": out,
+        "previous_response_id": previous,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": {},
+        "parallel_tool_calls": False,
+        "tool_choice": "none",
+        "tools": [],
+        "temperature": None,
+        "top_p": None,
+        "text": {"format": {"type": "text"}},
+        "usage": None,
+    }
     if usage is not None:
-        body["usage"] = {"input_tokens": usage.prompt_tokens, "output_tokens": usage.generated_tokens,
-                         "total_tokens": usage.prompt_tokens + usage.generated_tokens,
-                         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-                         "output_tokens_details": {"reasoning_tokens": 0}}
+        body["usage"] = {
+            "input_tokens": usage.prompt_tokens,
+            "output_tokens": usage.generated_tokens,
+            "total_tokens": usage.prompt_tokens + usage.generated_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
     return body
 
 
 def message_item(msg_id: str, text: str, status: str) -> dict:
-    return {"type": "message", "id": msg_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+    return {
+        "type": "message",
+        "id": msg_id,
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
 
 
 class Events:
@@ -182,25 +238,32 @@ class Events:
         yield self._event("response.created", response=resp)
         yield self._event("response.in_progress", response=resp)
         yield self._event("response.output_item.added", output_index=0, item=message_item(self.msg, "", "in_progress"))
-        yield self._event("response.content_part.added", item_id=self.msg, output_index=0, content_index=0,
-                          part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        yield self._event(
+            "response.content_part.added",
+            item_id=self.msg,
+            output_index=0,
+            content_index=0,
+            part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+        )
 
     def delta(self, text: str) -> str:
-        return self._event("response.output_text.delta", item_id=self.msg, output_index=0, content_index=0,
-                           delta=text, logprobs=[])
+        return self._event(
+            "response.output_text.delta", item_id=self.msg, output_index=0, content_index=0, delta=text, logprobs=[]
+        )
 
     def end(self, rid: str, text: str, usage):
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        yield self._event("response.output_text.done", item_id=self.msg, output_index=0, content_index=0,
-                          text=text, logprobs=[])
+        yield self._event(
+            "response.output_text.done", item_id=self.msg, output_index=0, content_index=0, text=text, logprobs=[]
+        )
         yield self._event("response.content_part.done", item_id=self.msg, output_index=0, content_index=0, part=part)
         yield self._event("response.output_item.done", output_index=0, item=message_item(self.msg, text, "completed"))
-        yield self._event("response.completed", response=response_object(
-            rid, self.model, text, "completed", usage, self.previous, self.msg, self.created))
+        yield self._event(
+            "response.completed",
+            response=response_object(rid, self.model, text, "completed", usage, self.previous, self.msg, self.created),
+        )
 
     def failed(self, message: str) -> str:
         resp = response_object(self.rid, self.model, "", "failed", None, self.previous, self.msg, self.created)
         resp["error"] = {"code": "server_error", "message": message}
         return self._event("response.failed", response=resp)
-
-

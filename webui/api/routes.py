@@ -20,26 +20,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from core.engine.requests import (SEED_MAX, ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta,
-                                  owner_of)
-from core.store.types import AuthFailed, RequestRecord, StoreError, User
-
-from webui.api import responses as rs, schema as oa, toolcalls
-from webui.api.errors import ApiError
-from webui.request_end import RequestEnd
+from radixchat.core.engine.requests import (
+    SEED_MAX,
+    ChatRequest,
+    Failed,
+    Finished,
+    RequestError,
+    Sampling,
+    TextDelta,
+    owner_of,
+)
+from radixchat.core.store.types import AuthFailed, RequestRecord, StoreError, User
+from radixchat.webui.api import responses as rs
+from radixchat.webui.api import schema as oa
+from radixchat.webui.api import toolcalls
+from radixchat.webui.api.errors import ApiError
+from radixchat.webui.request_end import RequestEnd
 
 if TYPE_CHECKING:
-    from core.config import Settings
-    from core.engine.engine import Engine
-    from core.engine.handle import RequestHandle
-    from core.store import Store
-    from webui.api.metrics import Metrics
+    from radixchat.core.config import Settings
+    from radixchat.core.engine.engine import Engine
+    from radixchat.core.engine.handle import RequestHandle
+    from radixchat.core.store import Store
+    from radixchat.webui.api.metrics import Metrics
 
 log = logging.getLogger("radixchat.api")
 ALIASES = {"default", "default_model"}
@@ -47,7 +57,7 @@ CLIENT_GONE = 499  # nginx's "client closed request"; never sent, the connection
 
 
 async def last_event(handle: RequestHandle):
-    async for ev in handle:
+    async for ev in handle:  # noqa: B007
         pass
     return ev
 
@@ -101,21 +111,27 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'",
-                           "authentication_error", "missing_api_key")
+            raise ApiError(
+                401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error", "missing_api_key"
+            )
         try:
             return store.verify_api_key(key.strip())
         except AuthFailed:
             # the type is what clients map: litellm reads invalid_request_error as a bad request
-            raise ApiError(401, "invalid or revoked API key", "authentication_error", "invalid_api_key")
+            raise ApiError(401, "invalid or revoked API key", "authentication_error", "invalid_api_key") from None
 
     # what the model's card recommends, for requests that leave temperature or top_p out
     recommended = dict(engine.loaded.card.sampling) if engine.loaded.card else {}
 
     def check_model(name: str) -> None:
         if name != model_id and name not in ALIASES:
-            raise ApiError(404, f"model {name!r} not found; this server serves {model_id!r}",
-                           "invalid_request_error", "model_not_found", param="model")
+            raise ApiError(
+                404,
+                f"model {name!r} not found; this server serves {model_id!r}",
+                "invalid_request_error",
+                "model_not_found",
+                param="model",
+            )
 
     async def submit(user: User | None, build: Callable[[], Awaitable[RequestHandle]]) -> RequestHandle:
         try:
@@ -149,7 +165,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             if fields["seed"] is not None and i:
                 fields["seed"] = (fields["seed"] + i) if fields["seed"] + i <= SEED_MAX else fields["seed"] - i
             try:  # the sampling is checked inside submit: a bad value is its 400
-                handles.append(await submit(user, lambda: build(Sampling(**fields))))
+                handles.append(await submit(user, lambda: build(Sampling(**fields))))  # noqa: B023
             except BaseException:
                 for h in handles:  # all choices or none
                     h.cancel()
@@ -158,11 +174,18 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
 
     def record(user: User | None, final: Finished | Failed) -> None:
         u = final.usage
-        log_request(user, prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
-                    generated_tokens=u.generated_tokens, queue_ms=u.queue_ms, ttft_ms=u.ttft_ms,
-                    total_ms=u.total_ms, decode_tps=u.decode_tps,
-                    finish_reason=getattr(final, "finish_reason", None),
-                    error=getattr(final, "message", None))
+        log_request(
+            user,
+            prompt_tokens=u.prompt_tokens,
+            cached_tokens=u.cached_tokens,
+            generated_tokens=u.generated_tokens,
+            queue_ms=u.queue_ms,
+            ttft_ms=u.ttft_ms,
+            total_ms=u.total_ms,
+            decode_tps=u.decode_tps,
+            finish_reason=getattr(final, "finish_reason", None),
+            error=getattr(final, "message", None),
+        )
 
     def log_request(user: User | None, **fields) -> None:
         """Every API request, refused or served, gets a row under the key's user."""
@@ -173,8 +196,15 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         except Exception:  # bookkeeping must never break a reply
             log.exception("could not record request metrics")
 
-    async def respond(request: Request, handles: list[RequestHandle], stream: bool, include_usage: bool,
-                      chat: bool, echo: str = "", tool_family: str | None = None):
+    async def respond(
+        request: Request,
+        handles: list[RequestHandle],
+        stream: bool,
+        include_usage: bool,
+        chat: bool,
+        echo: str = "",
+        tool_family: str | None = None,
+    ):
         """The reply of one request: `handles` are its n choices (one engine request each);
         `echo` starts every choice's text (completions' echo); with `tool_family`, calls in
         the text become tool_calls (webui/api/toolcalls.py)."""
@@ -190,31 +220,71 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
                 choices = []
                 for i, ev in enumerate(finals):
                     content, calls, called = toolcalls.reply(tool_family, ev.text)
-                    choices.append(oa.ChatChoice(
-                        index=i, message=oa.ChoiceMessage(content=content, tool_calls=calls),
-                        finish_reason="tool_calls" if called else ev.finish_reason,
-                        logprobs=oa.chat_logprobs(ev.logprobs)))
+                    choices.append(
+                        oa.ChatChoice(
+                            index=i,
+                            message=oa.ChoiceMessage(content=content, tool_calls=calls),
+                            finish_reason="tool_calls" if called else ev.finish_reason,
+                            logprobs=oa.chat_logprobs(ev.logprobs),
+                        )
+                    )
                 body = oa.ChatCompletion(id=rid, model=model_id, usage=usage, choices=choices)
             else:
-                body = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
-                    index=i, text=echo + ev.text, finish_reason=ev.finish_reason,
-                    logprobs=oa.completion_logprobs(ev.logprobs)) for i, ev in enumerate(finals)])
+                body = oa.Completion(
+                    id=rid,
+                    model=model_id,
+                    usage=usage,
+                    choices=[
+                        oa.TextChoice(
+                            index=i,
+                            text=echo + ev.text,
+                            finish_reason=ev.finish_reason,
+                            logprobs=oa.completion_logprobs(ev.logprobs),
+                        )
+                        for i, ev in enumerate(finals)
+                    ],
+                )
             return JSONResponse(body.model_dump())
 
         sent = [0] * len(handles)  # characters streamed so far per choice (legacy text_offset)
 
         streams = [toolcalls.Stream(tool_family) for _ in handles] if tool_family else None
 
-        def chunk(i=0, content=None, finish=None, role=None, usage=None, choices=True, logprobs=None,
-                  calls=None) -> str:
+        def chunk(
+            i=0, content=None, finish=None, role=None, usage=None, choices=True, logprobs=None, calls=None
+        ) -> str:
             if chat:
-                c = oa.ChatCompletionChunk(id=rid, model=model_id, usage=usage, choices=[oa.ChunkChoice(
-                    index=i, delta=oa.Delta(role=role, content=content, tool_calls=calls), finish_reason=finish,
-                    logprobs=oa.chat_logprobs(logprobs))] if choices else [])
+                c = oa.ChatCompletionChunk(
+                    id=rid,
+                    model=model_id,
+                    usage=usage,
+                    choices=[
+                        oa.ChunkChoice(
+                            index=i,
+                            delta=oa.Delta(role=role, content=content, tool_calls=calls),
+                            finish_reason=finish,
+                            logprobs=oa.chat_logprobs(logprobs),
+                        )
+                    ]
+                    if choices
+                    else [],
+                )
             else:
-                c = oa.Completion(id=rid, model=model_id, usage=usage, choices=[oa.TextChoice(
-                    index=i, text=content or "", finish_reason=finish,
-                    logprobs=oa.completion_logprobs(logprobs, sent[i]))] if choices else [])
+                c = oa.Completion(
+                    id=rid,
+                    model=model_id,
+                    usage=usage,
+                    choices=[
+                        oa.TextChoice(
+                            index=i,
+                            text=content or "",
+                            finish_reason=finish,
+                            logprobs=oa.completion_logprobs(logprobs, sent[i]),
+                        )
+                    ]
+                    if choices
+                    else [],
+                )
             return f"data: {c.model_dump_json(exclude=None if usage else {'usage'})}\n\n"
 
         async def events():
@@ -254,10 +324,14 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
                                 yield chunk(i, calls=calls)
                                 finish = "tool_calls"
                         yield chunk(i, finish=finish)
-                if include_usage and len(finals) == len(handles) and \
-                        not any(isinstance(ev, Failed) for ev in finals.values()):
-                    yield chunk(usage=oa.usage_of_choices([finals[i].usage for i in range(len(handles))]),
-                                choices=False)
+                if (
+                    include_usage
+                    and len(finals) == len(handles)
+                    and not any(isinstance(ev, Failed) for ev in finals.values())
+                ):
+                    yield chunk(
+                        usage=oa.usage_of_choices([finals[i].usage for i in range(len(handles))]), choices=False
+                    )
                 yield "data: [DONE]\n\n"
             finally:
                 for task in pumps:
@@ -266,8 +340,9 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
                     if i not in finals:  # the client went away, or a sibling failed: stop generating
                         h.cancel()
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
     @router.get("/models")
     def models(user=Depends(current_user)):
@@ -288,12 +363,20 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         except toolcalls.ToolsUnsupported as e:
             raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
         messages = [m.for_template() for m in body.messages]
-        handles = await submit_choices(user, body, lambda sampling: engine.asubmit(ChatRequest(
-            messages=messages, tools=tools, sampling=sampling.model_copy(update={"lark": lark}),
-            owner=owner_of(user and user.id))))
+        handles = await submit_choices(
+            user,
+            body,
+            lambda sampling: engine.asubmit(
+                ChatRequest(
+                    messages=messages,
+                    tools=tools,
+                    sampling=sampling.model_copy(update={"lark": lark}),
+                    owner=owner_of(user and user.id),
+                )
+            ),
+        )
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, handles, body.stream, include, chat=True,
-                             tool_family=family if tools else None)
+        return await respond(request, handles, body.stream, include, chat=True, tool_family=family if tools else None)
 
     @router.post("/completions")
     async def completions(request: Request, body: oa.CompletionRequest, user=Depends(current_user)):
@@ -309,8 +392,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
 
         handles = await submit_choices(user, body, build)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, handles, body.stream, include, chat=False,
-                             echo=body.prompt if body.echo else "")
+        return await respond(request, handles, body.stream, include, chat=False, echo=body.prompt if body.echo else "")
 
     @router.post("/responses")
     async def responses(request: Request, body: rs.ResponsesRequest, user=Depends(current_user)):
@@ -326,13 +408,23 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
         conv, history = None, []
         if body.previous_response_id:
             if user is None or store is None:
-                raise ApiError(400, "previous_response_id: responses are kept per signed-in user, and with "
-                               "--no-auth there is none", param="previous_response_id")
+                raise ApiError(
+                    400,
+                    "previous_response_id: responses are kept per signed-in user, and with --no-auth there is none",
+                    param="previous_response_id",
+                )
             conv, history = await asyncio.to_thread(rs.continue_from, store, user, body.previous_response_id)
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-        handle = await submit(user, lambda: engine.asubmit(ChatRequest(
-            messages=system + history + turn, sampling=Sampling(**body.sampling(recommended)),
-            owner=owner_of(user and user.id))))
+        handle = await submit(
+            user,
+            lambda: engine.asubmit(
+                ChatRequest(
+                    messages=system + history + turn,
+                    sampling=Sampling(**body.sampling(recommended)),
+                    owner=owner_of(user and user.id),
+                )
+            ),
+        )
         rid, previous = rs.new_id("resp"), body.previous_response_id
         if keep:
             try:
@@ -350,8 +442,11 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             (final,), _ = await wait_for_ends(request, [handle])
             await keep_reply(final.text)
             status = "completed" if final.finish_reason != "cancelled" else "incomplete"
-            return JSONResponse(rs.response_object(rid, model_id, final.text, status, final.usage, previous,
-                                                   rs.new_id("msg"), time.time()))
+            return JSONResponse(
+                rs.response_object(
+                    rid, model_id, final.text, status, final.usage, previous, rs.new_id("msg"), time.time()
+                )
+            )
 
         events = rs.Events(rid, model_id, previous)
 
@@ -375,13 +470,12 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
                 if final is None:
                     handle.cancel()
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
-    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
-                      include_in_schema=False)
+    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
     def unknown(path: str):
         raise ApiError(404, f"unknown route /v1/{path}", "invalid_request_error", "not_found")
 
     return router
-

@@ -19,7 +19,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
 MAX_CHOICES = 16  # n: each choice is a request in the engine, counted against the user's limit
 
 
@@ -27,33 +26,64 @@ def _off(name: str, value) -> bool:
     """Does this value of a refused field ask for nothing (what clients send by default)?"""
     if name == "best_of":
         return value in (None, 1)
-    return value in (None, False, 0, "", [], {}, "none", "auto") or value == {"type": "text"} \
-        or value == ["text"]
+    return value in (None, False, 0, "", [], {}, "none", "auto") or value == {"type": "text"} or value == ["text"]
 
 
 # Both APIs: what each field a request may carry does here. "used": implemented; "ignored":
 # informational, accepted; "refused": not implemented, a 400 unless off (_off).
 COMMON = {
-    "model": "used", "max_tokens": "used", "temperature": "used", "top_p": "used", "stop": "used",
-    "stream": "used", "stream_options": "used", "seed": "used", "n": "used",
-    "presence_penalty": "used", "frequency_penalty": "used", "top_k": "used", "ignore_eos": "used",
-    "user": "ignored", "logit_bias": "used", "logprobs": "used",
+    "model": "used",
+    "max_tokens": "used",
+    "temperature": "used",
+    "top_p": "used",
+    "stop": "used",
+    "stream": "used",
+    "stream_options": "used",
+    "seed": "used",
+    "n": "used",
+    "presence_penalty": "used",
+    "frequency_penalty": "used",
+    "top_k": "used",
+    "ignore_eos": "used",
+    "user": "ignored",
+    "logit_bias": "used",
+    "logprobs": "used",
 }
 FIELDS = {
-    "chat": {**COMMON, "messages": "used", "max_completion_tokens": "used",
-             "metadata": "ignored", "store": "ignored", "service_tier": "ignored",
-             "safety_identifier": "ignored", "prompt_cache_key": "ignored",
-             "parallel_tool_calls": "ignored", "top_logprobs": "used", "response_format": "used",
-             "tools": "used", "tool_choice": "used", "functions": "refused",
-             "function_call": "refused", "audio": "refused", "modalities": "refused",
-             "prediction": "refused", "reasoning_effort": "refused", "verbosity": "refused",
-             "web_search_options": "refused"},
-    "completions": {**COMMON, "prompt": "used", "echo": "used", "best_of": "refused",
-                    "suffix": "refused"},
+    "chat": {
+        **COMMON,
+        "messages": "used",
+        "max_completion_tokens": "used",
+        "metadata": "ignored",
+        "store": "ignored",
+        "service_tier": "ignored",
+        "safety_identifier": "ignored",
+        "prompt_cache_key": "ignored",
+        "parallel_tool_calls": "ignored",
+        "top_logprobs": "used",
+        "response_format": "used",
+        "tools": "used",
+        "tool_choice": "used",
+        "functions": "refused",
+        "function_call": "refused",
+        "audio": "refused",
+        "modalities": "refused",
+        "prediction": "refused",
+        "reasoning_effort": "refused",
+        "verbosity": "refused",
+        "web_search_options": "refused",
+    },
+    "completions": {**COMMON, "prompt": "used", "echo": "used", "best_of": "refused", "suffix": "refused"},
 }
-NOT_YET = {"response_format": "structured output", "tools": "tool calling", "tool_choice": "tool calling",
-           "functions": "function calling", "function_call": "function calling",
-           "audio": "audio output", "modalities": "audio output"}
+NOT_YET = {
+    "response_format": "structured output",
+    "tools": "tool calling",
+    "tool_choice": "tool calling",
+    "functions": "function calling",
+    "function_call": "function calling",
+    "audio": "audio output",
+    "modalities": "audio output",
+}
 
 
 def check_fields(data, table: dict[str, str], api: str):
@@ -64,8 +94,9 @@ def check_fields(data, table: dict[str, str], api: str):
     for name, value in data.items():
         use = table.get(name)
         if use is None:
-            raise ValueError(f"{name}: unknown field (this server takes the fields of OpenAI's "
-                             f"{api} API it lists in its README)")
+            raise ValueError(
+                f"{name}: unknown field (this server takes the fields of OpenAI's {api} API it lists in its README)"
+            )
         if use == "refused" and not _off(name, value):
             what = NOT_YET.get(name, name)
             raise ValueError(f"{name}: {what} is not supported by this server")
@@ -76,8 +107,10 @@ def with_defaults(temperature: float | None, top_p: float | None, defaults: dict
     """The request's temperature and top_p; what it left out from `defaults` (the model card's
     recommendation), else OpenAI's 1.0."""
     defaults = defaults or {}
-    return {"temperature": temperature if temperature is not None else defaults.get("temperature", 1.0),
-            "top_p": top_p if top_p is not None else defaults.get("top_p", 1.0)}
+    return {
+        "temperature": temperature if temperature is not None else defaults.get("temperature", 1.0),
+        "top_p": top_p if top_p is not None else defaults.get("top_p", 1.0),
+    }
 
 
 class TextPart(BaseModel):
@@ -155,9 +188,14 @@ class Message(BaseModel):
         """The message as chat templates take it (arguments as objects, as HF templates expect)."""
         out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
         if self.tool_calls:
-            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.function.name, "arguments": _loads_or_text(c.function.arguments)}}
-                for c in self.tool_calls]
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _loads_or_text(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
         if self.tool_call_id:
             out["tool_call_id"] = self.tool_call_id
         if self.name and self.role == "tool":
@@ -199,7 +237,7 @@ class _Sampling(BaseModel):
     @classmethod
     def _bias_keys(cls, v):
         if v and not all(k.strip().isdigit() for k in v):
-            raise ValueError("keys must be token ids, e.g. {\"50256\": -100}")
+            raise ValueError('keys must be token ids, e.g. {"50256": -100}')
         return v
 
     def _top(self) -> int | None:
@@ -224,10 +262,16 @@ class _Sampling(BaseModel):
 
     def sampling(self, defaults: dict | None = None) -> dict:
         """The engine's sampling fields; `defaults` fill what the request left out."""
-        return {**with_defaults(self.temperature, self.top_p, defaults), "top_k": self.top_k,
-                "max_tokens": self.max_tokens, "stop": self.stop or [], "seed": self.seed,
-                "ignore_eos": self.ignore_eos, "logprobs": self._top(),
-                "logit_bias": {int(k): b for k, b in (self.logit_bias or {}).items()}}
+        return {
+            **with_defaults(self.temperature, self.top_p, defaults),
+            "top_k": self.top_k,
+            "max_tokens": self.max_tokens,
+            "stop": self.stop or [],
+            "seed": self.seed,
+            "ignore_eos": self.ignore_eos,
+            "logprobs": self._top(),
+            "logit_bias": {int(k): b for k, b in (self.logit_bias or {}).items()},
+        }
 
 
 class JsonSchemaFormat(BaseModel):
@@ -277,8 +321,9 @@ class ChatCompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _tools_checks(self):
-        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in \
-                {t.function.name for t in self.tools or []}:
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in {
+            t.function.name for t in self.tools or []
+        }:
             raise ValueError("tool_choice: names a function that is not in tools")
         if self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice: required needs tools")
@@ -319,8 +364,9 @@ class CompletionRequest(_Sampling):
     @model_validator(mode="after")
     def _echo(self):
         if self.echo and self.logprobs is not None:
-            raise ValueError("echo: with logprobs it needs the prompt's log-probabilities, which this "
-                             "server does not report")
+            raise ValueError(
+                "echo: with logprobs it needs the prompt's log-probabilities, which this server does not report"
+            )
         return self
 
     def _top(self) -> int | None:
@@ -355,9 +401,12 @@ class Usage(BaseModel):
 
 
 def usage_of(u) -> Usage:
-    return Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.generated_tokens,
-                 total_tokens=u.prompt_tokens + u.generated_tokens,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens))
+    return Usage(
+        prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.generated_tokens,
+        total_tokens=u.prompt_tokens + u.generated_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens),
+    )
 
 
 def usage_of_choices(usages) -> Usage:
@@ -369,8 +418,12 @@ def usage_of_choices(usages) -> Usage:
     prompt = usages[0].prompt_tokens
     computed = sum(u.prompt_tokens - u.cached_tokens for u in usages)
     completion = sum(u.generated_tokens for u in usages)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=max(0, prompt - computed)))
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=max(0, prompt - computed)),
+    )
 
 
 def new_id(prefix: str) -> str:
@@ -391,8 +444,12 @@ def chat_logprobs(entries) -> dict | None:
     """OpenAI's chat `logprobs` object for these TokenLogprobs (None: not asked for)."""
     if entries is None:
         return None
-    return {"content": [{**_token(e.token, e.logprob), "top_logprobs": [_token(t, lp) for t, lp in e.top]}
-                        for e in entries], "refusal": None}
+    return {
+        "content": [
+            {**_token(e.token, e.logprob), "top_logprobs": [_token(t, lp) for t, lp in e.top]} for e in entries
+        ],
+        "refusal": None,
+    }
 
 
 def completion_logprobs(entries, offset: int = 0) -> dict | None:
@@ -403,8 +460,12 @@ def completion_logprobs(entries, offset: int = 0) -> dict | None:
     for e in entries:
         offsets.append(offset)
         offset += len(e.token)
-    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [dict(e.top) for e in entries], "text_offset": offsets}
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [dict(e.top) for e in entries],
+        "text_offset": offsets,
+    }
 
 
 class ChatChoice(BaseModel):

@@ -10,7 +10,7 @@ Runs on the server's event loop; no MLX.
 
 from __future__ import annotations
 
-from core.engine import tools as formats
+from radixchat.core.engine import tools as formats
 
 
 class ToolsUnsupported(ValueError):
@@ -54,12 +54,12 @@ class Stream:
         cut = formats.held_back(self.family, self.text)
         if cut <= self.shown:
             return ""
-        out, self.shown = self.text[self.shown:cut], cut
+        out, self.shown = self.text[self.shown : cut], cut
         return out
 
     def finish(self) -> tuple[str, list[dict] | None]:
         """(text still to send, the calls as a streamed delta's tool_calls, or None)."""
         _, calls = formats.parse(self.family, self.text)
         if not calls:
-            return self.text[self.shown:], None
+            return self.text[self.shown :], None
         return "", [{"index": k, **call} for k, call in enumerate(calls)]

@@ -29,21 +29,23 @@ SCRIPT_TAG = re.compile(rb"<script(?=[\s>])")
 
 def policy(nonce: str | None = None) -> str:
     """The policy for one response; `nonce` for an HTML page's own inline scripts."""
-    return "; ".join([
-        # anything not named below (fetches and event streams, fonts, media, frames, workers,
-        # the manifest): this server only
-        "default-src 'self'",
-        # the page's files and its own inline scripts; vega (the Server tab's plots) compiles its
-        # chart expressions with Function(): without 'unsafe-eval' the plots stay empty
-        "script-src 'self'" + (f" 'nonce-{nonce}'" if nonce else "") + " 'unsafe-eval'",
-        # Gradio sets the theme and the page's CSS as <style> elements, and style attributes
-        "style-src 'self' 'unsafe-inline'",
-        "img-src 'self' data:",  # Gradio's icons are data: URLs in its CSS
-        "object-src 'none'",
-        "base-uri 'self'",  # the page sets <base href="./">
-        "form-action 'self'",
-        "frame-ancestors 'self'",  # not framed by another site's page
-    ])
+    return "; ".join(
+        [
+            # anything not named below (fetches and event streams, fonts, media, frames, workers,
+            # the manifest): this server only
+            "default-src 'self'",
+            # the page's files and its own inline scripts; vega (the Server tab's plots) compiles its
+            # chart expressions with Function(): without 'unsafe-eval' the plots stay empty
+            "script-src 'self'" + (f" 'nonce-{nonce}'" if nonce else "") + " 'unsafe-eval'",
+            # Gradio sets the theme and the page's CSS as <style> elements, and style attributes
+            "style-src 'self' 'unsafe-inline'",
+            "img-src 'self' data:",  # Gradio's icons are data: URLs in its CSS
+            "object-src 'none'",
+            "base-uri 'self'",  # the page sets <base href="./">
+            "form-action 'self'",
+            "frame-ancestors 'self'",  # not framed by another site's page
+        ]
+    )
 
 
 class ContentPolicy:
@@ -70,8 +72,13 @@ class ContentPolicy:
                     return
                 if rewrite and is_html(headers):  # its inline scripts will not run
                     log.warning("a compressed HTML page went out without a nonce: %s", scope["path"])
-                message = {**message, "headers": [*drop(headers, b"content-security-policy"),
-                                                  (b"content-security-policy", policy().encode())]}
+                message = {
+                    **message,
+                    "headers": [
+                        *drop(headers, b"content-security-policy"),
+                        (b"content-security-policy", policy().encode()),
+                    ],
+                }
                 return await send(message)
             if start is None or message["type"] != "http.response.body":
                 return await send(message)
@@ -80,9 +87,11 @@ class ContentPolicy:
                 return
             nonce = secrets.token_urlsafe(16)
             body = SCRIPT_TAG.sub(b'<script nonce="' + nonce.encode() + b'"', b"".join(chunks))
-            headers = [*drop(start.get("headers", []), b"content-security-policy", b"content-length"),
-                       (b"content-length", str(len(body)).encode()),
-                       (b"content-security-policy", policy(nonce).encode())]
+            headers = [
+                *drop(start.get("headers", []), b"content-security-policy", b"content-length"),
+                (b"content-length", str(len(body)).encode()),
+                (b"content-security-policy", policy(nonce).encode()),
+            ]
             await send({**start, "headers": headers})
             await send({"type": "http.response.body", "body": body})
 

@@ -77,10 +77,12 @@ def _ms(v: float | None) -> str:
 
 
 def _usage_cells(b) -> list[str]:
-    return [f"{plural(b.requests, 'request')} ({b.errors:,} failed)",
-            f"{plural(b.prompt_tokens, 'prompt token')}, {b.generated_tokens:,} generated",
-            "n/a" if b.cache_hit_ratio is None else f"{100 * b.cache_hit_ratio:.0f}%",
-            f"p50 {_ms(b.ttft_p50_ms)}, p95 {_ms(b.ttft_p95_ms)}"]
+    return [
+        f"{plural(b.requests, 'request')} ({b.errors:,} failed)",
+        f"{plural(b.prompt_tokens, 'prompt token')}, {b.generated_tokens:,} generated",
+        "n/a" if b.cache_hit_ratio is None else f"{100 * b.cache_hit_ratio:.0f}%",
+        f"p50 {_ms(b.ttft_p50_ms)}, p95 {_ms(b.ttft_p95_ms)}",
+    ]
 
 
 def usage_table(mine, everyone) -> str:
@@ -98,18 +100,21 @@ def disk_line(disk: dict | None) -> str:
         return "| Disk cache | off (`--cache-disk-bytes`) |"
     loads = disk.get("loads", 0)
     read_ms = 1000 * (disk.get("read_s", 0.0) + disk.get("load_s", 0.0)) / loads if loads else None
-    line = (f"| Disk cache | {_bytes(disk.get('bytes', 0))} of {_bytes(disk.get('budget', 0))} in "
-            f"{plural(disk.get('files', 0), 'file')}; {plural(loads, 'hit')} from disk since start "
-            f"({plural(disk.get('load_tokens', 0), 'token')}"
-            f"{f', {read_ms:,.1f} ms each' if read_ms is not None else ''}), "
-            f"{plural(disk.get('writes', 0), 'write')}")
+    line = (
+        f"| Disk cache | {_bytes(disk.get('bytes', 0))} of {_bytes(disk.get('budget', 0))} in "
+        f"{plural(disk.get('files', 0), 'file')}; {plural(loads, 'hit')} from disk since start "
+        f"({plural(disk.get('load_tokens', 0), 'token')}"
+        f"{f', {read_ms:,.1f} ms each' if read_ms is not None else ''}), "
+        f"{plural(disk.get('writes', 0), 'write')}"
+    )
     if disk.get("dropped"):
         line += f"; {plural(disk['dropped'], 'entry', 'entries')} dropped (unreadable or corrupt: see the log)"
     return line + " |"
 
 
-def dashboard(engine, store, presence: Presence, *, window_s: float = WINDOW_S,
-              bucket_s: float = BUCKET_S, you=None) -> Dashboard:
+def dashboard(
+    engine, store, presence: Presence, *, window_s: float = WINDOW_S, bucket_s: float = BUCKET_S, you=None
+) -> Dashboard:
     """The Server tab; with `you` (a User), that user's own figures beside the server's."""
     s = engine.stats()
     m = engine.loaded
@@ -117,36 +122,52 @@ def dashboard(engine, store, presence: Presence, *, window_s: float = WINDOW_S,
     totals = store.totals()
     lines = ["| | now |", "|---|---|"]
     if m is not None:
-        lines.append(f"| Model | `{m.model_id}`: {m.num_params / 1e6:,.1f}M parameters, {m.dtype}, "
-                     f"context {m.context_length:,} tokens |")
-    lines.append(f"| Engine | {'running' if s['alive'] else 'stopped'}: {plural(s['active'], 'active request')}, "
-                 f"{max(0, s['inflight'] - s['active']):,} waiting |")
+        lines.append(
+            f"| Model | `{m.model_id}`: {m.num_params / 1e6:,.1f}M parameters, {m.dtype}, "
+            f"context {m.context_length:,} tokens |"
+        )
+    lines.append(
+        f"| Engine | {'running' if s['alive'] else 'stopped'}: {plural(s['active'], 'active request')}, "
+        f"{max(0, s['inflight'] - s['active']):,} waiting |"
+    )
     if s.get("batch_tokens"):
-        lines.append(f"| Batch | {s.get('running', 0):,} decoding; room for {plural(s['batch_tokens'], 'token')} "
-                     f"of running sequences ({_bytes(s['kv_bytes_per_token'])} each) in the K/V budget of "
-                     f"{_bytes(s['kv_budget'])}, at most {plural(s['max_batch'], 'sequence')} |")
+        lines.append(
+            f"| Batch | {s.get('running', 0):,} decoding; room for {plural(s['batch_tokens'], 'token')} "
+            f"of running sequences ({_bytes(s['kv_bytes_per_token'])} each) in the K/V budget of "
+            f"{_bytes(s['kv_budget'])}, at most {plural(s['max_batch'], 'sequence')} |"
+        )
     if cache:
         lookups = cache.get("hits", 0) + cache.get("misses", 0)
-        lines.append(f"| Prefix cache | {_bytes(cache.get('bytes', 0))} of {_bytes(cache.get('budget', 0))} "
-                     f"({_pct(cache.get('bytes', 0), cache.get('budget', 0))} full), "
-                     f"{plural(cache.get('cached_tokens', 0), 'token')} in {plural(cache.get('nodes', 0), 'node')}, "
-                     f"{plural(cache.get('evictions', 0), 'eviction')} |")
-        lines.append(f"| Cache hits | {_pct(cache.get('hits', 0), lookups)} of {plural(lookups, 'lookup')} "
-                     f"since start; {_pct(totals['cached_tokens'], totals['prompt_tokens'])} of all prompt "
-                     "tokens served from the cache |")
+        lines.append(
+            f"| Prefix cache | {_bytes(cache.get('bytes', 0))} of {_bytes(cache.get('budget', 0))} "
+            f"({_pct(cache.get('bytes', 0), cache.get('budget', 0))} full), "
+            f"{plural(cache.get('cached_tokens', 0), 'token')} in {plural(cache.get('nodes', 0), 'node')}, "
+            f"{plural(cache.get('evictions', 0), 'eviction')} |"
+        )
+        lines.append(
+            f"| Cache hits | {_pct(cache.get('hits', 0), lookups)} of {plural(lookups, 'lookup')} "
+            f"since start; {_pct(totals['cached_tokens'], totals['prompt_tokens'])} of all prompt "
+            "tokens served from the cache |"
+        )
     else:
         lines.append("| Prefix cache | off |")
     lines.append(disk_line(s.get("disk_cache")))
     spec = s.get("speculation")
     if spec is not None:
-        lines.append(f"| Speculation | drafts of up to {plural(spec['max_draft'], 'token')}: "
-                     f"{_pct(spec['accepted'], spec['drafted'])} of {plural(spec['drafted'], 'draft token')} "
-                     f"accepted since start |")
-    lines.append(f"| Users signed in | {plural(presence.count(), 'user')} (active in the last "
-                 f"{plural(round(presence.window_s / 60), 'minute')}) |")
-    lines.append(f"| All time | {plural(totals['requests'], 'request')} ({totals['errors']:,} failed), "
-                 f"{totals['prompt_tokens']:,} prompt and {totals['generated_tokens']:,} generated tokens, "
-                 f"{plural(totals['users'], 'user')}, {plural(totals['conversations'], 'conversation')} |")
+        lines.append(
+            f"| Speculation | drafts of up to {plural(spec['max_draft'], 'token')}: "
+            f"{_pct(spec['accepted'], spec['drafted'])} of {plural(spec['drafted'], 'draft token')} "
+            f"accepted since start |"
+        )
+    lines.append(
+        f"| Users signed in | {plural(presence.count(), 'user')} (active in the last "
+        f"{plural(round(presence.window_s / 60), 'minute')}) |"
+    )
+    lines.append(
+        f"| All time | {plural(totals['requests'], 'request')} ({totals['errors']:,} failed), "
+        f"{totals['prompt_tokens']:,} prompt and {totals['generated_tokens']:,} generated tokens, "
+        f"{plural(totals['users'], 'user')}, {plural(totals['conversations'], 'conversation')} |"
+    )
 
     now = time.time()
     buckets = store.stats(window_s=window_s, bucket_s=bucket_s, now=now)
@@ -163,8 +184,7 @@ def dashboard(engine, store, presence: Presence, *, window_s: float = WINDOW_S,
         for b in store.stats(window_s=window_s, bucket_s=bucket_s, now=now, user=you):
             if b.ttft_p50_ms is not None:
                 ttft.append((_local(b.start), round(b.ttft_p50_ms, 1), "your p50"))
-        usage = usage_table(store.usage(window_s=window_s, now=now, user=you),
-                            store.usage(window_s=window_s, now=now))
+        usage = usage_table(store.usage(window_s=window_s, now=now, user=you), store.usage(window_s=window_s, now=now))
     first = buckets[0].start if buckets else now - window_s
     return Dashboard(
         summary="\n".join(lines),

@@ -43,18 +43,17 @@ from typing import TYPE_CHECKING
 
 import gradio as gr
 
-import assets
-
-from webui.page import versions
-from webui.page.dashboard import Presence, dashboard
-from webui.page.logic import ChatPage, PageError
-from webui.page.shared import link as shared_link
+from radixchat import assets
+from radixchat.webui.page import versions
+from radixchat.webui.page.dashboard import Presence, dashboard
+from radixchat.webui.page.logic import ChatPage, PageError
+from radixchat.webui.page.shared import link as shared_link
 
 if TYPE_CHECKING:
-    from core.config import Settings
-    from core.engine.engine import Engine
-    from core.store import Store
-    from webui.api.metrics import Metrics
+    from radixchat.core.config import Settings
+    from radixchat.core.engine.engine import Engine
+    from radixchat.core.store import Store
+    from radixchat.webui.api.metrics import Metrics
 
 log = logging.getLogger("radixchat.page")
 
@@ -142,9 +141,11 @@ def sign_in_message(model) -> str:
     it serves, and how to get a user."""
     facts = model_facts(model)
     served = f"<code>{html.escape(model.model_id)}</code>" + (f" ({html.escape(facts)})" if facts else "")
-    return (f"This is <strong>radixchat</strong>, serving {served}.<br>"
-            "Sign in with your radixchat user. No user yet? Whoever runs the server adds one "
-            "with <code>radixchat users add NAME</code>.")
+    return (
+        f"This is <strong>radixchat</strong>, serving {served}.<br>"
+        "Sign in with your radixchat user. No user yet? Whoever runs the server adds one "
+        "with <code>radixchat users add NAME</code>."
+    )
 
 
 def load_presets(path: Path | None = None) -> dict[str, str]:
@@ -163,6 +164,7 @@ class View:
     browser's count of view changes it follows (`epoch`), the chat "Undo delete" brings back,
     and the message being edited (its "Edit" was pressed: the next Send makes a new version of
     it), as (conversation, message); any change of view ends the edit."""
+
     conv: int | None = None
     epoch: int = 0
     deleted: int | None = None
@@ -187,6 +189,7 @@ def notice(e: PageError) -> None:
 
 def _notices(n_outputs: int):
     """Turn a PageError into a notice on the page, leaving the outputs as they are."""
+
     def wrap(fn):
         @functools.wraps(fn)
         def inner(*args, **kwargs):
@@ -196,15 +199,19 @@ def _notices(n_outputs: int):
                 notice(e)
                 skip = tuple(gr.skip() for _ in range(n_outputs))
                 return skip[0] if n_outputs == 1 else skip
+
         return inner
+
     return wrap
 
 
-def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metrics | None = None, *,
-               sign_in: bool = True) -> gr.Blocks:
+def build_page(
+    engine: Engine, settings: Settings, store: Store, metrics: Metrics | None = None, *, sign_in: bool = True
+) -> gr.Blocks:
     model = engine.loaded
-    chat = ChatPage(engine, store, metrics, model_id=model.model_id, default_max_tokens=settings.max_tokens,
-                    signed_in=sign_in)
+    chat = ChatPage(
+        engine, store, metrics, model_id=model.model_id, default_max_tokens=settings.max_tokens, signed_in=sign_in
+    )
     presence = Presence()
     presets = load_presets()
 
@@ -213,7 +220,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         try:
             user = chat.user(name)
         except Exception as e:
-            raise PageError(f"Signed-in user {name!r} is unknown now; sign in again ({e}).")
+            raise PageError(f"Signed-in user {name!r} is unknown now; sign in again ({e}).") from None
         presence.seen(user.name)
         return user
 
@@ -246,9 +253,17 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         if conv_id is None:
             return (None, listed(user, query, None), [], "", "", NO_PROMPT, action(False), "", gr.Row(visible=False))
         conv = chat.conversation(user, conv_id)
-        return (conv_id, listed(user, query, conv_id), chat.messages(user, conv_id), conv.title,
-                conv.system_prompt, preset_of(conv.system_prompt), action(chat.writing(user, conv_id)),
-                link_of(chat.share_token(user, conv_id), request), gr.Row(visible=False))
+        return (
+            conv_id,
+            listed(user, query, conv_id),
+            chat.messages(user, conv_id),
+            conv.title,
+            conv.system_prompt,
+            preset_of(conv.system_prompt),
+            action(chat.writing(user, conv_id)),
+            link_of(chat.share_token(user, conv_id), request),
+            gr.Row(visible=False),
+        )
 
     # which model answers, as its card says (core.engine.catalog)
     card = model.card
@@ -256,11 +271,15 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
     facts = model_facts(model)
     model_line = f"`{model.model_id}`" + (f" ({facts})" if facts else "")
     note_line = (f"  \n*{card.note}*" if card and card.note else "") + (
-        f" Its card: `{card.link}` in radixchat's repository." if card and card.link else "")
+        f" Its card: `{card.link}` in radixchat's repository." if card and card.link else ""
+    )
     temperature_label = "Temperature" + (
         f" (model card: {recommended['temperature']:g}"
-        + (f"; top-p {recommended['top_p']:g}" if "top_p" in recommended else "") + ")"
-        if "temperature" in recommended else "")
+        + (f"; top-p {recommended['top_p']:g}" if "top_p" in recommended else "")
+        + ")"
+        if "temperature" in recommended
+        else ""
+    )
 
     with gr.Blocks(title="radixchat", analytics_enabled=False) as page:
         view = gr.State(View())
@@ -271,8 +290,9 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         # closed at first: OPEN_WIDE opens it beside the chat on a wide screen, a phone keeps the page
         with gr.Sidebar(open=False, width=280, elem_id="sidebar"):
             new = gr.Button("New chat", variant="primary", size="sm", elem_id="new-chat")
-            search = gr.Textbox(placeholder="Search your chats", show_label=False, container=False,
-                                max_lines=1, elem_id="search")
+            search = gr.Textbox(
+                placeholder="Search your chats", show_label=False, container=False, max_lines=1, elem_id="search"
+            )
             undo = gr.Button("Undo delete", size="sm", visible=False, elem_id="undo")
             conv_list = gr.Radio(show_label=False, container=False, elem_id="conv-list")
             undo_timer = gr.Timer(UNDO_S, active=False)
@@ -280,72 +300,123 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             header = gr.Markdown(elem_id="header")
             # a plain link in this tab: /logout ends the session on the server and lands on the
             # sign-in page (a Markdown link would open a new tab and leave this one signed in)
-            gr.Button("Sign out", link="logout", link_target="_self", size="sm", scale=0, min_width=90,
-                      elem_id="sign-out", visible=sign_in)
+            gr.Button(
+                "Sign out",
+                link="logout",
+                link_target="_self",
+                size="sm",
+                scale=0,
+                min_width=90,
+                elem_id="sign-out",
+                visible=sign_in,
+            )
         with gr.Tabs():
-            with gr.Tab("Chat", id="chat") as chat_section:
-                with gr.Row():
-                    with gr.Column(scale=4):
-                        # messages arrive as Markdown whose HTML is text (logic.row, markup.py); the
-                        # sanitizer stays on behind that, custom tags are not let through, and LaTeX
-                        # is off: its renderer pastes text into the page as HTML
-                        chatbot = gr.Chatbot(show_label=False, elem_id="chat", height=540, buttons=["copy"],
-                                             feedback_options=None, sanitize_html=True, render_markdown=True,
-                                             allow_tags=False, latex_delimiters=[],
-                                             placeholder="Replies stream here, with time to first token, "
-                                                         "tokens/s and cached prompt tokens under each.")
-                        # after "Edit" under a message: its text is in the box, Send makes a new version
-                        with gr.Row(visible=False, elem_id="edit-bar") as edit_bar:
-                            gr.Markdown("Editing a sent message: **Send** makes a new version of it "
-                                        "(the old one stays, ‹ 1/2 ›).", elem_id="edit-note")
-                            cancel_edit = gr.Button("Cancel", size="sm", scale=0, min_width=80,
-                                                    elem_id="cancel-edit")
-                        # one row that never wraps, so Send/Stop stays beside the box on a phone
-                        with gr.Row(elem_id="compose"):
-                            message = gr.Textbox(placeholder="Message (Enter sends, Shift+Enter: new line)",
-                                                 show_label=False, lines=1, max_lines=10, scale=8,
-                                                 elem_id="message", autofocus=True, min_width=0)
-                            send = gr.Button(SEND, variant="primary", scale=0, min_width=72, elem_id="send")
+            with gr.Tab("Chat", id="chat") as chat_section, gr.Row():
+                with gr.Column(scale=4):
+                    # messages arrive as Markdown whose HTML is text (logic.row, markup.py); the
+                    # sanitizer stays on behind that, custom tags are not let through, and LaTeX
+                    # is off: its renderer pastes text into the page as HTML
+                    chatbot = gr.Chatbot(
+                        show_label=False,
+                        elem_id="chat",
+                        height=540,
+                        buttons=["copy"],
+                        feedback_options=None,
+                        sanitize_html=True,
+                        render_markdown=True,
+                        allow_tags=False,
+                        latex_delimiters=[],
+                        placeholder="Replies stream here, with time to first token, "
+                        "tokens/s and cached prompt tokens under each.",
+                    )
+                    # after "Edit" under a message: its text is in the box, Send makes a new version
+                    with gr.Row(visible=False, elem_id="edit-bar") as edit_bar:
+                        gr.Markdown(
+                            "Editing a sent message: **Send** makes a new version of it (the old one stays, ‹ 1/2 ›).",
+                            elem_id="edit-note",
+                        )
+                        cancel_edit = gr.Button("Cancel", size="sm", scale=0, min_width=80, elem_id="cancel-edit")
+                    # one row that never wraps, so Send/Stop stays beside the box on a phone
+                    with gr.Row(elem_id="compose"):
+                        message = gr.Textbox(
+                            placeholder="Message (Enter sends, Shift+Enter: new line)",
+                            show_label=False,
+                            lines=1,
+                            max_lines=10,
+                            scale=8,
+                            elem_id="message",
+                            autofocus=True,
+                            min_width=0,
+                        )
+                        send = gr.Button(SEND, variant="primary", scale=0, min_width=72, elem_id="send")
+                    with gr.Row():
+                        regenerate = gr.Button("Regenerate", size="sm", elem_id="regenerate")
+                    # pressed by the browser (versions.LISTEN) for a click on ‹ › or Edit in a message
+                    versions_go = gr.Button(visible="hidden", elem_id="versions-go")
+                    asked = gr.Textbox(visible=False, elem_id="versions-asked")
+                with gr.Column(scale=1, min_width=260):
+                    with gr.Accordion("This chat", open=True):
+                        title = gr.Textbox(label="Title", max_lines=1, elem_id="title")
                         with gr.Row():
-                            regenerate = gr.Button("Regenerate", size="sm", elem_id="regenerate")
-                        # pressed by the browser (versions.LISTEN) for a click on ‹ › or Edit in a message
-                        versions_go = gr.Button(visible="hidden", elem_id="versions-go")
-                        asked = gr.Textbox(visible=False, elem_id="versions-asked")
-                    with gr.Column(scale=1, min_width=260):
-                        with gr.Accordion("This chat", open=True):
-                            title = gr.Textbox(label="Title", max_lines=1, elem_id="title")
-                            with gr.Row():
-                                rename = gr.Button("Rename", size="sm", elem_id="rename")
-                                delete = gr.Button("Delete", size="sm", variant="stop", elem_id="delete")
-                            with gr.Row():
-                                export_md = gr.Button("Export Markdown", size="sm", elem_id="export-md")
-                                export_json = gr.Button("Export JSON", size="sm", elem_id="export-json")
-                            exported = gr.Textbox(visible=False, elem_id="exported")
-                            with gr.Row():
-                                share = gr.Button("Share", size="sm", elem_id="share")
-                                unshare = gr.Button("Stop sharing", size="sm", elem_id="unshare")
-                            # the read-only link (webui/page/shared.py), for signed-in users here
-                            share_link = gr.Textbox(label="Read-only link for users of this server",
-                                                    interactive=False, max_lines=1, elem_id="share-link",
-                                                    placeholder="Not shared", buttons=["copy"])
-                        with gr.Accordion("Settings", open=True):
-                            preset = gr.Dropdown([NO_PROMPT, *presets, CUSTOM], value=NO_PROMPT,
-                                                 label="System prompt", elem_id="preset")
-                            system = gr.Textbox(label="System prompt of this chat", lines=3, max_lines=12,
-                                                elem_id="system")
-                            temperature = gr.Slider(0, 2, value=recommended.get("temperature", 0.0), step=0.05,
-                                                    label=temperature_label, elem_id="temperature")
-                            max_tokens = gr.Slider(1, model.context_length, value=settings.max_tokens, step=1,
-                                                   label="Max tokens", elem_id="max-tokens")
+                            rename = gr.Button("Rename", size="sm", elem_id="rename")
+                            delete = gr.Button("Delete", size="sm", variant="stop", elem_id="delete")
+                        with gr.Row():
+                            export_md = gr.Button("Export Markdown", size="sm", elem_id="export-md")
+                            export_json = gr.Button("Export JSON", size="sm", elem_id="export-json")
+                        exported = gr.Textbox(visible=False, elem_id="exported")
+                        with gr.Row():
+                            share = gr.Button("Share", size="sm", elem_id="share")
+                            unshare = gr.Button("Stop sharing", size="sm", elem_id="unshare")
+                        # the read-only link (webui/page/shared.py), for signed-in users here
+                        share_link = gr.Textbox(
+                            label="Read-only link for users of this server",
+                            interactive=False,
+                            max_lines=1,
+                            elem_id="share-link",
+                            placeholder="Not shared",
+                            buttons=["copy"],
+                        )
+                    with gr.Accordion("Settings", open=True):
+                        preset = gr.Dropdown(
+                            [NO_PROMPT, *presets, CUSTOM], value=NO_PROMPT, label="System prompt", elem_id="preset"
+                        )
+                        system = gr.Textbox(label="System prompt of this chat", lines=3, max_lines=12, elem_id="system")
+                        temperature = gr.Slider(
+                            0,
+                            2,
+                            value=recommended.get("temperature", 0.0),
+                            step=0.05,
+                            label=temperature_label,
+                            elem_id="temperature",
+                        )
+                        max_tokens = gr.Slider(
+                            1,
+                            model.context_length,
+                            value=settings.max_tokens,
+                            step=1,
+                            label="Max tokens",
+                            elem_id="max-tokens",
+                        )
             with gr.Tab("Server", id="server") as server_section:
                 summary = gr.Markdown(elem_id="server-summary")
                 usage = gr.Markdown(elem_id="your-usage")
                 with gr.Row():
-                    requests_plot = gr.BarPlot(x="time", y="count", color="series", y_title="requests",
-                                               label="Requests per minute (last hour)", elem_id="requests-plot")
-                    ttft_plot = gr.ScatterPlot(x="time", y="ms", color="series", y_title="ms",
-                                               label="Time to first token per minute (last hour)",
-                                               elem_id="ttft-plot")
+                    requests_plot = gr.BarPlot(
+                        x="time",
+                        y="count",
+                        color="series",
+                        y_title="requests",
+                        label="Requests per minute (last hour)",
+                        elem_id="requests-plot",
+                    )
+                    ttft_plot = gr.ScatterPlot(
+                        x="time",
+                        y="ms",
+                        color="series",
+                        y_title="ms",
+                        label="Time to first token per minute (last hour)",
+                        elem_id="ttft-plot",
+                    )
                 timer = gr.Timer(REFRESH_S, active=False)
 
         view_outputs = [current, conv_list, chatbot, title, system, preset, send, share_link, edit_bar]
@@ -353,8 +424,9 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         @_notices(1 + len(view_outputs))
         def on_load(view: View, request: gr.Request):
             user = who(request)
-            who_line = (f"signed in as **{user.name}**" if sign_in
-                        else "no sign-in: everyone here is the same local user")
+            who_line = (
+                f"signed in as **{user.name}**" if sign_in else "no sign-in: everyone here is the same local user"
+            )
             head = f"**radixchat** · {model_line} · {who_line}{note_line}"
             return (head, *shown(user, chat.start(user), "", view, request))
 
@@ -370,7 +442,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             return shown(user, conv.id, query, view, request)
 
         def new_chat_opened(stamp, view: View):
-            """"New chat" (the browser already shows it): its reply, if any, stops being drawn here."""
+            """ "New chat" (the browser already shows it): its reply, if any, stops being drawn here."""
             view.follow(None, stamp, change=True)
             view.editing = None
             return action(False), gr.Row(visible=False)
@@ -412,8 +484,9 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             user = who(request)
             gone = chat.delete(user, conv_id)
             view.deleted = gone.id
-            gr.Info(f"Deleted “{html.escape(gone.title)}”. “Undo delete” in the list brings it back "
-                    f"for {UNDO_S:g} seconds.")
+            gr.Info(
+                f"Deleted “{html.escape(gone.title)}”. “Undo delete” in the list brings it back for {UNDO_S:g} seconds."
+            )
             return (*shown(user, None, query, view, request), gr.Button(visible=True), gr.Timer(active=True))
 
         @_notices(len(view_outputs) + 2)
@@ -441,8 +514,9 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                 chat.set_system_prompt(who(request), int(conv_id), text)
             return preset_of(text)
 
-        async def send_message(text, conv_id, system_text, stamp, query, temp, n_tokens, view: View,
-                               request: gr.Request, again=False):
+        async def send_message(
+            text, conv_id, system_text, stamp, query, temp, n_tokens, view: View, request: gr.Request, again=False
+        ):
             """Stream a reply into the chat area while its chat is in view (outputs: `replying`). A
             refusal leaves the typed text in the box and shows a notice. A new chat (conv_id None)
             is made by this message, and shown with it unless the browser moved on meanwhile.
@@ -474,9 +548,17 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                     reads_stop = writing
                     return action(writing)
 
-                async for msgs in chat.reply(user, conv_id, text, temperature=temp, max_tokens=n_tokens,
-                                             regenerate=again, edit=edit, system_prompt=system_text or "",
-                                             started=started):
+                async for msgs in chat.reply(
+                    user,
+                    conv_id,
+                    text,
+                    temperature=temp,
+                    max_tokens=n_tokens,
+                    regenerate=again,
+                    edit=edit,
+                    system_prompt=system_text or "",
+                    started=started,
+                ):
                     conv_id = made[0] if made else conv_id
                     here = view.conv == conv_id
                     if first:  # the list and title, for the title a first message gives its chat
@@ -485,8 +567,15 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                         ended = skip
                         if edit is not None and view.editing == editing:  # stored: the edit is done
                             view.editing, ended = None, gr.Row(visible=False)
-                        yield (msgs if here else skip, skip if again else "", listed(user, query, view.conv, found),
-                               title_now if here else skip, button(), conv_id if here and made else skip, ended)
+                        yield (
+                            msgs if here else skip,
+                            skip if again else "",
+                            listed(user, query, view.conv, found),
+                            title_now if here else skip,
+                            button(),
+                            conv_id if here and made else skip,
+                            ended,
+                        )
                         visible, first = here, False
                     elif here:
                         visible = True
@@ -505,18 +594,17 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                 yield skip, skip, skip, skip, skip, skip, skip  # refused before it began, or after its last yield
 
         async def respond_again(conv_id, stamp, query, temp, n_tokens, view: View, request: gr.Request):
-            async for out in send_message(None, conv_id, "", stamp, query, temp, n_tokens, view, request,
-                                          again=True):
+            async for out in send_message(None, conv_id, "", stamp, query, temp, n_tokens, view, request, again=True):
                 yield out
 
-        async def send_pressed(label, text, conv_id, system_text, stamp, query, temp, n_tokens, view: View,
-                               request: gr.Request):
+        async def send_pressed(
+            label, text, conv_id, system_text, stamp, query, temp, n_tokens, view: View, request: gr.Request
+        ):
             """The button read Send when pressed: send (Stop is `stop_pressed`, outside the queue)."""
             if label == STOP:
                 yield tuple(gr.skip() for _ in range(7))
                 return
-            async for out in send_message(text, conv_id, system_text, stamp, query, temp, n_tokens, view,
-                                          request):
+            async for out in send_message(text, conv_id, system_text, stamp, query, temp, n_tokens, view, request):
                 yield out
 
         # Scripted clients of the page's queue (loadtests/page_user.py, tests) speak an older, shorter
@@ -553,6 +641,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
                     notice(e)
                     return ""  # nothing to save, whatever an earlier export left here
                 return json.dumps({"name": name, "type": MEDIA_TYPES[fmt], "text": text})
+
             export_tab.__name__ = f"export_{fmt}"
             return export_tab
 
@@ -563,7 +652,7 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         @_notices(1)
         def unshare_tab(conv_id, request: gr.Request):
             chat.unshare(who(request), None if conv_id is None else int(conv_id))
-            gr.Info("Stopped sharing: the link now shows \"not found\".")
+            gr.Info('Stopped sharing: the link now shows "not found".')
             return ""
 
         @_notices(4)
@@ -571,24 +660,40 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
             you = who(request)  # an open Server tab counts as being signed in
             d = dashboard(engine, store, presence, you=you)
             # both plots span the whole window their titles name, points or not
-            return (d.summary, d.usage, gr.BarPlot(d.requests, x_lim=list(d.x_lim)),
-                    gr.ScatterPlot(d.ttft, x_lim=list(d.x_lim)))
+            return (
+                d.summary,
+                d.usage,
+                gr.BarPlot(d.requests, x_lim=list(d.x_lim)),
+                gr.ScatterPlot(d.ttft, x_lim=list(d.x_lim)),
+            )
 
         private = {"api_visibility": "private"}
-        generating = {"concurrency_id": "generate", "show_progress": "hidden", "trigger_mode": "multiple",
-                      "concurrency_limit": max(settings.max_batch, settings.max_queue), **private}
+        generating = {
+            "concurrency_id": "generate",
+            "show_progress": "hidden",
+            "trigger_mode": "multiple",
+            "concurrency_limit": max(settings.max_batch, settings.max_queue),
+            **private,
+        }
         page.load(on_load, [view], [header, *view_outputs], **private)
         page.load(None, js=OPEN_WIDE, **private)
         page.load(None, js=versions.LISTEN, **private)
         # ‹ › or Edit in a message: the browser hands over what was clicked, then the server acts
         versions_go.click(None, None, [asked], js=versions.ASKED, **private).then(
-            version_asked, [asked, current, view], [chatbot, message, edit_bar], **private)
+            version_asked, [asked, current, view], [chatbot, message, edit_bar], **private
+        )
         cancel_edit.click(edit_cancelled, [view], [message, edit_bar], **private)
         # a chat picked or "New chat": the browser changes its view at once, then the server follows
         conv_list.input(None, [conv_list, epoch], [current, epoch], js=PICK, **private).then(
-            switch, [current, epoch, search, view], view_outputs, **private)
-        new.click(None, [epoch], [current, conv_list, chatbot, title, system, preset, share_link, epoch],
-                  js=NEW_CHAT, **private).then(new_chat_opened, [epoch, view], [send, edit_bar], **private)
+            switch, [current, epoch, search, view], view_outputs, **private
+        )
+        new.click(
+            None,
+            [epoch],
+            [current, conv_list, chatbot, title, system, preset, share_link, epoch],
+            js=NEW_CHAT,
+            **private,
+        ).then(new_chat_opened, [epoch, view], [send, edit_bar], **private)
         search.change(find, [search, current], [conv_list], show_progress="hidden", **private)
         gr.on([rename.click, title.submit], rename_chat, [current, title, search], [conv_list, title], **private)
         delete.click(delete_chat, [current, search, view], [*view_outputs, undo, undo_timer], **private)
@@ -601,21 +706,19 @@ def build_page(engine: Engine, settings: Settings, store: Store, metrics: Metric
         message.submit(send_message, [message, *asked], replying, **generating)
         # one click, two events: each acts only if the button read its word when pressed
         send.click(send_pressed, [send, message, *asked], replying, **generating)
-        send.click(stop_pressed, [send, current], [send], concurrency_limit=None, show_progress="hidden",
-                   **private)
-        regenerate.click(respond_again, [current, epoch, search, temperature, max_tokens, view], replying,
-                         **generating)
+        send.click(stop_pressed, [send, current], [send], concurrency_limit=None, show_progress="hidden", **private)
+        regenerate.click(respond_again, [current, epoch, search, temperature, max_tokens, view], replying, **generating)
         scripted = gr.Button(visible=False)
         scripted.click(new_tab, [system, view], [conv_list, current, *view_outputs[2:]], **private)
         scripted.click(respond, [message, current, temperature, max_tokens, view], replying, **generating)
         for button, fmt in ((export_md, "md"), (export_json, "json")):
-            button.click(export(fmt), [current], [exported], **private).then(None, [exported], None, js=SAVE,
-                                                                             **private)
+            button.click(export(fmt), [current], [exported], **private).then(None, [exported], None, js=SAVE, **private)
         share.click(share_tab, [current], [share_link], **private)
         unshare.click(unshare_tab, [current], [share_link], **private)
         server_view = [summary, usage, requests_plot, ttft_plot]
         server_section.select(lambda: gr.Timer(active=True), None, timer, **private).then(
-            refresh, None, server_view, **private)
+            refresh, None, server_view, **private
+        )
         chat_section.select(lambda: gr.Timer(active=False), None, timer, **private)
         timer.tick(refresh, None, server_view, show_progress="hidden", **private)
     page.queue(default_concurrency_limit=settings.max_batch)

@@ -41,22 +41,34 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta, owner_of
-from core.store import (DEFAULT_TITLE, AlreadyExists, Branch, Conversation, Message, NotFound, RequestFigures,
-                        RequestRecord, Store, StoreError, User)
-from webui.page import markup, versions
-from webui.request_end import RequestEnd
+from radixchat.core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta, owner_of
+from radixchat.core.store import (
+    DEFAULT_TITLE,
+    AlreadyExists,
+    Branch,
+    Conversation,
+    Message,
+    NotFound,
+    RequestFigures,
+    RequestRecord,
+    Store,
+    StoreError,
+    User,
+)
+from radixchat.webui.page import markup, versions
+from radixchat.webui.request_end import RequestEnd
 
 if TYPE_CHECKING:
-    from core.engine.engine import Engine
-    from core.engine.handle import RequestHandle
-    from webui.api.metrics import Metrics
+    from radixchat.core.engine.engine import Engine
+    from radixchat.core.engine.handle import RequestHandle
+    from radixchat.webui.api.metrics import Metrics
 
 LOCAL_USER = "local"  # who everyone is with --no-auth
 TITLE_CHARS = 40  # a new chat is named after the start of its first message
@@ -79,8 +91,7 @@ def refusal(e: Exception) -> str:
         if e.status == 429:
             return f"The server is busy ({e.message}). Try again in a moment."
         if e.status == 413:
-            return (f"This is too long for the model: {e.message}. Start a new chat "
-                    "or send a shorter message.")
+            return f"This is too long for the model: {e.message}. Start a new chat or send a shorter message."
         if e.status == 503:
             return f"The model is not available right now: {e.message}."
         return f"The engine refused this request: {e.message}."
@@ -128,8 +139,9 @@ def title_from(text: str) -> str:
     return words if len(words) <= TITLE_CHARS else words[: TITLE_CHARS - 1].rstrip() + "…"
 
 
-def row(role: str, text: str, figures: RequestFigures | None = None, streaming: bool = False,
-        controls: str = "") -> dict:
+def row(
+    role: str, text: str, figures: RequestFigures | None = None, streaming: bool = False, controls: str = ""
+) -> dict:
     """One message as the chat area shows it. Its text goes through `markup.shown` here and
     nowhere else, for stored turns and a reply being written alike, so HTML in a message or
     a reply shows as typed and nothing in it is fetched. Under an answer: its figures, or a
@@ -147,8 +159,9 @@ def row(role: str, text: str, figures: RequestFigures | None = None, streaming: 
     return {"role": "assistant", "content": body + controls}
 
 
-def chat_rows(branch: Branch | list[Message], figures: dict[int, RequestFigures],
-              streaming: str | None = None) -> list[dict]:
+def chat_rows(
+    branch: Branch | list[Message], figures: dict[int, RequestFigures], streaming: str | None = None
+) -> list[dict]:
     """What the chat area shows: the visible turns of the branch in view, each answer with its
     figures, each message with its versions (‹ i/n ›) and the user's with "Edit"; and, while a
     reply is being written (`streaming`: its text so far), that reply in place of the one it
@@ -160,8 +173,15 @@ def chat_rows(branch: Branch | list[Message], figures: dict[int, RequestFigures]
         while turns and turns[-1].role == "assistant":  # being regenerated
             turns.pop()
     idle = streaming is None
-    out = [row(m.role, m.content, figures.get(m.request), controls=versions.controls(
-        m.id, m.role, branch.versions.get(m.id, (m.id,)), editable=True) if idle else "") for m in turns]
+    out = [
+        row(
+            m.role,
+            m.content,
+            figures.get(m.request),
+            controls=versions.controls(m.id, m.role, branch.versions.get(m.id, (m.id,)), editable=True) if idle else "",
+        )
+        for m in turns
+    ]
     if streaming is not None:
         out.append(row("assistant", streaming, streaming=True))
     return out
@@ -171,6 +191,7 @@ def chat_rows(branch: Branch | list[Message], figures: dict[int, RequestFigures]
 class Running:
     """A reply being written in a chat: who asked, its engine handle, the text so far.
     Registered before anything is awaited, so a chat writes one reply at a time."""
+
     user_id: int
     handle: RequestHandle | None = None  # set once the engine took the request
     live: bool = False  # the user's message is stored: the chat shows this reply
@@ -180,8 +201,15 @@ class Running:
 
 
 class ChatPage:
-    def __init__(self, engine: Engine, store: Store, metrics: Metrics | None = None, model_id: str = "",
-                 default_max_tokens: int = 256, signed_in: bool = True):
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        metrics: Metrics | None = None,
+        model_id: str = "",
+        default_max_tokens: int = 256,
+        signed_in: bool = True,
+    ):
         self.engine, self.store, self.metrics = engine, store, metrics
         self.signed_in = signed_in  # False with --no-auth: everyone is the one local user
         card = getattr(getattr(engine, "loaded", None), "card", None)
@@ -227,8 +255,15 @@ class ChatPage:
         if not (query or "").strip():
             return [(c.title, c.id) for c in self.conversations(user)]
         hits = self._guard(self.store.search_conversations, user, query, limit=SEARCH_HITS)
-        return [(h.conversation.title if h.snippet in ("", h.conversation.title)
-                 else f"{h.conversation.title} — {h.snippet}", h.conversation.id) for h in hits]
+        return [
+            (
+                h.conversation.title
+                if h.snippet in ("", h.conversation.title)
+                else f"{h.conversation.title} — {h.snippet}",
+                h.conversation.id,
+            )
+            for h in hits
+        ]
 
     def start(self, user: User) -> int | None:
         """The conversation a page opens on load: the one the user had open last (in this
@@ -349,10 +384,19 @@ class ChatPage:
         if self.writing(user, conv_id):
             raise PageError("A reply is still being written in this chat: wait for it or press Stop.")
 
-    async def reply(self, user: User, conv_id: int | None, text: str | None, *, temperature: float = 0.0,
-                    max_tokens: int | None = None, regenerate: bool = False, edit: int | None = None,
-                    system_prompt: str = "", started: Callable[[int], None] | None = None
-                    ) -> AsyncIterator[list[dict]]:
+    async def reply(
+        self,
+        user: User,
+        conv_id: int | None,
+        text: str | None,
+        *,
+        temperature: float = 0.0,
+        max_tokens: int | None = None,
+        regenerate: bool = False,
+        edit: int | None = None,
+        system_prompt: str = "",
+        started: Callable[[int], None] | None = None,
+    ) -> AsyncIterator[list[dict]]:
         """Send `text` (or, with regenerate, answer the last message again) and stream the
         reply: yields what the chat area shows, first at once, then as text arrives, last
         with the figures. Raises PageError when refused (nothing is stored then). The
@@ -374,17 +418,25 @@ class ChatPage:
             try:
                 conv_id = await asyncio.shield(claim)
             except asyncio.CancelledError:  # the page went away: let go of what the claim takes
-                claim.add_done_callback(lambda f: f.cancelled() or f.exception() is not None
-                                        or self.running.get(f.result()) is not run
-                                        or self.running.pop(f.result()))
+                claim.add_done_callback(
+                    lambda f: (
+                        f.cancelled()
+                        or f.exception() is not None
+                        or self.running.get(f.result()) is not run
+                        or self.running.pop(f.result())
+                    )
+                )
                 raise
             if started is not None:
                 started(conv_id)
         else:
             busy = self.running.get(conv_id)
             if busy is not None:  # someone else's chat is "not found", busy or not
-                raise PageError("A reply is still being written in this chat: wait for it or press Stop."
-                                if busy.user_id == user.id else refusal(NotFound("")))
+                raise PageError(
+                    "A reply is still being written in this chat: wait for it or press Stop."
+                    if busy.user_id == user.id
+                    else refusal(NotFound(""))
+                )
             run = self.running[conv_id] = Running(user.id)
         end: RequestEnd[tuple[Message, RequestFigures]] | None = None
         question: Future[Message] | None = None  # the user's message, being stored
@@ -408,12 +460,14 @@ class ChatPage:
                     turns = turns[:at]
                 messages = prompt_of(conv, turns) + [{"role": "user", "content": text}]
             try:
-                sampling = Sampling(temperature=temperature, top_p=self.top_p,
-                                    max_tokens=int(max_tokens or self.default_max_tokens))
+                sampling = Sampling(
+                    temperature=temperature, top_p=self.top_p, max_tokens=int(max_tokens or self.default_max_tokens)
+                )
                 # templated in a worker thread; the owner keeps this conversation in the user's
                 # own part of the prefix cache and counts it against the user's share
-                handle = run.handle = await self.engine.asubmit(ChatRequest(
-                    messages=messages, sampling=sampling, owner=self.owner(user)))
+                handle = run.handle = await self.engine.asubmit(
+                    ChatRequest(messages=messages, sampling=sampling, owner=self.owner(user))
+                )
             except (RequestError, ValidationError) as e:
                 if self.metrics is not None:
                     self.metrics.rejected()
@@ -421,8 +475,13 @@ class ChatPage:
             # the reply answers the message the model saw last; a question's id is known once
             # it is stored, which is before the reply is (RequestEnd keeps a reply only then)
             answers = (lambda: answered) if regenerate else (lambda: question.result().id)
-            end = RequestEnd(handle, self.metrics, functools.partial(self._store_reply, user, conv_id, answers),
-                             executor=self._writes, reader=True)
+            end = RequestEnd(
+                handle,
+                self.metrics,
+                functools.partial(self._store_reply, user, conv_id, answers),
+                executor=self._writes,
+                reader=True,
+            )
             if run.stopping:
                 handle.cancel()
             if not regenerate:
@@ -498,8 +557,7 @@ class ChatPage:
         if question is None:
             end.release(text)
         else:
-            question.add_done_callback(
-                lambda q: end.release(text, keep=not q.cancelled() and q.exception() is None))
+            question.add_done_callback(lambda q: end.release(text, keep=not q.cancelled() and q.exception() is None))
 
     def _tab(self, user: User, conv_id: int) -> tuple[Conversation, Branch, dict[int, RequestFigures]]:
         """Everything a reply starts from, in one trip to a worker thread."""
@@ -510,8 +568,9 @@ class ChatPage:
         branch = self.store.branch(user, conv_id)
         return branch, self.store.request_metrics(m.request for m in visible_turns(branch.messages))
 
-    def _store_question(self, user: User, conv_id: int, text: str, first: bool, edit: int | None,
-                        after: int | None) -> Message:
+    def _store_question(
+        self, user: User, conv_id: int, text: str, first: bool, edit: int | None, after: int | None
+    ) -> Message:
         """The user's message, after `after`, or as a new version of the message `edit`; the
         first one also names the chat. The chat written in is the one a reload opens."""
         if edit is not None:
@@ -523,16 +582,19 @@ class ChatPage:
         self.store.set_open_conversation(user, conv_id)
         return message
 
-    def _store_reply(self, user: User, conv_id: int, answers: Callable[[], int], final: Finished | Failed,
-                     text_so_far: str) -> tuple[Message, RequestFigures] | None:
+    def _store_reply(
+        self, user: User, conv_id: int, answers: Callable[[], int], final: Finished | Failed, text_so_far: str
+    ) -> tuple[Message, RequestFigures] | None:
         """A reply that ended (finished, stopped or failed), with its request metrics, and
         the figures that will be read back for it; None when its chat was deleted meanwhile
         (Delete stops the reply: there is nothing left to store it in)."""
         text = final.text if isinstance(final, Finished) else text_so_far
         record = RequestRecord.from_usage(
-            final.usage, model=self.model_id,
+            final.usage,
+            model=self.model_id,
             finish_reason=final.finish_reason if isinstance(final, Finished) else "error",
-            error=final.message if isinstance(final, Failed) else None)
+            error=final.message if isinstance(final, Failed) else None,
+        )
         try:
             return self.store.append_reply(user, conv_id, text, record, parent=answers()), record.figures()
         except NotFound:
@@ -545,4 +607,3 @@ class ChatPage:
             return fn(*args, **kwargs)
         except StoreError as e:
             raise PageError(refusal(e)) from None
-

@@ -49,7 +49,7 @@ def shown(text: str) -> str:
         opened = _opener(lines[i])
         if opened is None:
             m = FENCE.match(lines[i])  # a fence's start with a backtick after it: kept from being one
-            prose.append(lines[i] if m is None else f"{m.group(1)}\\{lines[i][m.end(1):]}")
+            prose.append(lines[i] if m is None else f"{m.group(1)}\\{lines[i][m.end(1) :]}")
             i += 1
             continue
         if prose:
@@ -174,12 +174,14 @@ def _text(text: str) -> str:
     """Prose between code spans: `<` and `&` as entities, `![` escaped. A backslash right
     before counts: an odd run of them would escape the entity's `&` (so one more is added),
     and an image already escaped stays as it is."""
+
     def one(m: re.Match) -> str:
         slashes, mark = m.groups()
         odd = len(slashes) % 2 == 1
         if mark == "![":
             return m.group() if odd else slashes + "\\!["
         return slashes + ("\\" if odd else "") + ENTITIES[mark]
+
     return TEXT_MARKS.sub(one, text)
 
 

@@ -21,7 +21,7 @@ from html import escape
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from core.store import Message, NotFound, Store
+from radixchat.core.store import Message, NotFound, Store
 
 PREFIX = "/shared/"
 STYLE = """
@@ -34,8 +34,9 @@ h1 { font-size: 1.3em; overflow-wrap: anywhere; }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 4px 0 0; font-family: inherit; }
 """
 ROLE_NAMES = {"user": "User", "assistant": "Assistant", "system": "System"}
-NOT_FOUND = ("<!doctype html><html><head><meta charset=utf-8><title>Not found</title></head>"
-             "<body><p>not found</p></body></html>")
+NOT_FOUND = (
+    "<!doctype html><html><head><meta charset=utf-8><title>Not found</title></head><body><p>not found</p></body></html>"
+)
 
 
 def link(host_url: str, token: str) -> str:
@@ -45,16 +46,21 @@ def link(host_url: str, token: str) -> str:
 
 def render(title: str, messages: list[Message]) -> str:
     """The whole page; every piece of text escaped."""
-    parts = [f'<div class="msg {escape(m.role)}" data-role="{escape(m.role)}">'
-             f'<div class="role">{escape(ROLE_NAMES.get(m.role, m.role))}</div>'
-             f"<pre>{escape(m.content)}</pre></div>" for m in messages]
-    return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<meta name="referrer" content="no-referrer"><title>{escape(title)} (shared)</title>'
-            f"<style>{STYLE}</style></head><body>"
-            f'<h1 id="shared-title">{escape(title)}</h1>'
-            '<p class="note">A read-only conversation shared on this server.</p>'
-            f'<main id="shared-messages">{"".join(parts)}</main></body></html>')
+    parts = [
+        f'<div class="msg {escape(m.role)}" data-role="{escape(m.role)}">'
+        f'<div class="role">{escape(ROLE_NAMES.get(m.role, m.role))}</div>'
+        f"<pre>{escape(m.content)}</pre></div>"
+        for m in messages
+    ]
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="referrer" content="no-referrer"><title>{escape(title)} (shared)</title>'
+        f"<style>{STYLE}</style></head><body>"
+        f'<h1 id="shared-title">{escape(title)}</h1>'
+        '<p class="note">A read-only conversation shared on this server.</p>'
+        f'<main id="shared-messages">{"".join(parts)}</main></body></html>'
+    )
 
 
 def install(app: FastAPI, store: Store, *, no_auth: bool) -> None:

@@ -62,10 +62,16 @@ def controls(message_id: int, role: str, versions: tuple[int, ...], *, editable:
     parts = []
     if len(versions) > 1 and message_id in versions:
         i, n = versions.index(message_id), len(versions)
-        prev = (f'<a href="#rc-show-{versions[i - 1]}" title="Previous version">‹</a>' if i > 0
-                else '<span class="rc-off">‹</span>')
-        nxt = (f'<a href="#rc-show-{versions[i + 1]}" title="Next version">›</a>' if i + 1 < n
-               else '<span class="rc-off">›</span>')
+        prev = (
+            f'<a href="#rc-show-{versions[i - 1]}" title="Previous version">‹</a>'
+            if i > 0
+            else '<span class="rc-off">‹</span>'
+        )
+        nxt = (
+            f'<a href="#rc-show-{versions[i + 1]}" title="Next version">›</a>'
+            if i + 1 < n
+            else '<span class="rc-off">›</span>'
+        )
         parts.append(f'{prev}<span class="rc-count">{i + 1}/{n}</span>{nxt}')
     if editable and role == "user":
         parts.append(f'<a href="#rc-edit-{message_id}" title="Edit and send again">Edit</a>')
