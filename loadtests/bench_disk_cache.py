@@ -51,8 +51,8 @@ def settle(eng, timeout: float = 120) -> dict:
     """Until the disk tier is open and everything stored is on disk; its summary."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        d = eng.stats()["disk_cache"]
-        if d is not None and d["waiting"] == d["backlog_bytes"] == d["reading"] == 0:
+        d = eng.stats().disk_cache
+        if d is not None and d.waiting == d.backlog_bytes == d.reading == 0:
             return d
         time.sleep(0.05)
     raise SystemExit("the disk tier did not settle")
@@ -84,7 +84,7 @@ def part_a(model: str, rounds: int, prefix_tokens: int) -> None:
         second = engine(model, folder)  # the restart: same folder, nothing in memory
         try:
             d = settle(second)  # the tier opens in the engine's first turn (model hash, keys)
-            opening.append((d["fingerprint_s"] + d["open_s"]) * 1e3)
+            opening.append((d.fingerprint_s + d.open_s) * 1e3)
             g = second.submit(ChatRequest(messages=msgs, owner="alice")).result()
             warm.append(g.usage.ttft_ms)
             cached.append(g.usage.cached_tokens)

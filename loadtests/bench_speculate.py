@@ -26,6 +26,7 @@ import gc
 import random
 import statistics
 import threading
+from dataclasses import asdict
 
 from loadtests.bench_profile import run_all
 from loadtests.benchmodel import add_model_args, resolve_model
@@ -82,7 +83,8 @@ def one_run(model: str, drafts: int, workload: str, users: int, turns: int, max_
             for u in range(users)
         ]
         wall = run_all(threads)
-        spec = engine.stats()["speculation"] or {}
+        s = engine.stats().speculation
+        spec = asdict(s) if s else {}
     finally:
         engine.stop()
         del engine
@@ -136,7 +138,7 @@ def main() -> None:
                     for f in ("drafted", "accepted", "rows_drafting", "steps", "waits")
                 }
                 same = all(r["texts"] == b["texts"] for r, b in zip(rs, base))
-                drafted = spec["drafted"]
+                drafted = spec.drafted
                 accepted = f"{spec['accepted'] / drafted:.0%} of {drafted}" if drafted else "-"
                 per_row = f"{1 + spec['accepted'] / spec['rows_drafting']:.2f}" if spec["rows_drafting"] else "-"
                 tpot = statistics.median(r["tpot"] for r in rs)

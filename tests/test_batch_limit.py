@@ -22,8 +22,8 @@ def test_bytes_per_token_is_measured_from_the_model(engine):
     args = engine.loaded.model.args
     heads = getattr(args, "num_key_value_heads", None) or args.num_attention_heads
     head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
-    assert s["kv_bytes_per_token"] == args.num_hidden_layers * 2 * heads * head_dim * 4
-    assert s["batch_tokens"] == int(kv_budget(engine.settings) * BATCH_SHARE) // s["kv_bytes_per_token"]
+    assert s.kv_bytes_per_token == args.num_hidden_layers * 2 * heads * head_dim * 4
+    assert s.batch_tokens == int(kv_budget(engine.settings) * BATCH_SHARE) // s.kv_bytes_per_token
 
 
 def test_the_default_budget_is_a_share_of_memory():

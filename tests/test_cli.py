@@ -97,6 +97,31 @@ def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
     assert "terminate called" not in out
 
 
+def test_the_banner_comes_once_the_socket_listens(tiny_model_dir, tmp_path):
+    """A script that waits for "open http://..." connects at once and is answered."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--db", str(tmp_path / "t.db")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        seen = []
+        for line in proc.stdout:  # ends if the server exits
+            seen.append(line)
+            if f"open http://127.0.0.1:{port}" in line:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+                    assert json.load(r)["engine_alive"]
+                break
+        else:
+            raise AssertionError("".join(seen))
+        assert any("context" in x for x in seen[:-1])  # the model's line comes first
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+
+
 @pytest.mark.parametrize(
     "flags, core",
     [

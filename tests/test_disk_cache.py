@@ -20,13 +20,7 @@ from pathlib import Path
 import pytest
 
 from radixchat.core.engine.requests import ChatRequest, Finished
-from tests.test_prefix_cache import (
-    SYSTEMS,
-    conversations,
-    engine_for,
-    run_users,
-    tiny_sliding_dir,  # noqa: F401  (a fixture)
-)
+from tests.support.conversations import SYSTEMS, conversations, engine_for, run_users
 
 DISK = 1 << 30
 PLAN = conversations(seed=5, users=4, turns=3)
@@ -45,8 +39,8 @@ def wait_idle(eng, timeout: float = 30) -> bool:
     """Until everything stored is written and read results are in."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        d = eng.stats()["disk_cache"]
-        if d is not None and d["waiting"] == d["backlog_bytes"] == d["deleting"] == d["reading"] == 0:
+        d = eng.stats().disk_cache
+        if d is not None and d.waiting == d.backlog_bytes == d.deleting == d.reading == 0:
             return True
         time.sleep(0.05)
     return False
@@ -98,14 +92,14 @@ def test_forced_disk_tier_is_transparent(kind, request, tmp_path):
         got, hits = run_users(eng, PLAN, seed=2)
         assert wait_idle(eng)
         eng.prefix.tree.check()
-        tree, disk = eng.stats()["prefix_cache"], eng.stats()["disk_cache"]
+        tree, disk = eng.stats().prefix_cache, eng.stats().disk_cache
     finally:
         eng.stop()
     assert got == reference
     assert all(hits[k] > 0 for k in hits if k[1] > 0), "every later turn should hit"
-    assert tree["spills"] > 0 and disk["loads"] > 0 and disk["load_tokens"] > 0
-    assert disk["dropped"] == 0
-    assert (disk["snapshot_loads"] > 0) == (kind != "plain")
+    assert tree.spills > 0 and disk.loads > 0 and disk.load_tokens > 0
+    assert disk.dropped == 0
+    assert (disk.snapshot_loads > 0) == (kind != "plain")
 
 
 def test_restart_keeps_hits_privately_and_files_are_private(tiny_model_dir, tmp_path):
@@ -128,23 +122,23 @@ def test_restart_keeps_hits_privately_and_files_are_private(tiny_model_dir, tmp_
 
     second = disk_engine(tiny_model_dir, tmp_path, forced=False)
     try:
-        assert second.stats()["disk_cache"]["adopted"] == len(files)
+        assert second.stats().disk_cache.adopted == len(files)
         b = ask(second, system, question, owner="bob")  # first here: alice's old number
         a2 = ask(second, system, question, owner="alice")
-        disk = second.stats()["disk_cache"]
+        disk = second.stats().disk_cache
         shared = len(second.loaded.tokenizer.apply_chat_template([{"role": "system", "content": system}]))
     finally:
         second.stop()
     assert b.usage.cached_tokens == shared, "bob may reuse the system message, nothing of alice's"
     assert a2.usage.cached_tokens > shared and a2.text == a1.text
-    assert disk["loads"] > 0
+    assert disk.loads > 0
 
 
 KILL_CHILD = r"""
 import sys, threading
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from tests.test_prefix_cache import conversations, run_users
+from tests.support.conversations import conversations, run_users
 model, db = sys.argv[1], sys.argv[2]
 eng = Engine(Settings(model=model, db=db, max_batch=8, max_prefill_batch=4, max_tokens=12,
                       cache_disk_bytes=1 << 30, warm_presets=False)).start(timeout=120)
@@ -181,16 +175,16 @@ def test_kill_9_during_writes_never_serves_a_torn_entry(tiny_model_dir, tmp_path
     assert len(files) >= 2, "the children should have written entries"
     eng = disk_engine(tiny_model_dir, tmp_path)
     try:
-        opened = eng.stats()["disk_cache"]
+        opened = eng.stats().disk_cache
         got, _hits = run_users(eng, PLAN, seed=4)
         assert wait_idle(eng)
         eng.prefix.tree.check()
-        disk = eng.stats()["disk_cache"]
+        disk = eng.stats().disk_cache
     finally:
         eng.stop()
     assert not list((tmp_path / "kv-cache").rglob("*.tmp")), "a torn temporary file was left"
-    assert opened["dropped"] == 0 and disk["dropped"] == 0, "a visible file was torn"
-    assert opened["adopted"] > 0 and disk["loads"] > 0
+    assert opened.dropped == 0 and disk.dropped == 0, "a visible file was torn"
+    assert opened.adopted > 0 and disk.loads > 0
     assert got == reference
 
 
@@ -210,7 +204,7 @@ def damaged_rerun(model_dir, tmp_path, system: str, question: str, damage):
         again = ask(eng, system, question)
         assert wait_idle(eng)
         eng.prefix.tree.check()
-        disk = eng.stats()["disk_cache"]
+        disk = eng.stats().disk_cache
     finally:
         eng.stop()
     return cold, again, disk, victim
@@ -224,7 +218,7 @@ def test_corrupted_file_is_dropped_not_served(tiny_model_dir, tmp_path):
         victim.write_bytes(bytes(data))
 
     cold, again, disk, victim = damaged_rerun(tiny_model_dir, tmp_path, SYSTEMS[1], "Explain generators.", flip)
-    assert disk["dropped"] == 1
+    assert disk.dropped == 1
     assert not victim.exists()
     assert again.text == cold.text
 
@@ -249,10 +243,10 @@ def test_changed_model_file_ignores_old_entries(tiny_model_dir, tmp_path):
     eng = disk_engine(model, tmp_path, forced=False)
     try:
         again = ask(eng, SYSTEMS[0], "What is a tuple?")
-        disk = eng.stats()["disk_cache"]
+        disk = eng.stats().disk_cache
     finally:
         eng.stop()
-    assert disk["adopted"] == 0 and disk["loads"] == 0
+    assert disk.adopted == 0 and disk.loads == 0
     assert again.usage.cached_tokens == 0
 
 
@@ -264,12 +258,12 @@ def test_disk_budget_holds(tiny_model_dir, tmp_path):
             ask(eng, SYSTEMS[i % 4] + f" Variant {i}.", QUESTIONS_ALL[i % len(QUESTIONS_ALL)])
             assert wait_idle(eng)
             on_disk = sum(p.stat().st_size for p in files_of(tmp_path))
-            assert on_disk <= budget and eng.stats()["disk_cache"]["bytes"] <= budget
+            assert on_disk <= budget and eng.stats().disk_cache.bytes <= budget
         eng.prefix.tree.check()
-        disk = eng.stats()["disk_cache"]
+        disk = eng.stats().disk_cache
     finally:
         eng.stop()
-    assert disk["evicted"] > 0, "the workload should have exceeded the disk budget"
+    assert disk.evicted > 0, "the workload should have exceeded the disk budget"
 
 
 QUESTIONS_ALL = ["What is a list?", "How do dicts work?", "Explain generators.", "Why use sets?"]
@@ -281,7 +275,7 @@ def test_warm_prompts_are_cached_before_the_first_user(tiny_model_dir, tmp_path)
     eng = engine_for(tiny_model_dir, prefix=True, db=tmp_path / "radixchat.db", warm_prompts=warm, warm_presets=False)
     try:
         deadline = time.time() + 30
-        while eng.prefix.tree.stats.inserted_tokens == 0 or eng.stats()["inflight"]:
+        while eng.prefix.tree.stats.inserted_tokens == 0 or eng.stats().inflight:
             assert time.time() < deadline, "warm prompts were not prefilled"
             time.sleep(0.05)
         first = ask(eng, SYSTEMS[3], "What is a list?", owner="dave")
@@ -302,13 +296,13 @@ def test_metrics_and_the_server_tab_show_the_disk_tier(tiny_model_dir, tmp_path)
         ask(eng, SYSTEMS[0], "What is a list?")
         assert wait_idle(eng)
         text = Metrics(eng).render().decode()
-        disk = eng.stats()["disk_cache"]
+        disk = eng.stats().disk_cache
     finally:
         eng.stop()
     line = disk_line(disk)
     assert line.startswith("| Disk cache | ") and f"of {DISK / 2**30:,.1f} GiB" in line, line
     assert f"{disk['loads']:,} hit" in line and f"{disk['writes']:,} write" in line and " ms each" in line, line
-    assert disk["loads"] > 0 and "dropped" not in line
+    assert disk.loads > 0 and "dropped" not in line
     assert "dropped" in disk_line({**disk, "dropped": 2}) and disk_line(None).startswith("| Disk cache | off")
     assert metric_value(text, "radixchat:prefix_cache_disk_bytes") > 0
     assert metric_value(text, "radixchat:prefix_cache_disk_writes_total") > 0
@@ -340,7 +334,7 @@ def test_a_write_cut_short_is_never_visible_and_a_torn_file_is_dropped(tiny_mode
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # torn in place
 
     cold, again, disk, victim = damaged_rerun(tiny_model_dir, tmp_path, SYSTEMS[0], "Why use sets?", tear)
-    assert disk["dropped"] == 1 and again.text == cold.text
+    assert disk.dropped == 1 and again.text == cold.text
     assert not list(victim.parent.glob("*.tmp"))
 
 
@@ -366,7 +360,7 @@ def test_two_tier_tree_keeps_its_invariants_under_random_work():
     spilled nodes, reads back, disk eviction and lost files keep `check` true, keep every
     node's segment and file range exactly its edge, and leak no file reference."""
     from radixchat.core.cache.radix import RadixCache
-    from tests.test_radix_tree import SimSeg
+    from tests.support.segments import SimSeg
 
     rng = random.Random(9)
     files: dict[int, int] = {}

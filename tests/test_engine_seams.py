@@ -85,7 +85,7 @@ def test_asubmit_refuses_like_submit(engine):
     with pytest.raises(RequestError) as info:
         asyncio.run(main())
     assert info.value.status == 413
-    assert engine.stats()["inflight"] == 0
+    assert engine.stats().inflight == 0
 
 
 @pytest.fixture(scope="module")
@@ -158,4 +158,4 @@ def test_a_submit_that_races_the_stop_is_answered(tiny_model_dir):
     done, final = in_thread(lambda: eng.submit_tokens(prompt, Sampling(max_tokens=4)).result(), 10)
     assert done, "a submit that raced the stop was never answered"
     assert isinstance(final, Failed) and "stopped" in final.message
-    assert eng.stats()["inflight"] == 0
+    assert eng.stats().inflight == 0

@@ -143,7 +143,7 @@ def test_one_owner_holds_at_most_max_user_requests(small_batch):
     for h in held + [other, anonymous]:
         assert isinstance(h.result(), Finished)
     assert isinstance(small_batch.submit(req("carol", "room again", n=2)).result(), Finished)
-    assert small_batch._owner_inflight["carol"] == 0 and small_batch.stats()["inflight"] == 0
+    assert small_batch._owner_inflight["carol"] == 0 and small_batch.stats().inflight == 0
 
 
 def test_a_newcomer_joins_a_batch_one_user_fills_without_waiting_for_a_slot(small_batch):

@@ -237,6 +237,24 @@ def test_core_never_imports_webui_and_webui_never_imports_mlx():
         assert not [m for m in mods if m.split(".")[0] in ("mlx", "mlx_lm")], f
 
 
+# What webui/ may import of core/engine: the seam, its requests and events, the handle that
+# streams them, and the tool-call text formats. cli.py, which builds the engine, may import more.
+SEAM = {"seam", "requests", "handle", "tools"}
+
+
+def test_webui_sees_the_engine_only_through_the_seam():
+    for f in (REPO / "webui").rglob("*.py"):
+        if f.name == "cli.py":
+            continue
+        rel = f.relative_to(REPO).with_suffix("")
+        package = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts[:-1])
+        engine_parts = {m.split(".")[2] for m in _imports(f, package) if m.startswith("core.engine.")}
+        assert engine_parts <= SEAM, (f, engine_parts - SEAM)
+        tree = ast.parse(f.read_text())
+        touched = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert not touched & {"loaded", "tokenizer", "submit_tokens", "prefix"}, (f, touched)
+
+
 def test_no_import_circles():
     graph = _module_graph()
     seen, on_path = set(), []

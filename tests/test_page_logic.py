@@ -8,7 +8,6 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +18,7 @@ from radixchat.webui.page import markup
 from radixchat.webui.page.dashboard import Presence, dashboard
 from radixchat.webui.page.logic import LOCAL_USER, ChatPage, PageError, visible_turns
 from tests.support.cheap import cheap_scrypt
+from tests.support.fake_engine import INFO as FAKE_INFO
 
 CHEAP = cheap_scrypt()
 
@@ -31,7 +31,7 @@ def users(store):
 class Refusing:
     """An engine that refuses every request the way the real one does."""
 
-    loaded = SimpleNamespace(model_id="fake", context_length=512)
+    info = FAKE_INFO
 
     def __init__(self, error: Exception):
         self.error = error
@@ -310,9 +310,9 @@ def test_stop_cancels_in_the_engine_and_keeps_the_text(engine, store, users):
     shown = asyncio.run(scenario())
     assert "stopped" in shown[-1][-1]["content"]
     deadline = time.time() + 5
-    while engine.stats()["active"] and time.time() < deadline:
+    while engine.stats().inflight and time.time() < deadline:
         time.sleep(0.02)
-    assert engine.stats()["active"] == 0
+    assert engine.stats().inflight == 0
     reply_msg = store.history(alice, conv.id)[-1]
     stats = store.request_metrics([reply_msg.request])[reply_msg.request]
     assert stats.finish_reason == "cancelled" and reply_msg.content
@@ -339,7 +339,7 @@ def test_a_page_that_goes_away_mid_reply_still_stores_it(engine, store, users):
     history = store.history(alice, conv.id)
     assert [m.role for m in history] == ["user", "assistant"]
     assert store.request_metrics([history[1].request])[history[1].request].finish_reason == "cancelled"
-    assert engine.stats()["active"] == 0
+    assert engine.stats().inflight == 0
     assert len(metrics.finals) == 1
 
 
@@ -372,7 +372,7 @@ def test_a_page_that_goes_away_while_storing_stores_the_reply_once(engine, store
     history = store.history(alice, conv.id)
     assert [m.role for m in history] == ["user", "assistant"]
     assert write.calls == 1 and len(metrics.finals) == 1
-    assert engine.stats()["active"] == 0 and page.running == {}
+    assert engine.stats().inflight == 0 and page.running == {}
 
 
 def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
@@ -444,7 +444,7 @@ def test_dashboard_shows_aggregates_only(engine, store, users):
     budget = f"of {engine.kv_budget / 2**30:.1f} GiB"
     assert "Prefix cache" in d.summary and budget in d.summary
     assert "| Disk cache | off" in d.summary  # the session engine has no disk tier
-    assert f"room for {engine.stats()['batch_tokens']:,} tokens of running sequences" in d.summary
+    assert f"room for {engine.stats().batch_tokens:,} tokens of running sequences" in d.summary
     assert "tuples" not in d.summary and "alice" not in d.summary
     assert list(d.requests.columns) == ["time", "count", "series"] and d.requests["count"].sum() >= 1
     assert list(d.ttft.columns) == ["time", "ms", "series"] and len(d.ttft) >= 2
@@ -502,7 +502,7 @@ def test_one_reply_at_a_time_per_tab_even_when_sent_together(engine, store, user
     results = asyncio.run(both())
     assert sum(isinstance(r, PageError) for r in results) == 1
     assert [m.role for m in store.history(alice, conv.id)] == ["user", "assistant"]
-    assert page.running == {} and engine.stats()["active"] == 0
+    assert page.running == {} and engine.stats().inflight == 0
 
 
 def test_a_message_to_a_new_chat_lands_in_a_new_chat(engine, store, users):
@@ -550,7 +550,7 @@ def test_a_message_to_a_new_chat_lands_in_a_new_chat(engine, store, users):
         reply(page, alice, None, "  ")
     with pytest.raises(PageError, match="no message to answer"):
         reply(page, alice, None, None, regenerate=True)
-    assert page.running == {} and engine.stats()["active"] == 0
+    assert page.running == {} and engine.stats().inflight == 0
 
 
 def test_deleting_a_chat_stops_its_reply(engine, store, users):
@@ -567,7 +567,7 @@ def test_deleting_a_chat_stops_its_reply(engine, store, users):
         return shown
 
     asyncio.run(delete_midway())
-    assert page.running == {} and engine.stats()["active"] == 0
+    assert page.running == {} and engine.stats().inflight == 0
     assert page.conversations(alice) == []
     page.undo_delete(alice, conv.id)  # back, with the question; the stopped reply had nowhere to go
     assert [m.role for m in store.history(alice, conv.id)] == ["user"]
@@ -590,7 +590,7 @@ class Prompts:
 
     def __init__(self, engine):
         self.engine, self.seen = engine, []
-        self.loaded = engine.loaded
+        self.info = engine.info
 
     async def asubmit(self, request):
         self.seen.append([(m.role, m.content) for m in request.messages])

@@ -253,7 +253,7 @@ def test_the_engine_replies_the_same_with_speculation_and_counts_it(tiny_model_d
             return (
                 [f.text for f in first + second],
                 [s.usage.cached_tokens for s in second],
-                eng.stats()["speculation"],
+                eng.stats().speculation,
                 scraped,
             )
         finally:
@@ -263,9 +263,9 @@ def test_the_engine_replies_the_same_with_speculation_and_counts_it(tiny_model_d
     on, cached_on, spec, scraped = replies(3)
     assert none is None and "spec_decode" not in scraped_off
     assert on == off and cached_on == cached_off and min(cached_on) > 0
-    assert spec["drafted"] > 0 and spec["max_draft"] == 3, spec
+    assert spec.drafted > 0 and spec.max_draft == 3, spec
     line = next(x for x in scraped.splitlines() if x.startswith("radixchat:spec_decode_num_draft_tokens_total"))
-    assert float(line.split()[-1]) == spec["drafted"]
+    assert float(line.split()[-1]) == spec.drafted
 
 
 def test_a_step_waits_for_the_current_tokens_only_where_a_verify_step_could_pay(model, monkeypatch):

@@ -117,30 +117,40 @@ def cmd_serve(args, settings: Settings) -> None:
     settings.db.parent.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db)
     engine = _start_engine(settings, on_fatal=_stop_serving)
-    m = engine.loaded
-    print(
+    m = engine.info
+    lines = [
         f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
-        f"context {m.context_length}) on http://{settings.host}:{settings.port}",
-        flush=True,
-    )
-    if engine.link is not None:
-        link = engine.link
-        print(
-            f"radixchat: sharded over {link.size} ranks ({link.backend}, {link.sharding} parallel): "
-            + ", ".join(f"rank {r.rank} on {r.host} pid {r.pid}" for r in link.ranks),
-            flush=True,
-        )
-    if m.notice:
-        print(f"radixchat: note: {m.notice}", flush=True)
-    for line in serve_banner(settings, len(store.list_users())):
-        print(line, flush=True)
+        f"context {m.context_length}) on http://{settings.host}:{settings.port}"
+    ]
+    lines += [f"radixchat: {m.sharded}"] if m.sharded else []
+    lines += [f"radixchat: note: {m.notice}"] if m.notice else []
+    lines += serve_banner(settings, len(store.list_users()))
     try:
-        uvicorn.run(build_app(engine, settings, store), **uvicorn_options(settings))
+        config = uvicorn.Config(build_app(engine, settings, store), **uvicorn_options(settings))
+        try:
+            _announcing_server(config, lines).run()
+        except KeyboardInterrupt:  # Ctrl-C (SIGINT) is a clean stop, as in uvicorn.run
+            pass
     finally:
         engine.stop()
         store.close()
     if engine.fatal:
         sys.exit(f"radixchat: {engine.fatal}")
+
+
+def _announcing_server(config, lines: list[str]):
+    """uvicorn's Server, printing the start-up lines once its socket listens (not before: a
+    person or script that reads "open http://..." may connect at once)."""
+    import uvicorn
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                for line in lines:
+                    print(line, flush=True)
+
+    return Announcing(config)
 
 
 def _stop_serving(reason: str) -> None:

@@ -7,8 +7,8 @@ mounted, so "/" catches only what they don't. The page's sign-in checks the stor
 the page uses and answers a page session to the sign-in that opened it, and page request
 bodies are capped like the API's. Outermost, every response carries a Content-Security-Policy
 that lets the page load nothing but this server's files (webui/page/csp.py). Errors use
-OpenAI's shape. No MLX in this package: the engine is reached only through its thread-safe
-submit/cancel/stats. Connection limits (slow or idle clients) are the HTTP server's, set
+OpenAI's shape. No MLX in this package: the engine is reached only through the seam,
+core.engine.seam.EngineClient (submit, cancel, tokenize, stats, info). Connection limits (slow or idle clients) are the HTTP server's, set
 where uvicorn starts (webui/cli.py).
 """
 
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import asdict
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse, Response
 from starlette.routing import Mount
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.engine import Engine
+from radixchat.core.engine.seam import EngineClient
 from radixchat.core.store import Store
 from radixchat.webui.api.errors import BodyLimit, install_error_handlers
 from radixchat.webui.api.metrics import Metrics
@@ -32,7 +33,7 @@ from radixchat.webui.page.csp import ContentPolicy
 from radixchat.webui.signin import ClientAddress, SignInGuard, TooManyFailures
 
 
-def build_app(engine: Engine, settings: Settings, store: Store | None = None) -> FastAPI:
+def build_app(engine: EngineClient, settings: Settings, store: Store | None = None) -> FastAPI:
     app = FastAPI(title="radixchat", docs_url=None, redoc_url=None)
     metrics = Metrics(engine)
     app.state.engine, app.state.store, app.state.metrics = engine, store, metrics
@@ -48,17 +49,17 @@ def build_app(engine: Engine, settings: Settings, store: Store | None = None) ->
     def health():
         stats = engine.stats()
         body = {
-            "status": "ok" if stats["alive"] else "down",
-            "engine_alive": stats["alive"],
-            "model": engine.loaded.model_id if engine.loaded else None,
-            "model_loaded": engine.loaded is not None,
-            "queue_depth": max(0, stats["inflight"] - stats["active"]),
-            "active_requests": stats["active"],
+            "status": "ok" if stats.alive else "down",
+            "engine_alive": stats.alive,
+            "model": engine.info.model_id,
+            "model_loaded": True,
+            # the same two counts as /metrics' num_requests_running/_waiting and the Server tab
+            "active_requests": stats.running,
+            "queue_depth": stats.waiting,
         }
-        if stats.get("shards"):  # under mlx.launch: how, and whether the ranks agree (no hosts or pids)
-            sh = stats["shards"]
-            body["shards"] = {k: sh[k] for k in ("size", "backend", "sharding", "in_step", "messages", "message_bytes")}
-        return JSONResponse(body, status_code=200 if stats["alive"] else 503)
+        if stats.shards:  # under mlx.launch: how, and whether the ranks agree (no hosts or pids)
+            body["shards"] = asdict(stats.shards)
+        return JSONResponse(body, status_code=200 if stats.alive else 503)
 
     @app.get("/metrics")
     def prometheus():
@@ -70,7 +71,7 @@ def build_app(engine: Engine, settings: Settings, store: Store | None = None) ->
     return app
 
 
-def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, metrics: Metrics) -> None:
+def mount_page(app: FastAPI, engine: EngineClient, settings: Settings, store: Store, metrics: Metrics) -> None:
     """The Gradio page at "/", signed in against the store (unless --no-auth)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
@@ -95,7 +96,7 @@ def mount_page(app: FastAPI, engine: Engine, settings: Settings, store: Store, m
         page,
         path="/",
         auth=None if settings.no_auth else sign_in,
-        auth_message=sign_in_message(engine.loaded),
+        auth_message=sign_in_message(engine.info),
         head=signed_out.HEAD,
         theme=theme(),
         css=CSS,

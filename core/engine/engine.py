@@ -42,12 +42,21 @@ from radixchat.core.engine.requests import (
     ChatRequest,
     Failed,
     Finished,
+    PromptRequest,
     QueueFull,
     RequestError,
     Sampling,
     TextDelta,
     TokenLogprob,
     Usage,
+)
+from radixchat.core.engine.seam import (
+    DiskCacheStats,
+    EngineStats,
+    ModelInfo,
+    PrefixCacheStats,
+    ShardStats,
+    SpeculationStats,
 )
 from radixchat.core.engine.textstream import TextStream
 
@@ -156,6 +165,7 @@ class Engine:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.loaded: LoadedModel | None = None  # set by the engine thread before `start` returns
+        self._info: ModelInfo | None = None  # what the seam tells of it, once started
         self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards _inflight only: the engine thread takes it too
@@ -214,6 +224,7 @@ class Engine:
             raise self._load_error
         if not self._ready.is_set():
             raise TimeoutError("model did not load in time")
+        self._info = self._describe()
         return self
 
     def stop(self) -> None:
@@ -229,37 +240,73 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive() and self._ready.is_set() and not self._stopping
 
-    def stats(self) -> dict:
-        """Counters for /health and /metrics; safe to call from any thread (reads only)."""
-        bpt = self.kv_bytes_per_token
-        return {
-            "alive": self.alive,
-            "inflight": self._inflight,
-            "active": len(self._active),
-            "running": len(self._by_uid),
-            "steps": self.steps,
-            "kv_budget": self.kv_budget,
-            "kv_bytes_per_token": bpt,
-            "batch_tokens": self.batch_room() // bpt if bpt else 0,
-            "max_batch": self.settings.max_batch,
-            "prefix_cache": self.prefix.tree.summary() if self.prefix else None,
-            "disk_cache": self.prefix.disk.summary() if self.prefix and self.prefix.disk else None,
-            "shards": self.link.summary() | {"in_step": self.in_step} if self.link else None,
-            "speculation": self._speculation(),
-        }
+    @property
+    def info(self) -> ModelInfo:
+        """The served model (core.engine.seam): fixed once `start` has returned."""
+        if self._info is None:
+            raise RequestError("the engine is not running", 503, "engine_unavailable")
+        return self._info
 
-    def _speculation(self) -> dict | None:
+    def _describe(self) -> ModelInfo:
+        m, link = self.loaded, self.link
+        sharded = ""
+        if link is not None:
+            sharded = f"sharded over {link.size} ranks ({link.backend}, {link.sharding} parallel): " + ", ".join(
+                f"rank {r.rank} on {r.host} pid {r.pid}" for r in link.ranks
+            )
+        return ModelInfo(
+            model_id=m.model_id,
+            num_params=m.num_params,
+            dtype=m.dtype,
+            context_length=m.context_length,
+            vocab_size=m.vocab_size,
+            card=m.card,
+            tool_format=self.tool_format(),
+            notice=m.notice,
+            created=int(self.started_at),
+            sharded=sharded,
+        )
+
+    def stats(self) -> EngineStats:
+        """A snapshot for /health, /metrics and the Server tab; safe from any thread (reads only)."""
+        bpt = self.kv_bytes_per_token
+        running = len(self._by_uid)
         spec = getattr(self._gen, "speculator", None)  # a plain BatchGenerator has none
-        return spec.summary() if spec is not None else None
+        link = self.link
+        return EngineStats(
+            alive=self.alive,
+            running=running,
+            waiting=max(0, self._inflight - running),
+            steps=self.steps,
+            max_batch=self.settings.max_batch,
+            kv_budget=self.kv_budget,
+            kv_bytes_per_token=bpt,
+            batch_tokens=self.batch_room() // bpt if bpt else 0,
+            prefix_cache=PrefixCacheStats(**self.prefix.tree.summary()) if self.prefix else None,
+            disk_cache=DiskCacheStats(**self.prefix.disk.summary()) if self.prefix and self.prefix.disk else None,
+            shards=ShardStats(
+                size=link.size,
+                backend=link.backend,
+                sharding=link.sharding,
+                in_step=self.in_step,
+                messages=link.messages,
+                message_bytes=link.sent_bytes,
+            )
+            if link
+            else None,
+            speculation=SpeculationStats(**spec.summary()) if spec is not None else None,
+        )
 
     # ---- caller side (any thread) ------------------------------------------------------
 
-    def submit(self, request: ChatRequest) -> RequestHandle:
-        """Validate, template and queue a chat request. Raises RequestError when refused.
+    def submit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
+        """Validate, template and queue a request. Raises RequestError when refused.
 
         Templating takes milliseconds to tens of them for a long conversation: from an event
         loop use `asubmit`, which does it in a worker thread."""
         self._check_owner(request.owner)
+        if isinstance(request, PromptRequest):
+            return self.submit_tokens(self.tokenize(request.prompt), request.sampling, owner=request.owner)
         p = self.template(request)
         return self.submit_tokens(
             p.tokens, request.sampling, p.boundaries, shared_len=p.shared_len, owner=request.owner
@@ -269,10 +316,13 @@ class Engine:
         """`submit` for asyncio callers: the template and any grammar are built in a worker
         thread, and the handle delivers its events to the calling loop."""
         self._check_owner(request.owner)  # a flood's refusals cost no templating
-        p = await asyncio.to_thread(self.template, request)
         constraint = (
             await asyncio.to_thread(self.constraint, request.sampling) if request.sampling.constrained else None
         )
+        if isinstance(request, PromptRequest):
+            tokens = await asyncio.to_thread(self.tokenize, request.prompt)
+            return self.submit_tokens(tokens, request.sampling, owner=request.owner, constraint=constraint)
+        p = await asyncio.to_thread(self.template, request)
         return self.submit_tokens(
             p.tokens,
             request.sampling,
@@ -281,6 +331,13 @@ class Engine:
             owner=request.owner,
             constraint=constraint,
         )
+
+    def tokenize(self, text: str) -> list[int]:
+        """Plain text's tokens, no chat template. Any thread; never the engine's lock."""
+        if self.loaded is None:
+            raise RequestError("the engine is not running", 503, "engine_unavailable")
+        with self._tok_lock:
+            return list(self.loaded.tokenizer.encode(text))
 
     def template(self, request: ChatRequest) -> Templated:
         """The prompt's tokens, where its system message ends and, for models with

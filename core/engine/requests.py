@@ -133,6 +133,16 @@ class ChatRequest(BaseModel):
         return v
 
 
+class PromptRequest(BaseModel):
+    """A plain completion: text the engine tokenizes as it is (no chat template, no system
+    message, so all of it is cached in `owner`'s part of the prefix cache)."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: str = Field(min_length=1)
+    sampling: Sampling = Field(default_factory=Sampling)
+    owner: str | None = None
+
+
 @dataclass
 class Usage:
     prompt_tokens: int = 0

@@ -10,7 +10,7 @@ the engine thread as it ends, by the request's RequestEnd (webui/request_end.py)
 API and the page alike; refusals (4xx, 429, 503) are counted by reason by whoever refused:
 the API's error handlers (webui/api/errors.py) and the page. Running and waiting requests
 and the prefix cache's figures are read from the engine at scrape time, in the thread
-serving /metrics. No MLX here: only engine.stats().
+serving /metrics. No MLX here: only the seam's stats() and info.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from radixchat.core.engine.requests import Failed, Finished
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.engine import Engine
+    from radixchat.core.engine.seam import EngineClient
 
 P = "radixchat:"
 # from 1 ms (a cached prompt's first token on a small model) to minutes (a long queue)
@@ -56,12 +56,12 @@ _TIME_BUCKETS = (
 class _EngineCollector:
     """Scrape-time figures: what runs and waits now, and the prefix cache's own counters."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: EngineClient):
         self.engine = engine
 
     def collect(self):
         s = self.engine.stats()
-        model = self.engine.loaded.model_id if self.engine.loaded else ""
+        model = self.engine.info.model_id
 
         def gauge(name, help_, value):
             g = GaugeMetricFamily(P + name, help_, labels=["model_name"])
@@ -73,77 +73,69 @@ class _EngineCollector:
             c.add_metric([model], value)
             return c
 
-        yield gauge("engine_alive", "1 while the engine thread runs", int(s["alive"]))
-        yield gauge("num_requests_running", "Requests in the engine's batch (prefilling or decoding)", s["running"])
-        yield gauge("num_requests_waiting", "Requests waiting for a batch slot", max(0, s["inflight"] - s["running"]))
-        spec = s.get("speculation")
+        yield gauge("engine_alive", "1 while the engine thread runs", int(s.alive))
+        yield gauge("num_requests_running", "Requests in the engine's batch (prefilling or decoding)", s.running)
+        yield gauge("num_requests_waiting", "Requests waiting for a batch slot", s.waiting)
+        spec = s.speculation
         if spec is not None:  # named as vLLM names its own
-            yield counter(
-                "spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec["rows_drafting"]
-            )
-            yield counter("spec_decode_num_draft_tokens", "Draft tokens verified", spec["drafted"])
-            yield counter("spec_decode_num_accepted_tokens", "Draft tokens the model accepted", spec["accepted"])
-        cache = s.get("prefix_cache")
+            yield counter("spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec.rows_drafting)
+            yield counter("spec_decode_num_draft_tokens", "Draft tokens verified", spec.drafted)
+            yield counter("spec_decode_num_accepted_tokens", "Draft tokens the model accepted", spec.accepted)
+        cache = s.prefix_cache
         if cache is None:
             return
-        yield gauge("prefix_cache_nodes", "Radix tree nodes", cache["nodes"])
-        yield gauge("prefix_cache_tokens", "Tokens held by the prefix cache", cache["cached_tokens"])
-        yield gauge("prefix_cache_bytes", "Live K/V bytes held by the prefix cache", cache["bytes"])
-        yield gauge(
-            "prefix_cache_budget_bytes", "The K/V byte budget (prefix cache and running batch)", cache["budget"]
-        )
+        yield gauge("prefix_cache_nodes", "Radix tree nodes", cache.nodes)
+        yield gauge("prefix_cache_tokens", "Tokens held by the prefix cache", cache.cached_tokens)
+        yield gauge("prefix_cache_bytes", "Live K/V bytes held by the prefix cache", cache.bytes)
+        yield gauge("prefix_cache_budget_bytes", "The K/V byte budget (prefix cache and running batch)", cache.budget)
         yield gauge(
             "prefix_cache_usage_perc",
             "Prefix cache bytes over the budget (0-1)",
-            cache["bytes"] / cache["budget"] if cache["budget"] else 0.0,
+            cache.bytes / cache.budget if cache.budget else 0.0,
         )
-        yield gauge("prefix_cache_locks", "Cache paths locked by running requests", cache["locks"])
+        yield gauge("prefix_cache_locks", "Cache paths locked by running requests", cache.locks)
         lookups = CounterMetricFamily(
             P + "prefix_cache_lookups", "Cache lookups by result", labels=["model_name", "result"]
         )
-        lookups.add_metric([model, "hit"], cache["hits"])
-        lookups.add_metric([model, "miss"], cache["misses"])
+        lookups.add_metric([model, "hit"], cache.hits)
+        lookups.add_metric([model, "miss"], cache.misses)
         yield lookups
-        yield counter("prefix_cache_evictions", "Nodes evicted to fit the budget", cache["evictions"])
-        yield counter("prefix_cache_restore_seconds", "Time spent restoring cached prefixes", cache["restore_ms"] / 1e3)
+        yield counter("prefix_cache_evictions", "Nodes evicted to fit the budget", cache.evictions)
+        yield counter("prefix_cache_restore_seconds", "Time spent restoring cached prefixes", cache.restore_ms / 1e3)
         yield gauge(
             "prefix_cache_disk_tokens",
             "Tokens of the prefix cache on disk only (K/V read back on a hit)",
-            cache.get("disk_tokens", 0),
+            cache.disk_tokens,
         )
-        disk = s.get("disk_cache")
+        disk = s.disk_cache
         if disk is None:
             return
         yield gauge(
-            "prefix_cache_disk_bytes", "Bytes of the prefix cache's disk tier (written or being written)", disk["bytes"]
+            "prefix_cache_disk_bytes", "Bytes of the prefix cache's disk tier (written or being written)", disk.bytes
         )
-        yield gauge(
-            "prefix_cache_disk_budget_bytes", "The disk tier's byte budget (--cache-disk-bytes)", disk["budget"]
-        )
-        yield gauge("prefix_cache_disk_files", "Entries (files) of the disk tier", disk["files"])
-        yield gauge("prefix_cache_disk_backlog_bytes", "Bytes waiting for the disk writer", disk["backlog_bytes"])
-        yield counter("prefix_cache_disk_hits", "Entries read back from disk for a request", disk["loads"])
-        yield counter("prefix_cache_disk_hit_tokens", "Tokens whose K/V was read back from disk", disk["load_tokens"])
+        yield gauge("prefix_cache_disk_budget_bytes", "The disk tier's byte budget (--cache-disk-bytes)", disk.budget)
+        yield gauge("prefix_cache_disk_files", "Entries (files) of the disk tier", disk.files)
+        yield gauge("prefix_cache_disk_backlog_bytes", "Bytes waiting for the disk writer", disk.backlog_bytes)
+        yield counter("prefix_cache_disk_hits", "Entries read back from disk for a request", disk.loads)
+        yield counter("prefix_cache_disk_hit_tokens", "Tokens whose K/V was read back from disk", disk.load_tokens)
         yield counter(
             "prefix_cache_disk_read_seconds",
             "Time reading entries back: file read and checksum (reader thread) plus making arrays (engine thread)",
-            disk["read_s"] + disk["load_s"],
+            disk.read_s + disk.load_s,
         )
-        yield counter("prefix_cache_disk_writes", "Entries written to disk", disk["writes"])
-        yield counter("prefix_cache_disk_write_bytes", "Bytes written to disk", disk["write_bytes"])
+        yield counter("prefix_cache_disk_writes", "Entries written to disk", disk.writes)
+        yield counter("prefix_cache_disk_write_bytes", "Bytes written to disk", disk.write_bytes)
         yield counter(
-            "prefix_cache_disk_write_seconds", "Writer thread's time writing and syncing entries", disk["write_s"]
+            "prefix_cache_disk_write_seconds", "Writer thread's time writing and syncing entries", disk.write_s
         )
-        yield counter(
-            "prefix_cache_disk_evictions", "Disk entries deleted (budget, or no longer used)", disk["evicted"]
-        )
-        yield counter("prefix_cache_disk_dropped", "Disk entries dropped as corrupt or unreadable", disk["dropped"])
+        yield counter("prefix_cache_disk_evictions", "Disk entries deleted (budget, or no longer used)", disk.evicted)
+        yield counter("prefix_cache_disk_dropped", "Disk entries dropped as corrupt or unreadable", disk.dropped)
 
 
 class Metrics:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: EngineClient):
         self.registry = r = CollectorRegistry()
-        self.model = engine.loaded.model_id if engine.loaded else ""
+        self.model = engine.info.model_id
         m = ["model_name"]
 
         def hist(name, help_):

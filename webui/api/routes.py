@@ -32,6 +32,7 @@ from radixchat.core.engine.requests import (
     ChatRequest,
     Failed,
     Finished,
+    PromptRequest,
     RequestError,
     Sampling,
     TextDelta,
@@ -46,8 +47,8 @@ from radixchat.webui.request_end import RequestEnd
 
 if TYPE_CHECKING:
     from radixchat.core.config import Settings
-    from radixchat.core.engine.engine import Engine
     from radixchat.core.engine.handle import RequestHandle
+    from radixchat.core.engine.seam import EngineClient
     from radixchat.core.store import Store
     from radixchat.webui.api.metrics import Metrics
 
@@ -100,9 +101,9 @@ async def cancel_when_gone(request: Request, handles: list[RequestHandle]) -> bo
     return True
 
 
-def openai_router(engine: Engine, settings: Settings, store: Store | None, metrics: Metrics) -> APIRouter:
+def openai_router(engine: EngineClient, settings: Settings, store: Store | None, metrics: Metrics) -> APIRouter:
     router = APIRouter(prefix="/v1")
-    model_id = engine.loaded.model_id
+    model_id = engine.info.model_id
 
     def current_user(request: Request) -> User | None:
         """The key's user (None with --no-auth). Sync: FastAPI runs it off the event loop."""
@@ -121,7 +122,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
             raise ApiError(401, "invalid or revoked API key", "authentication_error", "invalid_api_key") from None
 
     # what the model's card recommends, for requests that leave temperature or top_p out
-    recommended = dict(engine.loaded.card.sampling) if engine.loaded.card else {}
+    recommended = engine.info.sampling_defaults
 
     def check_model(name: str) -> None:
         if name != model_id and name not in ALIASES:
@@ -346,7 +347,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
 
     @router.get("/models")
     def models(user=Depends(current_user)):
-        card = oa.ModelCard(id=model_id, created=int(engine.started_at))
+        card = oa.ModelCard(id=model_id, created=engine.info.created)
         return oa.ModelList(data=[card]).model_dump()
 
     @router.get("/models/{name:path}")
@@ -357,7 +358,7 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
     @router.post("/chat/completions")
     async def chat_completions(request: Request, body: oa.ChatCompletionRequest, user=Depends(current_user)):
         check_model(body.model)
-        family = engine.tool_format() if body.calls_tools() else None
+        family = engine.info.tool_format if body.calls_tools() else None
         try:
             tools, lark = toolcalls.request_side(body, family)
         except toolcalls.ToolsUnsupported as e:
@@ -381,16 +382,13 @@ def openai_router(engine: Engine, settings: Settings, store: Store | None, metri
     @router.post("/completions")
     async def completions(request: Request, body: oa.CompletionRequest, user=Depends(current_user)):
         check_model(body.model)
-        tok = engine.loaded.tokenizer
-
-        prompt = []
-
-        async def build(sampling: Sampling):
-            if not prompt:
-                prompt.extend(await asyncio.to_thread(lambda: list(tok.encode(body.prompt))))  # not on the loop
-            return engine.submit_tokens(prompt, sampling, owner=owner_of(user and user.id))
-
-        handles = await submit_choices(user, body, build)
+        handles = await submit_choices(
+            user,
+            body,
+            lambda sampling: engine.asubmit(
+                PromptRequest(prompt=body.prompt, sampling=sampling, owner=owner_of(user and user.id))
+            ),
+        )
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(request, handles, body.stream, include, chat=False, echo=body.prompt if body.echo else "")
 

@@ -16,6 +16,8 @@ from datetime import datetime
 
 import pandas as pd
 
+from radixchat.core.engine.seam import DiskCacheStats
+
 SIGNED_IN_WINDOW_S = 300.0
 WINDOW_S, BUCKET_S = 3600.0, 60.0  # the plots' titles say "per minute (last hour)"
 
@@ -94,21 +96,21 @@ def usage_table(mine, everyone) -> str:
     return "\n".join(lines)
 
 
-def disk_line(disk: dict | None) -> str:
+def disk_line(disk: DiskCacheStats | None) -> str:
     """The prefix cache's disk tier (core/cache/disk.py's summary), or that it is off."""
     if not disk:
         return "| Disk cache | off (`--cache-disk-bytes`) |"
-    loads = disk.get("loads", 0)
-    read_ms = 1000 * (disk.get("read_s", 0.0) + disk.get("load_s", 0.0)) / loads if loads else None
+    loads = disk.loads
+    read_ms = 1000 * (disk.read_s + disk.load_s) / loads if loads else None
     line = (
-        f"| Disk cache | {_bytes(disk.get('bytes', 0))} of {_bytes(disk.get('budget', 0))} in "
-        f"{plural(disk.get('files', 0), 'file')}; {plural(loads, 'hit')} from disk since start "
-        f"({plural(disk.get('load_tokens', 0), 'token')}"
+        f"| Disk cache | {_bytes(disk.bytes)} of {_bytes(disk.budget)} in "
+        f"{plural(disk.files, 'file')}; {plural(loads, 'hit')} from disk since start "
+        f"({plural(disk.load_tokens, 'token')}"
         f"{f', {read_ms:,.1f} ms each' if read_ms is not None else ''}), "
-        f"{plural(disk.get('writes', 0), 'write')}"
+        f"{plural(disk.writes, 'write')}"
     )
-    if disk.get("dropped"):
-        line += f"; {plural(disk['dropped'], 'entry', 'entries')} dropped (unreadable or corrupt: see the log)"
+    if disk.dropped:
+        line += f"; {plural(disk.dropped, 'entry', 'entries')} dropped (unreadable or corrupt: see the log)"
     return line + " |"
 
 
@@ -117,46 +119,46 @@ def dashboard(
 ) -> Dashboard:
     """The Server tab; with `you` (a User), that user's own figures beside the server's."""
     s = engine.stats()
-    m = engine.loaded
-    cache = s.get("prefix_cache")
+    cache = s.prefix_cache
     totals = store.totals()
     lines = ["| | now |", "|---|---|"]
-    if m is not None:
-        lines.append(
-            f"| Model | `{m.model_id}`: {m.num_params / 1e6:,.1f}M parameters, {m.dtype}, "
-            f"context {m.context_length:,} tokens |"
-        )
+    m = engine.info
     lines.append(
-        f"| Engine | {'running' if s['alive'] else 'stopped'}: {plural(s['active'], 'active request')}, "
-        f"{max(0, s['inflight'] - s['active']):,} waiting |"
+        f"| Model | `{m.model_id}`: {m.num_params / 1e6:,.1f}M parameters, {m.dtype}, "
+        f"context {m.context_length:,} tokens |"
     )
-    if s.get("batch_tokens"):
+    # the same two counts as /health and /metrics (core.engine.seam.EngineStats)
+    lines.append(
+        f"| Engine | {'running' if s.alive else 'stopped'}: {plural(s.running, 'running request')}, "
+        f"{s.waiting:,} waiting |"
+    )
+    if s.batch_tokens:
         lines.append(
-            f"| Batch | {s.get('running', 0):,} decoding; room for {plural(s['batch_tokens'], 'token')} "
-            f"of running sequences ({_bytes(s['kv_bytes_per_token'])} each) in the K/V budget of "
-            f"{_bytes(s['kv_budget'])}, at most {plural(s['max_batch'], 'sequence')} |"
+            f"| Batch | {s.running:,} in the batch; room for {plural(s.batch_tokens, 'token')} "
+            f"of running sequences ({_bytes(s.kv_bytes_per_token)} each) in the K/V budget of "
+            f"{_bytes(s.kv_budget)}, at most {plural(s.max_batch, 'sequence')} |"
         )
     if cache:
-        lookups = cache.get("hits", 0) + cache.get("misses", 0)
+        lookups = cache.hits + cache.misses
         lines.append(
-            f"| Prefix cache | {_bytes(cache.get('bytes', 0))} of {_bytes(cache.get('budget', 0))} "
-            f"({_pct(cache.get('bytes', 0), cache.get('budget', 0))} full), "
-            f"{plural(cache.get('cached_tokens', 0), 'token')} in {plural(cache.get('nodes', 0), 'node')}, "
-            f"{plural(cache.get('evictions', 0), 'eviction')} |"
+            f"| Prefix cache | {_bytes(cache.bytes)} of {_bytes(cache.budget)} "
+            f"({_pct(cache.bytes, cache.budget)} full), "
+            f"{plural(cache.cached_tokens, 'token')} in {plural(cache.nodes, 'node')}, "
+            f"{plural(cache.evictions, 'eviction')} |"
         )
         lines.append(
-            f"| Cache hits | {_pct(cache.get('hits', 0), lookups)} of {plural(lookups, 'lookup')} "
+            f"| Cache hits | {_pct(cache.hits, lookups)} of {plural(lookups, 'lookup')} "
             f"since start; {_pct(totals['cached_tokens'], totals['prompt_tokens'])} of all prompt "
             "tokens served from the cache |"
         )
     else:
         lines.append("| Prefix cache | off |")
-    lines.append(disk_line(s.get("disk_cache")))
-    spec = s.get("speculation")
+    lines.append(disk_line(s.disk_cache))
+    spec = s.speculation
     if spec is not None:
         lines.append(
-            f"| Speculation | drafts of up to {plural(spec['max_draft'], 'token')}: "
-            f"{_pct(spec['accepted'], spec['drafted'])} of {plural(spec['drafted'], 'draft token')} "
+            f"| Speculation | drafts of up to {plural(spec.max_draft, 'token')}: "
+            f"{_pct(spec.accepted, spec.drafted)} of {plural(spec.drafted, 'draft token')} "
             f"accepted since start |"
         )
     lines.append(

@@ -51,7 +51,7 @@ from radixchat.webui.page.shared import link as shared_link
 
 if TYPE_CHECKING:
     from radixchat.core.config import Settings
-    from radixchat.core.engine.engine import Engine
+    from radixchat.core.engine.seam import EngineClient
     from radixchat.core.store import Store
     from radixchat.webui.api.metrics import Metrics
 
@@ -206,9 +206,9 @@ def _notices(n_outputs: int):
 
 
 def build_page(
-    engine: Engine, settings: Settings, store: Store, metrics: Metrics | None = None, *, sign_in: bool = True
+    engine: EngineClient, settings: Settings, store: Store, metrics: Metrics | None = None, *, sign_in: bool = True
 ) -> gr.Blocks:
-    model = engine.loaded
+    model = engine.info
     chat = ChatPage(
         engine, store, metrics, model_id=model.model_id, default_max_tokens=settings.max_tokens, signed_in=sign_in
     )

@@ -66,8 +66,8 @@ from radixchat.webui.page import markup, versions
 from radixchat.webui.request_end import RequestEnd
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.engine import Engine
     from radixchat.core.engine.handle import RequestHandle
+    from radixchat.core.engine.seam import EngineClient
     from radixchat.webui.api.metrics import Metrics
 
 LOCAL_USER = "local"  # who everyone is with --no-auth
@@ -203,7 +203,7 @@ class Running:
 class ChatPage:
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineClient,
         store: Store,
         metrics: Metrics | None = None,
         model_id: str = "",
@@ -212,7 +212,7 @@ class ChatPage:
     ):
         self.engine, self.store, self.metrics = engine, store, metrics
         self.signed_in = signed_in  # False with --no-auth: everyone is the one local user
-        card = getattr(getattr(engine, "loaded", None), "card", None)
+        card = engine.info.card
         self.top_p = float((card.sampling if card else {}).get("top_p", 1.0))  # the model card's
         self.model_id = model_id
         self.default_max_tokens = default_max_tokens

@@ -1,0 +1,191 @@
+"""The seam between the web layer and an engine: what webui/ may know of one.
+
+`EngineClient` is a small protocol: `submit`/`asubmit` a request and get a `RequestHandle`
+that streams events, `cancel` one, `tokenize` text, read `stats()` (a typed snapshot) and
+`info` (a plain `ModelInfo`). webui/ imports this module, core.engine.requests (the requests
+and events) and core.engine.handle (the handle), nothing else of core/engine: it never sees
+an nn.Module, a tokenizer, the batch or the prefix tree, so another implementation (a
+second model's engine, an engine on another machine) can stand behind the same routes and
+page. core.engine.engine.Engine is the in-process one; tests/support/fake_engine.py is one
+with no model at all, for the web layer's unit tests.
+
+Value types only here (no MLX, no threads): `stats()` is safe from any thread and is a
+copy, so a reader may keep it. Counts mean one thing everywhere they are shown (/health,
+/metrics, the page's Server tab): `running` requests are in the engine's batch (prefilling
+or decoding), `waiting` ones were accepted and are not in the batch yet (queued, waiting for
+their turn in the fair queue or for their prefix to come back from disk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from radixchat.core.engine.catalog import Card
+    from radixchat.core.engine.handle import RequestHandle
+    from radixchat.core.engine.requests import ChatRequest, PromptRequest
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The served model, as a client or a page may describe it."""
+
+    model_id: str
+    num_params: int
+    dtype: str
+    context_length: int
+    vocab_size: int
+    card: Card | None = None  # name, size, license, note, recommended sampling
+    tool_format: str | None = None  # the chat template's tool-call format (None: it has none)
+    notice: str = ""  # said once at start-up, e.g. that the default model fell back to the tiny one
+    created: int = 0  # when it started serving (Unix seconds): OpenAI's `created` of the model
+    sharded: str = ""  # under mlx.launch: one line on the group (size, backend, ranks); else ""
+
+    @property
+    def sampling_defaults(self) -> dict:
+        """What the model's card recommends (temperature, top_p) for requests that leave them out."""
+        return dict(self.card.sampling) if self.card else {}
+
+    def describe(self) -> str:
+        """`id: 135.0M parameters, float32, context 8,192 tokens`."""
+        return (
+            f"{self.model_id}: {self.num_params / 1e6:,.1f}M parameters, {self.dtype}, "
+            f"context {self.context_length:,} tokens"
+        )
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """The radix tree's figures (core.cache.radix.RadixTree.summary)."""
+
+    nodes: int = 0
+    cached_tokens: int = 0
+    bytes: int = 0
+    disk_nodes: int = 0
+    disk_tokens: int = 0
+    spills: int = 0
+    budget: int = 0
+    reserved: int = 0
+    locks: int = 0
+    hits: int = 0
+    misses: int = 0
+    hit_tokens: int = 0
+    lookup_tokens: int = 0
+    evictions: int = 0
+    evicted_tokens: int = 0
+    restore_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class DiskCacheStats:
+    """The disk tier's figures (core.cache.disk.DiskTier.summary)."""
+
+    bytes: int = 0
+    budget: int = 0
+    folder: str = ""
+    backlog_bytes: int = 0
+    deleting: int = 0
+    waiting: int = 0
+    reading: int = 0
+    files: int = 0
+    adopted: int = 0  # entries found at start-up and placed in the tree
+    writes: int = 0
+    write_bytes: int = 0
+    write_s: float = 0.0
+    serialize_s: float = 0.0
+    loads: int = 0  # entries read back for requests: hits from disk
+    load_tokens: int = 0
+    snapshot_loads: int = 0
+    read_s: float = 0.0
+    load_s: float = 0.0
+    dropped: int = 0  # corrupt, unreadable, or a failed write
+    evicted: int = 0
+    open_s: float = 0.0
+    fingerprint_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """Under mlx.launch: the group and whether its ranks agree (no hosts or pids)."""
+
+    size: int
+    backend: str
+    sharding: str
+    in_step: bool | None
+    messages: int
+    message_bytes: int
+
+
+@dataclass(frozen=True)
+class SpeculationStats:
+    """Prompt-lookup speculation's counters (core.engine.speculate.Speculator.summary)."""
+
+    max_draft: int
+    steps: int
+    waits: int
+    rows_verified: int
+    rows_drafting: int
+    drafted: int
+    accepted: int
+    acceptance: float | None
+    tokens_per_draft: float | None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """One snapshot of an engine, for /health, /metrics and the Server tab."""
+
+    alive: bool
+    running: int  # in the batch: prefilling or decoding
+    waiting: int  # accepted, not in the batch yet
+    steps: int = 0
+    max_batch: int = 0
+    kv_budget: int = 0  # bytes of K/V the running batch and the prefix cache share
+    kv_bytes_per_token: int = 0
+    batch_tokens: int = 0  # tokens of running sequences the K/V budget has room for
+    prefix_cache: PrefixCacheStats | None = None
+    disk_cache: DiskCacheStats | None = None
+    shards: ShardStats | None = None
+    speculation: SpeculationStats | None = None
+
+    @property
+    def inflight(self) -> int:
+        """Accepted and not ended: running or waiting."""
+        return self.running + self.waiting
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """What the web layer asks of an engine. Every method is safe from any thread."""
+
+    @property
+    def info(self) -> ModelInfo:
+        """The model it serves (fixed once it serves)."""
+        ...
+
+    def submit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
+        """Check, template (or tokenize) and queue a request; raises RequestError (or its
+        QueueFull) when refused. It templates in the caller's thread: from an event loop use
+        `asubmit`."""
+        ...
+
+    async def asubmit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
+        """`submit` for asyncio callers: templating and grammar compiling run off the event
+        loop, and the handle delivers its events to the calling loop."""
+        ...
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a queued or running request; its handle ends with finish reason `cancelled`."""
+        ...
+
+    def tokenize(self, text: str) -> list[int]:
+        """The model's tokens for plain text (no chat template). Blocking: not on an event loop."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """A snapshot of what runs and waits, and the caches' figures."""
+        ...

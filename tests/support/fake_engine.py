@@ -1,0 +1,101 @@
+"""An engine with no model, behind the same seam as the real one (core.engine.seam).
+
+For the web layer's unit tests: the routes, the page's logic and the metrics run against
+it in-process, so a request-shape refusal or a page rule is tested without a server
+process, a model or MLX (as vLLM's cpu_test files build a scheduler from a fake config).
+Each request's reply is `reply`, one word a delta, ended at once (finish reason "length"
+when the request's max_tokens cut it short, else "stop"); or the submit raises `refuse`.
+It counts running and waiting requests as the seam says: what it was given and has not
+ended yet is running (none wait), unless `hold` keeps them all waiting until `release()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+from radixchat.core.engine.handle import Outbox, RequestHandle
+from radixchat.core.engine.requests import ChatRequest, Finished, PromptRequest, RequestError, TextDelta, Usage
+from radixchat.core.engine.seam import EngineStats, ModelInfo
+
+INFO = ModelInfo(model_id="fake-model", num_params=1_000_000, dtype="float32", context_length=512, vocab_size=256)
+
+
+class FakeEngine:
+    def __init__(self, reply: str = "a fake reply", *, info: ModelInfo = INFO, refuse: Exception | None = None):
+        self.reply, self._info, self.refuse = reply, info, refuse
+        self.requests: list[ChatRequest | PromptRequest] = []  # every request it accepted, in order
+        self.cancelled: list[str] = []
+        self.hold = False  # True: accepted requests wait, unanswered, until release()
+        self._held: list[tuple[RequestHandle, ChatRequest | PromptRequest]] = []
+        self._open: dict[str, RequestHandle] = {}
+        self._ids = itertools.count(1)
+        self._outbox = Outbox()
+        self._lock = threading.Lock()
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def tokenize(self, text: str) -> list[int]:
+        return [b % self._info.vocab_size for b in text.encode()]
+
+    def submit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
+        return self._accept(request, None)
+
+    async def asubmit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
+        return self._accept(request, asyncio.get_running_loop())
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self.cancelled.append(request_id)
+            handle = self._open.pop(request_id, None)
+            self._held = [(h, r) for h, r in self._held if h.id != request_id]
+        if handle is not None:
+            handle._push(Finished("", "cancelled"))
+            self._outbox.flush()
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            waiting = len(self._held)
+            return EngineStats(alive=True, running=len(self._open) - waiting, waiting=waiting, max_batch=8)
+
+    def release(self) -> None:
+        """Answer every held request now."""
+        with self._lock:
+            held, self._held = self._held, []
+        for handle, request in held:
+            self._answer(handle, request)
+
+    def _accept(self, request, loop) -> RequestHandle:
+        if not isinstance(request, (ChatRequest, PromptRequest)):
+            raise TypeError("submit takes a ChatRequest or a PromptRequest")
+        if self.refuse is not None:
+            raise self.refuse
+        text = request.prompt if isinstance(request, PromptRequest) else str(request.messages[-1].content)
+        prompt = self.tokenize(text)
+        if len(prompt) >= self._info.context_length:
+            raise RequestError("the prompt is too long for the fake model", 413, "context_length_exceeded")
+        handle = RequestHandle(f"fake-{next(self._ids)}", len(prompt), self.cancel, loop, self._outbox)
+        with self._lock:
+            self.requests.append(request)
+            self._open[handle.id] = handle
+            if self.hold:
+                self._held.append((handle, request))
+                return handle
+        self._answer(handle, request)
+        return handle
+
+    def _answer(self, handle: RequestHandle, request) -> None:
+        words = self.reply.split(" ")
+        limit = request.sampling.max_tokens
+        cut = limit is not None and limit < len(words)
+        words = words[:limit] if cut else words
+        for i, w in enumerate(words):
+            handle._push(TextDelta(w if i == 0 else " " + w))
+        usage = Usage(prompt_tokens=handle.prompt_tokens, generated_tokens=len(words), ttft_ms=1.0, total_ms=2.0)
+        with self._lock:
+            self._open.pop(handle.id, None)
+        handle._push(Finished(" ".join(words), "length" if cut else "stop", usage))
+        self._outbox.flush()
