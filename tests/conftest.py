@@ -36,6 +36,12 @@ def tiny_hybrid_dir(tmp_path_factory) -> Path:
     return build_random_model(tmp_path_factory.mktemp("hybrid") / "tiny-hybrid", layers=4, arch="lfm2")
 
 
+@pytest.fixture(scope="module")
+def tiny_sliding_dir(tmp_path_factory) -> Path:
+    """gemma3-style: rotating sliding-window layers between global KVCache layers."""
+    return build_random_model(tmp_path_factory.mktemp("sliding") / "tiny-sliding", layers=4, arch="gemma3")
+
+
 @pytest.fixture
 def store(tmp_path):
     """A fresh SQLite store in tmp_path with a cheap password hash."""

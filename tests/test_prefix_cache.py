@@ -12,16 +12,9 @@ from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
 from radixchat.core.cache.kv import PrefixStore
-from radixchat.core.config import Settings
-from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.requests import ChatRequest, Finished
-from tests.support.randmodel import SLIDING_WINDOW, build_random_model
-
-
-@pytest.fixture(scope="module")
-def tiny_sliding_dir(tmp_path_factory):
-    """gemma3-style: rotating sliding-window layers between global KVCache layers."""
-    return build_random_model(tmp_path_factory.mktemp("sliding") / "tiny-sliding", layers=4, arch="gemma3")
+from radixchat.core.engine.requests import ChatRequest
+from tests.support.conversations import SYSTEMS, conversations, engine_for, run_users
+from tests.support.randmodel import SLIDING_WINDOW
 
 
 @pytest.fixture(scope="module")
@@ -86,56 +79,6 @@ def test_tree_holds_live_tokens_only_and_pins_no_buffer(tiny):
     held = mx.get_active_memory() - base
     # what MLX still holds is the tree's live bytes, not the prefill buffers' capacity
     assert held <= tree.bytes * 1.05 + 65536, (held, tree.bytes)
-
-
-def engine_for(model_dir, prefix: bool, **kw) -> Engine:
-    return Engine(
-        Settings(model=str(model_dir), prefix_cache=prefix, max_batch=8, max_prefill_batch=4, max_tokens=12, **kw)
-    ).start(timeout=120)
-
-
-SYSTEMS = [f"You are assistant {i}. " + " ".join(["Answer about Python lists and dicts."] * (i + 2)) for i in range(4)]
-QUESTIONS = [
-    "What is a list?",
-    "How do dicts work?",
-    "Explain generators.",
-    "What is a tuple?",
-    "Why use sets?",
-    "What does yield do?",
-]
-
-
-def conversations(seed: int, users: int, turns: int):
-    rng = random.Random(seed)
-    return [(rng.randrange(4), [rng.choice(QUESTIONS) for _ in range(turns)]) for _ in range(users)]
-
-
-def run_users(engine, plan, seed: int) -> dict:
-    """Each user holds a multi-turn conversation; users run concurrently, shuffled start."""
-    answers, cached = {}, {}
-    order = list(range(len(plan)))
-    random.Random(seed).shuffle(order)
-    barrier = threading.Barrier(len(plan))
-
-    def user(u):
-        system, questions = plan[u]
-        msgs = [{"role": "system", "content": SYSTEMS[system]}]
-        barrier.wait()
-        for t, q in enumerate(questions):
-            msgs.append({"role": "user", "content": q})
-            final = engine.submit(ChatRequest(messages=msgs)).result()
-            assert isinstance(final, Finished), final
-            answers[u, t] = final.text
-            cached[u, t] = final.usage.cached_tokens
-            msgs.append({"role": "assistant", "content": final.text})
-
-    threads = [threading.Thread(target=user, args=(u,)) for u in order]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(300)
-    assert len(answers) == sum(len(q) for _, q in plan)
-    return answers, cached
 
 
 @pytest.mark.parametrize("kind", ["plain", "hybrid", "sliding"])
@@ -231,7 +174,7 @@ def test_long_random_workload_stays_in_budget_and_leaks_no_lock(tiny_model_dir):
         for t in threads:
             t.join(300)
         tree = eng.prefix.tree
-        assert eng.stats()["inflight"] == 0
+        assert eng.stats().inflight == 0
         tree.check()
         assert tree.bytes <= budget
         assert tree.stats.evictions > 0, "the workload should have exceeded the budget"

@@ -6,19 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixchat.core.cache.radix import RadixCache
-
-BPT = 10  # simulated bytes per token
-
-
-class SimSeg:
-    """A simulated segment: remembers which tokens of which sequence it covers."""
-
-    def __init__(self, tokens):
-        self.tokens = tuple(tokens)
-        self.nbytes = BPT * len(self.tokens)
-
-    def split(self, k):
-        return SimSeg(self.tokens[:k]), SimSeg(self.tokens[k:])
+from tests.support.segments import BPT, SimSeg
 
 
 def insert(tree, tokens, snapshot=None):
