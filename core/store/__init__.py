@@ -1,11 +1,15 @@
 """The SQLite store (sqlite-utils): users, API keys, conversations, messages, request metrics.
 
 The one import callers use: `from core.store import Store, RequestRecord, NotFound, ...`.
-Inside: `store.py` (the Store: connections, transactions, the metrics writer thread),
-`schema.py` (tables and migrations), `types.py` (record types, limits, validation, errors),
-`report.py` (exports and dashboard buckets),
-`branches.py` (the SQL of a conversation's branches), `auth.py` (scrypt passwords, API key hashes).
-Imports go one way: store -> schema, report, auth, branches -> types. No MLX, no HTTP.
+Inside: `store.py` (the Store, put together from one mixin per topic), `connection.py`
+(per-thread connections, transactions, writers' turns), `accounts.py` (users, passwords, API
+keys), `conversations.py` (conversations, messages, branches, links, search, deletion),
+`metrics.py` (request rows, the metrics writer thread, the dashboard's reads), `schema.py`
+(tables and migrations), `types.py` (record types, limits, validation, errors), `report.py`
+(exports and dashboard buckets), `branches.py` (the SQL of a conversation's branches),
+`auth.py` (scrypt passwords, API key hashes).
+Imports go one way: store -> accounts, conversations, metrics -> connection -> schema, and each
+of them -> report, auth, branches -> types. No MLX, no HTTP.
 """
 
 from radixchat.core.store.store import Store
