@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -301,9 +302,9 @@ def test_metrics_and_the_server_tab_show_the_disk_tier(tiny_model_dir, tmp_path)
         eng.stop()
     line = disk_line(disk)
     assert line.startswith("| Disk cache | ") and f"of {DISK / 2**30:,.1f} GiB" in line, line
-    assert f"{disk['loads']:,} hit" in line and f"{disk['writes']:,} write" in line and " ms each" in line, line
+    assert f"{disk.loads:,} hit" in line and f"{disk.writes:,} write" in line and " ms each" in line, line
     assert disk.loads > 0 and "dropped" not in line
-    assert "dropped" in disk_line({**disk, "dropped": 2}) and disk_line(None).startswith("| Disk cache | off")
+    assert "dropped" in disk_line(replace(disk, dropped=2)) and disk_line(None).startswith("| Disk cache | off")
     assert metric_value(text, "radixchat:prefix_cache_disk_bytes") > 0
     assert metric_value(text, "radixchat:prefix_cache_disk_writes_total") > 0
     assert metric_value(text, "radixchat:prefix_cache_disk_hits_total") > 0

@@ -160,6 +160,10 @@ class PrefixStore:
             return None
         return m
 
+    def reserve(self, nbytes: int) -> None:
+        """Count `nbytes` (the running batch's K/V) against the budget from the next insert on."""
+        self.tree.reserved = nbytes
+
     def release(self, m: Match | None) -> None:
         if m is not None and m.node is not None:
             self.tree.unlock(m.node)

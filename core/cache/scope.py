@@ -39,6 +39,10 @@ class CacheScope:
         tag = self._namespace(owner) << _TAG_SHIFT
         return list(tokens[:start]) + [t + tag for t in tokens[start:]]
 
+    def tag(self, owner: str | None) -> int:
+        """The bits `owner`'s own tokens carry in tree keys (0 when everything is shared)."""
+        return 0 if self.sharing == "all" else self._namespace(owner) << _TAG_SHIFT
+
     def min_match(self, shared_len: int) -> int:
         """Shortest match a request may use: all of the shared system message, or nothing."""
         return shared_len if self.sharing == "system" else 0

@@ -9,7 +9,7 @@ waits for rank 0's messages (core.engine.lockstep). Each applies, in rank 0's or
   generator, so the batch's rows and uids agree;
 - `finish`: a request that left the batch: its K/V cached as rank 0 cached it (counting the
   running batch as rank 0 counted it then), its lock released;
-- `fail`, `reserved`: a request dropped without caching; the bytes the tree keeps free;
+- `fail`, `reserve`: a request dropped without caching; the bytes the tree keeps free;
 
 then checks its tree's counters against rank 0's and, when told, steps. Within a step it
 caches finished prompts as rank 0 does (`Engine._on_prompt`, the same code at the same
@@ -26,8 +26,10 @@ import sys
 import time
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.engine import Engine, _Active
+from radixchat.core.engine.active import Active
+from radixchat.core.engine.engine import Engine
 from radixchat.core.engine.lockstep import counters, shape_digest
+from radixchat.core.engine.recorder import Admit, AdmitRow, Fail, Finish, Op, Reserve, from_wire
 from radixchat.core.engine.requests import Sampling
 
 log = logging.getLogger("radixchat.follower")
@@ -57,7 +59,7 @@ class Follower(Engine):
                 if msg.get("stop"):
                     return
                 for op in msg["ops"]:
-                    getattr(self, f"_op_{op[0]}")(*op[1:])
+                    self._apply(from_wire(op))
                 tree = self.prefix.tree if self.prefix is not None else None
                 mine = counters(tree, len(self._by_uid))
                 if mine != msg["state"]:
@@ -77,22 +79,34 @@ class Follower(Engine):
         finally:
             self._closed = True
 
-    def _op_admit(self, rows: list) -> None:
+    def _apply(self, op: Op) -> None:
+        match op:
+            case Admit(rows):
+                self._admit_as_rank0(rows)
+            case Finish(uid, live):
+                self._finish_as_rank0(uid, live)
+            case Fail(uid):
+                self._fail_as_rank0(uid)
+            case Reserve(nbytes):
+                if self.prefix is not None:
+                    self.prefix.reserve(nbytes)
+
+    def _admit_as_rank0(self, rows: list[AdmitRow]) -> None:
         news = []
-        for uid, prompt, shared_len, owner, boundaries, cached, max_tokens, ignore_eos in rows:
-            a = _Active(
-                _Quiet(f"rank0-{uid}"),
-                prompt,
-                Sampling(ignore_eos=ignore_eos),
-                max_tokens,
+        for row in rows:
+            a = Active(
+                _Quiet(f"rank0-{row.uid}"),
+                row.prompt,
+                Sampling(ignore_eos=row.ignore_eos),
+                row.max_tokens,
                 time.perf_counter(),
-                boundaries=boundaries,
-                shared_len=shared_len,
-                owner=owner,
+                boundaries=row.boundaries,
+                shared_len=row.shared_len,
+                owner=row.owner,
             )
             if self.prefix is not None:
                 a.key = self.scope.key(a.prompt, a.shared_len, a.owner)
-            news.append((uid, cached, a))
+            news.append((row.uid, row.cached, a))
         # samplers: None, so the library's argmax; the tokens fed back are rank 0's
         self._insert([a for _, _, a in news], [None] * len(news))
         for uid, cached, a in news:
@@ -101,7 +115,7 @@ class Follower(Engine):
             if a.uid != uid:
                 raise RuntimeError(f"the generator numbered a request {a.uid}, rank 0's {uid}")
 
-    def _op_finish(self, uid: int, live: int | None) -> None:
+    def _finish_as_rank0(self, uid: int, live: int | None) -> None:
         a = self._by_uid[uid]
         final = self._finals.pop(uid, None)
         if final is None:
@@ -110,16 +124,12 @@ class Follower(Engine):
             self._store(a, final[1], final[0], live=live)
         self._drop(a)
 
-    def _op_fail(self, uid: int) -> None:
+    def _fail_as_rank0(self, uid: int) -> None:
         if self._finals.pop(uid, None) is None:
             self._gen.remove([uid])
         self._drop(self._by_uid[uid])
 
-    def _op_reserved(self, value: int) -> None:
-        if self.prefix is not None:
-            self.prefix.tree.reserved = value
-
-    def _drop(self, a: _Active) -> None:
+    def _drop(self, a: Active) -> None:
         del self._by_uid[a.uid]
         if self.prefix is not None:
             self.prefix.release(a.match)

@@ -65,3 +65,19 @@ def make_request_sampler(s: Sampling, constraint=None):
         return mx.random.categorical(logprobs * inv_temp, key=keys[1])
 
     return sample
+
+
+def guarded(a, sampler):
+    """Wrap request `a`'s sampler so its failure ends that request (noted in `a.error`),
+    not the batch: the step goes on with the argmax for that row."""
+    if sampler is None:
+        return None
+
+    def guarded_sampler(logprobs):
+        try:
+            return sampler(logprobs)
+        except Exception as e:
+            a.error = e
+            return mx.argmax(logprobs, axis=-1)
+
+    return guarded_sampler

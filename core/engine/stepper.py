@@ -41,6 +41,7 @@ case the engine falls back to the library's own order. Runs in the engine thread
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable
 
@@ -274,3 +275,30 @@ class BudgetedBatchGenerator(BatchGenerator):
         kept = [r for r in responses if r.uid not in self._warming]
         self._warming.clear()
         return kept
+
+
+def make_generator(model, settings, stream, on_prompt, speculate: int):
+    """The engine's batch generator: this module's budgeted one (--step-tokens), or mlx-lm's
+    own where the installed BatchGenerator is not the one it reorders."""
+    from radixchat.core.engine.admission import over_cap
+
+    s = settings
+    kwargs = dict(
+        max_tokens=s.max_tokens,
+        completion_batch_size=over_cap(s.max_batch),
+        prefill_batch_size=s.max_prefill_batch,
+        prefill_step_size=s.prefill_step,
+        stream=stream,
+    )
+    if s.step_tokens:
+        gen = BudgetedBatchGenerator(
+            model, step_tokens=s.step_tokens, on_prompt=on_prompt, slots=s.kv_slots, speculate=speculate, **kwargs
+        )
+        if check_layout(gen):
+            return gen
+        gen.close()
+        logging.getLogger("radixchat.engine").warning(
+            "this mlx-lm's BatchGenerator is not the one --step-tokens reorders: "
+            "running with its own order (decode, then prefill)"
+        )
+    return BatchGenerator(model, **kwargs)

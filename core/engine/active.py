@@ -1,0 +1,90 @@
+"""One request inside the engine (`Active`), its prompt as templated, and the commands
+callers put on the engine thread's queue.
+
+An `Active` is made by the caller's side (core.engine.intake) and from then on read and
+written by the engine thread only. No MLX here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from radixchat.core.cache.radix import Match
+from radixchat.core.engine.handle import RequestHandle
+from radixchat.core.engine.requests import Sampling, Usage
+from radixchat.core.engine.textstream import TextStream
+
+
+@dataclass
+class Active:
+    """Engine-thread state of one request."""
+
+    handle: RequestHandle
+    prompt: list[int]
+    sampling: Sampling
+    max_tokens: int
+    t_submit: float
+    boundaries: list[int]  # message ends inside the prompt (hybrid models only)
+    shared_len: int = 0  # the system message's tokens: the part other users may share
+    owner: str | None = None  # whose namespace of the prefix cache holds the rest
+    key: list[int] | None = None  # the prompt as the prefix cache keys it (core.cache.scope)
+    uid: int | None = None
+    stream: TextStream | None = None
+    error: BaseException | None = None  # set by a guarded sampler
+    generated: int = 0
+    t_admitted: float | None = None
+    t_first: float | None = None
+    t_last: float | None = None
+    done: bool = False
+    prefilled: bool = False  # its prompt is through prefill (and in the prefix cache, if on)
+    match: Match | None = None  # the prefix-cache match this request holds a lock on
+    cached: int = 0  # prompt tokens restored from the prefix cache
+    constraint: object | None = None  # core.engine.constrain.Constraint: the grammar its reply follows
+    logprobs: list = field(default_factory=list)  # TokenLogprob of every generated token (with `logprobs`)
+    unsent: list = field(default_factory=list)  # those not yet attached to a delta
+
+    def usage(self) -> Usage:
+        now = time.perf_counter()
+        start = self.t_admitted or now
+        decode_s = (self.t_last - self.t_first) if self.t_first and self.t_last else 0.0
+        return Usage(
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.cached,
+            generated_tokens=self.generated,
+            queue_ms=(start - self.t_submit) * 1e3,
+            ttft_ms=(self.t_first - self.t_submit) * 1e3 if self.t_first else None,
+            total_ms=(now - self.t_submit) * 1e3,
+            decode_tps=(self.generated - 1) / decode_s if decode_s > 0 else 0.0,
+        )
+
+
+@dataclass
+class Templated:
+    """A chat request's prompt as tokens, with the positions the prefix cache cares about."""
+
+    tokens: list[int]
+    boundaries: list[int]  # message ends where snapshots are taken (hybrid models only)
+    shared_len: int  # where the system message ends (0 without one)
+
+
+@dataclass
+class Submit:
+    """Command: admit a validated, tokenized request."""
+
+    active: Active
+
+
+@dataclass
+class Cancel:
+    """Command: stop a request (queued or running) at the next step."""
+
+    rid: str
+
+
+@dataclass
+class Wake:
+    """Command: nothing; wakes the engine thread so it sees `_stopping`."""
+
+
+Command = Submit | Cancel | Wake

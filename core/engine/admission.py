@@ -1,0 +1,92 @@
+"""Admission: which waiting requests join the batch at this step, as a policy with no state.
+
+The engine thread calls `choose` once per turn with what it knows (the fair queue, the
+running requests, the K/V room, and two questions only the prefix cache can answer); it
+gets back the requests to admit, already taken from the fair queue. Nothing here reads or
+writes the engine, the generator or the cache, so the policy is tested on plain objects
+(tests/test_fairness.py) and can be read in one sitting. The fair queue's own order
+(least-served owner first, core.engine.fairness) decides whose turn it is; this module
+decides how many fit.
+
+The batch is sized by memory: K/V for a request's prompt and its whole reply
+(`need`) is set aside when it is admitted, within `BATCH_SHARE` of the K/V budget; nothing
+is preempted later, so the reservation is for the worst case.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from radixchat.core.engine.active import Active
+from radixchat.core.engine.fairness import FairQueue
+
+BATCH_SHARE = 0.75  # of the K/V budget, the most the running batch may set aside
+MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
+
+
+def over_cap(max_batch: int) -> int:
+    """The hard batch limit: `max_batch` plus room for users below their fair share."""
+    return max_batch + max(1, max_batch // 4)
+
+
+def batch_room(kv_budget: int) -> int:
+    """K/V bytes the running batch may hold: most of the budget; the prefix cache keeps
+    the rest at least (and evicts its unlocked entries to make room for the batch)."""
+    return int(kv_budget * BATCH_SHARE)
+
+
+def choose(
+    fair: FairQueue,
+    running: list[Active],
+    *,
+    max_batch: int,
+    max_prefill_batch: int,
+    room: int,
+    need: Callable[[Active], int],
+    blocked: Callable[[Active, list[Active]], bool],
+    prefer: Callable[[Active], int] | None = None,
+) -> list[Active]:
+    """Take from `fair` the requests to admit now (least-served owner first).
+
+    `room` is the K/V bytes the batch may hold, `need(a)` what `a` sets aside, `blocked(a,
+    picked)` whether `a` must wait (for a shared prefix being prefilled, or read back from
+    disk) beside the already `picked`, `prefer(a)` its rank among one owner's requests
+    (cache-aware: the longest cached prefix first).
+
+    Equal-length replies started together also end together: a user arriving while one
+    other user fills the batch would wait a whole reply for a slot. So an owner with fewer
+    running requests than a fair share of `max_batch` (split among the owners with work)
+    may join over the cap, up to `over_cap(max_batch)`; the cap then holds the others back
+    until the batch is under it again. Without preemption this is what keeps a newcomer's
+    first token within a step or two of an idle server's.
+    """
+    if not len(fair):
+        return []
+    # The generator prefills the prompts it holds first come first served: hand it only as
+    # many as it prefills at once, so the fair queue also orders prefill (a newcomer would
+    # otherwise queue inside the generator behind all of a flood's prompts).
+    prefill = max_prefill_batch - sum(not a.prefilled for a in running)
+    if prefill <= 0:
+        return []
+    room -= sum(need(a) for a in running)
+
+    def no_room(a: Active, picked: list[Active]) -> bool:
+        # one request alone always runs, however long
+        return need(a) + sum(need(p) for p in picked) > room and bool(running or picked)
+
+    admit = fair.pick(min(max_batch - len(running), prefill), lambda a, p: no_room(a, p) or blocked(a, p), prefer)
+    if not len(fair) or len(running) + len(admit) < max_batch or len(admit) >= prefill:
+        return admit
+    mine = Counter(a.owner for a in running)
+    mine.update(a.owner for a in admit)
+    share = max(1, max_batch // max(1, len(fair.load)))
+
+    def over_share(a: Active, picked: list[Active]) -> bool:
+        return (
+            mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share
+            or no_room(a, admit + picked)
+            or blocked(a, admit + picked)
+        )
+
+    return admit + fair.pick(min(over_cap(max_batch) - len(running), prefill) - len(admit), over_share, prefer)

@@ -1,0 +1,138 @@
+"""How the engine uses the prefix cache and its disk tier (core/cache): the glue, in one place.
+
+`PrefixUse` is a part of `Engine` (a mixin) that runs in the engine thread: it decides
+whether a request should wait for another that is prefilling the same long prefix
+(`_should_wait`), caches a request's tokens under its owner's scope (`_store`), gives the
+disk tier its share of each turn (`_disk_turn`: opened at the first, then a bounded amount
+of writing and reading back), holds a request's path while its prefix is read from disk
+(`_disk_wait`, `_unprefetch`), and starts the warm-up of system prompts. The tree, its K/V
+and the files are core.cache's; who may share what is core.cache.scope's.
+
+Uses of the engine's fields: `settings`, `loaded`, `prefix`, `scope`, `_active`,
+`_by_uid`, `_cmds`, `_disk_first`, `_prefetch`, `alive`, `submit`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from radixchat.core.cache.radix import common_prefix
+from radixchat.core.engine.active import Active, Wake
+from radixchat.core.engine.admission import MIN_SHARED_PREFIX
+from radixchat.core.engine.requests import ChatRequest, RequestError
+
+log = logging.getLogger("radixchat.engine")
+
+
+class PrefixUse:
+    def _should_wait(self, a: Active, admitting: list[Active]) -> bool:
+        """Should `a` wait for a request that is prefilling a long prefix `a` shares?
+
+        Computing a shared prefix (a system prompt several users send at once) once and
+        restoring it beats prefilling it side by side: on a compute-bound device the
+        batched prefill costs about the sum of its rows. The wait ends when that request's
+        prompt is in the cache (or it ends), at most one prefill later.
+        """
+        if self.prefix is None:
+            return False
+        head, least = a.key[:-1], self.scope.min_match(a.shared_len)
+        others = [b.key for b in admitting] + [
+            b.key for b in self._active.values() if b.uid is not None and not b.prefilled and not b.done
+        ]
+        shared = max((common_prefix(head, k) for k in others), default=0)
+        if shared < least:  # a part of someone else's system message: it would be a miss
+            return False
+        return shared - self.prefix.tree.peek(head, least) >= MIN_SHARED_PREFIX
+
+    def _store(self, a: Active, tokens: list[int], caches, live: int | None = None) -> int | None:
+        """Cache a request's tokens; returns the running batch's tokens it counted (which a
+        sharded rank 0 sends the others: they count theirs at another moment)."""
+        if self.prefix is None:
+            return None
+        # the running batch shares the budget with the tree; requests still waiting in the
+        # fair queue hold no K/V yet
+        if live is None:
+            live = sum(len(b.prompt) + b.generated for b in self._by_uid.values())
+        self.prefix.reserve(live * self.prefix.bytes_per_token)
+        if self.prefix.disk is not None:  # its files name the owner, not this process's number
+            self.prefix.disk.note_owner(self.scope.tag(a.owner), a.owner)
+        self.prefix.store(self.scope.key(list(tokens), a.shared_len, a.owner), caches)
+        return live
+
+    def _disk_turn(self) -> None:
+        """The disk tier's share of an engine turn (engine thread): open it at the first,
+        then write and read back a bounded amount (core.cache.disk.DiskTier.tick)."""
+        if self._disk_first:
+            self._disk_first = False
+            if self.settings.cache_disk_bytes > 0:
+                from radixchat.core.cache.disk import open_tier
+
+                cmds = self._cmds  # (the disk threads keep this queue, not the engine)
+                try:
+                    open_tier(self.settings, self.loaded, self.prefix, self.scope, wake=lambda: cmds.put(Wake()))
+                except Exception:
+                    log.exception("the prefix cache's disk tier did not open: memory tier only")
+            self._start_warm_up()
+        disk = self.prefix.disk
+        if disk is None:
+            return
+        if disk.tick():
+            self._cmds.put(Wake())
+        elif not self._by_uid and disk.loading:
+            disk.wait_io(0.02)  # nothing decodes: wait for the reader rather than spin
+
+    def _disk_wait(self, a: Active) -> bool:
+        """Must `a` wait while part of its cached prefix is read back from disk? Its path
+        stays locked meanwhile, so neither tier evicts what it waits for."""
+        disk = self.prefix.disk if self.prefix is not None else None
+        if disk is None:
+            return False
+        m = self.prefix.to_read(a.key, self.scope.min_match(a.shared_len))
+        if m is None:
+            return False
+        held = self._prefetch.get(a.handle.id)
+        if held is not m.node:
+            self.prefix.tree.lock(m.node)
+            if held is not None:
+                self.prefix.tree.unlock(held)
+            self._prefetch[a.handle.id] = m.node
+        disk.want(m.path)
+        return True
+
+    def _unprefetch(self, a: Active) -> None:
+        held = self._prefetch.pop(a.handle.id, None)
+        if held is not None:
+            self.prefix.tree.unlock(held)
+
+    def _start_warm_up(self) -> None:
+        """Prefill the system-prompt presets and --warm-prompts in the background, one at a
+        time, as requests of an owner no user can be (not stored, not users' metrics)."""
+        from radixchat.core.cache.warm import WARM_OWNER, warm_prompts
+
+        s = self.settings
+        if s.cache_sharing == "user":  # nothing is shared: a warm prompt would help nobody
+            return
+        try:
+            prompts = warm_prompts(s.warm_prompts, presets=s.warm_presets and s.cache_disk_bytes > 0)
+        except (OSError, ValueError) as e:
+            log.warning("warm prompts not read: %s", e)
+            return
+
+        def run() -> None:
+            for text in prompts:
+                try:
+                    req = ChatRequest(
+                        messages=[{"role": "system", "content": text}, {"role": "user", "content": "Hello"}],
+                        sampling={"max_tokens": 1, "temperature": 0.0},
+                        owner=WARM_OWNER,
+                    )
+                    self.submit(req).result()
+                except RequestError as e:
+                    log.info("warm prompt skipped: %s", e)
+                    if not self.alive:
+                        return
+                except Exception:
+                    log.exception("warm prompt failed")
+
+        threading.Thread(target=run, name="radixchat-warm-up", daemon=True).start()

@@ -1,0 +1,129 @@
+"""Rank 0's side of serving sharded over an mlx.launch group: what it tells the other ranks.
+
+Every change rank 0's engine makes to its batch or its prefix cache is recorded as a typed
+message (`Admit`, `Finish`, `Fail`, `Reserve`) and sent, before the next step, with the
+step's flag and rank 0's counters (core.engine.lockstep carries them as JSON); a follower
+(core.engine.follower) applies them in the same order. `Recorder` is a part of `Engine`
+(a mixin) and runs in the engine thread, except `_fatal`, which the watchdog thread may
+call too. With no group (`self._ops is None`) recording costs nothing.
+
+Uses of the engine's fields: `link`, `prefix`, `_by_uid`, `_ops`, `_busy_since`,
+`_digested`, `in_step`, `fatal`, `on_fatal`, `_stopping`, `_outbox`, `_fail_all`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+from radixchat.core.engine.lockstep import IDLE_TICK_S, counters, shape_digest
+
+log = logging.getLogger("radixchat.engine")
+
+
+@dataclass(frozen=True)
+class AdmitRow:
+    """One request rank 0 admitted: what a follower needs to insert the same row."""
+
+    uid: int
+    prompt: list[int]
+    shared_len: int
+    owner: str | None
+    boundaries: list[int]
+    cached: int  # prompt tokens rank 0 restored from its prefix cache (a follower checks its own)
+    max_tokens: int
+    ignore_eos: bool
+
+
+@dataclass(frozen=True)
+class Admit:
+    rows: list[AdmitRow]
+
+
+@dataclass(frozen=True)
+class Finish:
+    """A request left the batch; `live` is the running batch's tokens rank 0 counted as it
+    cached the request (None: nothing cached)."""
+
+    uid: int
+    live: int | None
+
+
+@dataclass(frozen=True)
+class Fail:
+    """A request left the batch without caching anything."""
+
+    uid: int
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """The bytes the prefix cache keeps free for the running batch."""
+
+    nbytes: int
+
+
+Op = Admit | Finish | Fail | Reserve
+_KINDS = {cls.__name__.lower(): cls for cls in (Admit, Finish, Fail, Reserve)}
+
+
+def to_wire(op: Op) -> dict:
+    return {"kind": type(op).__name__.lower(), **asdict(op)}
+
+
+def from_wire(d: dict) -> Op:
+    fields = {k: v for k, v in d.items() if k != "kind"}
+    cls = _KINDS[d["kind"]]
+    if cls is Admit:
+        return Admit([AdmitRow(**row) for row in fields["rows"]])
+    return cls(**fields)
+
+
+def lost(e: BaseException) -> bool:
+    """Did a sharded step fail because a rank is gone (rather than inside this process)?"""
+    return any(w in str(e).lower() for w in ("peer", "[ring]", "jaccl", "mpi", "socket"))
+
+
+class Recorder:
+    def _record(self, op: Op) -> None:
+        """Note a change the other ranks must make before the next step (rank 0)."""
+        if self._ops is not None:
+            self._ops.append(op)
+
+    def _sync(self, step: bool) -> None:
+        """Send the other ranks what changed and whether a step follows; when the engine is
+        idle and the tree changed since the last check, compare its shape across ranks."""
+        self._busy_since = time.monotonic()
+        tree = self.prefix.tree if self.prefix is not None else None
+        now = counters(tree, len(self._by_uid))
+        digest = not step and now != self._digested
+        ops, self._ops = self._ops, []
+        self.link.send(
+            {
+                "ops": [to_wire(op) for op in ops],
+                "step": step,
+                "state": now,
+                "digest": digest,
+                "nap": 0 if step else IDLE_TICK_S,
+            }
+        )
+        if digest:
+            digests = self.link.digests(shape_digest(tree, len(self._by_uid)))
+            self._digested = now
+            self.in_step = len(set(digests)) == 1
+            if not self.in_step:
+                raise RuntimeError(f"the ranks' prefix caches differ in shape: {digests}")
+
+    def _fatal(self, reason: str) -> None:
+        """A sharded server cannot go on (a rank lost or out of step): fail every request
+        with `reason`, stop, and let the server exit (any thread: the watchdog's too)."""
+        if self.fatal is not None:
+            return
+        self.fatal = reason
+        log.error("radixchat: %s", reason)
+        self._stopping = True
+        self._fail_all(reason)
+        self._outbox.flush()
+        if self.on_fatal is not None:
+            self.on_fatal(reason)

@@ -1,0 +1,73 @@
+"""core.engine.admission.choose on plain objects: no model, no engine, no MLX."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixchat.core.engine.admission import choose, over_cap
+from radixchat.core.engine.fairness import FairQueue
+
+
+@dataclass
+class Req:
+    owner: str
+    size: int = 10  # K/V bytes it sets aside
+    prefilled: bool = True
+    done: bool = False
+    tag: str = field(default="")
+
+
+def run(waiting, running=(), *, max_batch=4, max_prefill=8, room=1000, blocked=lambda a, p: False):
+    fair = FairQueue()
+    for r in running:
+        fair.push(r)
+        fair.pick(1, lambda a, p, r=r: a is not r)  # counted as running, as the engine does
+    for a in waiting:
+        fair.push(a)
+    return choose(
+        fair,
+        list(running),
+        max_batch=max_batch,
+        max_prefill_batch=max_prefill,
+        room=room,
+        need=lambda a: a.size,
+        blocked=blocked,
+    ), fair
+
+
+def test_free_slots_fill_least_served_owner_first():
+    alice = [Req("alice", tag=f"a{i}") for i in range(4)]
+    bob = Req("bob", tag="b")
+    picked, fair = run([*alice, bob], max_batch=2)
+    assert [p.tag for p in picked] == ["a0", "b"]  # one each, not alice's two
+    assert len(fair) == 3
+
+
+def test_a_newcomer_joins_over_the_cap_up_to_its_fair_share():
+    running = [Req("alice") for _ in range(4)]
+    picked, _ = run([Req("alice"), Req("bob", tag="b")], running, max_batch=4)
+    assert [p.tag for p in picked] == ["b"]  # alice is over her share; bob joins over the cap
+    assert len(running) + len(picked) <= over_cap(4)
+
+
+def test_kv_room_is_set_aside_for_whole_replies_but_one_request_alone_always_runs():
+    picked, _ = run([Req("alice", size=600), Req("bob", size=600)], room=1000)
+    assert len(picked) == 1
+    picked, _ = run([Req("alice", size=5000)], room=1000)
+    assert len(picked) == 1  # too big for the budget, but alone: it runs
+    picked, _ = run([Req("bob", size=5000)], [Req("alice", size=10)], room=1000)
+    assert picked == []  # beside a running one it waits
+
+
+def test_prefill_is_handed_over_only_as_fast_as_it_runs():
+    running = [Req("alice", prefilled=False) for _ in range(2)]
+    picked, _ = run([Req("bob"), Req("carol")], running, max_batch=8, max_prefill=2)
+    assert picked == []  # the generator still prefills two: none more yet
+    picked, _ = run([Req("bob"), Req("carol")], running[:1], max_batch=8, max_prefill=2)
+    assert len(picked) == 1
+
+
+def test_blocked_requests_stay_queued():
+    a, b = Req("alice", tag="a"), Req("bob", tag="b")
+    picked, fair = run([a, b], blocked=lambda r, p: r.tag == "a")
+    assert picked == [b] and len(fair) == 1
