@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import asdict
 
-from fastapi import FastAPI, HTTPException
+from fastapi import APIRouter, FastAPI, HTTPException
 from fastapi.responses import JSONResponse, Response
 from starlette.routing import Mount
 
@@ -27,23 +28,27 @@ from radixchat.core.engine.seam import EngineClient
 from radixchat.core.store import Store
 from radixchat.webui.api.errors import BodyLimit, install_error_handlers
 from radixchat.webui.api.metrics import Metrics
-from radixchat.webui.api.routes import openai_router
+from radixchat.webui.api.routes import include_api
 from radixchat.webui.gate import GradioSide, PageGate
 from radixchat.webui.page.csp import ContentPolicy
 from radixchat.webui.signin import ClientAddress, SignInGuard, TooManyFailures
 
 
-def build_app(engine: EngineClient, settings: Settings, store: Store | None = None) -> FastAPI:
+def build_app(
+    engine: EngineClient, settings: Settings, store: Store | None = None, routers: Iterable[APIRouter] = ()
+) -> FastAPI:
+    """The app; `routers` are more API routers, included after the OpenAI ones and before
+    the 404 of unknown /v1 paths."""
     app = FastAPI(title="radixchat", docs_url=None, redoc_url=None)
     metrics = Metrics(engine)
-    app.state.engine, app.state.store, app.state.metrics = engine, store, metrics
+    # what the API routes' dependencies read (webui/api/deps.py)
+    app.state.engine, app.state.settings, app.state.store, app.state.metrics = engine, settings, store, metrics
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     # the page's sign-in guard; the address middleware (outside the routes) answers an
     # address in a lockout itself and tells the guard who is signing in
     app.state.signin = SignInGuard(store.authenticate) if store is not None else None
     app.add_middleware(ClientAddress, guard=app.state.signin)
-    app.include_router(openai_router(engine, settings, store, metrics))
 
     @app.get("/health")
     def health():
@@ -65,6 +70,7 @@ def build_app(engine: EngineClient, settings: Settings, store: Store | None = No
     def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    include_api(app, routers)  # after every other route: its last one answers unknown /v1 paths
     if store is not None:
         mount_page(app, engine, settings, store, metrics)
     app.add_middleware(ContentPolicy)  # outermost: every response, refusals included

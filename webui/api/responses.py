@@ -7,130 +7,117 @@ system message of this turn), streaming (the event sequence the SDK reads:
 response.created ... output_text.delta ... response.completed), `max_output_tokens`,
 `temperature`, `top_p`, `text.format` (json_object / json_schema through the same
 constrained decoding as chat), and `previous_response_id`. Everything else that would
-change the reply (tools, reasoning, images) is refused with a 400 that names it.
+change the reply (tools, reasoning, images) is refused with a 400 that names it. The
+request and reply shapes are webui/api/responses_shapes.py's; submitting, waiting and
+streaming are webui/api/generation.py's, as for chat.
 
 With `store` (the default) and a signed-in key, each response is two messages of a
 conversation of that user (the input, then the reply), so the page shows it too, and its
 id names that conversation and message: `resp_<conversation>_<message>`. A previous id
 continues its conversation; another user's id, or one that does not exist, is "not
 found", the same answer. Continuing from an earlier response than the last starts a new
-conversation with the history up to it (the old one is left as it was). With --no-auth
-there is no user to keep them under: `previous_response_id` is refused.
-Runs on the server's event loop; the store is called in worker threads.
+conversation with the history up to it (the old one is left as it was). `GET` reads a kept
+response back from the branch of its conversation in view: its text, as "completed" (the
+usage and the previous id are not kept: null). With --no-auth there is no user to keep
+them under: `previous_response_id` is refused and `GET` finds nothing.
+Routes run on the server's event loop; the store is called in worker threads.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import re
 import time
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
+from radixchat.core.engine.requests import ChatRequest, Sampling, owner_of
 from radixchat.core.store import Store
-from radixchat.core.store.types import StoreError, User
+from radixchat.core.store.types import Message, StoreError, User
+from radixchat.webui.api import generation
+from radixchat.webui.api.deps import EngineDep, MetricsDep, StoreDep, UserDep, check_model
 from radixchat.webui.api.errors import ApiError
-from radixchat.webui.api.schema import check_fields, new_id, with_defaults
+from radixchat.webui.api.generation import CLIENT_GONE, Ledger
+from radixchat.webui.api.replies import new_id
+from radixchat.webui.api.responses_shapes import ResponseEvents, ResponsesRequest, response_object
 
-# what each field does here (the one rule of webui/api/schema.py)
-FIELDS = {
-    "model": "used",
-    "input": "used",
-    "instructions": "used",
-    "stream": "used",
-    "previous_response_id": "used",
-    "max_output_tokens": "used",
-    "temperature": "used",
-    "top_p": "used",
-    "store": "used",
-    "text": "used",
-    "seed": "used",
-    "user": "ignored",
-    "metadata": "ignored",
-    "service_tier": "ignored",
-    "truncation": "ignored",
-    "parallel_tool_calls": "ignored",
-    "safety_identifier": "ignored",
-    "prompt_cache_key": "ignored",
-    "tools": "refused",
-    "tool_choice": "refused",
-    "reasoning": "refused",
-    "include": "refused",
-    "background": "refused",
-    "conversation": "refused",
-    "prompt": "refused",
-    "top_logprobs": "refused",
-    "max_tool_calls": "refused",
-    "stream_options": "ignored",
-}
-ID = re.compile(r"^resp_(\d+)_(\d+)$")
+router = APIRouter(prefix="/v1", tags=["responses"])
+
+# at most 18 digits: a conversation or message id SQLite can hold (a longer one is unknown)
+ID = re.compile(r"^resp_(\d{1,18})_(\d{1,18})$")
+ONLY_KEPT = "responses are only kept with store for signed-in users"
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    input: str | list[dict] = Field(min_length=1)
-    instructions: str | None = None
-    stream: bool = False
-    previous_response_id: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
-    store: bool = True
-    text: dict | None = None
+@router.post("/responses")
+async def create_response(
+    request: Request, body: ResponsesRequest, user: UserDep, engine: EngineDep, store: StoreDep, metrics: MetricsDep
+):
+    check_model(engine, body.model)
+    turn = _turn(body)
+    keep = body.store and store is not None and user is not None
+    conv, history = None, []
+    if body.previous_response_id:
+        if user is None or store is None:
+            raise ApiError(
+                400,
+                "previous_response_id: responses are kept per signed-in user, and with --no-auth there is none",
+                param="previous_response_id",
+            )
+        conv, history = await asyncio.to_thread(continue_from, store, user, body.previous_response_id)
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    fields = body.sampling(engine.info.sampling_defaults)
+    model = engine.info.model_id
+    handle = await generation.submit(
+        Ledger(metrics, store, model, user),
+        lambda: engine.asubmit(
+            ChatRequest(messages=system + history + turn, sampling=Sampling(**fields), owner=owner_of(user and user.id))
+        ),
+    )
+    rid, previous = new_id("resp"), body.previous_response_id
+    if keep:
+        try:
+            conv, msg = await asyncio.to_thread(start_turn, store, user, conv, turn)
+        except StoreError as e:
+            handle.cancel()
+            raise ApiError(400, f"input: {e}") from None
+        rid = f"resp_{conv}_{msg}"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _fields(cls, data):
-        return check_fields(data, FIELDS, "Responses")
+    async def keep_reply(text: str) -> None:
+        if keep:
+            await asyncio.to_thread(store.append_message, user, conv, "assistant", text)
 
-    def sampling(self, defaults: dict | None) -> dict:
-        """The engine's sampling fields; `defaults` fill what the request left out."""
-        return {
-            **with_defaults(self.temperature, self.top_p, defaults),
-            "max_tokens": self.max_output_tokens,
-            "seed": self.seed,
-            "json_schema": self.schema(),
-        }
+    if body.stream:
+        return generation.stream([handle], ResponseEvents(rid, model, previous, keep_reply))
+    (final,), gone = await generation.wait_for_ends(request, [handle])
+    await keep_reply(final.text)  # kept even when the client left: the page shows it
+    if gone:
+        return Response(status_code=CLIENT_GONE)
+    status = "completed" if final.finish_reason != "cancelled" else "incomplete"
+    return JSONResponse(
+        response_object(rid, model, final.text, status, final.usage, previous, new_id("msg"), time.time())
+    )
 
-    def messages(self) -> list[dict]:
-        """This turn's input as chat messages."""
-        if isinstance(self.input, str):
-            return [{"role": "user", "content": self.input}]
-        out = []
-        for item in self.input:
-            if item.get("type", "message") != "message" or item.get("role") not in (
-                "user",
-                "assistant",
-                "system",
-                "developer",
-            ):
-                raise ValueError("input: only messages (user, assistant, system, developer) are supported")
-            content = item.get("content")
-            if isinstance(content, list):
-                parts = []
-                for p in content:
-                    if p.get("type") not in ("input_text", "output_text", "text"):
-                        raise ValueError(f"input: this model takes text only (got a {p.get('type')} part)")
-                    parts.append(p.get("text", ""))
-                content = "".join(parts)
-            if not isinstance(content, str):
-                raise ValueError("input: a message's content is text or a list of text parts")
-            role = "system" if item["role"] == "developer" else item["role"]
-            out.append({"role": role, "content": content})
-        return out
 
-    def schema(self) -> dict | None:
-        fmt = (self.text or {}).get("format") or {"type": "text"}
-        kind = fmt.get("type")
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            return {"type": "object"}
-        if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
-            return fmt["schema"]
-        raise ValueError("text.format: text, json_object or json_schema (with its schema)")
+@router.get("/responses/{response_id}")
+async def get_response(response_id: str, user: UserDep, engine: EngineDep, store: StoreDep):
+    if user is None or store is None:
+        raise ApiError(
+            404, f"response {response_id!r} not found: {ONLY_KEPT}, and with --no-auth there is none", code="not_found"
+        )
+    return JSONResponse(await asyncio.to_thread(kept_response, store, user, response_id, engine.info.model_id))
+
+
+def _turn(body: ResponsesRequest) -> list[dict]:
+    """This turn's input as chat messages; a bad input or format is this route's 400."""
+    try:
+        turn = body.messages()
+        body.schema()
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    if not turn or turn[-1]["role"] != "user":
+        raise ApiError(400, "input: the last message must come from the user", param="input")
+    return turn
 
 
 def parse_id(response_id: str) -> tuple[int, int] | None:
@@ -138,10 +125,9 @@ def parse_id(response_id: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def continue_from(store: Store, user: User, response_id: str) -> tuple[int, list[dict]]:
-    """(the conversation to go on in, its messages up to and with that response's reply);
-    store thread. Another user's id and an unknown one get the same 404."""
-    gone = ApiError(404, f"response {response_id!r} not found", code="not_found", param="previous_response_id")
+def _find(store: Store, user: User, response_id: str, gone: ApiError) -> tuple[int, list[Message], int]:
+    """(conversation, its branch in view, the index of the user message the id names), or
+    `gone`: another user's id and an unknown one get the same answer. Store thread."""
     ids = parse_id(response_id)
     if ids is None:
         raise gone
@@ -153,13 +139,40 @@ def continue_from(store: Store, user: User, response_id: str) -> tuple[int, list
     at = next((i for i, m in enumerate(history) if m.id == msg and m.role == "user"), None)
     if at is None:
         raise gone
-    end = at + 1 + (at + 1 < len(history) and history[at + 1].role == "assistant")
+    return conv, history, at
+
+
+def _reply_after(history: list[Message], at: int) -> Message | None:
+    after = history[at + 1] if at + 1 < len(history) else None
+    return after if after is not None and after.role == "assistant" else None
+
+
+def continue_from(store: Store, user: User, response_id: str) -> tuple[int, list[dict]]:
+    """(the conversation to go on in, its messages up to and with that response's reply);
+    store thread. Another user's id and an unknown one get the same 404."""
+    gone = ApiError(404, f"response {response_id!r} not found", code="not_found", param="previous_response_id")
+    conv, history, at = _find(store, user, response_id, gone)
+    end = at + 1 + (_reply_after(history, at) is not None)
     kept = [{"role": m.role, "content": m.content} for m in history[:end]]
     if end < len(history):  # it went on after that response: branch, leaving it as it was
         conv = store.create_conversation(user, store.get_conversation(user, conv).title).id
         for m in kept:
             store.append_message(user, conv, m["role"], m["content"])
     return conv, kept
+
+
+def kept_response(store: Store, user: User, response_id: str, model: str) -> dict:
+    """The Response object of a kept response, read back from the store; store thread.
+    A turn with no reply kept (its stream was cut off, or it is still running) is
+    "incomplete", with no output."""
+    gone = ApiError(404, f"response {response_id!r} not found; {ONLY_KEPT}", code="not_found")
+    _, history, at = _find(store, user, response_id, gone)
+    reply = _reply_after(history, at)
+    asked = history[at]
+    if reply is None:
+        body = response_object(response_id, model, "", "incomplete", None, None, new_id("msg"), asked.created)
+        return {**body, "output": []}
+    return response_object(response_id, model, reply.content, "completed", None, None, f"msg_{reply.id}", asked.created)
 
 
 def start_turn(store: Store, user: User, conv: int | None, turn: list[dict]) -> tuple[int, int]:
@@ -173,97 +186,3 @@ def start_turn(store: Store, user: User, conv: int | None, turn: list[dict]) -> 
         if m["role"] in ("user", "assistant"):
             last = store.append_message(user, conv, m["role"], m["content"])
     return conv, last.id
-
-
-def response_object(
-    rid: str, model: str, text: str, status: str, usage, previous: str | None, msg_id: str, created: float
-) -> dict:
-    out = [] if status == "in_progress" else [message_item(msg_id, text, "completed")]
-    body = {
-        "id": rid,
-        "object": "response",
-        "created_at": int(created),
-        "status": status,
-        "model": model,
-        "output": out,
-        "previous_response_id": previous,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": None,
-        "metadata": {},
-        "parallel_tool_calls": False,
-        "tool_choice": "none",
-        "tools": [],
-        "temperature": None,
-        "top_p": None,
-        "text": {"format": {"type": "text"}},
-        "usage": None,
-    }
-    if usage is not None:
-        body["usage"] = {
-            "input_tokens": usage.prompt_tokens,
-            "output_tokens": usage.generated_tokens,
-            "total_tokens": usage.prompt_tokens + usage.generated_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        }
-    return body
-
-
-def message_item(msg_id: str, text: str, status: str) -> dict:
-    return {
-        "type": "message",
-        "id": msg_id,
-        "status": status,
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-    }
-
-
-class Events:
-    """The streamed events of one response, numbered as the SDK expects."""
-
-    def __init__(self, rid: str, model: str, previous: str | None):
-        self.rid, self.model, self.previous = rid, model, previous
-        self.msg = new_id("msg")
-        self.created = time.time()
-        self.n = 0
-
-    def _event(self, kind: str, **fields) -> str:
-        self.n += 1
-        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': self.n - 1, **fields})}\n\n"
-
-    def start(self):
-        resp = response_object(self.rid, self.model, "", "in_progress", None, self.previous, self.msg, self.created)
-        yield self._event("response.created", response=resp)
-        yield self._event("response.in_progress", response=resp)
-        yield self._event("response.output_item.added", output_index=0, item=message_item(self.msg, "", "in_progress"))
-        yield self._event(
-            "response.content_part.added",
-            item_id=self.msg,
-            output_index=0,
-            content_index=0,
-            part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-        )
-
-    def delta(self, text: str) -> str:
-        return self._event(
-            "response.output_text.delta", item_id=self.msg, output_index=0, content_index=0, delta=text, logprobs=[]
-        )
-
-    def end(self, rid: str, text: str, usage):
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        yield self._event(
-            "response.output_text.done", item_id=self.msg, output_index=0, content_index=0, text=text, logprobs=[]
-        )
-        yield self._event("response.content_part.done", item_id=self.msg, output_index=0, content_index=0, part=part)
-        yield self._event("response.output_item.done", output_index=0, item=message_item(self.msg, text, "completed"))
-        yield self._event(
-            "response.completed",
-            response=response_object(rid, self.model, text, "completed", usage, self.previous, self.msg, self.created),
-        )
-
-    def failed(self, message: str) -> str:
-        resp = response_object(self.rid, self.model, "", "failed", None, self.previous, self.msg, self.created)
-        resp["error"] = {"code": "server_error", "message": message}
-        return self._event("response.failed", response=resp)

@@ -1,116 +1,22 @@
-"""Request and response bodies of the OpenAI-compatible API, as pydantic models.
+"""Request bodies of the chat completions and completions APIs, as pydantic models.
 
-They follow OpenAI's schema, with one rule for every field a request may carry
-(`FIELDS`, the README's parameter table): a field this server implements is used; an
-informational one (it cannot change the reply: `user`, `metadata`, `store`...) is accepted
-and ignored; one it does not implement is refused with a 400 naming it unless it holds its
-"off" value (`logprobs: false`, `response_format: {"type": "text"}`, null), which is what
-clients send when they mean nothing by it; a field OpenAI's API does not have is refused.
-Image, audio and file parts are refused: the model takes text only. Turning the bodies into
-engine requests is webui/api/routes.py's job.
+They follow OpenAI's schema; which fields each API takes, and what each does here, is
+webui/api/fields.py's table, checked on the raw body before a model reads it. Image, audio
+and file parts are refused: the model takes text only. The reply bodies are
+webui/api/replies.py; turning a request into engine requests is webui/api/chat.py's job.
+Validation runs on the server's event loop (FastAPI reads the body there); no MLX.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from radixchat.webui.api.fields import FIELDS, check_fields, with_defaults
+
 MAX_CHOICES = 16  # n: each choice is a request in the engine, counted against the user's limit
-
-
-def _off(name: str, value) -> bool:
-    """Does this value of a refused field ask for nothing (what clients send by default)?"""
-    if name == "best_of":
-        return value in (None, 1)
-    return value in (None, False, 0, "", [], {}, "none", "auto") or value == {"type": "text"} or value == ["text"]
-
-
-# Both APIs: what each field a request may carry does here. "used": implemented; "ignored":
-# informational, accepted; "refused": not implemented, a 400 unless off (_off).
-COMMON = {
-    "model": "used",
-    "max_tokens": "used",
-    "temperature": "used",
-    "top_p": "used",
-    "stop": "used",
-    "stream": "used",
-    "stream_options": "used",
-    "seed": "used",
-    "n": "used",
-    "presence_penalty": "used",
-    "frequency_penalty": "used",
-    "top_k": "used",
-    "ignore_eos": "used",
-    "user": "ignored",
-    "logit_bias": "used",
-    "logprobs": "used",
-}
-FIELDS = {
-    "chat": {
-        **COMMON,
-        "messages": "used",
-        "max_completion_tokens": "used",
-        "metadata": "ignored",
-        "store": "ignored",
-        "service_tier": "ignored",
-        "safety_identifier": "ignored",
-        "prompt_cache_key": "ignored",
-        "parallel_tool_calls": "ignored",
-        "top_logprobs": "used",
-        "response_format": "used",
-        "tools": "used",
-        "tool_choice": "used",
-        "functions": "refused",
-        "function_call": "refused",
-        "audio": "refused",
-        "modalities": "refused",
-        "prediction": "refused",
-        "reasoning_effort": "refused",
-        "verbosity": "refused",
-        "web_search_options": "refused",
-    },
-    "completions": {**COMMON, "prompt": "used", "echo": "used", "best_of": "refused", "suffix": "refused"},
-}
-NOT_YET = {
-    "response_format": "structured output",
-    "tools": "tool calling",
-    "tool_choice": "tool calling",
-    "functions": "function calling",
-    "function_call": "function calling",
-    "audio": "audio output",
-    "modalities": "audio output",
-}
-
-
-def check_fields(data, table: dict[str, str], api: str):
-    """The one rule of the module docstring, on the raw body (before pydantic reads it):
-    `table` says what each field of `api` (its name, for the message) does here."""
-    if not isinstance(data, dict):
-        return data
-    for name, value in data.items():
-        use = table.get(name)
-        if use is None:
-            raise ValueError(
-                f"{name}: unknown field (this server takes the fields of OpenAI's {api} API it lists in its README)"
-            )
-        if use == "refused" and not _off(name, value):
-            what = NOT_YET.get(name, name)
-            raise ValueError(f"{name}: {what} is not supported by this server")
-    return {k: v for k, v in data.items() if table[k] == "used"}
-
-
-def with_defaults(temperature: float | None, top_p: float | None, defaults: dict | None) -> dict:
-    """The request's temperature and top_p; what it left out from `defaults` (the model card's
-    recommendation), else OpenAI's 1.0."""
-    defaults = defaults or {}
-    return {
-        "temperature": temperature if temperature is not None else defaults.get("temperature", 1.0),
-        "top_p": top_p if top_p is not None else defaults.get("top_p", 1.0),
-    }
 
 
 class TextPart(BaseModel):
@@ -227,6 +133,8 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     seed: int | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
+    # refused unless 0 (no penalties in the engine's sampler); read here so that a value
+    # out of OpenAI's range gets the same 400 as in OpenAI's API
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
@@ -387,159 +295,3 @@ class CompletionRequest(_Sampling):
         if not v:
             raise ValueError("prompt must not be empty")
         return v
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-def usage_of(u) -> Usage:
-    return Usage(
-        prompt_tokens=u.prompt_tokens,
-        completion_tokens=u.generated_tokens,
-        total_tokens=u.prompt_tokens + u.generated_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens),
-    )
-
-
-def usage_of_choices(usages) -> Usage:
-    """One request's usage over its n choices: the prompt counts once, the completions add up,
-    and cached_tokens are the prompt tokens the request did not compute (a prompt computed
-    once for n choices reports what one choice would)."""
-    if len(usages) == 1:
-        return usage_of(usages[0])
-    prompt = usages[0].prompt_tokens
-    computed = sum(u.prompt_tokens - u.cached_tokens for u in usages)
-    completion = sum(u.generated_tokens for u in usages)
-    return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=max(0, prompt - computed)),
-    )
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-class ChoiceMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[dict] | None = None
-
-
-def _token(text: str, logprob: float) -> dict:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-
-def chat_logprobs(entries) -> dict | None:
-    """OpenAI's chat `logprobs` object for these TokenLogprobs (None: not asked for)."""
-    if entries is None:
-        return None
-    return {
-        "content": [
-            {**_token(e.token, e.logprob), "top_logprobs": [_token(t, lp) for t, lp in e.top]} for e in entries
-        ],
-        "refusal": None,
-    }
-
-
-def completion_logprobs(entries, offset: int = 0) -> dict | None:
-    """The legacy completions `logprobs` object; `offset`: characters of text before these."""
-    if entries is None:
-        return None
-    offsets = []
-    for e in entries:
-        offsets.append(offset)
-        offset += len(e.token)
-    return {
-        "tokens": [e.token for e in entries],
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [dict(e.top) for e in entries],
-        "text_offset": offsets,
-    }
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: ChoiceMessage
-    finish_reason: str | None
-    logprobs: dict | None = None
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class Delta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[dict] | None = None
-
-
-class ChunkChoice(BaseModel):
-    index: int = 0
-    delta: Delta
-    finish_reason: str | None = None
-    logprobs: dict | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = None
-
-
-class TextChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: str | None
-    logprobs: dict | None = None
-
-
-class Completion(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[TextChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "radixchat"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody

@@ -1,0 +1,83 @@
+"""FastAPI dependencies of the API routes: the app's shared state and the current user.
+
+The engine, settings, store and metrics are the app's (`request.app.state`, set once by
+webui/server.py's build_app), so the routers are plain module-level APIRouters that any app
+holding that state can include. The current user comes from the request's API key
+(`Authorization: Bearer KEY`, or `x-api-key: KEY`); with --no-auth there is none (None).
+A route takes what it needs by annotation (`engine: EngineDep`, `user: UserDep`); FastAPI
+solves each once per request. The state getters are coroutines so that they run on the
+event loop (a sync dependency costs a worker-thread hop); `current_user` is sync because
+checking a key reads SQLite, so FastAPI runs it in a worker thread. No MLX here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+# imported for real, not under TYPE_CHECKING: FastAPI reads the annotations at start-up
+from radixchat.core.config import Settings
+from radixchat.core.engine.seam import EngineClient
+from radixchat.core.store import Store
+from radixchat.core.store.types import AuthFailed, User
+from radixchat.webui.api.errors import ApiError
+from radixchat.webui.api.metrics import Metrics
+
+ALIASES = {"default", "default_model"}  # model names that mean the served model
+
+
+async def get_engine(request: Request) -> EngineClient:
+    return request.app.state.engine
+
+
+async def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+async def get_store(request: Request) -> Store | None:
+    return request.app.state.store
+
+
+async def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+EngineDep = Annotated[EngineClient, Depends(get_engine)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[Store | None, Depends(get_store)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+
+
+def current_user(request: Request, settings: SettingsDep, store: StoreDep) -> User | None:
+    """The key's user (None with --no-auth)."""
+    if settings.no_auth:
+        return None
+    scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+    key = bearer.strip() if scheme.lower() == "bearer" else ""
+    key = key or request.headers.get("x-api-key", "").strip()
+    if not key:
+        raise ApiError(
+            401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error", "missing_api_key"
+        )
+    try:
+        return store.verify_api_key(key)
+    except AuthFailed:
+        # the type is what clients map: litellm reads invalid_request_error as a bad request
+        raise ApiError(401, "invalid or revoked API key", "authentication_error", "invalid_api_key") from None
+
+
+UserDep = Annotated[User | None, Depends(current_user)]
+
+
+def check_model(engine: EngineClient, name: str) -> None:
+    """A request's `model` must name the served model (or an alias): else OpenAI's 404."""
+    model_id = engine.info.model_id
+    if name != model_id and name not in ALIASES:
+        raise ApiError(
+            404,
+            f"model {name!r} not found; this server serves {model_id!r}",
+            "invalid_request_error",
+            "model_not_found",
+            param="model",
+        )

@@ -1,0 +1,138 @@
+"""The one rule for request fields, and each API's table of what its fields do here.
+
+A field this server implements is used; an informational one (it cannot change the reply:
+`user`, `metadata`, `store`...) is accepted and ignored; one it does not implement is
+refused with a 400 naming it unless it holds its "off" value (`logprobs: false`,
+`response_format: {"type": "text"}`, null), which is what clients send when they mean
+nothing by it; the penalties are refused unless 0; a field the API does not have is refused.
+The tables are the README's parameter table. The request models (webui/api/schema.py,
+webui/api/responses_shapes.py) run `check_fields` on the raw body before pydantic reads it.
+Pure functions on the event loop; no MLX.
+"""
+
+from __future__ import annotations
+
+USED = "used"
+IGNORED = "ignored"  # informational: accepted, cannot change the reply
+REFUSED = "refused"  # not implemented: a 400 naming it unless it holds its off value
+ZERO_ONLY = "refused unless 0"  # the request model refuses any other value, with its own message
+
+COMMON = {
+    "model": USED,
+    "max_tokens": USED,
+    "temperature": USED,
+    "top_p": USED,
+    "stop": USED,
+    "stream": USED,
+    "stream_options": USED,
+    "seed": USED,
+    "n": USED,
+    "presence_penalty": ZERO_ONLY,
+    "frequency_penalty": ZERO_ONLY,
+    "top_k": USED,
+    "ignore_eos": USED,
+    "user": IGNORED,
+    "logit_bias": USED,
+    "logprobs": USED,
+}
+CHAT = {
+    **COMMON,
+    "messages": USED,
+    "max_completion_tokens": USED,
+    "metadata": IGNORED,
+    "store": IGNORED,
+    "service_tier": IGNORED,
+    "safety_identifier": IGNORED,
+    "prompt_cache_key": IGNORED,
+    "parallel_tool_calls": IGNORED,
+    "top_logprobs": USED,
+    "response_format": USED,
+    "tools": USED,
+    "tool_choice": USED,
+    "functions": REFUSED,
+    "function_call": REFUSED,
+    "audio": REFUSED,
+    "modalities": REFUSED,
+    "prediction": REFUSED,
+    "reasoning_effort": REFUSED,
+    "verbosity": REFUSED,
+    "web_search_options": REFUSED,
+}
+COMPLETIONS = {**COMMON, "prompt": USED, "echo": USED, "best_of": REFUSED, "suffix": REFUSED}
+RESPONSES = {
+    "model": USED,
+    "input": USED,
+    "instructions": USED,
+    "stream": USED,
+    "previous_response_id": USED,
+    "max_output_tokens": USED,
+    "temperature": USED,
+    "top_p": USED,
+    "store": USED,
+    "text": USED,
+    "seed": USED,
+    "user": IGNORED,
+    "metadata": IGNORED,
+    "service_tier": IGNORED,
+    "truncation": IGNORED,
+    "parallel_tool_calls": IGNORED,
+    "safety_identifier": IGNORED,
+    "prompt_cache_key": IGNORED,
+    "stream_options": IGNORED,
+    "tools": REFUSED,
+    "tool_choice": REFUSED,
+    "reasoning": REFUSED,
+    "include": REFUSED,
+    "background": REFUSED,
+    "conversation": REFUSED,
+    "prompt": REFUSED,
+    "top_logprobs": REFUSED,
+    "max_tool_calls": REFUSED,
+}
+FIELDS = {"chat": CHAT, "completions": COMPLETIONS, "responses": RESPONSES}
+
+# what a refusal calls the feature a field asks for (else the field's own name)
+NOT_YET = {
+    "response_format": "structured output",
+    "tools": "tool calling",
+    "tool_choice": "tool calling",
+    "functions": "function calling",
+    "function_call": "function calling",
+    "audio": "audio output",
+    "modalities": "audio output",
+}
+
+
+def _off(name: str, value) -> bool:
+    """Does this value of a refused field ask for nothing (what clients send by default)?"""
+    if name == "best_of":
+        return value in (None, 1)
+    return value in (None, False, 0, "", [], {}, "none", "auto") or value == {"type": "text"} or value == ["text"]
+
+
+def check_fields(data, table: dict[str, str], api: str):
+    """The one rule of the module docstring, on the raw body (before pydantic reads it):
+    `table` says what each field of `api` (its name, for the message) does here. Returns
+    the fields the request model reads."""
+    if not isinstance(data, dict):
+        return data
+    for name, value in data.items():
+        use = table.get(name)
+        if use is None:
+            raise ValueError(
+                f"{name}: unknown field (this server takes the fields of OpenAI's {api} API it lists in its README)"
+            )
+        if use == REFUSED and not _off(name, value):
+            what = NOT_YET.get(name, name)
+            raise ValueError(f"{name}: {what} is not supported by this server")
+    return {k: v for k, v in data.items() if table[k] in (USED, ZERO_ONLY)}
+
+
+def with_defaults(temperature: float | None, top_p: float | None, defaults: dict | None) -> dict:
+    """The request's temperature and top_p; what it left out from `defaults` (the model card's
+    recommendation), else OpenAI's 1.0."""
+    defaults = defaults or {}
+    return {
+        "temperature": temperature if temperature is not None else defaults.get("temperature", 1.0),
+        "top_p": top_p if top_p is not None else defaults.get("top_p", 1.0),
+    }

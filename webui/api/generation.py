@@ -1,0 +1,222 @@
+"""The one path of a generating API request through the engine, for chat completions,
+completions and responses alike: submit its n choices (all or none), then either wait for
+their final events or stream them as server-sent events, and cancel in the engine whatever
+the client no longer waits for.
+
+A client that goes away cancels its request, streaming or not: a stream notices when
+Starlette's response does (its generator is closed, and `stream` cancels what has not
+ended); a whole reply has a watcher on the connection while it waits (without one, clients
+that hung up kept their work running and their user's share of --max-user-requests taken).
+Each accepted request's end (metrics, its row) is recorded once by a RequestEnd
+(webui/request_end.py) hooked on the handle at submit, whether or not the client stays to
+read it; the row goes through the store's queued writer, so the engine thread that ends the
+request never waits for SQLite. Refusals get their row here too. How a reply is framed is
+the caller's (a `Framing`: webui/api/chat.py, webui/api/responses_shapes.py). Everything
+here runs on the server's event loop. No MLX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+
+from radixchat.core.engine.handle import RequestHandle
+from radixchat.core.engine.requests import SEED_MAX, Failed, Finished, RequestError, Sampling, TextDelta
+from radixchat.core.store import Store
+from radixchat.core.store.types import RequestRecord, User
+from radixchat.webui.api.errors import ApiError
+from radixchat.webui.api.metrics import Metrics
+from radixchat.webui.request_end import RequestEnd
+
+log = logging.getLogger("radixchat.api")
+CLIENT_GONE = 499  # nginx's "client closed request"; never sent, the connection is gone
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Where one API request's outcome goes: metrics (through RequestEnd) and a row under
+    the key's user in the store (none without a store)."""
+
+    metrics: Metrics
+    store: Store | None
+    model: str
+    user: User | None
+
+    def ended(self, final: Finished | Failed) -> None:
+        u = final.usage
+        self.row(
+            prompt_tokens=u.prompt_tokens,
+            cached_tokens=u.cached_tokens,
+            generated_tokens=u.generated_tokens,
+            queue_ms=u.queue_ms,
+            ttft_ms=u.ttft_ms,
+            total_ms=u.total_ms,
+            decode_tps=u.decode_tps,
+            finish_reason=getattr(final, "finish_reason", None),
+            error=getattr(final, "message", None),
+        )
+
+    def row(self, **fields) -> None:
+        """Every API request, refused or served, gets a row under the key's user."""
+        if self.store is None:
+            return
+        user = self.user.id if self.user else None
+        try:
+            self.store.record_request_async(RequestRecord(user=user, model=self.model, **fields))
+        except Exception:  # bookkeeping must never break a reply
+            log.exception("could not record request metrics")
+
+
+Build = Callable[[], Awaitable[RequestHandle]]
+
+
+async def submit(ledger: Ledger, build: Build) -> RequestHandle:
+    """One engine request from `build` (which makes and submits it); a refusal is the
+    client's error in OpenAI's shape, recorded."""
+    try:
+        handle = await build()
+    except ValidationError as e:
+        first = e.errors()[0]
+        err = ApiError(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+    except RequestError as e:
+        headers = {"Retry-After": "2"} if e.status in (429, 503) else None
+        # OpenAI's statuses and types, which clients map to their exceptions: an overflow
+        # is a 400 (litellm: ContextWindowExceededError), a busy server a 429 "requests"
+        status = 400 if e.code == "context_length_exceeded" else e.status
+        type_ = {429: "requests", 503: "server_error"}.get(status, "invalid_request_error")
+        err = ApiError(status, e.message, type_, e.code, headers=headers)
+    else:
+        # hooked before anything is awaited: the end is recorded even if the client
+        # leaves before its response starts
+        RequestEnd(handle, ledger.metrics, lambda final, _text: ledger.ended(final))
+        return handle
+    ledger.row(error=f"{err.status}: {err.message}")
+    raise err  # counted on /metrics by the error handler, with the others refused
+
+
+async def submit_choices(
+    ledger: Ledger, n: int, fields: dict, build: Callable[[Sampling], Awaitable[RequestHandle]]
+) -> list[RequestHandle]:
+    """One engine request per choice (n), submitted together: the engine computes their
+    shared prompt once (a request waits for another prefilling its prefix) and they decode
+    side by side. `fields` are the request's sampling; with a seed, choice i samples with
+    seed + i, so the choices differ and the same request gives the same choices again."""
+    handles: list[RequestHandle] = []
+    for i in range(n):
+        mine = dict(fields)
+        if mine.get("seed") is not None and i:
+            mine["seed"] = (mine["seed"] + i) if mine["seed"] + i <= SEED_MAX else mine["seed"] - i
+        try:  # the sampling is checked inside submit: a bad value is its 400
+            handles.append(await submit(ledger, lambda: build(Sampling(**mine))))  # noqa: B023
+        except BaseException:
+            for h in handles:  # all choices or none
+                h.cancel()
+            raise
+    return handles
+
+
+async def _last_event(handle: RequestHandle):
+    async for ev in handle:  # noqa: B007
+        pass
+    return ev
+
+
+async def wait_for_ends(request: Request, handles: list[RequestHandle]) -> tuple[list[Finished], bool]:
+    """(every handle's final event, whether the client left meanwhile: then the requests were
+    cancelled), for a reply sent whole at the end; a failed request is the reply's 500."""
+    watcher = asyncio.create_task(_cancel_when_gone(request, handles))
+    try:  # each final event carries its request's whole text
+        finals = await asyncio.gather(*(_last_event(h) for h in handles))
+    finally:
+        watcher.cancel()
+        for h in handles:
+            h.cancel()  # no-op once finished; frees the slot if this task was cancelled
+    failed = next((ev for ev in finals if isinstance(ev, Failed)), None)
+    if failed is not None:
+        raise ApiError(500, f"generation failed: {failed.message}", "server_error", "engine_error")
+    return finals, watcher.done() and not watcher.cancelled() and watcher.result()
+
+
+async def _cancel_when_gone(request: Request, handles: list[RequestHandle]) -> bool:
+    """Cancel `handles` once the client disconnects, and say so (True). Run it as a task
+    beside a reader that sends nothing until the end (a whole reply), and cancel it when
+    the reader is done.
+
+    The body is read by then, so the next ASGI message is `http.disconnect`, and waiting on
+    `receive` wakes the moment the server sees the close (polling `is_disconnected()` would
+    leave each gone request running for up to a poll period). Only one task may wait on
+    `receive`: never beside a StreamingResponse, which has its own."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            # anything else breaks the ASGI contract (the body is done); a server that
+            # answers at once would make this spin, so it becomes a slow poll instead
+            await asyncio.sleep(0.5)
+    except Exception:  # a server that can't say: the request just runs to its end
+        log.debug("cannot watch the connection for a disconnect", exc_info=True)
+        return False
+    for handle in handles:
+        handle.cancel()
+    return True
+
+
+class Framing(Protocol):
+    """How one API frames a streamed reply: each method returns the SSE messages to send."""
+
+    def opening(self) -> list[str]: ...
+
+    def delta(self, i: int, ev: TextDelta) -> list[str]: ...
+
+    def finished(self, i: int, ev: Finished) -> list[str]: ...
+
+    def failed(self, i: int, ev: Failed) -> list[str]: ...
+
+    async def closing(self, finals: list[Finished] | None) -> list[str]:
+        """After every choice finished (`finals`, in choice order) or one failed (None)."""
+        ...
+
+
+def stream(handles: list[RequestHandle], framing: Framing) -> StreamingResponse:
+    """The choices' events as server-sent events, framed by `framing`."""
+    return StreamingResponse(_events(handles, framing), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _events(handles: list[RequestHandle], framing: Framing) -> AsyncIterator[str]:
+    finals: dict[int, Finished | Failed] = {}
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, h: RequestHandle):
+        async for ev in h.batched():  # a client that fell behind gets what is there in one event
+            merged.put_nowait((i, ev))
+
+    pumps = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        for message in framing.opening():
+            yield message
+        while len(finals) < len(handles):
+            i, ev = await merged.get()
+            if isinstance(ev, TextDelta):
+                out = framing.delta(i, ev)
+            else:
+                finals[i] = ev
+                out = framing.failed(i, ev) if isinstance(ev, Failed) else framing.finished(i, ev)
+            for message in out:
+                yield message
+            if isinstance(ev, Failed):
+                break
+        ok = len(finals) == len(handles) and not any(isinstance(ev, Failed) for ev in finals.values())
+        for message in await framing.closing([finals[i] for i in range(len(handles))] if ok else None):
+            yield message
+    finally:
+        for task in pumps:
+            task.cancel()
+        for i, h in enumerate(handles):
+            if i not in finals:  # the client went away, or a sibling failed: stop generating
+                h.cancel()
