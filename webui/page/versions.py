@@ -3,7 +3,7 @@
 A message edited and sent again, or answered again, has versions (siblings in the store's tree
 of messages, core.store.Branch). Under a message with versions the chat area shows `‹ i/n ›`;
 under each of the user's messages an "Edit". They are links to `#rc-show-<id>` (that version)
-and `#rc-edit-<id>` inside a `<span class="rc-branch">` that webui/page/logic.py appends to the
+and `#rc-edit-<id>` inside a `<span class="rc-branch">` that webui/page/rows.py appends to the
 message after its text went through markup.shown, which leaves no tag of a message's own, so
 no message can make one. Gradio's Chatbot draws messages as (sanitized) HTML and has no
 per-message buttons of this kind: `LISTEN`, run once in the browser, catches a click on such a

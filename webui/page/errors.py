@@ -1,0 +1,51 @@
+"""Refusals as sentences for the person at the page: `PageError`, and `refusal` for what the
+engine or the store said.
+
+The page's logic (webui/page/chats.py, webui/page/replies.py) raises PageError; the layout's
+handlers show it as a notice (webui/page/events.py). Runs wherever it is called; no MLX, no
+Gradio.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from radixchat.core.engine.requests import RequestError
+from radixchat.core.store import NotFound, StoreError
+
+
+class PageError(Exception):
+    """Something the person at the page should read (shown as a notice, never a traceback)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def refusal(e: Exception) -> str:
+    """A readable sentence for why the engine or the store refused a request."""
+    if isinstance(e, RequestError):
+        if e.status == 429:
+            return f"The server is busy ({e.message}). Try again in a moment."
+        if e.status == 413:
+            return f"This is too long for the model: {e.message}. Start a new chat or send a shorter message."
+        if e.status == 503:
+            return f"The model is not available right now: {e.message}."
+        return f"The engine refused this request: {e.message}."
+    if isinstance(e, ValidationError):
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"Invalid setting {where}: {first['msg']}."
+    if isinstance(e, NotFound):
+        return "This chat no longer exists (deleted in another window?). Reload the page."
+    if isinstance(e, StoreError):
+        return str(e)[:1].upper() + str(e)[1:] + "."
+    return f"Something went wrong: {type(e).__name__}: {e}."
+
+
+def guard(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, a store's refusal raised as a PageError."""
+    try:
+        return fn(*args, **kwargs)
+    except StoreError as e:
+        raise PageError(refusal(e)) from None
