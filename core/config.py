@@ -86,8 +86,8 @@ class Settings(BaseSettings):
     )
     # an upper bound, not the working size: the stepper lets prompts join while the step's room
     # gives each a fair chunk (core/engine/stepper.py `_joining`). A count of 4 let 32 users who
-    # arrive at once start four at a time (BENCHMARKS.md, "No logsumexp in the step, prompts
-    # prefilled together, and vllm-mlx": TTFT p95 13.8 s against 7.9 s at 32 users)
+    # arrive at once start four at a time (BENCHMARKS.md, "How many prompts prefill together":
+    # TTFT p95 13.8 s against 7.9 s at 32 users)
     max_prefill_batch: int = Field(
         32, ge=1, le=1024, description="Most prompts prefilled together (at most --max-batch)"
     )

@@ -7,7 +7,7 @@ think time between turns: (a) alone, then (b) while A keeps --flood requests in 
 --max-user-requests A is refused with 429: each refusal is counted, and the refused worker
 waits the server's Retry-After (jittered) before it tries again, so with more workers than
 A may have, A stays at its allowed maximum. Prints B's time to first token p50/p95 alone
-and under the flood, their ratio (issue 14's goal: p95 within 2x), A's output tokens/s
+and under the flood, their ratio (the goal: p95 within 2x), A's output tokens/s
 while B was measured, and A's 429s.
 
 Every turn of B is a fresh conversation (one of the seed scenario's system prompts and a
@@ -268,7 +268,7 @@ def main() -> None:
         print(f"{name:>32} {s['turns']:>6} {s['errors']:>7} {s['p50']:>8.3f} {s['p95']:>8.3f}")
     print(
         f"under the flood / alone: p50 {sb['p50'] / sa['p50']:.2f}x, p95 {sb['p95'] / sa['p95']:.2f}x "
-        f"(issue 14's goal: p95 within 2x)"
+        f"(the goal: p95 within 2x)"
     )
     window = [tokens for t, tokens in a["done"] if t0 <= t <= t1]
     span = max(t1 - t0, 1e-9)

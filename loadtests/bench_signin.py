@@ -13,7 +13,7 @@ requests (non-streaming chats, max_tokens 8, one after another):
       (127.0.0.2, 127.0.0.3, ...: still to 127.0.0.1), so only the per-name lockouts hold.
 Each phase runs on a fresh server (the sign-in lockouts live in the server's memory) over
 the same database. Prints the API latency p50/p95 of each phase and its ratio to idle
-(issue 14's goal: within 2x), and how the logins were answered: 400 (the password was
+(the goal: within 2x), and how the logins were answered: 400 (the password was
 hashed and was wrong) or 429 (refused during a lockout, nothing hashed).
 
 What this owns: the two clients and the figures; the server, alice and her key come from the
@@ -236,7 +236,7 @@ def main() -> None:
             )
         print(line)
     worst = max(r["p95"] / idle["p95"] for _, r in rows[1:])
-    print(f"worst p95 under a login flood / idle: {worst:.2f}x (issue 14's goal: within 2x)")
+    print(f"worst p95 under a login flood / idle: {worst:.2f}x (the goal: within 2x)")
     print(
         "answered: logins answered before the attack stopped (400: hashed and wrong; 429: refused "
         "in a lockout, nothing hashed; per s over the whole attack); hashed: wrong passwords the "

@@ -11,7 +11,7 @@ same model, in the same run:
    max) and the long prompts' time to first token.
 2. *Newcomer*: --turns short chat turns (a seed-scenario system prompt and question), one
    at a time, first with the server idle, then while --streams requests decode. Prints
-   their TTFT p50/p95 and the ratio under load to idle (issue 14's fairness goal: p95
+   their TTFT p50/p95 and the ratio under load to idle (the fairness goal: p95
    within 2x).
 
 On Linux it first re-executes itself with OpenBLAS (core.platform.blas). In-process, so

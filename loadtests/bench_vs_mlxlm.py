@@ -38,7 +38,7 @@ all repeats of one server back to back, so a slow spell of the machine falls on 
 alike. Each row then gives the median over rounds of every figure, with the min-max of output
 tokens/s and TTFT p95 after it. A ratio is taken within each round (radixchat against the other
 server as measured in the same round, minutes apart, not against its median) and given as the
-median with the min-max over rounds, followed by how many rounds reached each goal of issue 16:
+median with the min-max over rounds, followed by how many rounds reached each of radixchat's goals:
 output >= 1.5x and TTFT p95 <= 0.5x against mlx_lm.server, output > 1x and TTFT p95 < 1x against
 vllm-mlx. summary.json keeps every round's rows and ratios besides the medians; table.md and
 comparison.png show the medians (the plot with min-max error bars).
@@ -96,7 +96,7 @@ COLS = [
 RATIO_COLS = ("tps", "ttft95", "tpot95", "goodput", "goodput_loose")
 # With --repeats: the figures whose spread over rounds each server row shows (the ones the goals are on)
 SPREAD_COLS = ("tps", "ttft95")
-# Issue 16's goals for radixchat, tested on each round's ratios: (other server, figure, test, as printed)
+# radixchat's goals against the other servers, tested on each round's ratios: (other server, figure, test, as printed)
 GOALS = (
     ("mlx_lm.server", "tps", lambda q: q >= 1.5, "output >= 1.5x"),
     ("mlx_lm.server", "ttft95", lambda q: q <= 0.5, "TTFT p95 <= 0.5x"),
