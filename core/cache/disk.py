@@ -1,53 +1,47 @@
 """The disk tier of the prefix cache: tree nodes whose K/V lives in files, read back on demand.
 
-Owns: which node's K/V is in which file (`DiskFile`, `DiskRef`), writing entries (the
-path of every inserted sequence, a bounded number of bytes per engine turn, and at once
-when the memory tier evicts a node that has no copy yet: it is spilled, not dropped),
-reading them back for a waiting request (`want`), rebuilding the tree's keys from the files
-at start-up (`open`), the disk byte budget (least recently used leaves go first), and
-dropping a file that fails its checksum with everything that hangs below it.
+Owns: writing entries (the path of every inserted sequence, a bounded number of bytes per
+engine turn, and at once when the memory tier evicts a node that has no copy yet: it is
+spilled, not dropped), reading them back for a waiting request (`want`), placing the files
+a start finds in the tree (`open`: the tree's keys come back, K/V stays on disk until a
+hit; one whose prefix is gone is an orphan and deleted), the disk byte budget (least
+recently used leaves go first), and dropping a file that fails its checksum with
+everything that hangs below it. Files are kept per model fingerprint (core/cache/
+identity.py) and sharing mode, so another model never reads them; a user's private
+namespace stays theirs, in a folder only the server's user can open.
 
-A file holds one node's own tokens (its K/V, `k{i}`/`v{i}` per plain K/V layer, exactly n
-long), the snapshot of the other layers at its end if the node has one (their state's
-arrays, its structure in the metadata, restored into the class this model's layer has,
-never one a file names) and, in its metadata, the whole tree key up to its end: a restart places it under
-the entries that hold its prefix, and one whose prefix is gone is an orphan and deleted.
-Splitting a node needs no I/O: both halves refer to ranges of the same file. Files are
-kept per model fingerprint (core/cache/identity.py) and sharing mode, so another model
-never reads them. A user's private namespace stays theirs: tagged tokens are written with
-the owner's name (not this process's namespace number) and retagged on restart through
-the scope (core/cache/scope.py), in a folder only the server's user can open.
-
-Left to others: the tree (radix.py), the MLX segments (kv.py), file I/O and checksums
-(diskio.py, its two threads), the schedule (the engine calls `tick` once a turn and holds
-a request back while `want` says its prefix is still on disk). Runs in the engine thread,
-which alone turns arrays into bytes (`mx.save_safetensors` into memory) and back.
+Left to others: the tree (radix.py), the MLX segments (kv.py), which node is in which file
+(disk_files.py), what a file holds and turning arrays into its bytes and back
+(disk_format.py), the folders and what a start finds in them (disk_folder.py), file I/O and
+checksums (diskio.py, its two threads), the schedule (the engine calls `tick` once a turn
+and holds a request back while `want` says its prefix is still on disk). Runs in the engine
+thread, which alone turns arrays into bytes and back.
 """
 
 from __future__ import annotations
 
 import atexit
-import io
-import json
 import logging
 import queue
-import shutil
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import mlx.core as mx
 
-from radixchat.core.cache.diskio import Corrupt, Job, Reader, Writer, make_private_dir, parse_name, read_header
-from radixchat.core.cache.kv import KVSegment, PrefixStore, Snapshot
+from radixchat.core.cache.disk_files import DiskFile, DiskRef, DiskStats
+from radixchat.core.cache.disk_folder import cache_folder, disk_usage, prune_other_models, scan
+from radixchat.core.cache.disk_format import FORMAT, TAG_SHIFT, TOKEN_MASK, EntryFormat
+from radixchat.core.cache.diskio import Corrupt, Job, Reader, Writer, make_private_dir, parse_name
+from radixchat.core.cache.kv import KVSegment, PrefixStore
 from radixchat.core.cache.radix import Node, RadixCache
 
+__all__ = ["FORMAT", "DiskFile", "DiskRef", "DiskStats", "DiskTier", "cache_folder", "disk_usage", "open_tier"]
+
 log = logging.getLogger("radixchat.disk")
-FORMAT = "1"
-_SHIFT, _MASK = 32, (1 << 32) - 1  # core.cache.scope's tags: token + namespace << 32
 # Engine-thread work per turn, so a running stream waits little longer than one step.
 # Measured here on 11.8 MB (256 tokens of SmolLM2): into safetensors bytes 2.3 ms, numpy
 # views into MLX arrays 1.4 ms; reading and checking the file is the reader thread's.
@@ -56,75 +50,13 @@ READ_BYTES_PER_TURN = 64 << 20
 MAX_BACKLOG = 256 << 20  # bytes waiting for the writer; past it, entries wait in memory
 
 
-class DiskFile:
-    """One file (or one being written): which nodes refer to which of its tokens."""
-
-    __slots__ = ("data", "dig", "n", "nbytes", "path", "refs", "seq", "snap", "state", "tier")
-
-    def __init__(self, tier: DiskTier, seq: int, nbytes: int, n: int, state: str):
-        self.tier, self.seq, self.nbytes, self.n, self.state = tier, seq, nbytes, n, state
-        self.path: Path | None = None
-        self.dig = ""
-        self.refs: set[DiskRef] = set()
-        self.data: bytes | None = None  # its bytes until the writer has written them
-        self.snap = False  # holds the snapshot of the non-trimmable layers at its end
-
-    def ref(self, start: int, n: int) -> DiskRef:
-        r = DiskRef(self, start, n)
-        self.refs.add(r)
-        return r
-
-
-class DiskRef:
-    """Tokens start..start+n of a file: one node's K/V on disk (radix.Node.disk)."""
-
-    __slots__ = ("file", "n", "node", "start")
-
-    def __init__(self, file: DiskFile, start: int, n: int):
-        self.file, self.start, self.n = file, start, n
-        self.node: Node | None = None  # kept by the tree
-
-    @property
-    def snap(self) -> bool:
-        """Does reading it back bring a snapshot (the file has one, at this range's end)?"""
-        return self.file.snap and self.start + self.n == self.file.n
-
-    def split(self, k: int) -> tuple[DiskRef, DiskRef]:
-        self.file.refs.discard(self)
-        return self.file.ref(self.start, k), self.file.ref(self.start + k, self.n - k)
-
-    def release(self) -> None:
-        self.file.refs.discard(self)
-        if not self.file.refs:
-            self.file.tier._unused(self.file)
-
-
-@dataclass
-class DiskStats:
-    files: int = 0  # on disk or being written
-    adopted: int = 0  # entries found at start-up and placed in the tree
-    writes: int = 0
-    write_bytes: int = 0
-    write_s: float = 0.0  # the writer thread's time (write, fsync, rename)
-    serialize_s: float = 0.0  # the engine thread's (arrays into bytes)
-    loads: int = 0  # files read back for requests ("hits from disk")
-    load_tokens: int = 0
-    snapshot_loads: int = 0  # of those, with the snapshot of the non-trimmable layers
-    read_s: float = 0.0  # the reader thread's time (read, checksum, parse)
-    load_s: float = 0.0  # the engine thread's (bytes into MLX arrays)
-    dropped: int = 0  # entries lost: corrupt, unreadable, or a failed write
-    evicted: int = 0  # files deleted to keep the disk budget (or no longer referred to)
-    open_s: float = 0.0  # rebuilding the tree's keys from the files
-    fingerprint_s: float = 0.0  # hashing the model (core/cache/identity.py)
-
-
 class DiskTier:
     def __init__(
         self, folder: Path, budget: int, fingerprint: str, sharing: str, store: PrefixStore, wake: Callable[[], None]
     ):
         make_private_dir(folder)
-        self.folder, self.budget, self.fp, self.sharing = folder, budget, fingerprint, sharing
-        self.trimmable, self.classes = store.trimmable, store.classes
+        self.folder, self.budget = folder, budget
+        self.format = EntryFormat(fingerprint, sharing, store.trimmable, store.classes)
         self.tree: RadixCache | None = None
         self.seq = 0
         self.bytes = 0  # of files on disk or being written
@@ -154,41 +86,17 @@ class DiskTier:
         gives an owner's namespace tag in this process (see core.cache.scope)."""
         t0 = time.perf_counter()
         self.tree = tree
-        tree.spill = self._spill
-        self._prune_other_models()
-        entries = []
-        for p in self.folder.iterdir():
-            if p.name.endswith(".tmp"):  # a write that never finished (killed): never visible
-                p.unlink(missing_ok=True)
-                continue
-            parsed = parse_name(p.name)
-            if parsed is None:
-                continue
-            try:
-                meta = read_header(p).get("__metadata__") or {}
-                if (meta.get("format"), meta.get("fingerprint"), meta.get("sharing")) != (
-                    FORMAT,
-                    self.fp,
-                    self.sharing,
-                ):  # written under another --cache-sharing
-                    log.info("disk cache: %s was written under other settings: deleted", p.name)
-                    p.unlink(missing_ok=True)
-                    continue
-                key, start = self._key_of(meta, tag_of)
-                size = p.stat().st_size
-            except (Corrupt, OSError, ValueError, KeyError, TypeError) as e:
-                log.warning("disk cache: dropping unreadable %s (%s)", p.name, e)
-                self.stats.dropped += 1
-                p.unlink(missing_ok=True)
-                continue
-            entries.append((start, parsed[0], parsed[1], key, p, size, "snapshot" in meta))
-            self.seq = max(self.seq, parsed[0] + 1)
-        for start, seq, dig, key, p, size, snap in sorted(entries, key=lambda e: e[:2]):
-            f = DiskFile(self, seq, size, len(key) - start, "ready")
-            f.path, f.dig, f.snap = p, dig, snap
-            self.bytes += size
+        tree.attach_spill(self._spill)
+        prune_other_models(self.folder, self.budget)
+        found, dropped = scan(self.folder, self.format, tag_of)
+        self.stats.dropped += dropped
+        self.seq = max([self.seq, *(e.seq + 1 for e in found)])
+        for e in sorted(found, key=lambda e: (e.start, e.seq)):
+            f = DiskFile(self._unused, e.seq, e.size, len(e.key) - e.start, "ready")
+            f.path, f.dig, f.snap = e.path, e.dig, e.snap
+            self.bytes += e.size
             self.stats.files += 1
-            if tree.adopt(key, start, lambda s, e: f.ref(s - start, e - s)):  # noqa: B023
+            if tree.adopt(e.key, e.start, lambda s, end: f.ref(s - e.start, end - s)):  # noqa: B023
                 self.stats.adopted += 1
             else:  # an orphan (its prefix is gone) or a duplicate
                 self._unused(f)
@@ -202,42 +110,10 @@ class DiskTier:
             tree.disk_tokens,
         )
 
-    def _key_of(self, meta: dict, tag_of: Callable[[str], int]) -> tuple[list[int], int]:
-        key, start = json.loads(meta["key"]), int(meta["start"])
-        if not (0 <= start < len(key)) or int(meta["n"]) != len(key) - start:
-            raise ValueError("inconsistent key")
-        if any(t >> _SHIFT for t in key):
-            tag = tag_of(meta["owner"])
-            key = [(t & _MASK) | tag if t >> _SHIFT else t for t in key]
-        return key, start
-
-    def _prune_other_models(self) -> None:
-        """Folders of other fingerprints count against the budget: oldest go first. Only
-        folders that are plainly this tier's (a fingerprint's name, nothing but its files)."""
-
-        def ours(p: Path) -> bool:
-            return (
-                p.is_dir()
-                and p != self.folder
-                and len(p.name) == len(self.folder.name)
-                and all(c in "0123456789abcdef" for c in p.name)
-                and all(f.is_file() and (parse_name(f.name) or f.name.endswith(".tmp")) for f in p.iterdir())
-            )
-
-        others = [p for p in self.folder.parent.iterdir() if ours(p)]
-        sizes = {p: sum(f.stat().st_size for f in p.iterdir() if f.is_file()) for p in others}
-        mine = sum(f.stat().st_size for f in self.folder.iterdir() if f.is_file())
-        total = mine + sum(sizes.values())
-        for p in sorted(others, key=lambda p: p.stat().st_mtime):
-            if total <= self.budget:
-                break
-            shutil.rmtree(p, ignore_errors=True)
-            total -= sizes[p]
-
     # ---- the engine's turn -------------------------------------------------------------
 
     def note_owner(self, tag: int, owner: str | None) -> None:
-        self.owners[tag >> _SHIFT] = owner or ""
+        self.owners[tag >> TAG_SHIFT] = owner or ""
 
     def persist(self, node: Node) -> None:
         """`node` ends a sequence just inserted: write what of its path has no file yet
@@ -333,39 +209,14 @@ class DiskTier:
         if owner is None:
             return 0
         t0 = time.perf_counter()
-        arrays = {}
-        for i, kv in enumerate(node.seg.layers):
-            if kv is not None:
-                arrays[f"k{i}"], arrays[f"v{i}"] = kv
-        meta = {
-            "format": FORMAT,
-            "fingerprint": self.fp,
-            "sharing": self.sharing,
-            "start": str(len(prefix)),
-            "n": str(len(node.key)),
-            "key": json.dumps(key),
-        }
-        if owner is not True:
-            meta["owner"] = owner
-        if node.snapshot is not None:
-            meta["snapshot"] = json.dumps(
-                [
-                    None
-                    if layer is None
-                    else {"cls": layer[0].__name__, "state": _flatten(layer[1], arrays, f"s{i}"), "meta": layer[2]}
-                    for i, layer in enumerate(node.snapshot.layers)
-                ]
-            )
-        buf = io.BytesIO()
-        mx.save_safetensors(buf, arrays, metadata=meta)
-        data = buf.getvalue()
+        data = self.format.to_bytes(node, key, len(prefix), owner)
         self.stats.serialize_s += time.perf_counter() - t0
         if len(data) > self.budget:
             return 0
         # make room first: the deletes are queued ahead of this write, so the folder never
         # holds more than the budget, even for a moment
         self.tree.fit_disk(lambda: self.bytes + len(data) > self.budget)
-        f = DiskFile(self, self.seq, len(data), len(node.key), "pending")
+        f = DiskFile(self._unused, self.seq, len(data), len(node.key), "pending")
         self.seq += 1
         f.data, f.snap = data, node.snapshot is not None
         self.tree.set_disk(node, f.ref(0, len(node.key)))
@@ -375,9 +226,9 @@ class DiskTier:
         self.writer.put(Job("write", f, data=data, extra={"seq": f.seq}))
         return len(data)
 
-    def _owner_of(self, key: list[int]):
+    def _owner_of(self, key: list[int]) -> str | bool | None:
         """True for an untagged key, the owner's name for a tagged one, None if unknown."""
-        tags = {t >> _SHIFT for t in key if t >> _SHIFT}
+        tags = {t >> TAG_SHIFT for t in key if t >> TAG_SHIFT}
         if not tags:
             return True
         if len(tags) > 1:
@@ -423,19 +274,8 @@ class DiskTier:
 
     def _load(self, f: DiskFile, result) -> int:
         t0 = time.perf_counter()
-        arrays, meta, bf16 = result
         try:
-            if meta.get("fingerprint") != self.fp or int(meta.get("n", -1)) != f.n:
-                raise Corrupt("another model's entry")
-            mxa = {name: mx.array(a).view(mx.bfloat16) if name in bf16 else mx.array(a) for name, a in arrays.items()}
-            kv = {}
-            for i, t in enumerate(self.trimmable):
-                if t:
-                    k, v = mxa[f"k{i}"], mxa[f"v{i}"]
-                    if k.ndim != 4 or k.shape[2] != f.n or v.shape != k.shape:
-                        raise Corrupt(f"layer {i} holds {k.shape}, not {f.n} tokens")
-                    kv[i] = (k, v)
-            snapshot = self._snapshot_of(meta, mxa) if f.snap else None
+            kv, snapshot = self.format.layers(result, f.n, f.snap)
         except (Corrupt, KeyError, ValueError, TypeError) as e:
             log.warning("disk cache: dropping %s: %s", f.path and f.path.name, e)
             self._lose(f)
@@ -451,7 +291,7 @@ class DiskTier:
                 else kv[i]
                 if whole
                 else tuple(mx.contiguous(a[..., ref.start : ref.start + ref.n, :]) for a in kv[i])
-                for i in range(len(self.trimmable))
+                for i in range(len(self.format.trimmable))
             ]
             # the physical trim across tiers: exactly this node's tokens come back
             assert all(pair[0].shape[2] == pair[1].shape[2] == ref.n for pair in layers if pair)
@@ -465,25 +305,6 @@ class DiskTier:
         self.stats.load_tokens += tokens
         self.stats.load_s += time.perf_counter() - t0
         return f.nbytes
-
-    def _snapshot_of(self, meta: dict, arrays: dict) -> Snapshot:
-        layers = []
-        for i, entry in enumerate(json.loads(meta["snapshot"])):
-            if entry is None:
-                layers.append(None)
-                continue
-            cls = self.classes[i]  # this model's own class for the layer, never a name from a file
-            if self.trimmable[i] or entry["cls"] != cls.__name__:
-                raise Corrupt(f"layer {i}: a {entry['cls']} snapshot for a {cls.__name__}")
-            meta_state = entry["meta"]
-            layers.append(
-                (
-                    cls,
-                    _unflatten(entry["state"], arrays),
-                    tuple(meta_state) if isinstance(meta_state, list) else meta_state,
-                )
-            )
-        return Snapshot.of_layers(layers)
 
     def _lose(self, f: DiskFile) -> None:
         """A file that cannot be served: nodes that had only it leave the tree (with what
@@ -519,36 +340,6 @@ class DiskTier:
             self.tree.fit_disk(lambda: self.bytes > self.budget)
 
 
-def _flatten(x, arrays: dict, prefix: str):
-    """A cache state (nested tuples and lists of arrays, ints, None) as JSON, its arrays
-    put in `arrays` under names starting with `prefix`."""
-    if isinstance(x, mx.array):
-        name = f"{prefix}.{len(arrays)}"
-        arrays[name] = x
-        return {"a": name}
-    if isinstance(x, (list, tuple)):
-        return {"t" if isinstance(x, tuple) else "l": [_flatten(v, arrays, prefix) for v in x]}
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    raise TypeError(f"cannot write a {type(x).__name__} in a cache state")
-
-
-def _unflatten(x, arrays: dict):
-    if isinstance(x, dict):
-        if "a" in x:
-            return arrays[x["a"]]
-        if "t" in x:
-            return tuple(_unflatten(v, arrays) for v in x["t"])
-        return [_unflatten(v, arrays) for v in x["l"]]
-    return x
-
-
-def cache_folder(settings) -> Path:
-    """The disk tier's root: --cache-dir, else `kv-cache` beside the SQLite file (the
-    server's data folder, core.config.default_data_dir unless --db moved it)."""
-    return Path(settings.cache_dir).expanduser() if settings.cache_dir else settings.db.parent / "kv-cache"
-
-
 def open_tier(settings, loaded, prefix, scope, wake: Callable[[], None]) -> DiskTier | None:
     """The disk tier for this model (its own folder under `cache_folder`), with the tree's
     keys rebuilt from it; None where it cannot be kept (a hub id: no files to fingerprint)."""
@@ -574,20 +365,6 @@ def open_tier(settings, loaded, prefix, scope, wake: Callable[[], None]) -> Disk
     make_private_dir(root, ours=settings.cache_dir is None)
     tier = DiskTier(root / fp[:32], settings.cache_disk_bytes, fp, settings.cache_sharing, prefix, wake)
     tier.stats.fingerprint_s = time.perf_counter() - t0
-    tier.open(prefix.tree, lambda owner: scope.key([0], 0, owner or None)[0] & ~_MASK)
+    tier.open(prefix.tree, lambda owner: scope.tag(owner or None) & ~TOKEN_MASK)
     prefix.disk = tier
     return tier
-
-
-def disk_usage(settings) -> tuple[int, int]:
-    """(bytes, files) under the disk tier's root, for `doctor` (no model needed)."""
-    root = cache_folder(settings)
-    total = files = 0
-    if root.is_dir():
-        for p in root.rglob("*.safetensors"):
-            try:
-                total += p.stat().st_size
-                files += 1
-            except OSError:
-                pass
-    return total, files

@@ -110,12 +110,15 @@ class RadixCache:
         self.disk_evictable: set[Node] = set()
         self.disk_tokens = 0  # tokens of spilled nodes (their keys only are in memory)
         self.disk_nodes = 0
-        # called with a node about to be evicted that has no disk copy: the disk tier
-        # writes one there (core.cache.disk), so the node is spilled instead of dropped
-        self.spill: Callable[[Node], None] | None = None
+        self.spill: Callable[[Node], None] | None = None  # see `attach_spill`
         self.stats = Stats()
 
     # ---- public API ----------------------------------------------------------------------
+
+    def attach_spill(self, spill: Callable[[Node], None]) -> None:
+        """Call `spill(node)` with a node about to be evicted that has no disk copy: the disk
+        tier writes one there (core.cache.disk), so the node is spilled instead of dropped."""
+        self.spill = spill
 
     def match(self, tokens: list[int], need_snapshot: bool = False, min_length: int = 0) -> Match:
         """Longest cached prefix of `tokens`. Touches the path (LRU); changes nothing else.

@@ -201,25 +201,8 @@ def verify_step(
     b, k = len(gen.uids), max(len(d) for d in drafts)
     x = mx.array([[t] + d + [t] * (k - len(d)) for t, d in zip(tokens, drafts)], dtype=mx.uint32)
     logits = gen.model(x, cache=gen.prompt_cache)
-    first = logits[:, 0, :]
-    context = []
-    if any(gen.logits_processors):  # as the library's step: only rows with processors need a context
-        rows = []
-        for e in range(b):
-            row = first[e : e + 1]
-            if gen.logits_processors[e]:
-                ctx = gen._token_context[e].update_and_fetch(x[e, :1])
-                context.append(ctx)
-                for processor in gen.logits_processors[e]:
-                    row = processor(ctx, row)
-            rows.append(row)
-        first = mx.concatenate(rows, axis=0)
-    # samplers take logits up to a per-row constant (core.engine.unnormalized)
-    samplers = [gen.fallback_sampler if s is None else s for s in (gen.samplers or [None] * b)]
-    if all(s is samplers[0] for s in samplers):
-        sampled = samplers[0](first)
-    else:
-        sampled = mx.concatenate([s(first[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
+    first, context = _processed(gen, x, logits[:, 0, :])
+    sampled = _sample(gen, first)
     argmax = mx.argmax(logits, axis=-1)  # [b, 1 + k]: the model's own choice after each input
     mx.eval(sampled, argmax, context)
     sampled, argmax = sampled.tolist(), argmax.tolist()
@@ -234,15 +217,7 @@ def verify_step(
         out = [tokens[i]] + d[:took]
         # the logits each token was chosen from: the current one's came with the last step
         logprobs = [gen._next_logprobs[i]] + [logits[i, j] for j in range(took)]
-        finish, n = None, 0
-        for n, t in enumerate(out, 1):  # noqa: B007
-            gen._num_tokens[i] += 1
-            if gen._num_tokens[i] >= gen.max_tokens[i]:
-                finish = "length"
-            if gen._matchers[i].advance(t):
-                finish = "stop"
-            if finish is not None:
-                break
+        n, finish = _advance(gen, i, out)
         gen.tokens[i].extend(out[:n])
         spec.kept(uid, len(d), took)
         rejected.append(k + 1 - n)
@@ -254,6 +229,61 @@ def verify_step(
             keep.append(i)
     for c in gen.prompt_cache:
         c.reject(rejected)
+    out = _responses(gen, responses)
+    gen._next_tokens = mx.array(nexts, dtype=mx.uint32)
+    gen._next_logprobs = next_logprobs
+    if len(keep) < b:
+        gen.filter(keep)
+    if gen.prompt_cache and gen.prompt_cache[0].most_holes >= COMPACT_AT:
+        for c in gen.prompt_cache:
+            c.compact()
+    return out
+
+
+def _processed(gen: GenerationBatch, x: mx.array, first: mx.array) -> tuple[mx.array, list[mx.array]]:
+    """The logits at each row's current token after its logits processors (grammars,
+    logit_bias), and the token contexts those processors were given."""
+    context = []
+    if any(gen.logits_processors):  # as the library's step: only rows with processors need a context
+        rows = []
+        for e in range(len(gen.uids)):
+            row = first[e : e + 1]
+            if gen.logits_processors[e]:
+                ctx = gen._token_context[e].update_and_fetch(x[e, :1])
+                context.append(ctx)
+                for processor in gen.logits_processors[e]:
+                    row = processor(ctx, row)
+            rows.append(row)
+        first = mx.concatenate(rows, axis=0)
+    return first, context
+
+
+def _sample(gen: GenerationBatch, first: mx.array) -> mx.array:
+    """Each row's token from its own sampler, in one call where all rows share one."""
+    # samplers take logits up to a per-row constant (core.engine.unnormalized)
+    samplers = [gen.fallback_sampler if s is None else s for s in (gen.samplers or [None] * len(gen.uids))]
+    if all(s is samplers[0] for s in samplers):
+        return samplers[0](first)
+    return mx.concatenate([s(first[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
+
+
+def _advance(gen: GenerationBatch, i: int, out: list[int]) -> tuple[int, str | None]:
+    """Count row `i`'s accepted tokens `out` against its max_tokens and stop sequences: how
+    many of them it keeps, and why it finished there (None: it goes on)."""
+    finish, n = None, 0
+    for n, t in enumerate(out, 1):  # noqa: B007
+        gen._num_tokens[i] += 1
+        if gen._num_tokens[i] >= gen.max_tokens[i]:
+            finish = "length"
+        if gen._matchers[i].advance(t):
+            finish = "stop"
+        if finish is not None:
+            break
+    return n, finish
+
+
+def _responses(gen: GenerationBatch, responses: list[list]) -> list[GenerationBatch.Response]:
+    """The step's responses, a finished row's with its cache and tokens."""
     out = []
     for i, token, logprobs, finish in responses:
         done = finish is not None
@@ -267,11 +297,4 @@ def verify_step(
                 gen.tokens[i] if done else None,
             )
         )
-    gen._next_tokens = mx.array(nexts, dtype=mx.uint32)
-    gen._next_logprobs = next_logprobs
-    if len(keep) < b:
-        gen.filter(keep)
-    if gen.prompt_cache and gen.prompt_cache[0].most_holes >= COMPACT_AT:
-        for c in gen.prompt_cache:
-            c.compact()
     return out
