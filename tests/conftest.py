@@ -1,4 +1,6 @@
-"""Shared fixtures: a tiny random model on disk and an engine serving it."""
+"""Shared fixtures: tiny random models on disk, an engine serving one, a fresh store, real
+servers (one whose API wants keys; the model the page tests' servers run), Chromium, and a
+listener that records what a page fetches from elsewhere. The harness they use is tests/support/."""
 
 from __future__ import annotations
 
@@ -53,8 +55,32 @@ def store(tmp_path):
 
 
 @pytest.fixture(scope="module")
+def keyed(tiny_model_dir, tmp_path_factory):
+    """(server, alice's key, a revoked key, the db): a real server whose API wants keys."""
+    from tests.support.server import keyed_server
+
+    yield from keyed_server(tiny_model_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def page_model(tmp_path_factory) -> Path:
+    # slower than the tiny model, so that a reply streams for a moment and can be stopped
+    return build_random_model(tmp_path_factory.mktemp("page") / "page-model", dim=128, layers=4, context=2048)
+
+
+@pytest.fixture(scope="module")
 def browser():
     """Debian's Chromium through Playwright, for the page's browser tests."""
-    from tests.test_page_browser import chromium
+    from tests.support.browser import chromium
 
     yield from chromium()
+
+
+@pytest.fixture(scope="module")
+def listener():
+    """An HTTP server on another loopback port that records every request it gets."""
+    from tests.support.server import Listener
+
+    lis = Listener()
+    yield lis
+    lis.close()

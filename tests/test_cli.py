@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,9 +13,7 @@ import urllib.request
 import pytest
 
 from radixchat.core.platform.blas import coretype_for_cpu, find_openblas
-from tests.support.procs import free_port
-
-RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
+from tests.support.procs import RADIXCHAT, free_port
 
 
 def run(*args, env=None, timeout=120):

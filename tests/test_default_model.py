@@ -55,7 +55,7 @@ def test_requests_that_leave_sampling_out_get_the_model_cards():
 def test_the_default_model_answers_right_through_the_api(tmp_path):
     """`radixchat serve` with no --model, as a newcomer runs it."""
     from radixchat.core.store import Store
-    from tests.test_openai_api import Server
+    from tests.support.server import Server
 
     db = tmp_path / "d.db"
     with Store(db) as store:

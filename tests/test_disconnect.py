@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from radixchat.core.store import Store
-from tests.test_openai_api import Server
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 

@@ -6,10 +6,8 @@ import json
 import math
 import os
 import re
-import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,82 +15,10 @@ import httpx
 import pytest
 
 from radixchat.core.store import Store
-
-sys.path.insert(0, os.path.dirname(__file__))
-from test_cli import RADIXCHAT
-
+from tests.support.clients import GOOD, client
 from tests.support.metrics import metric_value
-from tests.support.procs import free_port
-
-
-class Server:
-    def __init__(self, model_dir, db, *extra, env=None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [
-                RADIXCHAT,
-                "serve",
-                "--model",
-                str(model_dir),
-                "--port",
-                str(self.port),
-                "--db",
-                str(db),
-                "--max-tokens",
-                "16",
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, **(env or {})},
-        )
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(self.proc.stdout.read())
-            time.sleep(0.3)
-        raise TimeoutError("server did not start")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGINT)
-        out, _ = self.proc.communicate(timeout=30)
-        return out
-
-    def metric(self, name: str, **labels: str) -> float:
-        return metric_value(httpx.get(self.url + "/metrics").text, name, **labels)
-
-
-@pytest.fixture(scope="module")
-def keyed(tiny_model_dir, tmp_path_factory):
-    yield from keyed_server(tiny_model_dir, tmp_path_factory)
-
-
-def keyed_server(tiny_model_dir, tmp_path_factory):
-    """(server, alice's key, a revoked key, the db): a real server whose API wants keys."""
-    db = tmp_path_factory.mktemp("api") / "api.db"
-    with Store(db) as store:
-        alice = store.create_user("alice", "correct horse battery")
-        _, key = store.create_api_key(alice, "tests")
-        _, revoked = store.create_api_key(alice, "old")
-        store.revoke_api_key(revoked)
-    server = Server(tiny_model_dir, db)
-    yield server, key, revoked, db
-    out = server.stop()
-    assert "Traceback" not in out, out
-
-
-def client(server, key):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
-
+from tests.support.procs import RADIXCHAT
+from tests.support.server import Server
 
 SYSTEM = "You are a helpful Python tutor. Answer briefly about lists, dicts and generators."
 
@@ -155,9 +81,6 @@ def test_completions_and_models(keyed):
         c.completions.create(model="default_model", prompt="def main():", max_tokens=5, temperature=0, stream=True)
     )
     assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == out.choices[0].text
-
-
-GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 def bad_cases(key, revoked):

@@ -247,7 +247,7 @@ def test_webui_sees_the_engine_only_through_the_seam():
         if f.name == "cli.py":
             continue
         rel = f.relative_to(REPO).with_suffix("")
-        package = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts[:-1])
+        package = ".".join(rel.parts[:-1])  # a module's package, and an __init__'s own
         engine_parts = {m.split(".")[2] for m in _imports(f, package) if m.startswith("core.engine.")}
         assert engine_parts <= SEAM, (f, engine_parts - SEAM)
         tree = ast.parse(f.read_text())
@@ -289,3 +289,80 @@ def test_tests_import_nothing_from_loadtests():
     for f in (REPO / "tests").rglob("*.py"):
         mods = _imports(f, "tests")
         assert not [m for m in mods if m.split(".")[0] == "loadtests"], f
+
+
+def _harness_violations(source: str) -> list[str]:
+    """What in one test file breaks the harness rules: a use of `sys.path` (tests import as
+    `tests.…` from the repository root, which pytest's rootdir conftest puts on the path), or an
+    import of a test module (`tests.test_x`, `test_x`, `from tests import test_x`, relative or
+    through importlib), whose helpers and fixtures belong in tests/support/ or conftest.py."""
+
+    def test_module(name: str, relative: bool = False) -> bool:
+        parts = name.split(".")
+        return (
+            parts[0].startswith("test_")
+            or (parts[0] == "tests" and len(parts) > 1 and parts[1].startswith("test_"))
+            or (relative and bool(parts[0]) and parts[0].startswith("test_"))
+        )
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        where = f"line {getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name):
+            if node.value.id == "sys":
+                found.append(f"{where}: sys.path")
+        elif isinstance(node, ast.Import):
+            found += [f"{where}: import {a.name}" for a in node.names if test_module(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if base == "sys" and any(a.name == "path" for a in node.names):
+                found.append(f"{where}: from sys import path")
+            dots, relative = "." * node.level, node.level > 0
+            if base and test_module(base, relative):
+                found.append(f"{where}: from {dots}{base} import ...")
+            else:
+                within = [a.name for a in node.names if test_module(f"{base}.{a.name}" if base else a.name, relative)]
+                found += [f"{where}: from {dots}{base} import {name}" for name in within]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            arg = node.args[0].value
+            if called in ("import_module", "__import__") and isinstance(arg, str) and test_module(arg):
+                found.append(f"{where}: {called}({arg!r})")
+    return found
+
+
+def test_tests_edit_no_sys_path_and_import_no_test_module():
+    """The harness (servers, browsers, models, clients, shared helpers) lives in tests/support/
+    and shared fixtures in tests/conftest.py: no test file edits sys.path, none imports another
+    test module. The check itself is checked on what it must catch and what it must let pass."""
+    caught = [
+        "import sys\nsys.path.insert(0, 'tests')",
+        "import sys, os\nsys.path.append(os.path.dirname(__file__))",
+        "from sys import path",
+        "import test_cli",
+        "from test_cli import RADIXCHAT",
+        "from tests.test_openai_api import Server",
+        "import tests.test_page_browser",
+        "from tests import test_page_routes",
+        "from . import test_cli",
+        "from .test_cli import RADIXCHAT",
+        "import importlib\nimportlib.import_module('tests.test_cli')",
+    ]
+    for source in caught:
+        assert _harness_violations(source), source
+    allowed = [
+        "import os.path\nos.path.dirname(__file__)",
+        "from tests.support.server import Server",
+        "import tests.support.procs",
+        "from tests import support",
+        "from tests.support.clients import client  # test_x in a comment",
+        "path = 'sys.path'",
+    ]
+    for source in allowed:
+        assert not _harness_violations(source), source
+
+    files = sorted((REPO / "tests").rglob("*.py"))
+    assert REPO / "tests" / "conftest.py" in files and REPO / "tests" / "support" / "server.py" in files
+    bad = {str(f.relative_to(REPO)): v for f in files if (v := _harness_violations(f.read_text()))}
+    assert bad == {}, bad

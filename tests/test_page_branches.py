@@ -15,29 +15,15 @@ to test-output/page-branches/.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 from radixchat.core.store import Store
-from tests.test_page_browser import (
-    CHEAP,
-    DONE,
-    LAST_BOT,
-    PHONE,
-    WIDE,
-    Shots,
-    alice_and_bob,
-    page_server,
-    ready,
-    send,
-    sign_in,
-    stop_clean,
-)
-from tests.test_page_routes import PageClient, signed_in
+from tests.support.browser import PHONE, WIDE, Shots, alice_and_bob
+from tests.support.clients import PageClient, signed_in
+from tests.support.page import DONE, LAST_BOT, ready, send, sign_in
+from tests.support.server import CHEAP, page_server, stop_clean
 
 pytestmark = pytest.mark.slow
 

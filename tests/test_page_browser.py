@@ -9,37 +9,18 @@ Debian's Chromium, never `playwright install` (see DESIGN.md).
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from radixchat.core.store import Store
-from tests.support.cheap import cheap_scrypt
-
-sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import Server
+from tests.support.browser import ARGS, CHROMIUM, SHOTS, Shots
+from tests.support.page import DONE, LAST_BOT, new_chat, ready, send, set_number, sign_in
+from tests.support.server import page_server, stop_clean
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page"
-CHEAP = cheap_scrypt()
-PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
 # markers no random model will write by chance, to tell whose text is on a page
 WORDS = {
     "alice": ["Alpaca-1171 what is a list?", "Anchor-2283 what does a tuple hold?"],
@@ -48,46 +29,7 @@ WORDS = {
 LONG = "Arrow-5519 tell me everything about generators"
 CODE = "Aspen-6627 why does **this** fail?\n```python\nitems = [1, 2]\nitems.push(3)\n```"
 
-LAST_BOT = """() => { const b = [...document.querySelectorAll('#chat [data-testid=bot]')];
-                      return b.length ? b[b.length - 1].innerText : ''; }"""
 CHATS = "() => [...document.querySelectorAll('#conv-list label')].map(l => l.innerText.trim())"  # newest first
-DONE = "prompt tokens from cache"  # the figures line under a finished answer
-
-
-@pytest.fixture(scope="module")
-def page_model(tmp_path_factory) -> Path:
-    from tests.support.randmodel import build_random_model
-
-    # slower than the tiny model, so that a reply streams for a moment and can be stopped
-    return build_random_model(tmp_path_factory.mktemp("page") / "page-model", dim=128, layers=4, context=2048)
-
-
-def page_server(model, folder: Path, *flags: str):
-    """A real server with the page, its store holding PASSWORDS' users; stop it with stop_clean."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is missing: run `.ci/setup --test` (apt-get install chromium)")
-    db = folder / "page.db"
-    with Store(db, scrypt=CHEAP) as store:
-        for name, password in PASSWORDS.items():
-            store.create_user(name, password)
-    srv = Server(model, db, *flags)
-    srv.db = db
-    return srv
-
-
-def chromium():
-    """Debian's Chromium through Playwright, for a fixture to `yield from`."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-def stop_clean(srv) -> None:
-    out = srv.stop()
-    assert "Traceback" not in out, out
 
 
 @pytest.fixture(scope="module")
@@ -95,62 +37,6 @@ def server(page_model, tmp_path_factory):
     srv = page_server(page_model, tmp_path_factory.mktemp("page-db"), "--max-tokens", "200", "--max-batch", "8")
     yield srv
     stop_clean(srv)
-
-
-class Shots:
-    """Numbered screenshots in a folder of test-output/ that each run starts empty."""
-
-    def __init__(self, folder: Path = SHOTS):
-        self.folder = folder
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        self.n = 0
-        print(f"\nscreenshots: {folder}")
-
-    def __call__(self, page, name: str) -> None:
-        self.n += 1
-        page.screenshot(path=str(self.folder / f"{self.n:02d}-{name}.png"))
-
-
-WIDE, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
-
-
-def alice_and_bob(browser, server, outside: list[str]) -> dict:
-    """alice's page at 1280 px and bob's at 390 px, each in a browser context of its own;
-    every request to anywhere but the server is noted in `outside`."""
-    pages = {}
-    for name, size in (("alice", WIDE), ("bob", PHONE)):
-        ctx = browser.new_context(viewport=size)
-        ctx.on("request", lambda r: r.url.startswith((server.url, "data:", "blob:")) or outside.append(r.url))
-        pages[name] = ctx.new_page()
-    return pages
-
-
-def sign_in(page, url: str, name: str) -> None:
-    page.goto(url)
-    page.locator("input[type=text]").fill(name)
-    page.locator("input[type=password]").fill(PASSWORDS[name])
-    page.get_by_role("button", name="Login").click()
-
-
-def ready(page, timeout: float = 30_000) -> None:
-    """Wait until the page after sign-in has loaded (its header names who is signed in)."""
-    page.wait_for_function(
-        "(document.querySelector('#header')?.innerText || '').includes('signed in as')", timeout=timeout
-    )
-
-
-def set_number(page, elem_id: str, value) -> None:
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
-    page.wait_for_function(f"document.querySelector('#{elem_id} input[type=number]').value == '{value}'")
-
-
-def send(page, text: str) -> None:
-    box = page.locator("#message textarea")
-    box.fill(text)
-    box.press("Enter")
 
 
 RECORD = """() => { window.__renders = [];
@@ -197,17 +83,6 @@ def open_chat(page, title: str) -> str:
     )
     page.wait_for_timeout(200)
     return page.locator("#chat").inner_text()
-
-
-def new_chat(page) -> None:
-    """ "New chat" in the sidebar (on a phone, its drawer opened first), and wait until the chat
-    area is empty."""
-    if not page.evaluate("document.querySelector('#sidebar').classList.contains('open')"):
-        page.locator("#sidebar .toggle-button").click()
-        page.wait_for_function("document.querySelector('#sidebar').classList.contains('open')")
-        page.wait_for_timeout(400)  # it slides
-    page.locator("#new-chat").click()
-    page.wait_for_function("document.querySelector('#chat') && !document.querySelector('#chat [data-testid=user]')")
 
 
 def test_two_users_chats_streaming_stop_reload_isolation(server):

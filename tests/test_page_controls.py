@@ -16,9 +16,7 @@ test-output/page-controls/.
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -27,26 +25,12 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 from radixchat.core.store import Store
 from radixchat.webui.page.logic import ChatPage, PageError
-from tests.test_page_browser import (
-    CHEAP,
-    DONE,
-    LAST_BOT,
-    PHONE,
-    WIDE,
-    Shots,
-    alice_and_bob,
-    new_chat,
-    page_model,  # noqa: F401  (a fixture: the server's model)
-    page_server,
-    ready,
-    send,
-    set_number,
-    sign_in,
-)
-from tests.test_page_routes import PageClient, signed_in
+from tests.support.browser import PHONE, WIDE, Shots, alice_and_bob
+from tests.support.clients import PageClient, signed_in
+from tests.support.page import LAST_BOT, answered, new_chat, ready, say, send, set_number, sign_in
+from tests.support.server import CHEAP, page_server
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-controls"
 LONG = {
@@ -90,24 +74,6 @@ def signed(page, server, name: str):
     page.get_by_role("tab", name="Chat").click()
     page.wait_for_selector("#message textarea", state="visible", timeout=10_000)
     return page
-
-
-def answered(page, mark: str, timeout: float = 60_000) -> str:
-    """Wait until the last answer, after the message holding `mark`, is finished; its text."""
-    page.wait_for_function(
-        """([mark, done]) => { const last = r => [...document.querySelectorAll(`#chat [data-testid=${r}]`)].pop();
-             const q = last('user'), a = last('bot');
-             return !!q && !!a && q.innerText.includes(mark) && a.innerText.includes(done)
-               && !!(q.compareDocumentPosition(a) & Node.DOCUMENT_POSITION_FOLLOWING); }""",
-        arg=[mark, DONE],
-        timeout=timeout,
-    )
-    return page.evaluate(LAST_BOT)
-
-
-def say(page, text: str) -> str:
-    send(page, text)
-    return answered(page, text.split()[0])
 
 
 def x_axis(page, plot: str) -> float:

@@ -5,16 +5,14 @@ learnt her session_hash and event_id, can neither read her stream, nor cancel he
 end her session, nor save it as a deep link, and a client that never signed in cannot cancel
 it either; her reply completes. Uploads are refused before their body is read, and no file
 under Gradio's upload folder is served. With --no-auth (in process) one browser cannot cancel
-another's reply. A small client of Gradio's queue protocol (sse_v3) is written here.
+another's reply. The small client of Gradio's queue protocol (sse_v3) these tests speak is
+`PageClient` in tests/support/clients.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import socket
-import sys
 import time
 
 import httpx
@@ -25,63 +23,10 @@ from radixchat.core.config import Settings
 from radixchat.core.store import Store
 from radixchat.webui.gate import PageGate, Refused, SessionOwners
 from radixchat.webui.server import build_app
-from tests.support.cheap import cheap_scrypt
+from tests.support.clients import API, PageClient, signed_in
+from tests.support.server import CHEAP, PASSWORDS, Server
 
-sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import Server
-
-CHEAP = cheap_scrypt()
-PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
-API = "/gradio_api"
 DONE = "prompt tokens from cache"  # the figures line under a finished answer
-
-
-class PageClient:
-    """One browser's page session, spoken to the way Gradio's browser client does."""
-
-    def __init__(self, http: httpx.Client | TestClient):
-        self.http = http
-        self.session = secrets.token_hex(6)
-        self.fns = {d["api_name"]: d for d in http.get("/config").json()["dependencies"]}
-
-    def join(self, fn: str, data: list) -> tuple[httpx.Response, str | None]:
-        dep = self.fns[fn]
-        r = self.http.post(
-            f"{API}/queue/join",
-            json={
-                "data": data,
-                "event_data": None,
-                "fn_index": dep["id"],
-                "trigger_id": dep["targets"][0][0],
-                "session_hash": self.session,
-            },
-        )
-        return r, (r.json().get("event_id") if r.status_code == 200 else None)
-
-    def messages(self, event_id: str) -> list[dict]:
-        """This session's messages for one event, until it completes."""
-        seen = []
-        with self.http.stream("GET", f"{API}/queue/data", params={"session_hash": self.session}) as r:
-            assert r.status_code == 200, r.read()
-            for line in r.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                msg = json.loads(line[5:])
-                if msg.get("event_id") == event_id:
-                    seen.append(msg)
-                    if msg.get("msg") == "process_completed":
-                        return seen
-        raise AssertionError(f"the stream ended before the event completed: {seen}")
-
-    def cancel_body(self, event_id: str, session: str | None = None) -> dict:
-        return {"session_hash": session or self.session, "fn_index": self.fns["respond"]["id"], "event_id": event_id}
-
-
-def signed_in(url: str, name: str) -> httpx.Client:
-    http = httpx.Client(base_url=url, timeout=30)
-    r = http.post("/login", data={"username": name, "password": PASSWORDS[name]})
-    assert r.status_code == 200, r.text
-    return http
 
 
 def status_of_stream(http: httpx.Client, method: str, path: str, **kw) -> int:

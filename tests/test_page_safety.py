@@ -18,42 +18,21 @@ test-output/page-safety/.
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 
 from radixchat.core.store import Store
-from tests.support.procs import free_port
-
-sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_page_browser import (
-    CHEAP,
-    DONE,
-    PHONE,
-    WIDE,
-    Shots,
-    new_chat,
-    page_server,
-    ready,
-    send,
-    sign_in,
-    stop_clean,
-)
+from tests.support.browser import PHONE, WIDE, Shots, context
+from tests.support.page import new_chat, ready, say, send, sign_in
+from tests.support.server import CHEAP, page_server, stop_clean
 
 pytestmark = pytest.mark.slow
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-safety"
-LOCAL = ("data:",)
-# what Chromium reports when the page's policy blocks something (there should be nothing to block)
-VIOLATIONS = """document.addEventListener('securitypolicyviolation', e =>
-  (window.__csp = window.__csp || []).push(e.violatedDirective + ' ' + e.blockedURI));"""
 # a bare "Error" anywhere on the page, reported to the test even if the page goes away right after
 ERRORS = """new MutationObserver(() => {
   const text = document.body ? document.body.innerText : '';
@@ -66,42 +45,6 @@ FETCHERS = (
 )
 
 
-class Listener:
-    """An HTTP server on another loopback port that records every request it gets."""
-
-    def __init__(self):
-        self.hits: list[str] = []
-        hits = self.hits
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                hits.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Type", "image/gif")
-                self.end_headers()
-
-            do_POST = do_HEAD = do_GET
-
-            def log_message(self, *args):
-                pass
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture(scope="module")
-def listener():
-    lis = Listener()
-    yield lis
-    lis.close()
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     srv = page_server(tiny_model_dir, tmp_path_factory.mktemp("page-safety"), "--max-tokens", "12")
@@ -112,28 +55,6 @@ def server(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def shots():
     return Shots(SHOTS)
-
-
-def context(browser, server, outside: list[str]):
-    """A browser context that notes every request to anywhere but the server."""
-    ctx = browser.new_context(viewport=WIDE)
-    ctx.on("request", lambda r: r.url.startswith((server.url, *LOCAL)) or outside.append(r.url))
-    ctx.add_init_script(VIOLATIONS)
-    return ctx
-
-
-ANSWERED = """([mark, done]) => {
-  const last = role => [...document.querySelectorAll(`#chat [data-testid=${role}]`)].pop();
-  const asked = last('user'), answer = last('bot');
-  return !!asked && !!answer && asked.innerText.includes(mark) && answer.innerText.includes(done)
-    && !!(asked.compareDocumentPosition(answer) & Node.DOCUMENT_POSITION_FOLLOWING);
-}"""
-
-
-def say(page, text: str, timeout: float = 60_000) -> None:
-    """Send a message in the chat in view and wait for its answer to finish."""
-    send(page, text)
-    page.wait_for_function(ANSWERED, arg=[text.split()[0], DONE], timeout=timeout)
 
 
 def both_widths(page, shot, name: str) -> None:

@@ -52,16 +52,11 @@ def test_no_auth_serves_the_page_without_sign_in(engine, store, tiny_model_dir):
 
 @pytest.mark.slow
 def test_serve_on_the_lan_prints_addresses_and_how_to_add_a_user(tiny_model_dir, tmp_path):
-    import os
     import signal
     import subprocess
-    import sys
     import time
 
-    sys.path.insert(0, os.path.dirname(__file__))
-    from test_cli import RADIXCHAT
-
-    from tests.support.procs import free_port
+    from tests.support.procs import RADIXCHAT, free_port
 
     port = free_port()
     proc = subprocess.Popen(

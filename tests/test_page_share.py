@@ -12,16 +12,14 @@ Screenshots at 1280 and 390 px go to test-output/page-share/.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_page_browser import Shots, page_server, ready, sign_in, stop_clean
-from tests.test_page_safety import PHONE, WIDE, Listener, context, say
+from tests.support.browser import PHONE, WIDE, Shots, context
+from tests.support.page import ready, say, sign_in
+from tests.support.server import page_server, stop_clean
 
 pytestmark = pytest.mark.slow
 
@@ -34,13 +32,6 @@ def server(tiny_model_dir, tmp_path_factory):
     srv = page_server(tiny_model_dir, tmp_path_factory.mktemp("page-share"), "--max-tokens", "12")
     yield srv
     stop_clean(srv)
-
-
-@pytest.fixture(scope="module")
-def listener():
-    lis = Listener()
-    yield lis
-    lis.close()
 
 
 def both_widths(page, shot, name: str) -> None:

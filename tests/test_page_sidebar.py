@@ -15,31 +15,17 @@ it. Screenshots go to test-output/page-sidebar/.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 from radixchat.core.store import NotFound, Store
 from radixchat.webui.page.layout import UNDO_S
 from radixchat.webui.page.logic import title_from
-from tests.test_page_browser import (
-    CHEAP,
-    PHONE,
-    WIDE,
-    Shots,
-    alice_and_bob,
-    page_model,  # noqa: F401  (a fixture: the server's model)
-    page_server,
-    ready,
-    send,
-    sign_in,
-    stop_clean,
-)
-from tests.test_page_controls import answered, say
-from tests.test_page_routes import PageClient, signed_in
+from tests.support.browser import PHONE, WIDE, Shots, alice_and_bob
+from tests.support.clients import PageClient, signed_in
+from tests.support.page import answered, ready, say, send, sign_in
+from tests.support.server import CHEAP, page_server, stop_clean
 
 pytestmark = pytest.mark.slow
 

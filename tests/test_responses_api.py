@@ -4,19 +4,11 @@ id not found, and refusals by name."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import httpx
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import Server, client, keyed_server
-
-
-@pytest.fixture(scope="module")
-def keyed(tiny_model_dir, tmp_path_factory):
-    yield from keyed_server(tiny_model_dir, tmp_path_factory)
+from tests.support.clients import client
+from tests.support.server import Server
 
 
 def test_a_response_then_its_follow_up_in_the_users_conversation(keyed):

@@ -102,7 +102,7 @@ def test_hashing_runs_one_at_a_time_however_many_sign_in_at_once():
 
 @pytest.mark.slow
 def test_the_page_login_route_locks_out_a_guesser(tiny_model_dir, tmp_path):
-    from tests.test_openai_api import Server
+    from tests.support.server import Server
 
     db = tmp_path / "signin.db"
     with Store(db) as store:
@@ -155,7 +155,7 @@ def test_a_burst_sent_at_once_is_hashed_only_until_the_lockout():
 def test_a_locked_out_address_is_answered_before_the_page_runs(tiny_model_dir, tmp_path):
     """The 429 for an address in a lockout comes from the address middleware: it holds for
     any form, even one the page would reject as malformed."""
-    from tests.test_openai_api import Server
+    from tests.support.server import Server
 
     db = tmp_path / "lock.db"
     with Store(db) as store:

@@ -9,17 +9,14 @@ connection is busy with a request a new one is refused at once rather than left 
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
-import sys
 import time
 
 import httpx
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import Server
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 

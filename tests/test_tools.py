@@ -6,16 +6,13 @@ template has no tool format."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import httpx
 import pytest
 
 from radixchat.core.engine import tools as formats
-
-sys.path.insert(0, os.path.dirname(__file__))
-from tests.test_openai_api import GOOD, Server, client
+from tests.support.clients import GOOD, client
+from tests.support.server import Server
 
 WEATHER = {
     "type": "function",

@@ -1,11 +1,13 @@
-"""Server processes for load tests and benchmarks: a free loopback port, starting a
-command and waiting until it answers, and its peak memory."""
+"""Server processes for tests, load tests and benchmarks: the `radixchat` command of this
+environment, a free loopback port, starting a command and waiting until it answers, and its
+peak memory."""
 
 from __future__ import annotations
 
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,6 +16,9 @@ import time
 from pathlib import Path
 
 import httpx
+
+# the console script installed beside this interpreter (the PATH's first one otherwise)
+RADIXCHAT = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"
 
 
 def free_port() -> int:

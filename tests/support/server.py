@@ -1,0 +1,134 @@
+"""Real `radixchat serve` processes for end-to-end tests: `Server` on a free loopback port
+(started, waited for, stopped with SIGINT, its /metrics read), one whose API wants keys
+(`keyed_server`), one with the page's users in its store (`page_server`, PASSWORDS), and
+`Listener`, an HTTP server elsewhere on loopback that records what a page fetches from it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from radixchat.core.store import Store
+from tests.support.browser import CHROMIUM
+from tests.support.cheap import cheap_scrypt
+from tests.support.metrics import metric_value
+from tests.support.procs import RADIXCHAT, free_port
+
+CHEAP = cheap_scrypt()
+PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}  # the page servers' users
+
+
+class Server:
+    """`radixchat serve --model model_dir --db db` on a free loopback port, once /health answers;
+    `stop` sends SIGINT and returns everything it printed."""
+
+    def __init__(self, model_dir, db, *extra, env=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [
+                RADIXCHAT,
+                "serve",
+                "--model",
+                str(model_dir),
+                "--port",
+                str(self.port),
+                "--db",
+                str(db),
+                "--max-tokens",
+                "16",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.proc.stdout.read())
+            time.sleep(0.3)
+        raise TimeoutError("server did not start")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=30)
+        return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric_value(httpx.get(self.url + "/metrics").text, name, **labels)
+
+
+def stop_clean(srv) -> None:
+    out = srv.stop()
+    assert "Traceback" not in out, out
+
+
+def keyed_server(tiny_model_dir, tmp_path_factory):
+    """(server, alice's key, a revoked key, the db): a real server whose API wants keys."""
+    db = tmp_path_factory.mktemp("api") / "api.db"
+    with Store(db) as store:
+        alice = store.create_user("alice", "correct horse battery")
+        _, key = store.create_api_key(alice, "tests")
+        _, revoked = store.create_api_key(alice, "old")
+        store.revoke_api_key(revoked)
+    server = Server(tiny_model_dir, db)
+    yield server, key, revoked, db
+    out = server.stop()
+    assert "Traceback" not in out, out
+
+
+def page_server(model, folder: Path, *flags: str):
+    """A real server with the page, its store holding PASSWORDS' users; stop it with stop_clean."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is missing: run `.ci/setup --test` (apt-get install chromium)")
+    db = folder / "page.db"
+    with Store(db, scrypt=CHEAP) as store:
+        for name, password in PASSWORDS.items():
+            store.create_user(name, password)
+    srv = Server(model, db, *flags)
+    srv.db = db
+    return srv
+
+
+class Listener:
+    """An HTTP server on another loopback port that records every request it gets."""
+
+    def __init__(self):
+        self.hits: list[str] = []
+        hits = self.hits
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "image/gif")
+                self.end_headers()
+
+            do_POST = do_HEAD = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
