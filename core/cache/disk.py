@@ -366,5 +366,5 @@ def open_tier(settings, loaded, prefix, scope, wake: Callable[[], None]) -> Disk
     tier = DiskTier(root / fp[:32], settings.cache_disk_bytes, fp, settings.cache_sharing, prefix, wake)
     tier.stats.fingerprint_s = time.perf_counter() - t0
     tier.open(prefix.tree, lambda owner: scope.tag(owner or None) & ~TOKEN_MASK)
-    prefix.disk = tier
+    prefix.attach_disk(tier)
     return tier

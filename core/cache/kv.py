@@ -160,6 +160,10 @@ class PrefixStore:
             return None
         return m
 
+    def attach_disk(self, tier) -> None:
+        """From now on, every stored node is also written to `tier` (core.cache.disk.DiskTier)."""
+        self.disk = tier
+
     def reserve(self, nbytes: int) -> None:
         """Count `nbytes` (the running batch's K/V) against the budget from the next insert on."""
         self.tree.reserved = nbytes
