@@ -118,59 +118,7 @@ def dashboard(
     engine, store, presence: Presence, *, window_s: float = WINDOW_S, bucket_s: float = BUCKET_S, you=None
 ) -> Dashboard:
     """The Server tab; with `you` (a User), that user's own figures beside the server's."""
-    s = engine.stats()
-    cache = s.prefix_cache
-    totals = store.totals()
-    lines = ["| | now |", "|---|---|"]
-    m = engine.info
-    lines.append(
-        f"| Model | `{m.model_id}`: {m.num_params / 1e6:,.1f}M parameters, {m.dtype}, "
-        f"context {m.context_length:,} tokens |"
-    )
-    # the same two counts as /health and /metrics (core.engine.seam.EngineStats)
-    lines.append(
-        f"| Engine | {'running' if s.alive else 'stopped'}: {plural(s.running, 'running request')}, "
-        f"{s.waiting:,} waiting |"
-    )
-    if s.batch_tokens:
-        lines.append(
-            f"| Batch | {s.running:,} in the batch; room for {plural(s.batch_tokens, 'token')} "
-            f"of running sequences ({_bytes(s.kv_bytes_per_token)} each) in the K/V budget of "
-            f"{_bytes(s.kv_budget)}, at most {plural(s.max_batch, 'sequence')} |"
-        )
-    if cache:
-        lookups = cache.hits + cache.misses
-        lines.append(
-            f"| Prefix cache | {_bytes(cache.bytes)} of {_bytes(cache.budget)} "
-            f"({_pct(cache.bytes, cache.budget)} full), "
-            f"{plural(cache.cached_tokens, 'token')} in {plural(cache.nodes, 'node')}, "
-            f"{plural(cache.evictions, 'eviction')} |"
-        )
-        lines.append(
-            f"| Cache hits | {_pct(cache.hits, lookups)} of {plural(lookups, 'lookup')} "
-            f"since start; {_pct(totals['cached_tokens'], totals['prompt_tokens'])} of all prompt "
-            "tokens served from the cache |"
-        )
-    else:
-        lines.append("| Prefix cache | off |")
-    lines.append(disk_line(s.disk_cache))
-    spec = s.speculation
-    if spec is not None:
-        lines.append(
-            f"| Speculation | drafts of up to {plural(spec.max_draft, 'token')}: "
-            f"{_pct(spec.accepted, spec.drafted)} of {plural(spec.drafted, 'draft token')} "
-            f"accepted since start |"
-        )
-    lines.append(
-        f"| Users signed in | {plural(presence.count(), 'user')} (active in the last "
-        f"{plural(round(presence.window_s / 60), 'minute')}) |"
-    )
-    lines.append(
-        f"| All time | {plural(totals['requests'], 'request')} ({totals['errors']:,} failed), "
-        f"{totals['prompt_tokens']:,} prompt and {totals['generated_tokens']:,} generated tokens, "
-        f"{plural(totals['users'], 'user')}, {plural(totals['conversations'], 'conversation')} |"
-    )
-
+    summary = summary_table(engine, store, presence)
     now = time.time()
     buckets = store.stats(window_s=window_s, bucket_s=bucket_s, now=now)
     rows, ttft = [], []
@@ -189,9 +137,68 @@ def dashboard(
         usage = usage_table(store.usage(window_s=window_s, now=now, user=you), store.usage(window_s=window_s, now=now))
     first = buckets[0].start if buckets else now - window_s
     return Dashboard(
-        summary="\n".join(lines),
+        summary=summary,
         requests=pd.DataFrame(rows, columns=["time", "count", "series"]),
         ttft=pd.DataFrame(ttft, columns=["time", "ms", "series"]),
         x_lim=(_local(first).value / 1e9, _local(now).value / 1e9),
         usage=usage,
     )
+
+
+def summary_table(engine, store, presence: Presence) -> str:
+    """The table at the top of the tab (Markdown): the model, the engine, the caches, who is
+    signed in, and the all-time totals."""
+    s = engine.stats()
+    totals = store.totals()
+    lines = ["| | now |", "|---|---|"]
+    m = engine.info
+    lines.append(
+        f"| Model | `{m.model_id}`: {m.num_params / 1e6:,.1f}M parameters, {m.dtype}, "
+        f"context {m.context_length:,} tokens |"
+    )
+    # the same two counts as /health and /metrics (core.engine.seam.EngineStats)
+    lines.append(
+        f"| Engine | {'running' if s.alive else 'stopped'}: {plural(s.running, 'running request')}, "
+        f"{s.waiting:,} waiting |"
+    )
+    if s.batch_tokens:
+        lines.append(
+            f"| Batch | {s.running:,} in the batch; room for {plural(s.batch_tokens, 'token')} "
+            f"of running sequences ({_bytes(s.kv_bytes_per_token)} each) in the K/V budget of "
+            f"{_bytes(s.kv_budget)}, at most {plural(s.max_batch, 'sequence')} |"
+        )
+    lines.extend(cache_lines(s.prefix_cache, totals))
+    lines.append(disk_line(s.disk_cache))
+    spec = s.speculation
+    if spec is not None:
+        lines.append(
+            f"| Speculation | drafts of up to {plural(spec.max_draft, 'token')}: "
+            f"{_pct(spec.accepted, spec.drafted)} of {plural(spec.drafted, 'draft token')} "
+            f"accepted since start |"
+        )
+    lines.append(
+        f"| Users signed in | {plural(presence.count(), 'user')} (active in the last "
+        f"{plural(round(presence.window_s / 60), 'minute')}) |"
+    )
+    lines.append(
+        f"| All time | {plural(totals['requests'], 'request')} ({totals['errors']:,} failed), "
+        f"{totals['prompt_tokens']:,} prompt and {totals['generated_tokens']:,} generated tokens, "
+        f"{plural(totals['users'], 'user')}, {plural(totals['conversations'], 'conversation')} |"
+    )
+    return "\n".join(lines)
+
+
+def cache_lines(cache, totals: dict) -> list[str]:
+    """The prefix cache in memory (core/cache/radix.py's figures), or that it is off."""
+    if not cache:
+        return ["| Prefix cache | off |"]
+    lookups = cache.hits + cache.misses
+    return [
+        f"| Prefix cache | {_bytes(cache.bytes)} of {_bytes(cache.budget)} "
+        f"({_pct(cache.bytes, cache.budget)} full), "
+        f"{plural(cache.cached_tokens, 'token')} in {plural(cache.nodes, 'node')}, "
+        f"{plural(cache.evictions, 'eviction')} |",
+        f"| Cache hits | {_pct(cache.hits, lookups)} of {plural(lookups, 'lookup')} "
+        f"since start; {_pct(totals['cached_tokens'], totals['prompt_tokens'])} of all prompt "
+        "tokens served from the cache |",
+    ]

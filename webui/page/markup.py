@@ -4,9 +4,9 @@ The chat area (Gradio's Chatbot) renders Markdown with marked, then lets the HTM
 Gradio's sanitizer, which keeps tags such as <img>: a message or a reply holding one made the
 browser fetch another host. `shown` turns a message, the user's or the model's, into Markdown
 in which typed HTML is text, shown as typed, images are links to their address, and code is
-code. webui/page/logic.py calls it in one place, for stored turns and a reply being written
+code. webui/page/rows.py calls it in one place, for stored turns and a reply being written
 alike. The page's Content-Security-Policy (webui/page/csp.py) is the second line: it would
-stop a fetch that got past this one. The Chatbot's LaTeX is off (webui/page/layout.py): its
+stop a fetch that got past this one. The Chatbot's LaTeX is off (webui/page/chat_panel.py): its
 renderer pastes text into the page as HTML, and its `$$` pairs are cut out before Markdown is
 read, across code fences.
 

@@ -1,0 +1,40 @@
+"""The few lines of JavaScript the page runs in the browser: the sidebar opened beside the chat
+on a wide screen and closed on a phone, a pick or "New chat" in view at once, and an export
+saved as a file.
+
+webui/page/wiring.py attaches them to events (Gradio's `js=`); the controls inside a message
+have their own script (webui/page/versions.py). They run in the browser; this module only
+holds their text.
+"""
+
+from __future__ import annotations
+
+from radixchat.webui.page.view import NO_PROMPT
+
+# the browser saves an export handed to it as {name, type, text}; "" is nothing to save
+SAVE = """(payload) => {
+  if (!payload) return [];
+  const file = JSON.parse(payload);
+  const url = URL.createObjectURL(new Blob([file.text], {type: file.type}));
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = file.name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
+  return [];
+}"""
+# Gradio's sidebar is a drawer over the whole page at this width and less (its own CSS)
+DRAWER_PX = 768
+_DRAWER = f"""const s = document.querySelector('#sidebar');
+  const open = !!s && s.classList.contains('open');
+  const want = window.innerWidth > {DRAWER_PX};"""
+# beside the chat on a wide screen; on a phone a drawer that starts closed
+OPEN_WIDE = f"() => {{ {_DRAWER} if (s && open !== want) s.querySelector('.toggle-button').click(); }}"
+_CLOSE_ON_PHONE = f"{{ {_DRAWER} if (open && !want) s.querySelector('.toggle-button').click(); }}"
+# in the browser, at once: a new chat is in view (current None), the next view change is counted
+NEW_CHAT = f"""(n) => {{ {_CLOSE_ON_PHONE}
+  document.querySelector('#message textarea')?.focus();
+  return [null, null, [], "", "", "{NO_PROMPT}", "", (n || 0) + 1]; }}"""
+PICK = f"(picked, n) => {{ {_CLOSE_ON_PHONE} return [picked, (n || 0) + 1]; }}"

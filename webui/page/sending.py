@@ -1,0 +1,164 @@
+"""Sending from the page: a message (Enter or Send), Regenerate, Stop, and the two events
+scripted clients send (`new_tab`, `respond`).
+
+A reply streams into the chat area while its chat is in view; it keeps streaming when its
+chat is left, and the chat area shows the one in view meanwhile. The one button reads Stop
+while a reply is being written in the chat in view. A part of the page's handlers
+(webui/page/handlers.py); which components a send's values go to is webui/page/wiring.py's
+(`replying`, in the order of `REPLYING`), the reply itself ChatPage's (webui/page/replies.py).
+Runs on the server's event loop (the sends) and Gradio's worker threads (Stop, `new_tab`).
+No MLX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import gradio as gr
+
+from radixchat.webui.page.errors import PageError
+from radixchat.webui.page.view import SHOWN, STOP, PageView, View, notice, notices
+
+# what a send yields, in this order (wiring.py's `replying`)
+REPLYING = ("chatbot", "message", "conv_list", "title", "send", "current", "edit_bar")
+
+
+class Send:
+    """One send as the page draws it: the chat it made (a new chat), whether its first rows
+    are out, whether its chat was in view at its last rows, and how the button read."""
+
+    def __init__(self, page: PageView, user, view: View, stamp, query, *, again: bool):
+        self.page, self.user, self.view, self.stamp, self.query, self.again = page, user, view, stamp, query, again
+        self.editing = view.editing  # an edit under way, in this chat or another
+        self.made: list[int] = []
+        self.opened, self.visible, self.reads_stop = False, True, None
+
+    def edit_of(self, conv_id: int | None) -> int | None:
+        """The message this one is a new version of: the one whose Edit was pressed in this chat."""
+        editing = self.editing
+        return editing[1] if editing and not self.again and editing[0] == conv_id else None
+
+    def started(self, new_id: int) -> None:
+        """The chat this message made: in view, unless the browser moved on meanwhile."""
+        self.made.append(new_id)
+        self.view.follow(new_id, self.stamp)
+
+    def button(self):
+        """The button for the chat in view, when that changed: this reply began or ended,
+        or another chat (writing or not) came into view meanwhile."""
+        writing = self.page.chat.writing(self.user, self.view.conv)
+        if writing == self.reads_stop:
+            return gr.skip()
+        self.reads_stop = writing
+        return self.page.action(writing)
+
+    async def opening(self, msgs: list[dict], conv_id: int, here: bool, edit: int | None) -> tuple:
+        """The first rows, with the list and the title, for the title a first message gives
+        its chat; a stored edit is done."""
+        chat, user, skip = self.page.chat, self.user, gr.skip()
+        found = await asyncio.to_thread(chat.find, user, self.query)
+        title_now = (await asyncio.to_thread(chat.conversation, user, conv_id)).title if here else skip
+        ended = skip
+        if edit is not None and self.view.editing == self.editing:  # stored: the edit is done
+            self.view.editing, ended = None, gr.Row(visible=False)
+        return (
+            msgs if here else skip,
+            skip if self.again else "",
+            self.page.listed(user, self.query, self.view.conv, found),
+            title_now if here else skip,
+            self.button(),
+            conv_id if here and self.made else skip,
+            ended,
+        )
+
+    async def in_view(self):
+        """What the chat area shows of the chat in view, now that the reply's chat was left."""
+        try:
+            return await asyncio.to_thread(self.page.chat.messages, self.user, self.view.conv)
+        except PageError:
+            return gr.skip()
+
+
+class Sending(PageView):
+    async def send_message(
+        self, text, conv_id, system_text, stamp, query, temp, n_tokens, view: View, request: gr.Request, again=False
+    ):
+        """Stream a reply into the chat area while its chat is in view (outputs: `REPLYING`). A
+        refusal leaves the typed text in the box and shows a notice. A new chat (conv_id None)
+        is made by this message, and shown with it unless the browser moved on meanwhile.
+        After "Edit" in this chat the message is a new version of the one edited; the edit
+        ends once it is stored (a refusal keeps it)."""
+        skip = gr.skip()
+        try:
+            user = await asyncio.to_thread(self.who, request)
+            conv_id = None if conv_id is None else int(conv_id)
+            if conv_id is not None:
+                view.follow(conv_id, stamp)
+            send = Send(self, user, view, stamp, query, again=again)
+            edit = send.edit_of(conv_id)
+            async for msgs in self.chat.reply(
+                user,
+                conv_id,
+                text,
+                temperature=temp,
+                max_tokens=n_tokens,
+                regenerate=again,
+                edit=edit,
+                system_prompt=system_text or "",
+                started=send.started,
+            ):
+                conv_id = send.made[0] if send.made else conv_id
+                here = view.conv == conv_id
+                if not send.opened:
+                    yield await send.opening(msgs, conv_id, here, edit)
+                    send.visible, send.opened = here, True
+                elif here:
+                    send.visible = True
+                    yield msgs, skip, skip, skip, send.button(), skip, skip
+                elif send.visible:  # its chat was left: make sure the chat area shows the one in view
+                    send.visible = False
+                    yield await send.in_view(), skip, skip, skip, send.button(), skip, skip
+            if send.opened:  # ended: the chat in view reads Send again, unless it writes too
+                yield skip, skip, skip, skip, send.button(), skip, skip
+        except PageError as e:
+            notice(e)
+            yield skip, skip, skip, skip, skip, skip, skip  # refused before it began, or after its last yield
+
+    async def respond_again(self, conv_id, stamp, query, temp, n_tokens, view: View, request: gr.Request):
+        async for out in self.send_message(None, conv_id, "", stamp, query, temp, n_tokens, view, request, again=True):
+            yield out
+
+    async def send_pressed(
+        self, label, text, conv_id, system_text, stamp, query, temp, n_tokens, view: View, request: gr.Request
+    ):
+        """The button read Send when pressed: send (Stop is `stop_pressed`, outside the queue)."""
+        if label == STOP:
+            yield tuple(gr.skip() for _ in REPLYING)
+            return
+        async for out in self.send_message(text, conv_id, system_text, stamp, query, temp, n_tokens, view, request):
+            yield out
+
+    @notices(1)
+    def stop_pressed(self, label, conv_id, request: gr.Request):
+        """The button read Stop when pressed: cancel the chat's reply in the engine (what it wrote
+        stays; its own event turns the button back to Send). Not queued behind the replies."""
+        if label != STOP:
+            return gr.skip()
+        if conv_id is None or not self.chat.stop(self.who(request), int(conv_id)):
+            return self.action(False)  # it ended meanwhile
+        return gr.skip()
+
+    # Scripted clients of the page's queue (loadtests/page_user.py, tests) speak an older, shorter
+    # form: `new_tab` makes a chat with a system prompt (its id is the value of the first output),
+    # `respond` sends in a chat by id (None: a new chat). No browser triggers these two.
+    @notices(len(SHOWN))
+    def new_tab(self, system_text, view: View, request: gr.Request):
+        user = self.who(request)
+        conv = self.chat.new_chat(user, system_text or "", reuse=False)  # sessions of one user each get theirs
+        self.chat.show(user, conv.id)
+        current_id, chats, *rest = self.shown(user, conv.id, "", view, request)
+        return (chats, current_id, *rest)
+
+    async def respond(self, text, conv_id, temp, n_tokens, view: View, request: gr.Request):
+        async for out in self.send_message(text, conv_id, "", view.epoch, "", temp, n_tokens, view, request):
+            yield out

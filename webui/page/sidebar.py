@@ -1,0 +1,37 @@
+"""The sidebar: "New chat", a search over one's chats, "Undo delete", and the list of chats.
+
+Gradio's `Sidebar`: beside the chat on a wide screen, a drawer over it at 768 px and less,
+closed there until its button opens it (webui/page/scripts.py). Components only: what they do
+is webui/page/handlers.py's, their events webui/page/wiring.py's. Built once, when the page is
+built; no MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+UNDO_S = 10.0  # how long "Undo delete" is offered (the store keeps a deleted chat longer)
+
+
+@dataclass
+class Sidebar:
+    new: gr.Button
+    search: gr.Textbox
+    undo: gr.Button  # shown for UNDO_S after a delete
+    conv_list: gr.Radio  # one's chats newest first, or what the search found
+    undo_timer: gr.Timer  # hides "Undo delete" again
+
+
+def sidebar() -> Sidebar:
+    # closed at first: OPEN_WIDE opens it beside the chat on a wide screen, a phone keeps the page
+    with gr.Sidebar(open=False, width=280, elem_id="sidebar"):
+        new = gr.Button("New chat", variant="primary", size="sm", elem_id="new-chat")
+        search = gr.Textbox(
+            placeholder="Search your chats", show_label=False, container=False, max_lines=1, elem_id="search"
+        )
+        undo = gr.Button("Undo delete", size="sm", visible=False, elem_id="undo")
+        conv_list = gr.Radio(show_label=False, container=False, elem_id="conv-list")
+        undo_timer = gr.Timer(UNDO_S, active=False)
+    return Sidebar(new, search, undo, conv_list, undo_timer)

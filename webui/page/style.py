@@ -1,0 +1,51 @@
+"""How the page looks: Gradio's default theme with the system's fonts, and the page's CSS.
+
+The CSS targets the components' elem_ids (webui/page/sidebar.py, chat_panel.py,
+chat_settings.py, server_tab.py) and the classes of a message's figures and controls
+(webui/page/rows.py, versions.py). webui/server.py hands both to Gradio when it mounts the
+page. Nothing is fetched from elsewhere. Runs once, at start-up; no MLX.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+SYSTEM_FONTS = ["system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif"]
+MONO_FONTS = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "Liberation Mono", "monospace"]
+
+CSS = """
+#conv-list .wrap { flex-direction: column; flex-wrap: nowrap; gap: 2px; }
+#conv-list label { width: 100%; max-width: 100%; box-sizing: border-box; margin: 0; padding: 6px 10px;
+  border: none; border-radius: 6px; background: transparent; box-shadow: none; }
+/* a chat's title, or a search hit's title and matching text, in at most two lines */
+#conv-list label span { overflow: hidden; overflow-wrap: anywhere; display: -webkit-box;
+  -webkit-line-clamp: 2; -webkit-box-orient: vertical; }
+#conv-list label:hover { background: var(--background-fill-primary); }
+#conv-list label.selected { background: var(--background-fill-primary); font-weight: 600;
+  box-shadow: inset 3px 0 0 var(--color-accent); }
+#conv-list input[type=radio] { display: none; }
+#compose { flex-wrap: nowrap; align-items: end; }
+#compose #send { flex: 0 0 auto; min-width: 72px; }
+#top-row { align-items: center; }
+#chat button[aria-label="Clear"] { display: none; }
+.rc-stats { font-size: 0.8em; opacity: 0.7; }
+/* under a message: ‹ i/n › between its versions, and Edit; big enough to tap on a phone */
+.rc-branch { display: inline-flex; align-items: center; gap: 2px; font-size: 0.85em; opacity: 0.8; }
+.rc-branch a, .rc-branch .rc-off { padding: 2px 8px; text-decoration: none; }
+.rc-branch .rc-off { opacity: 0.35; }
+.rc-branch .rc-count { padding: 0 2px; font-variant-numeric: tabular-nums; }
+#edit-bar { align-items: center; flex-wrap: nowrap; }
+/* the Server tab's row names break between words, not inside them, on a phone */
+:is(#server-summary, #your-usage) :is(th, td) { overflow-wrap: normal; word-break: normal; }
+/* a phone: the message box and Send stay on screen under a shorter chat area, and room is
+   left on the left for the drawer's button */
+@media (max-width: 768px) {
+  #chat { height: max(200px, calc(100dvh - 330px)) !important; }
+  #top-row { padding-left: 28px; }
+}
+"""
+
+
+def theme() -> gr.themes.Base:
+    """Gradio's default look with the system's fonts: nothing is fetched from elsewhere."""
+    return gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)

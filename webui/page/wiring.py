@@ -1,0 +1,169 @@
+"""The page's events: which handler each component's event calls, with which inputs and
+outputs, in which queue, and the browser's part of an event (Gradio's `js=`).
+
+`Parts` holds every component an event names, as the page's parts built them
+(webui/page/sidebar.py, chat_panel.py, chat_settings.py, server_tab.py); the handlers are
+webui/page/handlers.py's. Events are registered in one fixed order, the order of the page's
+API: scripted clients find an event by its handler's name. Every event is private to the
+page (no public API); the sends share one queue (`generating`) sized for the engine's batch
+and queue, and Stop stays outside it. Runs once, when the page is built; no MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import gradio as gr
+
+from radixchat.webui.page import versions
+from radixchat.webui.page.scripts import NEW_CHAT, OPEN_WIDE, PICK, SAVE
+from radixchat.webui.page.sending import REPLYING
+from radixchat.webui.page.view import SHOWN
+
+if TYPE_CHECKING:
+    from radixchat.core.config import Settings
+    from radixchat.webui.page.chat_panel import ChatArea
+    from radixchat.webui.page.chat_settings import ChatSettings, ThisChat
+    from radixchat.webui.page.handlers import Handlers
+    from radixchat.webui.page.server_tab import ServerTab
+    from radixchat.webui.page.sidebar import Sidebar
+
+PRIVATE = {"api_visibility": "private"}
+
+
+@dataclass
+class Parts:
+    """The components the events name."""
+
+    view: gr.State  # the session's View
+    current: gr.Number  # the chat in view, as the browser has it
+    epoch: gr.Number  # the browser's count of view changes
+    header: gr.Markdown
+    side: Sidebar
+    area: ChatArea
+    this: ThisChat
+    settings: ChatSettings  # the accordion of that name
+    chat_section: gr.Tab
+    server_section: gr.Tab
+    server: ServerTab
+
+    def named(self, names: tuple[str, ...]) -> list:
+        """Components by name, wherever on the page they are (`SHOWN`, `REPLYING`)."""
+        groups = (self, self.side, self.area, self.this, self.settings)
+        return [next(getattr(g, n) for g in groups if hasattr(g, n)) for n in names]
+
+
+def wire(page: gr.Blocks, p: Parts, h: Handlers, config: Settings) -> None:
+    """Every event of the page, in the page's API order."""
+    wire_load(page, p, h)
+    wire_versions(p, h)
+    wire_chats(p, h)
+    wire_system_prompt(p, h)
+    wire_sends(p, h, config)
+    wire_export_and_share(p, h)
+    wire_server_tab(p, h)
+
+
+def wire_load(page: gr.Blocks, p: Parts, h: Handlers) -> None:
+    page.load(h.on_load, [p.view], [p.header, *p.named(SHOWN)], **PRIVATE)
+    page.load(None, js=OPEN_WIDE, **PRIVATE)
+    page.load(None, js=versions.LISTEN, **PRIVATE)
+
+
+def wire_versions(p: Parts, h: Handlers) -> None:
+    area = p.area
+    # ‹ › or Edit in a message: the browser hands over what was clicked, then the server acts
+    area.versions_go.click(None, None, [area.asked], js=versions.ASKED, **PRIVATE).then(
+        h.version_asked, [area.asked, p.current, p.view], [area.chatbot, area.message, area.edit_bar], **PRIVATE
+    )
+    area.cancel_edit.click(h.edit_cancelled, [p.view], [area.message, area.edit_bar], **PRIVATE)
+
+
+def wire_chats(p: Parts, h: Handlers) -> None:
+    side, this, view_outputs = p.side, p.this, p.named(SHOWN)
+    # a chat picked or "New chat": the browser changes its view at once, then the server follows
+    side.conv_list.input(None, [side.conv_list, p.epoch], [p.current, p.epoch], js=PICK, **PRIVATE).then(
+        h.switch, [p.current, p.epoch, side.search, p.view], view_outputs, **PRIVATE
+    )
+    side.new.click(
+        None,
+        [p.epoch],
+        [
+            p.current,
+            side.conv_list,
+            p.area.chatbot,
+            this.title,
+            p.settings.system,
+            p.settings.preset,
+            this.share_link,
+            p.epoch,
+        ],
+        js=NEW_CHAT,
+        **PRIVATE,
+    ).then(h.new_chat_opened, [p.epoch, p.view], [p.area.send, p.area.edit_bar], **PRIVATE)
+    side.search.change(h.find, [side.search, p.current], [side.conv_list], show_progress="hidden", **PRIVATE)
+    gr.on(
+        [this.rename.click, this.title.submit],
+        h.rename_chat,
+        [p.current, this.title, side.search],
+        [side.conv_list, this.title],
+        **PRIVATE,
+    )
+    undoing = [side.undo, side.undo_timer]
+    this.delete.click(h.delete_chat, [p.current, side.search, p.view], [*view_outputs, *undoing], **PRIVATE)
+    side.undo.click(h.undo_delete, [side.search, p.view], [*view_outputs, *undoing], **PRIVATE)
+    side.undo_timer.tick(h.undo_expired, [p.view], undoing, show_progress="hidden", **PRIVATE)
+
+
+def wire_system_prompt(p: Parts, h: Handlers) -> None:
+    panel = p.settings
+    panel.preset.input(h.apply_preset, [panel.preset, p.current], [panel.system], **PRIVATE)
+    panel.system.blur(h.save_system, [panel.system, p.current], [panel.preset], **PRIVATE)
+
+
+def wire_sends(p: Parts, h: Handlers, config: Settings) -> None:
+    area, panel = p.area, p.settings
+    generating = {
+        "concurrency_id": "generate",
+        "show_progress": "hidden",
+        "trigger_mode": "multiple",
+        "concurrency_limit": max(config.max_batch, config.max_queue),
+        **PRIVATE,
+    }
+    replying = p.named(REPLYING)
+    asked = [p.current, panel.system, p.epoch, p.side.search, panel.temperature, panel.max_tokens, p.view]
+    area.message.submit(h.send_message, [area.message, *asked], replying, **generating)
+    # one click, two events: each acts only if the button read its word when pressed
+    area.send.click(h.send_pressed, [area.send, area.message, *asked], replying, **generating)
+    area.send.click(
+        h.stop_pressed, [area.send, p.current], [area.send], concurrency_limit=None, show_progress="hidden", **PRIVATE
+    )
+    again = [p.current, p.epoch, p.side.search, panel.temperature, panel.max_tokens, p.view]
+    area.regenerate.click(h.respond_again, again, replying, **generating)
+    scripted = gr.Button(visible=False)
+    scripted.click(h.new_tab, [panel.system, p.view], [p.side.conv_list, p.current, *p.named(SHOWN)[2:]], **PRIVATE)
+    scripted.click(
+        h.respond, [area.message, p.current, panel.temperature, panel.max_tokens, p.view], replying, **generating
+    )
+
+
+def wire_export_and_share(p: Parts, h: Handlers) -> None:
+    this = p.this
+    for button, fmt in ((this.export_md, "md"), (this.export_json, "json")):
+        button.click(h.export(fmt), [p.current], [this.exported], **PRIVATE).then(
+            None, [this.exported], None, js=SAVE, **PRIVATE
+        )
+    this.share.click(h.share_tab, [p.current], [this.share_link], **PRIVATE)
+    this.unshare.click(h.unshare_tab, [p.current], [this.share_link], **PRIVATE)
+
+
+def wire_server_tab(p: Parts, h: Handlers) -> None:
+    figures, timer = p.server.figures, p.server.timer
+    # one function object for both events: Gradio groups an event's concurrency by its function
+    refresh = h.refresh
+    p.server_section.select(lambda: gr.Timer(active=True), None, timer, **PRIVATE).then(
+        refresh, None, figures, **PRIVATE
+    )
+    p.chat_section.select(lambda: gr.Timer(active=False), None, timer, **PRIVATE)
+    timer.tick(refresh, None, figures, show_progress="hidden", **PRIVATE)
