@@ -1,6 +1,6 @@
 """The Responses API through the official client: text in, streamed or not, a conversation
-carried by previous_response_id in the store (and seen there as the user's), another user's
-id not found, and refusals by name."""
+carried by previous_response_id in the store (and seen there as the user's), a kept response
+read back, another user's id not found, and refusals by name."""
 
 from __future__ import annotations
 
@@ -90,6 +90,47 @@ def test_another_users_response_is_not_found(keyed):
         )
 
 
+def test_a_kept_response_reads_back_and_is_nobody_elses(keyed):
+    import openai
+
+    from radixchat.core.store import Store
+
+    server, key, _, db = keyed
+    c = client(server, key)
+    made = c.responses.create(model="default", input="Remember this.", max_output_tokens=6, temperature=0)
+    got = c.responses.retrieve(made.id)
+    assert (got.id, got.status, got.model) == (made.id, "completed", made.model)
+    assert got.output_text == made.output_text and got.output[0].role == "assistant"
+    # the same object as POST's, field for field (usage is not kept: null)
+    auth = {"Authorization": f"Bearer {key}"}
+    posted = httpx.post(
+        server.url + "/v1/responses",
+        headers=auth,
+        json={"model": "default", "input": "x", "max_output_tokens": 2},
+        timeout=30,
+    ).json()
+    read = httpx.get(server.url + f"/v1/responses/{posted['id']}", headers=auth, timeout=30).json()
+    assert set(read) == set(posted) and read["usage"] is None
+    assert read["output"][0]["content"] == posted["output"][0]["content"]
+    with Store(db) as store:
+        bob = store.create_user("bob-reads", "bob-password-1")
+        _, bob_key = store.create_api_key(bob, "bob")
+    conv, msg = made.id.split("_")[1:]
+    unknown = f"resp_{conv}_{int(msg) + 1000}"
+    errors = []
+    for rid in (made.id, unknown):
+        with pytest.raises(openai.NotFoundError) as info:
+            client(server, bob_key).responses.retrieve(rid)
+        errors.append(info.value.body)
+    # another user's response and one that does not exist get the same answer
+    assert errors[0]["message"].replace(made.id, unknown) == errors[1]["message"]
+    assert errors[0]["code"] == errors[1]["code"] == "not_found"
+    unkept = c.responses.create(model="default", input="Forget this.", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError) as info:
+        c.responses.retrieve(unkept.id)
+    assert "only kept with store for signed-in users" in info.value.body["message"]
+
+
 @pytest.mark.parametrize(
     "extra, words",
     [
@@ -124,5 +165,7 @@ def test_no_auth_keeps_no_responses(tiny_model_dir, tmp_path):
             timeout=30,
         )
         assert r.status_code == 400 and "no-auth" in r.json()["error"]["message"]
+        got = httpx.get(srv.url + "/v1/responses/resp_1_1", timeout=30)
+        assert got.status_code == 404 and "only kept with store for signed-in users" in got.json()["error"]["message"]
     finally:
         srv.stop()
