@@ -2,7 +2,7 @@
 
 A `RequestEnd` is made as soon as the engine accepts a request and hooked on the handle with
 `add_done_callback`, so it learns of the end whether or not anyone reads the stream to the
-end. Both the API (webui/api/routes.py) and the page (webui/page/logic.py) go through it.
+end. Both the API (webui/api/generation.py) and the page (webui/page/replies.py) go through it.
 What to write is theirs to say (`write`): a queued request row for the API, the reply with
 its request row for the page; this module owns only the "once": a reader that goes away
 mid-stream, or while the write is under way, can neither skip the write nor repeat it.
