@@ -28,6 +28,8 @@ MEDIA_TYPES = {"md": "text/markdown", "json": "application/json"}
 
 
 class ChatHandlers(PageView):
+    """The page's handlers for everything but sending and the Server tab."""
+
     # ---- what is in view ----
 
     @notices(1 + len(SHOWN))

@@ -28,7 +28,8 @@ class Send:
     are out, whether its chat was in view at its last rows, and how the button read."""
 
     def __init__(self, page: PageView, user, view: View, stamp, query, *, again: bool):
-        self.page, self.user, self.view, self.stamp, self.query, self.again = page, user, view, stamp, query, again
+        self.page, self.user, self.view = page, user, view
+        self.stamp, self.query, self.again = stamp, query, again
         self.editing = view.editing  # an edit under way, in this chat or another
         self.made: list[int] = []
         self.opened, self.visible, self.reads_stop = False, True, None
@@ -80,6 +81,8 @@ class Send:
 
 
 class Sending(PageView):
+    """The page's handlers that send, or stop a reply."""
+
     async def send_message(
         self, text, conv_id, system_text, stamp, query, temp, n_tokens, view: View, request: gr.Request, again=False
     ):

@@ -57,6 +57,8 @@ def server_tab() -> ServerTab:
 
 
 class ServerTabHandlers(PageView):
+    """The Server tab's part of the page's handlers."""
+
     @notices(4)
     def refresh(self, request: gr.Request):
         you = self.who(request)  # an open Server tab counts as being signed in

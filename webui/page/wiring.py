@@ -89,7 +89,7 @@ def wire_chats(p: Parts, h: Handlers) -> None:
     side.new.click(
         None,
         [p.epoch],
-        [
+        [  # NEW_CHAT's values, in its order
             p.current,
             side.conv_list,
             p.area.chatbot,
@@ -141,6 +141,7 @@ def wire_sends(p: Parts, h: Handlers, config: Settings) -> None:
     )
     again = [p.current, p.epoch, p.side.search, panel.temperature, panel.max_tokens, p.view]
     area.regenerate.click(h.respond_again, again, replying, **generating)
+    # no browser presses it: scripted clients call its two events by name (sending.py)
     scripted = gr.Button(visible=False)
     scripted.click(h.new_tab, [panel.system, p.view], [p.side.conv_list, p.current, *p.named(SHOWN)[2:]], **PRIVATE)
     scripted.click(
