@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -29,6 +29,8 @@ from radixchat.core.store import Store
 from radixchat.webui.page.logic import ChatPage, PageError
 from tests.support.browser import PHONE, WIDE, Shots, alice_and_bob
 from tests.support.clients import PageClient, signed_in
+from tests.support.fake_engine import INFO as FAKE_INFO
+from tests.support.fake_engine import FakeEngine
 from tests.support.page import LAST_BOT, answered, new_chat, ready, say, send, set_number, sign_in
 from tests.support.server import CHEAP, page_server
 
@@ -287,7 +289,7 @@ def test_export_markdown_and_json_of_ones_own_chat_only(server, pages, shots):
     assert json.loads(json.loads(done["output"]["data"][0])["text"])["messages"][0]["content"] == marks["alice"]
     # the page's own check, beneath the handler: not found
     with Store(server.db, scrypt=CHEAP) as store:
-        page = ChatPage(SimpleNamespace(loaded=None), store)
+        page = ChatPage(FakeEngine(), store)
         with pytest.raises(PageError, match="no longer exists"):
             page.export(store.get_user("bob"), alice_conv, "md")
         assert page.export(store.get_user("alice"), alice_conv, "md")[1] in files["alice"][0]
@@ -313,9 +315,9 @@ def test_temperature_starts_at_the_model_cards_recommendation(tmp_path, tiny_mod
     from radixchat.webui.page.layout import build_page
 
     def slider(card):
-        loaded = SimpleNamespace(model_id="m", context_length=512, card=card)
+        engine = FakeEngine(info=replace(FAKE_INFO, card=card))
         with Store(tmp_path / f"t{id(card)}.db") as store:
-            page = build_page(SimpleNamespace(loaded=loaded), Settings(model=str(tiny_model_dir)), store)
+            page = build_page(engine, Settings(model=str(tiny_model_dir)), store)
         return next(b for b in page.blocks.values() if getattr(b, "elem_id", None) == "temperature")
 
     assert slider(SMOLLM2).value == 0.2 and "model card: 0.2" in slider(SMOLLM2).label
