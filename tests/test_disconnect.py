@@ -1,4 +1,4 @@
-"""A client that leaves stops its work, streaming or not (issue 14, item 4).
+"""A client that leaves stops its work, streaming or not.
 
 On a real server process: clients that hang up on non-streaming requests must not leave
 them running (or queued) in the engine, holding batch slots and the user's share of

@@ -1,5 +1,5 @@
 """Strangers on one server, through the real HTTP API: one user's bad parameters, probes and
-floods cost the others nothing (issue 14)."""
+floods cost the others nothing."""
 
 from __future__ import annotations
 

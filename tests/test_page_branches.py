@@ -1,4 +1,4 @@
-"""Branches on the page (issue 17, item 3): edit a sent message and send it again, answer again,
+"""Branches on the page: edit a sent message and send it again, answer again,
 and browse the versions with ‹ i/n ›; the version shown is what the model sees next.
 
 A real server and Debian's Chromium (the helpers of test_page_browser.py), alice at 1280 px and

@@ -1,4 +1,4 @@
-"""The page's controls (issue 17): one Send/Stop button, export, the Server tab, the temperature.
+"""The page's controls: one Send/Stop button, export, the Server tab, the temperature.
 
 A real server and Debian's Chromium (the helpers of test_page_browser.py), alice at 1280 px and
 bob at 390 px, signed in at once. Server tab: with alice alone it says "1 user", with both "2

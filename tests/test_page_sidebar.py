@@ -1,4 +1,4 @@
-"""The sidebar of chats (issue 17, items 2, 4 and 8), end to end: a real server, Debian's Chromium.
+"""The sidebar of chats, end to end: a real server, Debian's Chromium.
 
 alice at 1280 px (the sidebar beside the chat) and bob at 390 px (a drawer, closed until opened),
 signed in at once. A first visit is a new chat that its first message starts and names; "New
