@@ -66,14 +66,15 @@ def test_doctor_reports_blas_and_model(tiny_model_dir):
         assert out.stdout.count("matmul gflops") == 2
 
 
-def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
+def serve(model_dir, tmp_path) -> tuple[subprocess.Popen, int]:
+    """`radixchat serve` on a free port, its output (stdout and stderr) readable as text."""
     port = free_port()
-    proc = subprocess.Popen(
-        [RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--db", str(tmp_path / "t.db")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    cmd = [RADIXCHAT, "serve", "--model", str(model_dir), "--port", str(port), "--db", str(tmp_path / "t.db")]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), port
+
+
+def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
+    proc, port = serve(tiny_model_dir, tmp_path)
     try:
         deadline = time.time() + 120
         body = None
@@ -96,13 +97,7 @@ def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
 
 def test_the_banner_comes_once_the_socket_listens(tiny_model_dir, tmp_path):
     """A script that waits for "open http://..." connects at once and is answered."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [RADIXCHAT, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--db", str(tmp_path / "t.db")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, port = serve(tiny_model_dir, tmp_path)
     try:
         seen = []
         for line in proc.stdout:  # ends if the server exits
