@@ -22,7 +22,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import ChatRequest, QueueFull, Sampling
+from radixchat.core.engine.requests import ChatRequest, QueueFull, Sampling, owner_of
 from radixchat.webui.api import fields, generation
 from radixchat.webui.api.chat import ChatFrames
 from radixchat.webui.api.errors import install_error_handlers
@@ -87,7 +87,9 @@ def test_a_chat_completion_is_the_fakes_reply_under_the_keys_user(http, engine, 
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "a fake reply", "tool_calls": None}
     assert body["choices"][0]["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == 3
     (req,) = engine.requests
-    assert isinstance(req, ChatRequest) and req.owner == f"user:{alice[0].id}" and req.messages[-1].content == "hi"
+    assert (
+        isinstance(req, ChatRequest) and req.owner == owner_of(alice[0].cache_key) and req.messages[-1].content == "hi"
+    )
 
 
 def test_a_streamed_chat_completion_frames_the_reply_as_openais_chunks(http):
@@ -229,7 +231,7 @@ def test_x_api_key_and_bearer_name_the_same_user(engine, store, alice):
     with TestClient(api_app(engine, store)) as client:
         assert client.post(CHAT, json=GOOD, headers={"x-api-key": key}).status_code == 200
         assert client.post(CHAT, json=GOOD, headers={"authorization": f"bearer {key}"}).status_code == 200
-    assert [q.owner for q in engine.requests] == [f"user:{user.id}"] * 2
+    assert [q.owner for q in engine.requests] == [owner_of(user.cache_key)] * 2
 
 
 def test_no_auth_takes_no_key_and_has_no_owner(engine):

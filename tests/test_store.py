@@ -890,7 +890,7 @@ def test_a_v5_database_migrates_to_branches_with_regenerated_answers_as_versions
                 "INSERT INTO messages (conversation, role, content, created) VALUES (?, ?, ?, 2.0)", [conv, role, text]
             )
     store = Store(path, scrypt=CHEAP)
-    assert store.migrated_from == 5 and store_schema.LATEST == 6
+    assert store.migrated_from == 5 and store_schema.LATEST >= 6
     olga = store.authenticate("olga", "olga-password")
     # the branch the page showed: the newest reply to the first message, then what followed it
     assert texts(store.history(olga, 1)) == ["What is a list?", "A sequence.", "And a dict?", "A mapping."]

@@ -82,12 +82,13 @@ def main(argv: list[str] | None = None) -> None:
     {"serve": cmd_serve, "ask": cmd_ask, "doctor": cmd_doctor}[args.command](args, settings)
 
 
-def _start_engine(settings: Settings, on_fatal=None):
+def _start_engine(settings: Settings, on_fatal=None, cache_owners=None):
     from radixchat.core.engine.engine import Engine
 
     try:
         engine = Engine(settings)
         engine.on_fatal = on_fatal
+        engine.cache_owners = cache_owners  # whose files the disk tier adopts (None: anyone's)
         return engine.start()
     except Exception as e:
         sys.exit(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}")
@@ -111,12 +112,17 @@ def cmd_serve(args, settings: Settings) -> None:
         sys.exit(follow(settings))
     import uvicorn
 
+    from radixchat.core.engine.requests import owner_of
     from radixchat.core.store import Store
+    from radixchat.webui.removals import RemovalWatch
     from radixchat.webui.server import build_app
 
     settings.db.parent.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db)
-    engine = _start_engine(settings, on_fatal=_stop_serving)
+    # the disk tier keeps the cached entries of today's users only: a removed user's go
+    users = {owner_of(u.cache_key) for u in store.list_users() if u.cache_key}
+    engine = _start_engine(settings, on_fatal=_stop_serving, cache_owners=users.__contains__)
+    removals = RemovalWatch(store, engine).start()  # `users remove` runs in another process
     m = engine.info
     lines = [
         f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
@@ -132,6 +138,7 @@ def cmd_serve(args, settings: Settings) -> None:
         except KeyboardInterrupt:  # Ctrl-C (SIGINT) is a clean stop, as in uvicorn.run
             pass
     finally:
+        removals.stop()
         engine.stop()
         store.close()
     if engine.fatal:

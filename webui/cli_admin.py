@@ -152,6 +152,7 @@ def cmd_users_remove(args) -> int:
     with _open(args) as store:
         n = store.remove_user(args.name)
     print(f"removed user {args.name} and {n} conversation{'s' * (n != 1)}")
+    print("their page sessions end, and a running server drops their cached prompts within seconds")
     return 0
 
 
@@ -162,7 +163,7 @@ def cmd_users_passwd(args) -> int:
     check_password(password)
     with _open(args) as store:
         store.set_password(args.name, password)
-    print(f"password of {args.name} changed")
+    print(f"password of {args.name} changed; their page sessions are signed out")
     return 0
 
 

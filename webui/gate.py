@@ -9,14 +9,19 @@ lets through only the /gradio_api routes the page uses; uploads, file downloads,
 direct API calls and the rest answer 404 before a byte of their body is read.
 
 The caller is the signed-in user of Gradio's own sign-in cookie, looked up in Gradio's token
-table as Gradio's routes do. With --no-auth everyone is the one local user (on loopback unless
---allow-open-lan), so there is no user to tell apart; sessions are bound instead to a
-per-browser cookie this module sets, so one browser still cannot stop another's reply. A
-client that keeps no cookies can start a session there but not come back to it.
+table as Gradio's routes do. That table is a `SessionTokens`: each sign-in is bound to the
+user's session key at that moment (core.store), and a cookie whose user has since changed
+their password or been removed (a new user of the same name has another key) is signed out
+at its next request, in every Gradio route and here. With --no-auth everyone is the one
+local user (on loopback unless --allow-open-lan), so there is no user to tell apart;
+sessions are bound instead to a per-browser cookie this module sets, so one browser still
+cannot stop another's reply. A client that keeps no cookies can start a session there but
+not come back to it.
 
 What this module reads of Gradio's internals (the App's cookie id and tokens, the queue's
 events) is in `GradioSide`. Which user may see which conversation stays the page's job
-(webui/page/). Runs on the server's event loop only, so its tables need no lock.
+(webui/page/). Runs on the server's event loop only, so its tables need no lock (Gradio's
+sign-out, in a worker thread, only deletes tokens: one dict operation at a time).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from typing import Any
 
 from starlette.datastructures import QueryParams
 from starlette.requests import cookie_parser
+
+from radixchat.core.store import StoreError
 
 API = "/gradio_api/"
 HEARTBEAT = "heartbeat/"
@@ -118,12 +125,61 @@ class SessionOwners:
             del self._of[owner]
 
 
+class SessionTokens(dict):
+    """Gradio's sign-in tokens (token -> user name, the dict Gradio's routes read), each
+    bound to the user's session key (`store.session_key`) when Gradio stored it, right after
+    the password was checked. `get`, which every Gradio route uses to find a cookie's user,
+    answers only while that key is the user's current one (`store.session_current`: one
+    indexed read), and forgets the token for good otherwise: a password change, a removal
+    (by the admin command, another process) or a new user of the same name signs it out."""
+
+    def __init__(self, store, tokens: dict | None = None):
+        super().__init__()
+        self._store = store
+        self._keys: dict[str, str] = {}
+        for token, name in (tokens or {}).items():
+            self[token] = name
+
+    def __setitem__(self, token: str, name: str) -> None:
+        key = self._store.session_key(name)
+        super().__setitem__(token, name)
+        if key is None:  # removed since the check: never valid
+            self._keys.pop(token, None)
+        else:
+            self._keys[token] = key
+
+    def get(self, token, default=None):
+        name = super().get(token)
+        if name is None:
+            return default
+        key = self._keys.get(token)
+        try:
+            current = key is not None and self._store.session_current(name, key)
+        except StoreError:  # the store cannot answer now: not signed in for this request only
+            return default
+        if not current:
+            self.pop(token, None)
+            return default
+        return name
+
+    def __delitem__(self, token: str) -> None:
+        super().__delitem__(token)
+        self._keys.pop(token, None)
+
+    def pop(self, token, *default):
+        self._keys.pop(token, None)
+        return super().pop(token, *default)
+
+
 class GradioSide:
     """What the gate reads of the mounted Gradio app: who a request's cookies sign in (the
-    lookup Gradio's own `get_current_user` makes) and which session an event belongs to."""
+    lookup Gradio's own `get_current_user` makes) and which session an event belongs to.
+    Given the store, it puts `SessionTokens` in place of Gradio's token table."""
 
-    def __init__(self, gradio_app, blocks):
+    def __init__(self, gradio_app, blocks, store=None):
         self._app, self._blocks = gradio_app, blocks
+        if store is not None:
+            gradio_app.tokens = SessionTokens(store, gradio_app.tokens)
 
     def user(self, cookies: dict[str, str]) -> str | None:
         cid = self._app.cookie_id

@@ -116,7 +116,7 @@ def mount_page(app: FastAPI, engine: EngineClient, settings: Settings, store: St
     # the sign-in form and the page's calls get no bigger bodies than an API request; the gate,
     # outside this limit, caps the bodies it reads itself and refuses uploads unread
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, prefixes=("/gradio_api/", "/login"))
-    app.state.page_side = side = GradioSide(gradio_app, page)  # who a page cookie signs in
+    app.state.page_side = side = GradioSide(gradio_app, page, store)  # who a page cookie signs in
     app.add_middleware(
         PageGate, side=side, no_auth=settings.no_auth, max_body=settings.max_body_bytes
     )  # outermost: refusals cost nothing downstream

@@ -4,9 +4,10 @@ Owns: writing entries (the path of every inserted sequence, a bounded number of 
 engine turn, and at once when the memory tier evicts a node that has no copy yet: it is
 spilled, not dropped), reading them back for a waiting request (`want`), placing the files
 a start finds in the tree (`open`: the tree's keys come back, K/V stays on disk until a
-hit; one whose prefix is gone is an orphan and deleted), the disk byte budget (least
-recently used leaves go first), and dropping a file that fails its checksum with
-everything that hangs below it. Files are kept per model fingerprint (core/cache/
+hit; one whose prefix is gone is an orphan and deleted, as is a removed user's), the disk
+byte budget (least recently used leaves go first), and dropping a file that fails its
+checksum with everything that hangs below it. A forgotten owner's files go with their
+nodes (core/cache/forget.py: a file nothing refers to any more is deleted). Files are kept per model fingerprint (core/cache/
 identity.py) and sharing mode, so another model never reads them; a user's private
 namespace stays theirs, in a folder only the server's user can open.
 
@@ -81,9 +82,10 @@ class DiskTier:
 
     # ---- start-up ----------------------------------------------------------------------
 
-    def open(self, tree: RadixCache, tag_of: Callable[[str], int]) -> None:
+    def open(self, tree: RadixCache, tag_of: Callable[[str], int | None]) -> None:
         """Rebuild `tree`'s keys from the files (K/V stays on disk until a hit). `tag_of`
-        gives an owner's namespace tag in this process (see core.cache.scope)."""
+        gives an owner's namespace tag in this process (see core.cache.scope), None for an
+        owner whose files are deleted instead (a removed user's)."""
         t0 = time.perf_counter()
         self.tree = tree
         tree.attach_spill(self._spill)
@@ -340,9 +342,12 @@ class DiskTier:
             self.tree.fit_disk(lambda: self.bytes > self.budget)
 
 
-def open_tier(settings, loaded, prefix, scope, wake: Callable[[], None]) -> DiskTier | None:
+def open_tier(
+    settings, loaded, prefix, scope, wake: Callable[[], None], adopts: Callable[[str], bool] = lambda owner: True
+) -> DiskTier | None:
     """The disk tier for this model (its own folder under `cache_folder`), with the tree's
-    keys rebuilt from it; None where it cannot be kept (a hub id: no files to fingerprint)."""
+    keys rebuilt from it; None where it cannot be kept (a hub id: no files to fingerprint).
+    A file of an owner `adopts` refuses (a removed user's) is deleted, never placed."""
     from radixchat.core.cache.identity import fingerprint
     from radixchat.core.engine.catalog import resolve
 
@@ -365,6 +370,6 @@ def open_tier(settings, loaded, prefix, scope, wake: Callable[[], None]) -> Disk
     make_private_dir(root, ours=settings.cache_dir is None)
     tier = DiskTier(root / fp[:32], settings.cache_disk_bytes, fp, settings.cache_sharing, prefix, wake)
     tier.stats.fingerprint_s = time.perf_counter() - t0
-    tier.open(prefix.tree, lambda owner: scope.tag(owner or None) & ~TOKEN_MASK)
+    tier.open(prefix.tree, lambda owner: scope.tag(owner or None) & ~TOKEN_MASK if adopts(owner) else None)
     prefix.attach_disk(tier)
     return tier

@@ -2,8 +2,8 @@
 
 Owns: the root (`cache_folder`: --cache-dir, else beside the SQLite file), one folder per
 model fingerprint under it, the files a start finds in this model's folder (`scan`: their
-keys, sizes and snapshots; a write a kill cut short, a file of other settings and one that
-does not parse are deleted there), pruning other models' folders to the budget, and the
+keys, sizes and snapshots; a write a kill cut short, a file of other settings, a removed
+user's and one that does not parse are deleted there), pruning other models' folders to the budget, and the
 usage `doctor` prints. Left to others: placing what `scan` found in the tree and deleting
 what nothing refers to (disk.py), what a file holds (disk_format.py), names and checksums
 (diskio.py). Runs in the engine thread when the tier opens; `disk_usage` in the CLI's.
@@ -41,9 +41,10 @@ def cache_folder(settings) -> Path:
     return Path(settings.cache_dir).expanduser() if settings.cache_dir else settings.db.parent / "kv-cache"
 
 
-def scan(folder: Path, fmt: EntryFormat, tag_of: Callable[[str], int]) -> tuple[list[Found], int]:
+def scan(folder: Path, fmt: EntryFormat, tag_of: Callable[[str], int | None]) -> tuple[list[Found], int]:
     """The files of `folder` written under `fmt`, and how many unreadable ones were dropped.
-    `tag_of` gives an owner's namespace tag in this process (see core.cache.scope)."""
+    `tag_of` gives an owner's namespace tag in this process (see core.cache.scope), or None
+    for an owner nobody may read again (a removed user): their files are deleted."""
     found, dropped = [], 0
     for p in folder.iterdir():
         if p.name.endswith(".tmp"):  # a write that never finished (killed): never visible
@@ -56,6 +57,10 @@ def scan(folder: Path, fmt: EntryFormat, tag_of: Callable[[str], int]) -> tuple[
             meta = read_header(p).get("__metadata__") or {}
             if not fmt.matches(meta):  # written under another --cache-sharing
                 log.info("disk cache: %s was written under other settings: deleted", p.name)
+                p.unlink(missing_ok=True)
+                continue
+            if "owner" in meta and tag_of(meta["owner"]) is None:
+                log.info("disk cache: %s belongs to a user no longer served: deleted", p.name)
                 p.unlink(missing_ok=True)
                 continue
             key, start = key_of(meta, tag_of)

@@ -18,6 +18,7 @@ tree compares them as fast as untagged ones. Pure Python, no MLX; the engine thr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 Sharing = Literal["system", "all", "user"]
@@ -42,6 +43,14 @@ class CacheScope:
     def tag(self, owner: str | None) -> int:
         """The bits `owner`'s own tokens carry in tree keys (0 when everything is shared)."""
         return 0 if self.sharing == "all" else self._namespace(owner) << _TAG_SHIFT
+
+    def owns(self, owner: str | None) -> Callable[[int], bool] | None:
+        """Tells which tree tokens are `owner`'s own (tagged with their namespace); None when
+        nothing is: the owner was never seen here, or everything is shared (`all`)."""
+        ns = self._ns.get(owner or "")
+        if self.sharing == "all" or ns is None:
+            return None
+        return lambda token: token >> _TAG_SHIFT == ns
 
     def min_match(self, shared_len: int) -> int:
         """Shortest match a request may use: all of the shared system message, or nothing."""

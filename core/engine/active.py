@@ -83,8 +83,16 @@ class Cancel:
 
 
 @dataclass
+class Forget:
+    """Command: drop `owner`'s namespace from the prefix cache, in memory and on disk, and
+    never store anything of theirs again (a removed user's)."""
+
+    owner: str
+
+
+@dataclass
 class Wake:
     """Command: nothing; wakes the engine thread so it sees `_stopping`."""
 
 
-Command = Submit | Cancel | Wake
+Command = Submit | Cancel | Forget | Wake

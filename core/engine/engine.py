@@ -4,7 +4,7 @@ Callers `submit` a ChatRequest from a thread (or `await asubmit` from asyncio, w
 templates in a worker thread so the event loop never runs the chat template) and get a
 RequestHandle that streams events. Validation and chat templating happen before the
 request is queued, so a bad request never reaches the engine. The engine thread drains a
-command queue (`Submit`, `Cancel`), then advances mlx-lm's BatchGenerator by one step:
+command queue (`Submit`, `Cancel`, `Forget`), then advances mlx-lm's BatchGenerator by one step:
 continuous batching, so a new request joins the running batch at the next step and a
 finished one leaves it. An error in one request ends that request alone; an error in a
 whole batch step fails the requests of that step and the engine goes on with a fresh
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 from radixchat.core.cache.scope import CacheScope
 from radixchat.core.config import Settings, kv_budget
 from radixchat.core.engine import admission
-from radixchat.core.engine.active import Active, Cancel, Command, Submit, Wake
+from radixchat.core.engine.active import Active, Cancel, Command, Forget, Submit, Wake
 from radixchat.core.engine.admission import BATCH_SHARE, over_cap
 from radixchat.core.engine.emit import Emit
 from radixchat.core.engine.fairness import FairQueue
@@ -79,6 +79,8 @@ class Engine(Intake, Recorder, PrefixUse, Emit):
         self._active: dict[str, Active] = {}  # engine thread only
         self._by_uid: dict[int, Active] = {}  # engine thread only
         self._fair = FairQueue()  # engine thread only: requests waiting for a batch slot
+        self._forgotten: set[str] = set()  # engine thread only: owners never cached again
+        self.cache_owners = None  # (owner) -> bool: whose files the disk tier adopts (None: all)
         self._owner_inflight: Counter = Counter()  # guarded by _lock: per-owner admission limit
         self._outbox = Outbox()  # events for asyncio callers, flushed once per loop turn
         self._ready = threading.Event()
@@ -281,6 +283,8 @@ class Engine(Intake, Recorder, PrefixUse, Emit):
                     a.handle._push(Finished("", "cancelled", a.usage()))
                 else:
                     self._finish(a, "cancelled")
+            elif isinstance(cmd, Forget):
+                self._forget(cmd.owner)
             try:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:

@@ -10,6 +10,7 @@ waits for rank 0's messages (core.engine.lockstep). Each applies, in rank 0's or
 - `finish`: a request that left the batch: its K/V cached as rank 0 cached it (counting the
   running batch as rank 0 counted it then), its lock released;
 - `fail`, `reserve`: a request dropped without caching; the bytes the tree keeps free;
+- `forget`: an owner's namespace dropped from the tree, as rank 0 dropped it;
 
 then checks its tree's counters against rank 0's and, when told, steps. Within a step it
 caches finished prompts as rank 0 does (`Engine._on_prompt`, the same code at the same
@@ -29,7 +30,7 @@ from radixchat.core.config import Settings
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.engine import Engine
 from radixchat.core.engine.lockstep import counters, shape_digest
-from radixchat.core.engine.recorder import Admit, AdmitRow, Fail, Finish, Op, Reserve, from_wire
+from radixchat.core.engine.recorder import Admit, AdmitRow, Fail, Finish, Forget, Op, Reserve, from_wire
 from radixchat.core.engine.requests import Sampling
 
 log = logging.getLogger("radixchat.follower")
@@ -90,6 +91,8 @@ class Follower(Engine):
             case Reserve(nbytes):
                 if self.prefix is not None:
                     self.prefix.reserve(nbytes)
+            case Forget(owner):
+                self._forget(owner)
 
     def _admit_as_rank0(self, rows: list[AdmitRow]) -> None:
         news = []

@@ -5,11 +5,15 @@ whether a request should wait for another that is prefilling the same long prefi
 (`_should_wait`), caches a request's tokens under its owner's scope (`_store`), gives the
 disk tier its share of each turn (`_disk_turn`: opened at the first, then a bounded amount
 of writing and reading back), holds a request's path while its prefix is read from disk
-(`_disk_wait`, `_unprefetch`), and starts the warm-up of system prompts. The tree, its K/V
-and the files are core.cache's; who may share what is core.cache.scope's.
+(`_disk_wait`, `_unprefetch`), starts the warm-up of system prompts, and forgets an owner
+(`forget`, the seam's method, any thread: a `Forget` command; `_forget` in the engine
+thread drops their namespace, in memory and on disk, and keeps them out of the cache for
+good; the disk tier adopts, at start-up, only the files of owners `cache_owners` knows).
+The tree, its K/V and the files are core.cache's; who may share what is core.cache.scope's.
 
 Uses of the engine's fields: `settings`, `loaded`, `prefix`, `scope`, `_active`,
-`_by_uid`, `_cmds`, `_disk_first`, `_prefetch`, `alive`, `submit`.
+`_by_uid`, `_cmds`, `_disk_first`, `_prefetch`, `_forgotten`, `cache_owners`, `alive`,
+`submit`, `_record`.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from __future__ import annotations
 import logging
 import threading
 
+from radixchat.core.cache.forget import forget
 from radixchat.core.cache.radix import common_prefix
-from radixchat.core.engine.active import Active, Wake
+from radixchat.core.cache.warm import WARM_OWNER
+from radixchat.core.engine import recorder
+from radixchat.core.engine.active import Active, Forget, Wake
 from radixchat.core.engine.admission import MIN_SHARED_PREFIX
 from radixchat.core.engine.requests import ChatRequest, RequestError
 
@@ -48,7 +55,7 @@ class PrefixUse:
     def _store(self, a: Active, tokens: list[int], caches, live: int | None = None) -> int | None:
         """Cache a request's tokens; returns the running batch's tokens it counted (which a
         sharded rank 0 sends the others: they count theirs at another moment)."""
-        if self.prefix is None:
+        if self.prefix is None or a.owner in self._forgotten:  # a removed user's: never again
             return None
         # the running batch shares the budget with the tree; requests still waiting in the
         # fair queue hold no K/V yet
@@ -70,7 +77,9 @@ class PrefixUse:
 
                 cmds = self._cmds  # (the disk threads keep this queue, not the engine)
                 try:
-                    open_tier(self.settings, self.loaded, self.prefix, self.scope, wake=lambda: cmds.put(Wake()))
+                    open_tier(
+                        self.settings, self.loaded, self.prefix, self.scope, lambda: cmds.put(Wake()), self._adopts
+                    )
                 except Exception:
                     log.exception("the prefix cache's disk tier did not open: memory tier only")
             self._start_warm_up()
@@ -81,6 +90,31 @@ class PrefixUse:
             self._cmds.put(Wake())
         elif not self._by_uid and disk.loading:
             disk.wait_io(0.02)  # nothing decodes: wait for the reader rather than spin
+
+    def _adopts(self, owner: str) -> bool:
+        """May the disk tier, opening, adopt a file of `owner` (a name as files keep it: ""
+        for --no-auth's one user)? Not a forgotten one's, nor, when the CLI said whose files
+        to keep (the store's users when the server started), anyone else's: a user removed
+        while no server ran leaves files nobody may read."""
+        if owner in self._forgotten:
+            return False
+        return self.cache_owners is None or owner in ("", WARM_OWNER) or self.cache_owners(owner)
+
+    def forget(self, owner: str) -> None:
+        """The seam's `forget` (any thread): the engine thread drops `owner`'s namespace in
+        its next turn (`_forget`)."""
+        self._cmds.put(Forget(owner))
+
+    def _forget(self, owner: str) -> None:
+        """Drop `owner`'s namespace from the prefix cache, in memory and on disk, and keep
+        whatever their running requests compute out of it (engine thread; a sharded rank 0
+        tells the others to do the same)."""
+        self._forgotten.add(owner)
+        self._record(recorder.Forget(owner))
+        theirs = self.scope.owns(owner) if self.prefix is not None else None
+        if theirs is not None:
+            dropped = forget(self.prefix.tree, theirs)
+            log.info("prefix cache: forgot %d tokens of a removed user", dropped)
 
     def _disk_wait(self, a: Active) -> bool:
         """Must `a` wait while part of its cached prefix is read back from disk? Its path

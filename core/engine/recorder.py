@@ -1,7 +1,7 @@
 """Rank 0's side of serving sharded over an mlx.launch group: what it tells the other ranks.
 
 Every change rank 0's engine makes to its batch or its prefix cache is recorded as a typed
-message (`Admit`, `Finish`, `Fail`, `Reserve`) and sent, before the next step, with the
+message (`Admit`, `Finish`, `Fail`, `Reserve`, `Forget`) and sent, before the next step, with the
 step's flag and rank 0's counters (core.engine.lockstep carries them as JSON); a follower
 (core.engine.follower) applies them in the same order. `Recorder` is a part of `Engine`
 (a mixin) and runs in the engine thread, except `_fatal`, which the watchdog thread may
@@ -64,8 +64,15 @@ class Reserve:
     nbytes: int
 
 
-Op = Admit | Finish | Fail | Reserve
-_KINDS = {cls.__name__.lower(): cls for cls in (Admit, Finish, Fail, Reserve)}
+@dataclass(frozen=True)
+class Forget:
+    """An owner's namespace left the prefix cache for good (a removed user's)."""
+
+    owner: str
+
+
+Op = Admit | Finish | Fail | Reserve | Forget
+_KINDS = {cls.__name__.lower(): cls for cls in (Admit, Finish, Fail, Reserve, Forget)}
 
 
 def to_wire(op: Op) -> dict:

@@ -108,11 +108,20 @@ class Sampling(BaseModel):
         return None if self.seed is None else self.seed % 2**64
 
 
-def owner_of(user_id: int | None) -> str | None:
+OWNER_PREFIX = "key:"
+
+
+def owner_of(cache_key: str | None) -> str | None:
     """The `owner` of a signed-in user's requests, one for the page and the API alike, so the
     same person has one namespace in the prefix cache and one share of the engine (None: the
-    one trusted user of --no-auth)."""
-    return None if user_id is None else f"user:{user_id}"
+    one trusted user of --no-auth). It comes from the user's random cache key (the store's
+    `User.cache_key`), never from their id: an id is reused once its user is removed, and the
+    next user must not find the removed one's cached text (in memory, on disk, after a restart)."""
+    if cache_key is None:
+        return None
+    if not isinstance(cache_key, str) or len(cache_key) < 16:
+        raise ValueError("a user's cache key is missing")  # never one namespace for several users
+    return OWNER_PREFIX + cache_key
 
 
 class ChatRequest(BaseModel):

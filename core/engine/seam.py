@@ -1,12 +1,12 @@
 """The seam between the web layer and an engine: what webui/ may know of one.
 
 `EngineClient` is a small protocol: `submit`/`asubmit` a request and get a `RequestHandle`
-that streams events, `cancel` one, `tokenize` text, read `stats()` (a typed snapshot) and
-`info` (a plain `ModelInfo`). webui/ imports this module, core.engine.requests (the requests
-and events) and core.engine.handle (the handle), nothing else of core/engine: it never sees
-an nn.Module, a tokenizer, the batch or the prefix tree, so another implementation (a
-second model's engine, an engine on another machine) can stand behind the same routes and
-page. core.engine.engine.Engine is the in-process one; tests/support/fake_engine.py is one
+that streams events, `cancel` one, `forget` a removed user's cache entries, `tokenize`
+text, read `stats()` (a typed snapshot) and `info` (a plain `ModelInfo`). webui/ imports
+this module, core.engine.requests (the requests and events) and core.engine.handle (the
+handle), nothing else of core/engine: it never sees an nn.Module, a tokenizer, the batch or
+the prefix tree, so another implementation (a second model's engine, an engine on another
+machine) can stand behind the same routes and page. core.engine.engine.Engine is the in-process one; tests/support/fake_engine.py is one
 with no model at all, for the web layer's unit tests.
 
 Value types only here (no MLX, no threads): `stats()` is safe from any thread and is a
@@ -169,8 +169,8 @@ class EngineClient(Protocol):
 
     def submit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
         """Check, template (or tokenize) and queue a request; raises RequestError (or its
-        QueueFull) when refused. It templates in the caller's thread: from an event loop use
-        `asubmit`."""
+        QueueFull) when refused. The caller's thread waits while the request is templated:
+        from an event loop use `asubmit`."""
         ...
 
     async def asubmit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
@@ -180,6 +180,12 @@ class EngineClient(Protocol):
 
     def cancel(self, request_id: str) -> None:
         """Stop a queued or running request; its handle ends with finish reason `cancelled`."""
+        ...
+
+    def forget(self, owner: str) -> None:
+        """Drop every prefix-cache entry of `owner`'s namespace, in memory and on disk, and
+        never cache anything of theirs again: a removed user's private text must not outlive
+        them. Returns at once; entries a running request holds go as well (it ends as usual)."""
         ...
 
     def tokenize(self, text: str) -> list[int]:

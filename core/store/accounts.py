@@ -3,8 +3,11 @@
 Owns the `users` and `api_keys` rows: creating users, setting passwords, listing, removing a
 user (their conversations, messages and keys go with them through ON DELETE CASCADE; their
 request metrics stay, unlinked), making, listing and revoking keys, and checking a password or
-a key. Hashing itself is core.store.auth; sign-in throttling, sessions and
-reading keys from HTTP headers are webui's. A key's "last used" is noted through the metrics
+a key. And a user's two random identities (schema V7): the cache key that names their prefix
+cache namespace (`User.cache_key`; a removed user's is noted in `removed_users` for the running
+server to forget, `removed_cache_keys`), and the session key a page sign-in is bound to (a new
+one on each password change: `session_key`, `session_current`). Hashing itself is
+core.store.auth; sign-in throttling, sessions and reading keys from HTTP headers are webui's. A key's "last used" is noted through the metrics
 writer thread (`_touch_api_key`, core.store.metrics), so checking a key never waits for the
 write lock. Called from HTTP handlers, the page's workers and the admin command, each thread on
 its own connection.
@@ -12,6 +15,7 @@ its own connection.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import replace
 
@@ -36,7 +40,9 @@ from radixchat.core.store.types import (
 
 _TOUCH_EVERY_S = 60.0  # how stale a key's last_used may get: saves a write per API call
 
-_USER_COLUMNS = "SELECT id, name, created FROM users"
+# a user without a cache key (one an older program added) reads as "", which owner_of refuses:
+# their requests fail rather than share one namespace with every such user
+_USER_COLUMNS = "SELECT id, name, created, coalesce(cache_key, '') FROM users"
 _KEY_COLUMNS = (
     "SELECT k.id, k.owner, u.name, k.visible, k.label, k.created, k.last_used, k.revoked "
     "FROM api_keys k JOIN users u ON u.id = k.owner"
@@ -59,11 +65,13 @@ class AccountsMixin(StoreBase):
                 raise AlreadyExists(f"user {name!r} already exists")
         hashed = auth.hash_password(password, self._scrypt)  # slow: not while holding the lock
         now = time.time()
+        cache_key = _new_key()
         with self._tx(write=True) as db:
             if db.execute(taken, [name]).fetchone():  # again: someone may have been quicker
                 raise AlreadyExists(f"user {name!r} already exists")
-            uid = db["users"].insert({"name": name, "password_hash": hashed, "created": now}).last_pk
-        return User(uid, name, now)
+            row = {"name": name, "password_hash": hashed, "created": now, "cache_key": cache_key}
+            uid = db["users"].insert({**row, "session_key": _new_key()}).last_pk
+        return User(uid, name, now, cache_key)
 
     def authenticate(self, name: str, password: str) -> User:
         """The user if the password is right; otherwise AuthFailed, the same for an unknown
@@ -71,22 +79,40 @@ class AccountsMixin(StoreBase):
         row = None
         if is_valid_name(name):
             with self._tx(write=False) as db:
-                row = db.execute("SELECT id, name, created, password_hash FROM users WHERE name = ?", [name]).fetchone()
+                row = db.execute(
+                    "SELECT id, name, created, coalesce(cache_key, ''), password_hash FROM users WHERE name = ?", [name]
+                ).fetchone()
         if not isinstance(password, str) or len(password) > MAX_PASSWORD_CHARS:
             password = ""
         if row is None:
             auth.burn_password_check(password, self._scrypt)
-        elif auth.verify_password(password, row[3]):
-            return User(*row[:3])
+        elif auth.verify_password(password, row[4]):
+            return User(*row[:4])
         raise AuthFailed("wrong user name or password")
 
     def set_password(self, name: str, password: str) -> None:
+        """Set a user's password; every page session they opened before ends (a new session key)."""
         check_password(password)
         hashed = auth.hash_password(password, self._scrypt)
         with self._tx(write=True) as db:
             # by name (case aside, as the column collates), not by id: one statement finds and sets
-            if not db.execute("UPDATE users SET password_hash = ? WHERE name = ?", [hashed, name]).rowcount:
+            sql = "UPDATE users SET password_hash = ?, session_key = ? WHERE name = ?"
+            if not db.execute(sql, [hashed, _new_key(), name]).rowcount:
                 raise NotFound(f"user {name!r} not found")
+
+    def session_key(self, name: str) -> str | None:
+        """The key a page sign-in of `name` is bound to now (None: no such user). A session
+        holds on to it and is valid while `session_current` says so."""
+        with self._tx(write=False) as db:
+            row = db.execute("SELECT session_key FROM users WHERE name = ?", [name]).fetchone()
+        return row[0] if row else None
+
+    def session_current(self, name: str, key: str) -> bool:
+        """Is a page session of `name` bound to `key` still valid? Not once the password
+        changed, nor once the user was removed (a new user of the same name has another key)."""
+        with self._tx(write=False) as db:
+            row = db.execute("SELECT 1 FROM users WHERE name = ? AND session_key = ?", [name, key]).fetchone()
+        return row is not None
 
     def get_user(self, name: str) -> User:
         with self._tx(write=False) as db:
@@ -110,12 +136,21 @@ class AccountsMixin(StoreBase):
         """Delete a user with their conversations, messages and keys; their request metrics
         stay, unlinked. Returns how many conversations went with them."""
         with self._tx(write=True) as db:
-            row = db.execute("SELECT id FROM users WHERE name = ?", [name]).fetchone()
+            row = db.execute("SELECT id, cache_key FROM users WHERE name = ?", [name]).fetchone()
             if row is None:
                 raise NotFound(f"user {name!r} not found")
-            n = db["conversations"].count_where("owner = ?", row)
+            n = db["conversations"].count_where("owner = ?", row[:1])
             db["users"].delete(row[0])
+            if row[1] is not None:  # for the running server (another process) to drop their cache entries
+                db["removed_users"].insert({"cache_key": row[1], "removed": time.time()})
         return n
+
+    def removed_cache_keys(self, after: int = 0) -> list[tuple[int, str]]:
+        """(row id, cache key) of the users removed since row `after`, oldest first: a server
+        polls it with the last id it has seen."""
+        with self._tx(write=False) as db:
+            sql = "SELECT id, cache_key FROM removed_users WHERE id > ? ORDER BY id"
+            return [(r[0], r[1]) for r in db.execute(sql, [after])]
 
     # ---- API keys ----
 
@@ -183,7 +218,7 @@ class AccountsMixin(StoreBase):
             raise AuthFailed("invalid API key")
         with self._tx(write=False) as db:
             row = db.execute(
-                "SELECT k.id, k.revoked, k.last_used, u.id, u.name, u.created "
+                "SELECT k.id, k.revoked, k.last_used, u.id, u.name, u.created, coalesce(u.cache_key, '') "
                 "FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.key_hash = ?",
                 [auth.api_key_hash(key)],
             ).fetchone()
@@ -196,3 +231,8 @@ class AccountsMixin(StoreBase):
         if last_used is None or now - last_used > _TOUCH_EVERY_S:
             self._touch_api_key(kid, now)
         return User(*owner)
+
+
+def _new_key() -> str:
+    """128 random bits as hex: a cache or session key (never derived from anything reused)."""
+    return secrets.token_hex(16)

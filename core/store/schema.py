@@ -158,7 +158,34 @@ UPDATE messages SET parent = (
 UPDATE conversations SET leaf = (SELECT max(id) FROM messages WHERE conversation = conversations.id);
 """
 
-MIGRATIONS: list[str] = [_V1_CHAT, _V2_KEYS_AND_METRICS, _V3_SEARCH, _V4_SHARES, _V5_SIDEBAR, _V6_BRANCHES]
+# identity that outlives no user. `users.id` is reused once the highest one is removed, so
+# nothing that must stay one person's may be keyed by it. `cache_key` names a user's private
+# namespace in the engine's prefix cache (memory, disk files, restarts): random, set once,
+# never reused, never shown to a client. `session_key` is what a page sign-in is bound to: a
+# new one on every password change, so the sessions opened before it end (webui/gate.py).
+# Removing a user notes their cache key in `removed_users`, which a running server (another
+# process than the admin command's) reads to drop that namespace from its cache.
+_V7_IDENTITY = """
+ALTER TABLE users ADD COLUMN cache_key TEXT;
+ALTER TABLE users ADD COLUMN session_key TEXT;
+UPDATE users SET cache_key = lower(hex(randomblob(16))), session_key = lower(hex(randomblob(16)));
+CREATE UNIQUE INDEX users_by_cache_key ON users(cache_key);
+CREATE TABLE removed_users (
+    id INTEGER PRIMARY KEY,
+    cache_key TEXT NOT NULL,
+    removed REAL NOT NULL
+);
+"""
+
+MIGRATIONS: list[str] = [
+    _V1_CHAT,
+    _V2_KEYS_AND_METRICS,
+    _V3_SEARCH,
+    _V4_SHARES,
+    _V5_SIDEBAR,
+    _V6_BRANCHES,
+    _V7_IDENTITY,
+]
 LATEST = len(MIGRATIONS)
 
 

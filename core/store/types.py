@@ -55,6 +55,9 @@ class User:
     id: int
     name: str
     created: float
+    # names the user's namespace in the engine's prefix cache (core.engine.requests.owner_of):
+    # random and never reused, unlike `id`; for the server's own use, never shown to a client
+    cache_key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

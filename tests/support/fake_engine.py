@@ -27,6 +27,7 @@ class FakeEngine:
         self.reply, self._info, self.refuse = reply, info, refuse
         self.requests: list[ChatRequest | PromptRequest] = []  # every request it accepted, in order
         self.cancelled: list[str] = []
+        self.forgotten: list[str] = []  # owners whose cache entries it was told to drop, in order
         self.hold = False  # True: accepted requests wait, unanswered, until release()
         self._held: list[tuple[RequestHandle, ChatRequest | PromptRequest]] = []
         self._open: dict[str, RequestHandle] = {}
@@ -55,6 +56,10 @@ class FakeEngine:
         if handle is not None:
             handle._push(Finished("", "cancelled"))
             self._outbox.flush()
+
+    def forget(self, owner: str) -> None:
+        with self._lock:
+            self.forgotten.append(owner)
 
     def stats(self) -> EngineStats:
         with self._lock:

@@ -38,7 +38,7 @@ async def chat_completions(
     except toolcalls.ToolsUnsupported as e:
         raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
     messages = [m.for_template() for m in body.messages]
-    owner = owner_of(user and user.id)
+    owner = owner_of(user and user.cache_key)
     handles = await generation.submit_choices(
         Ledger(metrics, store, engine.info.model_id, user),
         body.n,
@@ -68,7 +68,7 @@ async def completions(
     metrics: MetricsDep,
 ):
     check_model(engine, body.model)
-    owner = owner_of(user and user.id)
+    owner = owner_of(user and user.cache_key)
     handles = await generation.submit_choices(
         Ledger(metrics, store, engine.info.model_id, user),
         body.n,

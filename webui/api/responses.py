@@ -71,7 +71,9 @@ async def create_response(
     handle = await generation.submit(
         Ledger(metrics, store, model, user),
         lambda: engine.asubmit(
-            ChatRequest(messages=system + history + turn, sampling=Sampling(**fields), owner=owner_of(user and user.id))
+            ChatRequest(
+                messages=system + history + turn, sampling=Sampling(**fields), owner=owner_of(user and user.cache_key)
+            )
         ),
     )
     rid, previous = new_id("resp"), body.previous_response_id

@@ -54,7 +54,7 @@ class Chats:
     def owner(self, user: User) -> str | None:
         """Whose requests these are, for the engine's cache scope and fair share (None: the
         one trusted user of --no-auth)."""
-        return owner_of(user.id if self.signed_in else None)
+        return owner_of(user.cache_key if self.signed_in else None)
 
     # ---- the sidebar ----
 
