@@ -127,6 +127,20 @@ class Settings(BaseSettings):
         description="Most requests one user may have waiting or "
         "running at once (--no-auth is one trusted user, without this limit)",
     )
+    prepare_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Threads that template requests and compile their grammars before "
+        "they are queued, shared by user in turn: one user's queued preparations wait "
+        "behind other users'",
+    )
+    max_schema_bytes: int = Field(
+        64 << 10,
+        ge=1024,
+        description="Largest JSON schema (response_format) or forced tool call's "
+        "grammar a request may bring, in bytes (larger ones are refused before compiling)",
+    )
     max_tokens: int = Field(256, ge=1, description="Default reply length in tokens")
     context_length: int | None = Field(None, ge=16, description="Override the model's context length")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from radixchat.core.engine.engine import INTERNAL_ERROR
-from radixchat.core.engine.requests import ChatRequest, Failed, Finished, RequestError, TextDelta
+from radixchat.core.engine.requests import ChatRequest, Failed, Finished, PromptRequest, RequestError, TextDelta
 
 WORDS = ["lists", "tuples", "dicts", "sets", "generators", "classes", "modules", "strings"]
 
@@ -106,6 +106,51 @@ def test_a_schema_compiles_in_a_worker_thread_never_the_engines_or_the_loops(eng
     loop_thread, final = asyncio.run(main())
     assert isinstance(final, Finished) and len(threads) == 1
     assert threads[0] not in ("radixchat-engine", loop_thread), threads
+
+
+def test_a_body_longer_than_the_context_can_hold_is_refused_without_tokenizing(engine, monkeypatch):
+    """No text longer than the context times the vocabulary's longest token fits: it is
+    refused from its length, before the tokenizer spends seconds on it."""
+    m = engine.loaded
+    calls = []
+    monkeypatch.setattr(engine, "template", lambda r: calls.append(r))
+    monkeypatch.setattr(engine, "tokenize", lambda t: calls.append(t))
+    monkeypatch.setattr(m.tokenizer, "apply_chat_template", lambda *a, **kw: calls.append(a))
+    monkeypatch.setattr(m.tokenizer._tokenizer, "encode", lambda *a, **kw: calls.append(a))
+    too_long = "x" * (m.context_length * m.max_token_chars + 1)
+    tool = {"type": "function", "function": {"name": "f", "description": too_long}}
+    for make in (
+        lambda: ChatRequest(messages=[{"role": "user", "content": too_long}]),
+        lambda: ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=[tool]),
+        lambda: PromptRequest(prompt=too_long),
+    ):
+        with pytest.raises(RequestError) as info:
+            engine.submit(make())
+        assert info.value.status == 413 and info.value.code == "context_length_exceeded"
+        assert f"maximum context length is {m.context_length} tokens" in info.value.message
+    assert not calls and engine.stats().inflight == 0
+
+
+@pytest.mark.parametrize("field", ["json_schema", "lark"])
+def test_a_grammar_over_the_size_limit_is_refused_before_compiling(engine, monkeypatch, field):
+    import radixchat.core.engine.constrain as constrain
+
+    compiled = []
+    monkeypatch.setattr(constrain, "grammar_for", lambda s: compiled.append(s))
+    monkeypatch.setattr(constrain, "grammar_of_lark", lambda s: compiled.append(s))
+    limit = engine.settings.max_schema_bytes
+    big = {
+        "json_schema": {
+            "type": "object",
+            "properties": {f"p{i}": {"type": "string", "description": "d" * 100} for i in range(limit // 100)},
+        },
+        "lark": 'start: "' + "a" * limit + '"',
+    }[field]
+    with pytest.raises(RequestError) as info:
+        asyncio.run(engine.asubmit(chat("lists", **{field: big})))
+    assert info.value.status == 400 and info.value.code == "schema_too_large"
+    assert f"limit of {limit:,} bytes" in info.value.message and not compiled
+    assert engine.stats().inflight == 0
 
 
 def test_engine_checked_offset_semantics_at_start(engine):

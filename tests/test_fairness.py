@@ -13,6 +13,7 @@ import pytest
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
 from radixchat.core.engine.fairness import FairQueue
+from radixchat.core.engine.prepare import FairPool
 from radixchat.core.engine.requests import ChatRequest, Finished, RequestError
 
 
@@ -256,3 +257,117 @@ def test_the_engine_starts_a_users_cached_request_before_an_uncached_one(tiny_mo
         assert order == ["again", "uncached"], order
     finally:
         eng.stop()
+
+
+async def ended(handles) -> list:
+    """Cancel asyncio handles and return each one's final event."""
+    for h in handles:
+        h.cancel()
+    return [[ev async for ev in h][-1] for h in handles]
+
+
+def test_requests_sent_at_once_past_the_limit_cost_no_templating(small_batch, monkeypatch):
+    """Sixteen of mallory's requests arrive together against a limit of eight: the slot is
+    taken before any work, so eight are prepared and eight refused at once (when the count
+    was only read before templating, all sixteen passed it and were templated)."""
+    calls = []
+    real = small_batch.template
+
+    def template(r):
+        calls.append(r)
+        time.sleep(0.02)
+        return real(r)
+
+    monkeypatch.setattr(small_batch, "template", template)
+
+    async def flood():
+        sent = [small_batch.asubmit(req("mallory", f"q{i}", n=40)) for i in range(16)]
+        out = await asyncio.gather(*sent, return_exceptions=True)
+        held = [h for h in out if not isinstance(h, BaseException)]
+        return out, held, await ended(held)
+
+    out, held, finals = asyncio.run(flood())
+    refused = [e for e in out if isinstance(e, RequestError)]
+    assert len(held) == 8 and len(refused) == 8, out
+    assert all(e.status == 429 and e.code == "user_limit" for e in refused)
+    assert len(calls) == 8 and all(isinstance(f, Finished) for f in finals)
+    assert small_batch._owner_inflight["mallory"] == 0 and small_batch.stats().inflight == 0
+
+
+def test_the_queue_limit_is_taken_before_templating_too(small_batch, monkeypatch):
+    calls = []
+    real = small_batch.template
+    monkeypatch.setattr(small_batch, "template", lambda r: calls.append(r) or real(r))
+    monkeypatch.setattr(small_batch.settings, "max_queue", 3)
+
+    async def flood():
+        sent = [small_batch.asubmit(req(f"user{i}", "hello", n=40)) for i in range(6)]
+        out = await asyncio.gather(*sent, return_exceptions=True)
+        held = [h for h in out if not isinstance(h, BaseException)]
+        return out, held, await ended(held)
+
+    out, held, _ = asyncio.run(flood())
+    assert len(held) == 3 and len(calls) == 3, out
+    assert all(isinstance(e, RequestError) and e.code == "queue_full" for e in out if e not in held)
+    assert small_batch.stats().inflight == 0
+
+
+def test_a_users_request_is_prepared_after_about_one_of_a_floods_slow_preparations(small_batch, monkeypatch):
+    """Eight of mallory's slow templatings (each holding the tokenizer, as a long
+    conversation's does) are queued before alice's request: alice waits for about one of
+    them, not all eight (in asyncio's shared pool she waited behind the flood)."""
+    slow = 0.3
+    real = small_batch.template
+
+    def template(r):
+        if r.owner == "mallory":
+            with small_batch._tok_lock:
+                time.sleep(slow)
+        return real(r)
+
+    monkeypatch.setattr(small_batch, "template", template)
+
+    async def main():
+        flood = [asyncio.ensure_future(small_batch.asubmit(req("mallory", f"slow {i}", n=2))) for i in range(8)]
+        await asyncio.sleep(slow / 3)  # mallory's first is being templated, the rest wait
+        t = time.perf_counter()
+        mine = await small_batch.asubmit(req("alice", "a quick one", n=2))
+        waited = time.perf_counter() - t
+        flood_done = [f.done() for f in flood]
+        return waited, flood_done, await ended([*await asyncio.gather(*flood), mine])
+
+    waited, flood_done, finals = asyncio.run(main())
+    assert waited < 2 * slow, waited
+    assert sum(flood_done) <= 2, flood_done  # she did not wait for the flood
+    assert all(isinstance(f, Finished) for f in finals)
+    assert small_batch.stats().inflight == 0
+
+
+def test_the_preparation_pool_serves_the_least_served_owner_first():
+    pool = FairPool(1)
+    order, gate = [], threading.Event()
+    first = pool.submit("mallory", gate.wait, 10)
+    flood = [pool.submit("mallory", order.append, f"m{i}") for i in range(4)]
+    mine = pool.submit("alice", order.append, "a0")
+    dropped = pool.submit("mallory", order.append, "dropped")
+    assert dropped.cancel()  # a caller that gave up: its job never runs
+    gate.set()
+    for f in [first, *flood, mine]:
+        f.result(10)
+    assert order == ["a0", "m0", "m1", "m2", "m3"], order
+
+
+def test_serial_jobs_run_one_at_a_time_and_leave_a_worker_to_the_others():
+    """Two workers: while one runs a serial job (templating holds the tokenizer), the other
+    takes a plain job (a grammar to compile) rather than block behind the serial one."""
+    pool = FairPool(2)
+    gate, order = threading.Event(), []
+    busy = pool.submit("mallory", gate.wait, 10, serial=True)
+    waiting = pool.submit("mallory", order.append, "serial", serial=True)
+    plain = pool.submit("alice", order.append, "plain")
+    plain.result(10)
+    assert order == ["plain"] and not waiting.done()
+    gate.set()
+    busy.result(10)
+    waiting.result(10)
+    assert order == ["plain", "serial"]

@@ -1,14 +1,17 @@
 """The engine's side that callers run: the seam's methods (core.engine.seam.EngineClient).
 
 `Intake` is a part of `Engine` (a mixin, as SGLang's scheduler is made of mixins): it
-checks, templates and queues requests, tokenizes, cancels, and reads `stats` and `info`.
-Any thread runs it: HTTP's event loop (through `asubmit`, which templates and compiles
-grammars in worker threads), Gradio's workers, the CLI. It never takes the engine thread's
-place: everything it hands over goes through the command queue (`Submit`, `Cancel`), and
-the only state it shares with the engine thread is the in-flight counters under
-`self._lock`. The tokenizer has a lock of its own (`self._tok_lock`), never the one the
-engine thread takes to free a slot. No MLX here beyond what the tokenizer and the
-grammar compiler do.
+checks, counts, prepares and queues requests, tokenizes, cancels, and reads `stats` and
+`info`. Any thread runs it: HTTP's event loop (`asubmit`), Gradio's workers, the CLI. A
+request counts against the queue and its owner's `--max-user-requests` from the moment it
+arrives, before any work is done for it (after the checks that need only its size,
+core.engine.prepare.check_bounds); templating, tokenizing and grammar compiling then run
+in core.engine.prepare's pool, shared fairly by owner, never in the caller's thread nor
+asyncio's shared executor. It never takes the engine thread's place: everything it hands
+over goes through the command queue (`Submit`, `Cancel`), and the only state it shares
+with the engine thread is the in-flight counters under `self._lock`. The tokenizer has a
+lock of its own (`self._tok_lock`), never the one the engine thread takes to free a slot.
+No MLX here beyond what the tokenizer and the grammar compiler do.
 
 Uses of the engine's fields: `settings`, `loaded`, `prefix` (whether the model is hybrid,
 whether the cache is on, its figures), `link`, `in_step`, `steps`, `started_at`,
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from radixchat.core.engine import prepare
 from radixchat.core.engine.active import Active, Cancel, Submit, Templated
 from radixchat.core.engine.handle import RequestHandle
 from radixchat.core.engine.requests import ChatRequest, PromptRequest, QueueFull, RequestError, Sampling
@@ -36,6 +40,8 @@ from radixchat.core.engine.seam import (
 
 
 class Intake:
+    _prep: prepare.FairPool | None = None  # the preparation pool, made at the first request
+
     @property
     def info(self) -> ModelInfo:
         """The served model (core.engine.seam): fixed once `start` has returned."""
@@ -94,37 +100,67 @@ class Intake:
         )
 
     def submit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
-        """Validate, template and queue a request. Raises RequestError when refused.
+        """Check, count, prepare (template or tokenize, compile any grammar) and queue a
+        request. Raises RequestError when refused. The caller's thread waits while the
+        preparation pool does the work, in turn with other users' (core.engine.prepare)."""
+        self._check_bounds(request)
+        self._take_slot(request.owner)
+        try:
+            return self._queue_prepared(request, *prepare.wait(self._prepare(request)))
+        except BaseException:
+            self._give_slot(request.owner)
+            raise
 
-        Templating takes milliseconds to tens of them for a long conversation: from an event
-        loop use `asubmit`, which does it in a worker thread."""
-        self._check_owner(request.owner)
-        if isinstance(request, PromptRequest):
-            return self.submit_tokens(self.tokenize(request.prompt), request.sampling, owner=request.owner)
-        p = self.template(request)
-        return self.submit_tokens(
-            p.tokens, request.sampling, p.boundaries, shared_len=p.shared_len, owner=request.owner
-        )
+    async def asubmit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
+        """`submit` for asyncio callers: the loop is free while the request is prepared, and
+        the handle delivers its events to the calling loop."""
+        self._check_bounds(request)
+        self._take_slot(request.owner)  # a flood's refusals cost no templating
+        try:
+            return self._queue_prepared(request, *await prepare.await_all(self._prepare(request)))
+        except BaseException:
+            self._give_slot(request.owner)  # refused, failed, or its caller gave up
+            raise
 
-    async def asubmit(self, request: ChatRequest) -> RequestHandle:
-        """`submit` for asyncio callers: the template and any grammar are built in a worker
-        thread, and the handle delivers its events to the calling loop."""
-        self._check_owner(request.owner)  # a flood's refusals cost no templating
-        constraint = (
-            await asyncio.to_thread(self.constraint, request.sampling) if request.sampling.constrained else None
-        )
-        if isinstance(request, PromptRequest):
-            tokens = await asyncio.to_thread(self.tokenize, request.prompt)
-            return self.submit_tokens(tokens, request.sampling, owner=request.owner, constraint=constraint)
-        p = await asyncio.to_thread(self.template, request)
-        return self.submit_tokens(
-            p.tokens,
-            request.sampling,
-            p.boundaries,
-            shared_len=p.shared_len,
-            owner=request.owner,
-            constraint=constraint,
-        )
+    def _check_bounds(self, request: ChatRequest | PromptRequest) -> None:
+        """What can be refused from sizes alone, before the request counts or costs anything."""
+        if not isinstance(request, (ChatRequest, PromptRequest)):
+            raise TypeError("submit takes a ChatRequest or a PromptRequest")
+        if self.loaded is None or not self._ready.is_set() or self._stopping or self._closed:
+            raise RequestError("the engine is not running", 503, "engine_unavailable")
+        m = self.loaded
+        prepare.check_bounds(request, m.context_length, m.max_token_chars, self.settings.max_schema_bytes)
+
+    def _prepare(self, request: ChatRequest | PromptRequest) -> list:
+        """Futures of the request's prompt (Templated, or tokens) and of its grammar's matcher
+        when it has one, from the preparation pool: the grammar first, so a bad one is refused
+        before any templating, and the two may run side by side."""
+        pool = self._prep
+        if pool is None:
+            with self._lock:  # made once, by whichever caller comes first
+                if self._prep is None:
+                    self._prep = prepare.FairPool(self.settings.prepare_threads)
+                pool = self._prep
+        owner, jobs = request.owner, []
+        if request.sampling.constrained:
+            jobs.append(pool.submit(owner, self.constraint, request.sampling))
+        if isinstance(request, PromptRequest):  # both hold the tokenizer's lock: serial
+            jobs.insert(0, pool.submit(owner, self.tokenize, request.prompt, serial=True))
+        else:
+            jobs.insert(0, pool.submit(owner, self.template, request, serial=True))
+        return jobs
+
+    def _queue_prepared(self, request, prompt, constraint=None) -> RequestHandle:
+        if isinstance(prompt, Templated):
+            return self._enqueue(
+                prompt.tokens,
+                request.sampling,
+                prompt.boundaries,
+                shared_len=prompt.shared_len,
+                owner=request.owner,
+                constraint=constraint,
+            )
+        return self._enqueue(prompt, request.sampling, owner=request.owner, constraint=constraint)
 
     def tokenize(self, text: str) -> list[int]:
         """Plain text's tokens, no chat template. Any thread; never the engine's lock."""
@@ -183,6 +219,27 @@ class Intake:
     ) -> RequestHandle:
         """Queue an already tokenized prompt (plain completions: no system message, so all
         of it lives in `owner`'s part of the prefix cache)."""
+        self._take_slot(owner)
+        try:
+            return self._enqueue(
+                prompt, sampling, boundaries, shared_len=shared_len, owner=owner, constraint=constraint
+            )
+        except BaseException:
+            self._give_slot(owner)
+            raise
+
+    def _enqueue(
+        self,
+        prompt: list[int],
+        sampling: Sampling,
+        boundaries: list[int] | None = None,
+        *,
+        shared_len: int = 0,
+        owner: str | None = None,
+        constraint=None,
+    ) -> RequestHandle:
+        """Check a prepared prompt and hand it to the engine thread; its slot is taken (by
+        `_take_slot`) and is the caller's to give back if this raises."""
         if not self._ready.is_set() or self._stopping or self._closed:
             raise RequestError("the engine is not running", 503, "engine_unavailable")
         ctx = self.loaded.context_length
@@ -208,13 +265,6 @@ class Intake:
         if constraint is None and sampling.constrained:
             constraint = self.constraint(sampling)
         max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
-        with self._lock:
-            if self._inflight >= self.settings.max_queue:
-                raise QueueFull(self._inflight)
-            self._check_owner(owner)
-            self._inflight += 1
-            if owner is not None:
-                self._owner_inflight[owner] += 1
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -247,10 +297,10 @@ class Intake:
         return family(getattr(self.loaded.tokenizer, "chat_template", None)) if self.loaded else None
 
     def constraint(self, sampling: Sampling):
-        """The request's grammar, compiled into its matcher in the caller's thread: a bad one
-        is refused before it is queued, and however long a user's schema takes to compile
-        (llguidance's limits bound it), the engine thread, which every stream waits on,
-        never compiles anything."""
+        """The request's grammar, compiled into its matcher before it is queued (in the
+        preparation pool, or submit_tokens's caller's thread): a bad one is refused there,
+        and however long a user's schema takes to compile (its size and llguidance's limits
+        bound it), the engine thread, which every stream waits on, never compiles anything."""
         from radixchat.core.engine import constrain
 
         lark = sampling.lark
@@ -262,17 +312,32 @@ class Intake:
                 f"{'response_format' if lark is None else 'tools'}: {e}", code="invalid_schema"
             ) from None
 
-    def _check_owner(self, owner: str | None) -> None:
-        """Refuse a request of an owner who has `max_user_requests` waiting or running (a
-        read of a counter: callers check before templating, submit_tokens under the lock)."""
-        mine = self._owner_inflight[owner] if owner is not None else 0
-        if mine >= self.settings.max_user_requests:
-            raise RequestError(
-                f"you already have {mine} requests waiting or running, the most one "
-                "user may have at once: retry when one has finished",
-                429,
-                "user_limit",
-            )
+    def _take_slot(self, owner: str | None) -> None:
+        """Count a request against the queue and its owner before any work is done for it
+        (templating, compiling): a flood is refused at the limit, never after costing the
+        cores the batch needs, and what one owner has counted is all it can have in flight.
+        Whoever refuses the request later gives the slot back (`_give_slot`); once it is
+        queued, the engine thread does, when it ends."""
+        with self._lock:
+            if self._inflight >= self.settings.max_queue:
+                raise QueueFull(self._inflight)
+            mine = self._owner_inflight[owner] if owner is not None else 0
+            if mine >= self.settings.max_user_requests:
+                raise RequestError(
+                    f"you already have {mine} requests waiting or running, the most one "
+                    "user may have at once: retry when one has finished",
+                    429,
+                    "user_limit",
+                )
+            self._inflight += 1
+            if owner is not None:
+                self._owner_inflight[owner] += 1
+
+    def _give_slot(self, owner: str | None) -> None:
+        with self._lock:
+            self._inflight -= 1
+            if owner is not None:
+                self._owner_inflight[owner] -= 1
 
     def cancel(self, rid: str) -> None:
         self._cmds.put(Cancel(rid))

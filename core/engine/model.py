@@ -38,6 +38,9 @@ class LoadedModel:
     dtype: str
     num_layers: int
     vocab_size: int  # rows of the output logits: the largest top_k a sampler can take
+    # the longest token's text in characters: no text longer than context_length times this
+    # fits in the context, whatever it says (0: unknown, no such bound)
+    max_token_chars: int = 0
     gguf: GGUFInfo | None = None  # the source file, when the model came from a GGUF
     runs_as: str = ""  # the dtype it computes in, and whether packed weights stay packed
     card: Card | None = None  # name, size, license, note, recommended sampling (core.engine.catalog)
@@ -136,6 +139,7 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
         dtype=dtype_name,
         num_layers=len(getattr(model, "layers", [])),
         vocab_size=_vocab_size(config, tokenizer),
+        max_token_chars=_max_token_chars(tokenizer),
         gguf=gguf,
         runs_as=_runs_as(model, dtype_name),
         card=card,
@@ -146,3 +150,14 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
 def _vocab_size(config: dict, tokenizer) -> int:
     val = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
     return val if isinstance(val, int) and val > 0 else len(tokenizer.vocab)
+
+
+def _max_token_chars(tokenizer) -> int:
+    """The most characters one token of `tokenizer` stands for: the longest entry of its
+    vocabulary, special and added tokens included. A byte-level BPE entry has a character
+    per byte (at least as many as its text has); a SentencePiece entry is its text, a byte
+    fallback (<0x0A>) longer than its one byte. 0 when the vocabulary can't be read."""
+    try:
+        return max((len(t) for t in tokenizer.vocab), default=0)
+    except (AttributeError, TypeError, NotImplementedError):
+        return 0

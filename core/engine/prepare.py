@@ -1,0 +1,206 @@
+"""A request's preparation before it is queued: the cheap bounds checked first, then its
+templating (or tokenizing) and grammar compiling in a small pool of threads shared fairly
+by user.
+
+Preparation costs CPU the batch needs: a long conversation's chat template takes tens of
+milliseconds, a body near the size limit seconds of tokenizing, a large JSON schema a
+second of compiling. So `check_bounds` refuses, from sizes alone and without running the
+tokenizer or the compiler, a text longer than the context could hold whatever its tokens
+and a grammar over the size limit; and `FairPool` runs what is left on a few threads of
+its own (never asyncio's default executor, which any library shares), one FIFO queue per
+owner, the next job taken from the owner with the fewest jobs started (an owner coming back
+from idle starts level with the least served, as the engine's fair queue lifts it): a user
+whose request arrives behind another user's flood of slow preparations waits for a worker
+to be free, about one preparation, however many the flood has queued. Jobs marked `serial`
+(those that hold the tokenizer's lock) run one at a time, so a worker never sits blocked
+on that lock holding a job while another owner's job could run.
+
+Left to others: what a job does (core.engine.intake templates, tokenizes and compiles), the
+per-user and queue limits (Intake counts a request before it reaches this pool).
+Threads: `submit` and `check_bounds` run in any caller's thread; the pool's workers
+(`radixchat-prepare-N`) run the jobs, start when work comes and end after IDLE_S with
+nothing queued, so an engine that is not serving holds no thread. No MLX here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import json
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from radixchat.core.engine.requests import ChatRequest, PromptRequest, RequestError
+
+IDLE_S = 5.0  # a worker with nothing to do for this long ends (the next job starts one)
+
+
+@dataclass
+class _Job:
+    owner: Hashable
+    future: Future
+    fn: Callable
+    args: tuple
+    serial: bool
+
+
+class FairPool:
+    """Up to `workers` threads running jobs, each owner's in the order given. The next job
+    is the one of the owner with the fewest jobs started so far; an owner who had nothing
+    queued or running comes in at the lowest count of those who have (no credit saved up
+    while away, as the engine's fair queue does it), and wins ties with owners already
+    served, so a newcomer's job is next once a worker is free."""
+
+    def __init__(self, workers: int, name: str = "radixchat-prepare"):
+        self.workers = workers
+        self._name = name
+        self._cond = threading.Condition()
+        self._queues: dict[Hashable, deque[_Job]] = {}  # owners with jobs queued
+        # the owners with jobs queued or running only: an idle owner is forgotten
+        self._served: dict[Hashable, int] = {}  # jobs started
+        self._last: dict[Hashable, int] = {}  # when its last job started (-1: none yet)
+        self._running: Counter = Counter()
+        self._turns = itertools.count()
+        self._threads = 0
+        self._started = 0
+        self._serial_busy = False
+
+    def submit(self, owner: Hashable, fn: Callable, *args, serial: bool = False) -> Future:
+        """Queue `fn(*args)` as one of `owner`'s jobs; its future holds the answer. Cancelling
+        the future before a worker takes the job means it never runs."""
+        job = _Job(owner, Future(), fn, args, serial)
+        with self._cond:
+            if owner not in self._served:
+                self._served[owner] = min(self._served.values(), default=0)
+                self._last[owner] = -1
+            self._queues.setdefault(owner, deque()).append(job)
+            if self._threads < self.workers:
+                self._threads += 1
+                self._started += 1
+                name = f"{self._name}-{self._started}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+            self._cond.notify()
+        return job.future
+
+    def _take(self) -> _Job | None:
+        """The next job to run (with the lock held), of the least-served owner whose next
+        job can run now: a serial job waits while another serial job runs."""
+        while True:
+            ready = [o for o, jobs in self._queues.items() if not (jobs[0].serial and self._serial_busy)]
+            if not ready:
+                return None
+            owner = min(ready, key=lambda o: (self._served[o], self._last[o]))
+            jobs = self._queues[owner]
+            job = jobs.popleft()
+            if not jobs:
+                del self._queues[owner]
+            if job.future.set_running_or_notify_cancel():
+                self._served[owner] += 1
+                self._last[owner] = next(self._turns)
+                self._running[owner] += 1
+                self._serial_busy |= job.serial
+                return job
+            self._forget_if_idle(owner)  # its caller gave up while it waited: nothing to run
+
+    def _forget_if_idle(self, owner: Hashable) -> None:
+        if owner not in self._queues and not self._running[owner]:
+            del self._served[owner], self._last[owner], self._running[owner]
+
+    def _next(self) -> _Job | None:
+        """Wait for a job this worker may run; None when it should end (idle too long)."""
+        with self._cond:
+            while (job := self._take()) is None:
+                if not self._cond.wait(IDLE_S) and not self._queues:
+                    # ended under the lock: a job queued after this sees one thread fewer
+                    self._threads -= 1
+                    return None
+            return job
+
+    def _work(self) -> None:
+        while (job := self._next()) is not None:
+            try:
+                job.future.set_result(job.fn(*job.args))
+            except BaseException as e:  # the caller's to handle: it waits on the future
+                job.future.set_exception(e)
+            finally:
+                with self._cond:
+                    self._running[job.owner] -= 1
+                    self._forget_if_idle(job.owner)
+                    if job.serial:
+                        self._serial_busy = False
+                        self._cond.notify_all()  # serial jobs that waited may run now
+                job = None  # hold nothing of a request (or its engine) between jobs
+
+
+def wait(futures: list[Future]) -> list:
+    """The jobs' answers, for a caller that blocks; the first failure is raised, and the jobs
+    not started yet are dropped."""
+    try:
+        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        failed = [f.exception() for f in done if f.exception() is not None]
+        if failed:  # without waiting for the others: their answers are not needed now
+            raise failed[0]
+        return [f.result() for f in futures]
+    finally:
+        for f in futures:
+            f.cancel()
+
+
+async def await_all(futures: list[Future]) -> list:
+    """`wait` for asyncio callers: the loop is free meanwhile, and a caller cancelled while
+    its jobs wait in the pool (a client that hung up) takes them out of the queue."""
+    try:
+        return await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    finally:
+        for f in futures:
+            f.cancel()
+
+
+def text_chars(request: ChatRequest | PromptRequest) -> int:
+    """The characters of a request's text, as few as any rendering of it holds: each
+    message's content, and the tools and tool calls its chat template renders (as compact
+    JSON, the shortest form a template writes them in)."""
+    if isinstance(request, PromptRequest):
+        return len(request.prompt)
+    n = sum(len(m.content) for m in request.messages)
+    structured = [m.tool_calls for m in request.messages if m.tool_calls]
+    if request.tools:
+        structured.append(request.tools)
+    return n + (len(json.dumps(structured, separators=(",", ":"))) if structured else 0)
+
+
+def check_bounds(
+    request: ChatRequest | PromptRequest, context_length: int, max_token_chars: int, max_schema_bytes: int
+) -> None:
+    """Refuse, from sizes alone (no tokenizer, no compiler), a request whose text is longer
+    than `context_length` tokens of at most `max_token_chars` characters each could be, or
+    whose grammar is over `max_schema_bytes`. Raises RequestError."""
+    if max_token_chars > 0:
+        most = context_length * max_token_chars
+        chars = text_chars(request)
+        if chars > most:
+            # OpenAI's wording, as for a count of tokens: clients recognise an overflow by it
+            raise RequestError(
+                f"This model's maximum context length is {context_length} tokens. However, your "
+                f"messages are {chars:,} characters long, more than {context_length} tokens can "
+                f"hold ({most:,} characters at most). Please reduce the length of the messages.",
+                413,
+                "context_length_exceeded",
+            )
+    sampling = request.sampling
+    if sampling.json_schema is not None:
+        what, size = "response_format: the JSON schema", len(json.dumps(sampling.json_schema))
+    elif sampling.lark is not None:
+        what, size = "tools: the forced tool call's grammar", len(sampling.lark.encode())
+    else:
+        return
+    if size > max_schema_bytes:
+        raise RequestError(
+            f"{what} is {size:,} bytes, over this server's limit of {max_schema_bytes:,} bytes (--max-schema-bytes)",
+            400,
+            "schema_too_large",
+        )
