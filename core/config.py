@@ -2,7 +2,9 @@
 
 This module only describes and validates settings. Parsing flags is the CLI's job
 (webui/cli.py), which passes them here as keyword overrides; turning a validation
-error into a one-line message is `settings_error_line`.
+error into a one-line message is `settings_error_line`. The settings that list client
+addresses (--metrics-allow, --forwarded-allow-ips) are read by `address_rule`, and a
+client's address is judged by `address_allowed`, wherever the server asks (webui/).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -153,6 +155,18 @@ class Settings(BaseSettings):
     no_auth: bool = Field(False, description="Serve without sign-in or API keys")
     allow_open_lan: bool = Field(False, description="Permit --no-auth on a non-loopback host")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest accepted API request body")
+    metrics_allow: str = Field(
+        "",
+        description="Who besides this machine (loopback) may read /metrics: "
+        "any, or a comma-separated list of addresses and networks (10.0.0.7,10.1.0.0/16); "
+        "default: nobody else (403)",
+    )
+    forwarded_allow_ips: str = Field(
+        "",
+        description="Addresses and networks of the proxies whose X-Forwarded-For "
+        "and X-Forwarded-Proto are believed (comma-separated, or any); default: none, "
+        "the client is the connection's own address",
+    )
     header_timeout_s: float = Field(
         10.0,
         gt=0,
@@ -179,6 +193,12 @@ class Settings(BaseSettings):
         "limit a new one closes the oldest idle one (no request under way) or, "
         "with none idle, is refused at once",
     )
+
+    @field_validator("metrics_allow", "forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, v: str) -> str:
+        address_rule(v)  # refused at start-up, not at the first request
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -225,6 +245,46 @@ def is_loopback(host: str) -> bool:
         return False  # a name that does not resolve here binds nothing
     addrs = {info[4][0].split("%")[0] for info in infos}
     return bool(addrs) and all(ipaddress.ip_address(a).is_loopback for a in addrs)
+
+
+ANY = "any"
+
+
+def address_rule(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None:
+    """The addresses a setting such as --metrics-allow names: None for everyone ("any" or
+    "*"), else the networks listed (a bare address is a network of one); "" lists none.
+    Raises ValueError naming an entry that is neither."""
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    if any(e.lower() in (ANY, "*") for e in entries):
+        return None
+    networks = []
+    for e in entries:
+        try:
+            networks.append(ipaddress.ip_network(e, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"{e!r} is not an address or a network (e.g. 10.0.0.7 or 10.1.0.0/16); any allows all"
+            ) from None
+    return tuple(networks)
+
+
+def address_allowed(addr: str | None, rule, *, loopback: bool) -> bool:
+    """Whether the client address `addr` passes `rule` (address_rule's answer); `loopback`:
+    this machine's addresses pass whatever the rule. Not an address (a Unix socket's empty
+    peer, a test client's name) passes only a rule of "any"."""
+    if rule is None:
+        return True
+    try:
+        ip = ipaddress.ip_address((addr or "").split("%")[0])
+    except ValueError:
+        return False
+    if loopback and ip.is_loopback:
+        return True
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
+        if loopback and ip.is_loopback:
+            return True
+    return any(ip in net for net in rule)
 
 
 def settings_error_line(err: ValidationError) -> str:

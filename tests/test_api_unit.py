@@ -355,14 +355,13 @@ def test_submit_choices_is_all_or_nothing():
 
 def test_a_kept_response_reads_back_and_is_another_users_404(http, store, engine):
     made = http.post(RESPONSES, json={"model": "default", "input": "Keep this."}).json()
-    assert re.fullmatch(r"resp_\d+_\d+", made["id"])
+    assert re.fullmatch(r"resp_[0-9a-f]{48}", made["id"])
     got = http.get(f"/v1/responses/{made['id']}")
     assert got.status_code == 200, got.text
     assert got.json()["status"] == "completed" and got.json()["output"][0]["content"][0]["text"] == "a fake reply"
     bob = store.create_user("bob", "bob-password")
     as_bob = {"Authorization": f"Bearer {store.create_api_key(bob, 'tests')[1]}"}
-    conv, msg = made["id"].split("_")[1:]
-    unknown = f"resp_{conv}_{int(msg) + 99}"
+    unknown = "resp_" + "0" * 48
     answers = [http.get(f"/v1/responses/{rid}", headers=as_bob) for rid in (made["id"], unknown)]
     assert [a.status_code for a in answers] == [404, 404]
     # the same words for both: nothing says the first one exists

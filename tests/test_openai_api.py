@@ -332,7 +332,7 @@ def test_each_api_request_is_recorded_once(engine, store, tiny_model_dir):
     _, key = store.create_api_key(alice, "tests")
     app = build_app(engine, Settings(model=str(tiny_model_dir)), store)
     auth = {"Authorization": f"Bearer {key}"}
-    with TestClient(app) as http:
+    with TestClient(app, client=("127.0.0.1", 50000)) as http:  # /metrics answers this machine
         assert http.post("/v1/chat/completions", headers=auth, json=GOOD).status_code == 200
         streamed = http.post("/v1/chat/completions", headers=auth, json={**GOOD, "stream": True})
         assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")

@@ -24,7 +24,7 @@ def store(tmp_path):
 
 def test_routes_answer_beside_the_page_and_sign_in_uses_the_store(engine, store, tiny_model_dir):
     app = build_app(engine, Settings(model=str(tiny_model_dir)), store)
-    with TestClient(app) as http:
+    with TestClient(app, client=("127.0.0.1", 50000)) as http:  # /metrics answers this machine
         assert http.get("/health").json()["engine_alive"]
         assert "radixchat:num_requests_running" in http.get("/metrics").text
         assert http.get("/v1/models").status_code == 401  # the API still wants a key

@@ -20,7 +20,7 @@ import time
 
 from pydantic import ValidationError
 
-from radixchat.core.config import Settings, settings_error_line
+from radixchat.core.config import Settings, address_rule, settings_error_line
 from radixchat.webui.cli_admin import add_admin_commands, run_admin
 
 
@@ -172,8 +172,13 @@ def _stop_serving(reason: str) -> None:
 
 def uvicorn_options(settings: Settings) -> dict:
     """How uvicorn serves: time limits and a connection cap for slow or idle clients
-    (webui/http_limits.py); no WebSockets, which nothing here uses."""
+    (webui/http_limits.py); no WebSockets, which nothing here uses; X-Forwarded-For and
+    -Proto believed only from --forwarded-allow-ips (uvicorn's own default believes any
+    process on this machine, which could then pose as any address to the sign-in lockout
+    and /metrics, both of which read the address uvicorn settles on)."""
     from radixchat.webui.http_limits import Limits, limited_protocol
+
+    proxies = address_rule(settings.forwarded_allow_ips)
 
     _room_for_connections(settings.max_connections)
     limits = Limits(
@@ -188,6 +193,8 @@ def uvicorn_options(settings: Settings) -> dict:
         "ws": "none",
         "http": limited_protocol(limits),
         "timeout_keep_alive": settings.keep_alive_s,
+        "proxy_headers": proxies is None or bool(proxies),
+        "forwarded_allow_ips": "*" if proxies is None else [str(n) for n in proxies],
     }
 
 

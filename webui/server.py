@@ -1,7 +1,7 @@
 """The one FastAPI app that everything a client reaches hangs off.
 
-/health, /metrics (Prometheus), the OpenAI-compatible /v1 routes, and the Gradio page
-(webui/page/) at "/", all on one port. The routes are registered before the page is
+/health (open to all), /metrics (Prometheus; this machine and --metrics-allow only), the
+OpenAI-compatible /v1 routes, and the Gradio page (webui/page/) at "/", all on one port. The routes are registered before the page is
 mounted, so "/" catches only what they don't. The page's sign-in checks the store's users
 (off with --no-auth); in front of the page, webui/gate.py lets through only the Gradio routes
 the page uses and answers a page session to the sign-in that opened it, and page request
@@ -19,14 +19,14 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict
 
-from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.routing import Mount
 
-from radixchat.core.config import Settings
+from radixchat.core.config import Settings, address_allowed, address_rule
 from radixchat.core.engine.seam import EngineClient
 from radixchat.core.store import Store
-from radixchat.webui.api.errors import BodyLimit, install_error_handlers
+from radixchat.webui.api.errors import BodyLimit, error_response, install_error_handlers
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.api.routes import include_api
 from radixchat.webui.gate import GradioSide, PageGate
@@ -66,8 +66,19 @@ def build_app(
             body["shards"] = asdict(stats.shards)
         return JSONResponse(body, status_code=200 if stats.alive else 503)
 
+    # /health stays open: load balancers probe it unsigned, and it says only what the sign-in
+    # page shows anyone (the model's name) and how busy the server is. /metrics tells who
+    # uses what and when (every user's request counts and timings): this machine only, and
+    # whoever --metrics-allow names
+    metrics_rule = address_rule(settings.metrics_allow)
+
     @app.get("/metrics")
-    def prometheus():
+    def prometheus(request: Request):
+        addr = request.client.host if request.client else None
+        if not address_allowed(addr, metrics_rule, loopback=True):
+            return error_response(
+                403, "/metrics is served to this machine only (see --metrics-allow)", code="forbidden"
+            )
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     include_api(app, routers)  # after every other route: its last one answers unknown /v1 paths

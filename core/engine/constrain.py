@@ -14,8 +14,10 @@ matcher. Both are built in the caller's thread (a worker thread for asyncio call
 bad schema is refused before it is queued and compiling a large one never stalls the engine
 thread. The engine thread only drives the matcher, through the request's sampler: at each
 call it first consumes the token the previous call chose (mlx-lm samples the next token
-before the engine sees the last one), then masks the step's log-probabilities. The
-tokenizer llguidance needs is built once per model.
+before the engine sees the last one), then masks the step's log-probabilities. A matcher
+that cannot go on (a limit of llguidance's parser, a token refused) raises
+`ConstraintFailed`, and the engine fails that request with its sentence
+(core/engine/emit.py). The tokenizer llguidance needs is built once per model.
 
 Whitespace is compact (no free newlines or indentation): small models otherwise fill a
 reply with blank lines that the grammar allows.
@@ -35,6 +37,22 @@ _lock = threading.Lock()
 
 class SchemaError(ValueError):
     pass
+
+
+class ConstraintFailed(RuntimeError):
+    """The grammar could not go on mid-reply (a limit of llguidance's parser, a token it
+    refused): the request fails with this fixed sentence, and `detail` (llguidance's words)
+    goes to the log. Without it llguidance's mask, once its matcher is in error, allows only
+    the end of the text, and the reply ended as a "stop" with broken JSON."""
+
+    MESSAGE = (
+        "structured output could not go on: the reply's grammar ran into a limit of the "
+        "constraint engine (a simpler schema may work)"
+    )
+
+    def __init__(self, detail: str):
+        super().__init__(self.MESSAGE)
+        self.detail = " ".join(detail.split())[:500]  # on one line, cut short
 
 
 def grammar_for(schema: dict) -> str:
@@ -100,8 +118,10 @@ class Constraint:
         if self.previous is not None:
             token = int(self.previous.item())
             if not self.matcher.consume_token(token):
-                raise RuntimeError(f"structured output: {self.matcher.get_error()}")
+                raise ConstraintFailed(self.matcher.get_error())
         fill_next_token_bitmask(self.matcher, self.bitmask, 0)
+        if self.matcher.is_error():  # the mask is then the end of text alone: not an answer
+            raise ConstraintFailed(self.matcher.get_error())
         allowed = np.unpackbits(self.bitmask[0].view(np.uint8), bitorder="little")[: logprobs.shape[-1]]
         return mx.where(mx.array(allowed.astype(bool)), logprobs, -mx.inf)
 

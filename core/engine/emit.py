@@ -3,21 +3,33 @@
 `Emit` is a part of `Engine` (a mixin) that runs in the engine thread: each token of a
 decode step goes through the request's TextStream (detokenizing, stop strings held back
 until known) and becomes a `TextDelta` on its handle, with the token's log-probabilities
-when asked; a finish reason or a stop string ends the request (`Engine._finish`).
+when asked; a finish reason or a stop string ends the request (`Engine._finish`). A
+request whose sampler failed ends there: a grammar that could not go on
+(core.engine.constrain.ConstraintFailed) fails with its own message, logged; anything else
+is raised for the step to fail the request with its fixed sentence.
 
 Uses of the engine's fields: `loaded` (the tokenizer), `_fair` (charging the owner's
-share), `_token_texts`, `_finish`.
+share), `_token_texts`, `_finish`, `_fail`.
 """
 
 from __future__ import annotations
 
+import logging
+
 from radixchat.core.engine.active import Active
+from radixchat.core.engine.constrain import ConstraintFailed
 from radixchat.core.engine.requests import TextDelta, TokenLogprob
+
+log = logging.getLogger("radixchat.engine")
 
 
 class Emit:
     def _on_token(self, a: Active, r, now: float) -> None:
         token, finish_reason = r.token, r.finish_reason
+        if isinstance(a.error, ConstraintFailed):  # the client's grammar, not a fault here
+            log.warning("request %s failed: %s (%s)", a.handle.id, a.error, a.error.detail)
+            self._fail(a, str(a.error))
+            return
         if a.error is not None:
             raise a.error
         if a.t_admitted is None:

@@ -4,12 +4,13 @@ The one import callers use: `from core.store import Store, RequestRecord, NotFou
 Inside: `store.py` (the Store, put together from one mixin per topic), `connection.py`
 (per-thread connections, transactions, writers' turns), `accounts.py` (users, passwords, API
 keys), `conversations.py` (conversations, messages, branches, links, search, deletion),
-`metrics.py` (request rows, the metrics writer thread, the dashboard's reads), `schema.py`
+`metrics.py` (request rows, the metrics writer thread, the dashboard's reads),
+`response_ids.py` (the Responses API's random ids of kept turns), `schema.py`
 (tables and migrations), `types.py` (record types, limits, validation, errors), `report.py`
 (exports and dashboard buckets), `branches.py` (the SQL of a conversation's branches),
 `auth.py` (scrypt passwords, API key hashes).
-Imports go one way: store -> accounts, conversations, metrics -> connection -> schema, and each
-of them -> report, auth, branches -> types. No MLX, no HTTP.
+Imports go one way: store -> accounts, conversations, response_ids, metrics -> connection ->
+schema, and each of them -> report, auth, branches -> types. No MLX, no HTTP.
 """
 
 from radixchat.core.store.store import Store

@@ -177,6 +177,20 @@ CREATE TABLE removed_users (
 );
 """
 
+# the Responses API's ids: random names of kept turns (core.store.response_ids), so an id says
+# nothing of how many conversations or messages there are. The ids handed out before named the
+# conversation and the user message ("resp_<conversation>_<message>"): each user message gets
+# that name here, so a client holding one can still read it back and go on from it.
+_V8_RESPONSE_IDS = """
+CREATE TABLE response_ids (
+    id TEXT PRIMARY KEY,
+    message INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE
+) WITHOUT ROWID;
+CREATE INDEX response_ids_by_message ON response_ids(message);
+INSERT INTO response_ids(id, message)
+    SELECT 'resp_' || conversation || '_' || id, id FROM messages WHERE role = 'user';
+"""
+
 MIGRATIONS: list[str] = [
     _V1_CHAT,
     _V2_KEYS_AND_METRICS,
@@ -185,6 +199,7 @@ MIGRATIONS: list[str] = [
     _V5_SIDEBAR,
     _V6_BRANCHES,
     _V7_IDENTITY,
+    _V8_RESPONSE_IDS,
 ]
 LATEST = len(MIGRATIONS)
 

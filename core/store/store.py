@@ -7,6 +7,7 @@ its own module, over the connection base they share:
   every write, writers taking turns), closing them;
 - core.store.accounts: users, passwords, API keys, signing in;
 - core.store.conversations: conversations, messages and branches, links, search, deletion;
+- core.store.response_ids: the Responses API's random names of kept turns;
 - core.store.metrics: request rows, the queued metrics writer thread, `flush`, the dashboard's reads.
 
 Mixins rather than a Store holding parts and delegating: the topics meet inside one transaction
@@ -32,10 +33,11 @@ from radixchat.core.store import auth
 from radixchat.core.store.accounts import AccountsMixin
 from radixchat.core.store.conversations import ConversationsMixin
 from radixchat.core.store.metrics import MetricsMixin
+from radixchat.core.store.response_ids import ResponseIdsMixin
 from radixchat.core.store.types import StoreError
 
 
-class Store(AccountsMixin, ConversationsMixin, MetricsMixin):
+class Store(AccountsMixin, ConversationsMixin, ResponseIdsMixin, MetricsMixin):
     def __init__(
         self,
         path: str | Path,

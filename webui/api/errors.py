@@ -83,13 +83,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
         count_refusal(request.app, request.url.path, code or str(exc.status_code))
         return error_response(exc.status_code, str(exc.detail), code=code)
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(StarletteHTTPException):
+    """A body counted past the limit as it came in (a chunked one has no Content-Length to
+    refuse first). An HTTPException so that FastAPI, reading the body for a route, passes it
+    on as it is rather than as its 400 "error parsing the body"; the handler answers 413."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body over {limit} bytes")
 
 
 class BodyLimit:
@@ -113,7 +118,7 @@ class BodyLimit:
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(self.limit)
             return msg
 
         async def tracking_send(msg):
@@ -133,7 +138,7 @@ class BodyLimit:
         body = json.dumps(
             {
                 "error": {
-                    "message": f"request body over {self.limit} bytes",
+                    "message": BodyTooLarge(self.limit).detail,
                     "type": "invalid_request_error",
                     "param": None,
                     "code": "body_too_large",

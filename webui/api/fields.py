@@ -4,13 +4,16 @@ A field this server implements is used; an informational one (it cannot change t
 `user`, `metadata`, `store`...) is accepted and ignored; one it does not implement is
 refused with a 400 naming it unless it holds its "off" value (`logprobs: false`,
 `response_format: {"type": "text"}`, null), which is what clients send when they mean
-nothing by it; the penalties are refused unless 0; a field the API does not have is refused.
+nothing by it; the penalties are refused unless 0; a field the API does not have is refused;
+text that is not valid Unicode (a lone surrogate, anywhere in the body) is refused by where it is.
 The tables are the README's parameter table. The request models (webui/api/schema.py,
 webui/api/responses_shapes.py) run `check_fields` on the raw body before pydantic reads it.
 Pure functions on the event loop; no MLX.
 """
 
 from __future__ import annotations
+
+import re
 
 USED = "used"
 IGNORED = "ignored"  # informational: accepted, cannot change the reply
@@ -116,6 +119,9 @@ def check_fields(data, table: dict[str, str], api: str):
     the fields the request model reads."""
     if not isinstance(data, dict):
         return data
+    where = lone_surrogate(data)
+    if where is not None:
+        raise ValueError(f"{where}: {NOT_UNICODE}")
     for name, value in data.items():
         use = table.get(name)
         if use is None:
@@ -126,6 +132,32 @@ def check_fields(data, table: dict[str, str], api: str):
             what = NOT_YET.get(name, name)
             raise ValueError(f"{name}: {what} is not supported by this server")
     return {k: v for k, v in data.items() if table[k] in (USED, ZERO_ONLY)}
+
+
+# JSON may escape half of a UTF-16 pair alone ("\ud800"); such text can be neither tokenized
+# nor stored, and the tokenizer's complaint is no answer for a client
+NOT_UNICODE = "text must be valid Unicode (it holds a lone surrogate, half of a UTF-16 pair)"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value) -> str | None:
+    """Where in `value` (JSON as Python reads it) a string or key holds a lone surrogate
+    ("messages.0.content"; "body" for the top), or None if nowhere. A loop, not recursion:
+    a body may nest as deep as the JSON parser allows."""
+    todo = [(value, "")]
+    while todo:
+        v, where = todo.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return where or "body"
+        elif isinstance(v, dict):
+            for k, item in reversed(v.items()):
+                if isinstance(k, str) and _SURROGATE.search(k):
+                    return where or "body"
+                todo.append((item, f"{where}.{k}" if where else str(k)))
+        elif isinstance(v, list):
+            todo.extend((item, f"{where}.{i}" if where else str(i)) for i, item in reversed(list(enumerate(v))))
+    return None
 
 
 def with_defaults(temperature: float | None, top_p: float | None, defaults: dict | None) -> dict:

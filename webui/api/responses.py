@@ -12,14 +12,16 @@ request and reply shapes are webui/api/responses_shapes.py's; submitting, waitin
 streaming are webui/api/generation.py's, as for chat.
 
 With `store` (the default) and a signed-in key, each response is two messages of a
-conversation of that user (the input, then the reply), so the page shows it too, and its
-id names that conversation and message: `resp_<conversation>_<message>`. A previous id
-continues its conversation; another user's id, or one that does not exist, is "not
-found", the same answer. Continuing from an earlier response than the last starts a new
-conversation with the history up to it (the old one is left as it was). `GET` reads a kept
-response back from the branch of its conversation in view: its text, as "completed" (the
-usage and the previous id are not kept: null). With --no-auth there is no user to keep
-them under: `previous_response_id` is refused and `GET` finds nothing.
+conversation of that user (the input, then the reply), so the page shows it too. Every id
+a client sees is random (`resp_` and 48 hex digits; its output message's id is derived from
+it), so ids say nothing of how many conversations or messages the server holds; the store
+maps a kept one to its turn (core.store.response_ids). A previous id continues its
+conversation; another user's id, or one that does not exist, is "not found", the same
+answer. Continuing from an earlier response than the last starts a new conversation with
+the history up to it (the old one is left as it was). `GET` reads a kept response back
+from the branch of its conversation in view: its text, as "completed" (the usage and the
+previous id are not kept: null). With --no-auth there is no user to keep them under:
+`previous_response_id` is refused and `GET` finds nothing.
 Routes run on the server's event loop; the store is called in worker threads.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 import time
 
 from fastapi import APIRouter, Request
@@ -39,13 +42,13 @@ from radixchat.webui.api import generation
 from radixchat.webui.api.deps import EngineDep, MetricsDep, StoreDep, UserDep, check_model
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
-from radixchat.webui.api.replies import new_id
 from radixchat.webui.api.responses_shapes import ResponseEvents, ResponsesRequest, response_object
 
 router = APIRouter(prefix="/v1", tags=["responses"])
 
-# at most 18 digits: a conversation or message id SQLite can hold (a longer one is unknown)
-ID = re.compile(r"^resp_(\d{1,18})_(\d{1,18})$")
+# what any id this API made looks like (the random ones, and the older kind that named the
+# conversation and message); anything else is unknown without asking the store
+ID = re.compile(r"^resp_[0-9a-z_]{1,64}$")
 ONLY_KEPT = "responses are only kept with store for signed-in users"
 
 
@@ -76,28 +79,27 @@ async def create_response(
             )
         ),
     )
-    rid, previous = new_id("resp"), body.previous_response_id
+    rid, previous = new_response_id(), body.previous_response_id
     if keep:
         try:
-            conv, msg = await asyncio.to_thread(start_turn, store, user, conv, turn)
+            conv = await asyncio.to_thread(start_turn, store, user, conv, turn, rid)
         except StoreError as e:
             handle.cancel()
             raise ApiError(400, f"input: {e}") from None
-        rid = f"resp_{conv}_{msg}"
 
     async def keep_reply(text: str) -> None:
         if keep:
             await asyncio.to_thread(store.append_message, user, conv, "assistant", text)
 
     if body.stream:
-        return generation.stream([handle], ResponseEvents(rid, model, previous, keep_reply))
+        return generation.stream([handle], ResponseEvents(rid, model, previous, keep_reply, output_id(rid)))
     (final,), gone = await generation.wait_for_ends(request, [handle])
     await keep_reply(final.text)  # kept even when the client left: the page shows it
     if gone:
         return Response(status_code=CLIENT_GONE)
     status = "completed" if final.finish_reason != "cancelled" else "incomplete"
     return JSONResponse(
-        response_object(rid, model, final.text, status, final.usage, previous, new_id("msg"), time.time())
+        response_object(rid, model, final.text, status, final.usage, previous, output_id(rid), time.time())
     )
 
 
@@ -122,19 +124,24 @@ def _turn(body: ResponsesRequest) -> list[dict]:
     return turn
 
 
-def parse_id(response_id: str) -> tuple[int, int] | None:
-    m = ID.match(response_id)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+def new_response_id() -> str:
+    """A new response's id: random (192 bits), whether it is kept or not."""
+    return f"resp_{secrets.token_hex(24)}"
+
+
+def output_id(rid: str) -> str:
+    """The id of a response's output message: as random as the response's, and the same
+    when the response is read back."""
+    return "msg_" + rid.removeprefix("resp_")
 
 
 def _find(store: Store, user: User, response_id: str, gone: ApiError) -> tuple[int, list[Message], int]:
     """(conversation, its branch in view, the index of the user message the id names), or
     `gone`: another user's id and an unknown one get the same answer. Store thread."""
-    ids = parse_id(response_id)
-    if ids is None:
+    if not ID.match(response_id):
         raise gone
-    conv, msg = ids
     try:
+        conv, msg = store.named_turn(user, response_id)
         history = store.history(user, conv)
     except StoreError:
         raise gone from None
@@ -171,15 +178,16 @@ def kept_response(store: Store, user: User, response_id: str, model: str) -> dic
     _, history, at = _find(store, user, response_id, gone)
     reply = _reply_after(history, at)
     asked = history[at]
+    out = output_id(response_id)
     if reply is None:
-        body = response_object(response_id, model, "", "incomplete", None, None, new_id("msg"), asked.created)
+        body = response_object(response_id, model, "", "incomplete", None, None, out, asked.created)
         return {**body, "output": []}
-    return response_object(response_id, model, reply.content, "completed", None, None, f"msg_{reply.id}", asked.created)
+    return response_object(response_id, model, reply.content, "completed", None, None, out, asked.created)
 
 
-def start_turn(store: Store, user: User, conv: int | None, turn: list[dict]) -> tuple[int, int]:
-    """Keep this turn's input in the user's conversation (a new one without `conv`);
-    (conversation, the last input message's id). Store thread."""
+def start_turn(store: Store, user: User, conv: int | None, turn: list[dict], rid: str) -> int:
+    """Keep this turn's input in the user's conversation (a new one without `conv`), its last
+    message named `rid`; the conversation. Store thread."""
     if conv is None:
         title = next((m["content"] for m in turn if m["role"] == "user"), "Response")[:60].strip() or "Response"
         conv = store.create_conversation(user, title).id
@@ -187,4 +195,5 @@ def start_turn(store: Store, user: User, conv: int | None, turn: list[dict]) -> 
     for m in turn:
         if m["role"] in ("user", "assistant"):
             last = store.append_message(user, conv, m["role"], m["content"])
-    return conv, last.id
+    store.name_turn(user, conv, last.id, rid)
+    return conv

@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixchat.core.engine.requests import Failed, Finished, TextDelta
 from radixchat.webui.api.fields import FIELDS, check_fields, with_defaults
-from radixchat.webui.api.replies import new_id
 
 ROLES = ("user", "assistant", "system", "developer")
 
@@ -134,9 +133,9 @@ class ResponseEvents:
     webui/api/generation.py). `keep` stores the finished reply before the last events go
     out, so a client that reads response.completed can go on from it at once."""
 
-    def __init__(self, rid: str, model: str, previous: str | None, keep: Callable[[str], Awaitable[None]]):
+    def __init__(self, rid: str, model: str, previous: str | None, keep: Callable[[str], Awaitable[None]], msg: str):
         self.rid, self.model, self.previous, self.keep = rid, model, previous, keep
-        self.msg = new_id("msg")
+        self.msg = msg  # the output message's id
         self.created = time.time()
         self.n = 0
 

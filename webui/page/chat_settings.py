@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from radixchat.core.engine.seam import ModelInfo
 
 
+# the prefix cache shares a system prompt whole between users (README, "Security model")
+SYSTEM_PROMPT_HELP = (
+    "Cached for anyone who sends exactly the same one: cached tokens and speed can confirm "
+    "a guess of a whole system prompt, never of a part."
+)
+
+
 @dataclass
 class ThisChat:
     title: gr.Textbox
@@ -77,7 +84,13 @@ def this_chat() -> ThisChat:
 
 def settings_panel(presets: dict[str, str], model: ModelInfo, max_tokens: int) -> ChatSettings:
     preset = gr.Dropdown([NO_PROMPT, *presets, CUSTOM], value=NO_PROMPT, label="System prompt", elem_id="preset")
-    system = gr.Textbox(label="System prompt of this chat", lines=3, max_lines=12, elem_id="system")
+    system = gr.Textbox(
+        label="System prompt of this chat",
+        info=SYSTEM_PROMPT_HELP,
+        lines=3,
+        max_lines=12,
+        elem_id="system",
+    )
     temperature = gr.Slider(
         0,
         2,

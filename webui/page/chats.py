@@ -25,7 +25,7 @@ import secrets
 
 from radixchat.core.engine.requests import owner_of
 from radixchat.core.store import AlreadyExists, Branch, Conversation, NotFound, RequestFigures, StoreError, User
-from radixchat.webui.page.errors import PageError, guard, refusal
+from radixchat.webui.page.errors import PageError, check_text, guard, refusal
 from radixchat.webui.page.replies import TITLE_CHARS
 from radixchat.webui.page.rows import chat_rows, visible_turns
 
@@ -69,6 +69,7 @@ class Chats:
         text that matched. Labels are plain text, shown as text."""
         if not (query or "").strip():
             return [(c.title, c.id) for c in self.conversations(user)]
+        check_text(query, "search")
         hits = guard(self.store.search_conversations, user, query, limit=SEARCH_HITS)
         return [
             (
@@ -99,6 +100,7 @@ class Chats:
         (no reply is being written there), else a new one; with `system_prompt`, nothing else
         of any other chat. `reuse=False` always makes a new one: for a caller that sends in it
         later, when another session of the same user may have been handed the same empty one."""
+        check_text(system_prompt, "system prompt")
         if not reuse:
             return guard(self.store.create_conversation, user, None, system_prompt or "")
         with self._claiming:
@@ -109,6 +111,7 @@ class Chats:
             raise PageError("Send a first message: a new chat is named after it, and can be renamed then.")
         if not (title or "").strip():
             raise PageError("A chat's title can't be empty.")
+        check_text(title, "title")
         return guard(self.store.rename_conversation, user, conv_id, title)
 
     def delete(self, user: User, conv_id: int | None) -> Conversation:
@@ -133,6 +136,7 @@ class Chats:
         return guard(self.store.get_conversation, user, conv_id)
 
     def set_system_prompt(self, user: User, conv_id: int, text: str) -> Conversation:
+        check_text(text, "system prompt")
         return guard(self.store.set_system_prompt, user, conv_id, text or "")
 
     # ---- sharing and export ----

@@ -1,5 +1,5 @@
-"""Refusals as sentences for the person at the page: `PageError`, and `refusal` for what the
-engine or the store said.
+"""Refusals as sentences for the person at the page: `PageError`, `refusal` for what the
+engine or the store said, and `check_text` for text that is not valid Unicode.
 
 The page's logic (webui/page/chats.py, webui/page/replies.py) raises PageError; the layout's
 handlers show it as a notice (webui/page/events.py). Runs wherever it is called; no MLX, no
@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from radixchat.core.engine.requests import RequestError
 from radixchat.core.store import NotFound, StoreError
+from radixchat.webui.api.fields import lone_surrogate
 
 
 class PageError(Exception):
@@ -41,6 +42,17 @@ def refusal(e: Exception) -> str:
     if isinstance(e, StoreError):
         return str(e)[:1].upper() + str(e)[1:] + "."
     return f"Something went wrong: {type(e).__name__}: {e}."
+
+
+def check_text(text: str | None, what: str) -> None:
+    """Refuse text that holds a lone surrogate (half of a UTF-16 pair, which a browser may
+    send): it can be neither tokenized nor stored, and what the tokenizer would say about it
+    is no sentence for the page."""
+    if text and lone_surrogate(text) is not None:
+        raise PageError(
+            f"This {what} holds a character that is not valid text (half of a UTF-16 surrogate pair): "
+            "remove it and try again."
+        )
 
 
 def guard(fn, *args, **kwargs):

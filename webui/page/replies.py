@@ -41,7 +41,7 @@ from radixchat.core.store import (
     StoreError,
     User,
 )
-from radixchat.webui.page.errors import PageError, guard, refusal
+from radixchat.webui.page.errors import PageError, check_text, guard, refusal
 from radixchat.webui.page.rows import chat_rows, row, visible_turns
 from radixchat.webui.request_end import RequestEnd
 
@@ -203,6 +203,8 @@ class Replies:
     ) -> tuple[int, Running]:
         """The chat the reply is written in, its `Running` registered there before anything
         is awaited in a chat the page named; a new chat is claimed, and `started` told."""
+        check_text(text, "message")
+        check_text(system_prompt, "system prompt")
         if conv_id is not None:
             busy = self.running.get(conv_id)
             if busy is not None:  # someone else's chat is "not found", busy or not

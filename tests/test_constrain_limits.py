@@ -1,0 +1,63 @@
+"""Structured output whose grammar cannot go on mid-reply, on the tiny random model.
+
+llguidance's matcher, once a step runs past its parser's limits, is in an error state for
+good, and its mask then allows the end of the text alone: without a check the reply ended
+as a "stop" with broken JSON. The request must fail with a sentence that says so (and the
+log says why), and the engine go on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from radixchat.core.engine.constrain import ConstraintFailed
+from radixchat.core.engine.requests import ChatRequest, Failed, Finished
+
+# the reply must reach a string: its opening is forced, its body is where the lexer needs fuel
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}}, "required": ["name"]}
+
+
+def chat(**sampling) -> ChatRequest:
+    # an owner of its own: its prompts stay out of the prefix cache other tests' owners read
+    return ChatRequest(
+        messages=[{"role": "user", "content": "Tell me about lists"}], sampling=sampling, owner="constrain-limits"
+    )
+
+
+@pytest.fixture
+def tight_limits(monkeypatch):
+    """Every Constraint's matcher built with parser limits small enough to run out mid-reply."""
+    import llguidance
+
+    import radixchat.core.engine.constrain as constrain
+
+    real_init = constrain.Constraint.__init__
+
+    def tight(self, grammar, tokenizer, vocab_size):
+        real_init(self, grammar, tokenizer, vocab_size)
+        limits = llguidance.LLParserLimits(step_lexer_fuel=TIGHT_FUEL)
+        self.matcher = llguidance.LLMatcher(constrain._tokenizer(tokenizer, vocab_size), grammar, limits=limits)
+
+    monkeypatch.setattr(constrain.Constraint, "__init__", tight)
+
+
+# measured: enough for the JSON's punctuation, too little for the regex of a string's body
+TIGHT_FUEL = 100
+
+
+def test_a_grammar_out_of_its_limits_fails_the_request_in_words(engine, tight_limits, caplog):
+    with caplog.at_level(logging.WARNING, logger="radixchat.engine"):
+        ended = engine.submit(chat(max_tokens=24, json_schema=SCHEMA)).result()
+    assert isinstance(ended, Failed), ended
+    assert ended.message == ConstraintFailed.MESSAGE
+    assert ended.usage.generated_tokens > 0  # mid-reply, once the grammar reached a string
+    assert "structured output could not go on" in caplog.text
+    assert engine.stats().inflight == 0
+
+
+def test_the_engine_goes_on_after_a_grammar_failed(engine, tight_limits):
+    engine.submit(chat(max_tokens=24, json_schema=SCHEMA)).result()
+    plain = engine.submit(chat(max_tokens=4)).result()
+    assert isinstance(plain, Finished) and plain.usage.generated_tokens == 4
