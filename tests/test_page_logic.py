@@ -377,8 +377,8 @@ def test_a_page_that_goes_away_while_storing_stores_the_reply_once(engine, store
 
 def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
     """One read before the reply, none after: what is shown meanwhile and at the end is
-    built from what the page holds. Thread hops: the read, the chat template (off the event
-    loop), the question, the reply."""
+    built from what the page holds. Thread hops: the read, the question, the reply (the chat
+    template runs in the engine's own preparation pool, core.engine.prepare, not here)."""
     alice, _ = users
     page = ChatPage(engine, store, Counting(), model_id="tiny")
     conv = page.new_chat(alice, "Be brief.")
@@ -400,10 +400,10 @@ def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
 
     monkeypatch.setattr(ThreadPoolExecutor, "submit", hop)
     shown = reply(page, alice, conv.id, "And a frozenset?", temperature=0, max_tokens=4)
-    assert dict(calls) == {"get_conversation": 1, "branch": 1, "request_metrics": 1, "hops": 4}
+    assert dict(calls) == {"get_conversation": 1, "branch": 1, "request_metrics": 1, "hops": 3}
     calls.clear()
     again = reply(page, alice, conv.id, None, temperature=0, max_tokens=4, regenerate=True)
-    assert dict(calls) == {"get_conversation": 1, "branch": 1, "request_metrics": 1, "hops": 3}
+    assert dict(calls) == {"get_conversation": 1, "branch": 1, "request_metrics": 1, "hops": 2}
     monkeypatch.undo()
     # built from what it held, and the same as a fresh read
     assert len(shown[-1]) == 4 and "prompt tokens from cache" in shown[-1][-1]["content"]
