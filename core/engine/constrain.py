@@ -10,8 +10,8 @@ ms a token (0.93 s once); a 32-row decode step takes ~300 ms. outlines was not m
 vocabulary index needs the Hub or a hand conversion of the tokenizer.
 
 `grammar_for` turns a schema into a grammar and checks it; `Constraint` is one request's
-matcher. Both are built before the request is queued (in the preparation pool, core.engine.prepare), so a
-bad schema is refused before it is queued and compiling a large one never stalls the engine
+matcher. Both are built in the preparation pool (core.engine.prepare), so a bad schema is
+refused before the request is queued and compiling a large one never stalls the engine
 thread. The engine thread only drives the matcher, through the request's sampler: at each
 call it first consumes the token the previous call chose (mlx-lm samples the next token
 before the engine sees the last one), then masks the step's log-probabilities. A matcher
