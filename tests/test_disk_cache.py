@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from radixchat.core.engine.requests import ChatRequest, Finished
-from tests.support.conversations import SYSTEMS, conversations, engine_for, run_users
+from tests.support.conversations import SYSTEMS, conversations, engine_for, run_users, wait_disk_idle
 
 DISK = 1 << 30
 PLAN = conversations(seed=5, users=4, turns=3)
@@ -32,19 +32,8 @@ def disk_engine(model_dir, tmp: Path, forced: bool = True, **kw):
     eng = engine_for(model_dir, prefix=True, db=tmp / "radixchat.db", warm_presets=False, **kw)
     if forced:
         eng.prefix.tree.budget = 0  # the tree's own budget; the batch keeps --cache-bytes
-    assert wait_idle(eng), "the disk tier did not open"
+    assert wait_disk_idle(eng), "the disk tier did not open"
     return eng
-
-
-def wait_idle(eng, timeout: float = 30) -> bool:
-    """Until everything stored is written and read results are in."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        d = eng.stats().disk_cache
-        if d is not None and d.waiting == d.backlog_bytes == d.deleting == d.reading == 0:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def files_of(tmp: Path) -> list[Path]:
@@ -91,7 +80,7 @@ def test_forced_disk_tier_is_transparent(kind, request, tmp_path):
     eng = disk_engine(model_dir, tmp_path, step_tokens=40)
     try:
         got, hits = run_users(eng, PLAN, seed=2)
-        assert wait_idle(eng)
+        assert wait_disk_idle(eng)
         eng.prefix.tree.check()
         tree, disk = eng.stats().prefix_cache, eng.stats().disk_cache
     finally:
@@ -111,7 +100,7 @@ def test_restart_keeps_hits_privately_and_files_are_private(tiny_model_dir, tmp_
     try:
         a1 = ask(first, system, question, owner="alice")  # alice takes namespace 1 here
         ask(first, system, question, owner="carol")
-        assert wait_idle(first)
+        assert wait_disk_idle(first)
     finally:
         first.stop()
     files = files_of(tmp_path)
@@ -178,7 +167,7 @@ def test_kill_9_during_writes_never_serves_a_torn_entry(tiny_model_dir, tmp_path
     try:
         opened = eng.stats().disk_cache
         got, _hits = run_users(eng, PLAN, seed=4)
-        assert wait_idle(eng)
+        assert wait_disk_idle(eng)
         eng.prefix.tree.check()
         disk = eng.stats().disk_cache
     finally:
@@ -195,7 +184,7 @@ def damaged_rerun(model_dir, tmp_path, system: str, question: str, damage):
     eng = disk_engine(model_dir, tmp_path)
     try:
         cold = ask(eng, system, question)
-        assert wait_idle(eng)
+        assert wait_disk_idle(eng)
     finally:
         eng.stop()
     victim = max(files_of(tmp_path), key=lambda p: p.stat().st_size)
@@ -203,7 +192,7 @@ def damaged_rerun(model_dir, tmp_path, system: str, question: str, damage):
     eng = disk_engine(model_dir, tmp_path)
     try:
         again = ask(eng, system, question)
-        assert wait_idle(eng)
+        assert wait_disk_idle(eng)
         eng.prefix.tree.check()
         disk = eng.stats().disk_cache
     finally:
@@ -232,7 +221,7 @@ def test_changed_model_file_ignores_old_entries(tiny_model_dir, tmp_path):
     eng = disk_engine(model, tmp_path, forced=False)
     try:
         ask(eng, SYSTEMS[0], "What is a tuple?")
-        assert wait_idle(eng)
+        assert wait_disk_idle(eng)
     finally:
         eng.stop()
     assert files_of(tmp_path)
@@ -257,7 +246,7 @@ def test_disk_budget_holds(tiny_model_dir, tmp_path):
     try:
         for i in range(8):
             ask(eng, SYSTEMS[i % 4] + f" Variant {i}.", QUESTIONS_ALL[i % len(QUESTIONS_ALL)])
-            assert wait_idle(eng)
+            assert wait_disk_idle(eng)
             on_disk = sum(p.stat().st_size for p in files_of(tmp_path))
             assert on_disk <= budget and eng.stats().disk_cache.bytes <= budget
         eng.prefix.tree.check()
@@ -295,7 +284,7 @@ def test_metrics_and_the_server_tab_show_the_disk_tier(tiny_model_dir, tmp_path)
     try:
         ask(eng, SYSTEMS[0], "What is a list?")
         ask(eng, SYSTEMS[0], "What is a list?")
-        assert wait_idle(eng)
+        assert wait_disk_idle(eng)
         text = Metrics(eng).render().decode()
         disk = eng.stats().disk_cache
     finally:

@@ -28,6 +28,7 @@ from radixchat.webui.removals import RemovalWatch
 from radixchat.webui.server import build_app
 from tests.support.cheap import cheap_scrypt
 from tests.support.clients import API
+from tests.support.conversations import wait_disk_idle
 from tests.support.fake_engine import FakeEngine
 from tests.support.segments import SimSeg
 
@@ -101,18 +102,8 @@ def disk_engine(model_dir, tmp: Path, cache_owners=None):
     eng = Engine(settings)
     eng.cache_owners = cache_owners
     eng.start(timeout=120)
-    assert wait_idle(eng), "the disk tier did not open"
+    assert wait_disk_idle(eng), "the disk tier did not open"
     return eng
-
-
-def wait_idle(eng, timeout: float = 30) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        d = eng.stats().disk_cache
-        if d is not None and d.waiting == d.backlog_bytes == d.deleting == d.reading == 0:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def ask(eng, owner: str | None, text: str, system: str | None = None) -> Finished:
@@ -138,7 +129,7 @@ def test_a_removed_users_cache_is_never_served_to_the_next_user(tiny_model_dir, 
             new = store.create_user("alice", "another-password")  # the same name, the same id
             assert new.id == old.id
             assert ask(eng, owner_of(new.cache_key), SECRET).usage.cached_tokens == 0  # in memory
-            assert wait_idle(eng)
+            assert wait_disk_idle(eng)
         finally:
             eng.stop()
         assert owner_of(old.cache_key) in owners_on_disk(tmp_path)
@@ -162,17 +153,17 @@ def test_forget_drops_a_namespace_in_memory_and_on_disk_and_keeps_the_shared_sys
         shared = len(eng.loaded.tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}]))
         ask(eng, alice, SECRET, SYSTEM)  # one edge: the system message and her text
         ask(eng, bob, "What is a list?", SYSTEM)
-        assert wait_idle(eng) and alice in owners_on_disk(tmp_path) and bob in owners_on_disk(tmp_path)
+        assert wait_disk_idle(eng) and alice in owners_on_disk(tmp_path) and bob in owners_on_disk(tmp_path)
         eng.forget(alice)
         deadline = time.time() + 30
         while alice in owners_on_disk(tmp_path) and time.time() < deadline:
             time.sleep(0.05)
-        assert wait_idle(eng)
+        assert wait_disk_idle(eng)
         assert alice not in owners_on_disk(tmp_path) and bob in owners_on_disk(tmp_path)
         assert ask(eng, bob, "What is a list?", SYSTEM).usage.cached_tokens > shared  # bob's stays
         again = ask(eng, alice, SECRET, SYSTEM)
         assert again.usage.cached_tokens == shared  # the system message stays, her text went
-        assert wait_idle(eng) and alice not in owners_on_disk(tmp_path)  # nor is it cached again
+        assert wait_disk_idle(eng) and alice not in owners_on_disk(tmp_path)  # nor is it cached again
         eng.prefix.tree.check()
         theirs = eng.scope.owns(alice)
         stack = list(eng.prefix.tree.root.children.values())

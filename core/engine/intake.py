@@ -207,23 +207,12 @@ class Intake:
         boundaries = sorted(ends.values()) if hybrid else []
         return Templated(prompt, boundaries, ends.get(system, 0) if system else 0)
 
-    def submit_tokens(
-        self,
-        prompt: list[int],
-        sampling: Sampling,
-        boundaries: list[int] | None = None,
-        *,
-        shared_len: int = 0,
-        owner: str | None = None,
-        constraint=None,
-    ) -> RequestHandle:
+    def submit_tokens(self, prompt: list[int], sampling: Sampling, *args, owner: str | None = None, **kw):
         """Queue an already tokenized prompt (plain completions: no system message, so all
-        of it lives in `owner`'s part of the prefix cache)."""
+        of it lives in `owner`'s part of the prefix cache); the rest as `_enqueue` takes it."""
         self._take_slot(owner)
         try:
-            return self._enqueue(
-                prompt, sampling, boundaries, shared_len=shared_len, owner=owner, constraint=constraint
-            )
+            return self._enqueue(prompt, sampling, *args, owner=owner, **kw)
         except BaseException:
             self._give_slot(owner)
             raise

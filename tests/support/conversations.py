@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
@@ -60,3 +61,14 @@ def run_users(engine, plan, seed: int) -> dict:
         th.join(300)
     assert len(answers) == sum(len(q) for _, q in plan)
     return answers, cached
+
+
+def wait_disk_idle(eng, timeout: float = 30) -> bool:
+    """Until everything the engine's disk tier was given is written and read results are in."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        d = eng.stats().disk_cache
+        if d is not None and d.waiting == d.backlog_bytes == d.deleting == d.reading == 0:
+            return True
+        time.sleep(0.05)
+    return False
