@@ -42,7 +42,6 @@ from radixchat.core.cache.scope import CacheScope
 from radixchat.core.config import Settings, kv_budget
 from radixchat.core.engine import admission
 from radixchat.core.engine.active import Active, Cancel, Command, Forget, Submit, Wake
-from radixchat.core.engine.admission import BATCH_SHARE, over_cap
 from radixchat.core.engine.emit import Emit
 from radixchat.core.engine.fairness import FairQueue
 from radixchat.core.engine.handle import Outbox
@@ -58,7 +57,6 @@ if TYPE_CHECKING:  # both import MLX, which only the engine thread may load
     from radixchat.core.cache.kv import PrefixStore
     from radixchat.core.engine.model import LoadedModel
 
-__all__ = ["BATCH_SHARE", "INTERNAL_ERROR", "Engine", "over_cap"]
 
 log = logging.getLogger("radixchat.engine")
 # What a client reads when its request failed inside the engine: the details (library

@@ -18,7 +18,7 @@ their turn in the fair queue or for their prefix to come back from disk).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -46,13 +46,6 @@ class ModelInfo:
     def sampling_defaults(self) -> dict:
         """What the model's card recommends (temperature, top_p) for requests that leave them out."""
         return dict(self.card.sampling) if self.card else {}
-
-    def describe(self) -> str:
-        """`id: 135.0M parameters, float32, context 8,192 tokens`."""
-        return (
-            f"{self.model_id}: {self.num_params / 1e6:,.1f}M parameters, {self.dtype}, "
-            f"context {self.context_length:,} tokens"
-        )
 
 
 @dataclass(frozen=True)
@@ -153,9 +146,6 @@ class EngineStats:
     def inflight(self) -> int:
         """Accepted and not ended: running or waiting."""
         return self.running + self.waiting
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @runtime_checkable

@@ -50,6 +50,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBat
 from mlx_lm.models.cache import BatchKVCache
 
 from radixchat.core.cache.slots import SlotKVCache, swap_order
+from radixchat.core.engine.admission import over_cap
 from radixchat.core.engine.speculate import Speculator, usable, verify_step
 
 _LAYOUT = (
@@ -280,8 +281,6 @@ class BudgetedBatchGenerator(BatchGenerator):
 def make_generator(model, settings, stream, on_prompt, speculate: int):
     """The engine's batch generator: this module's budgeted one (--step-tokens), or mlx-lm's
     own where the installed BatchGenerator is not the one it reorders."""
-    from radixchat.core.engine.admission import over_cap
-
     s = settings
     kwargs = dict(
         max_tokens=s.max_tokens,

@@ -124,10 +124,10 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     """What the K/V budget lets the engine run at once (its working batch limit)."""
     from radixchat.core.cache.kv import kv_bytes_per_token
     from radixchat.core.config import kv_budget
-    from radixchat.core.engine.engine import BATCH_SHARE
+    from radixchat.core.engine.admission import batch_room
 
     budget, bpt = kv_budget(settings), kv_bytes_per_token(m.model)
-    tokens = int(budget * BATCH_SHARE) // bpt
+    tokens = batch_room(budget) // bpt
     per_seq = 512 + settings.max_tokens
     yield "kv budget", f"{budget / 2**30:.2f} GiB (--cache-bytes), {bpt:,} bytes per token"
     yield (
