@@ -1,36 +1,61 @@
-"""Benchmark fair share: one user's time to first token while another floods the API.
+"""Benchmark fair share: alice's time to first token alone and under each of mallory's floods.
 
-Starts `radixchat serve` on a loopback port with a fresh SQLite file holding two users, A and
-B, each with an API key. B chats through the API, streamed, one turn at a time with a short
-think time between turns: (a) alone, then (b) while A keeps --flood requests in flight
-(non-streaming, ignore_eos, each sent again as soon as it ends). Beyond the server's
---max-user-requests A is refused with 429: each refusal is counted, and the refused worker
-waits the server's Retry-After (jittered) before it tries again, so with more workers than
-A may have, A stays at its allowed maximum. Prints B's time to first token p50/p95 alone
-and under the flood, their ratio (the goal: p95 within 2x), A's output tokens/s
-while B was measured, and A's 429s.
+Starts `radixchat serve` on a loopback port with a fresh SQLite file holding two users,
+alice (B) and mallory (A), each with an API key. Alice chats through the API, streamed,
+one turn at a time with a short think time between turns, each turn a fresh conversation
+(one of the seed scenario's system prompts and a question, tagged with its phase so no
+phase finds another's prompts in the prefix cache; a warm-up caches the system prompt):
+first alone, then under each kind of flood in turn. A flood is mallory keeping --flood
+requests of one kind in flight from a child process (each sent again as soon as it ends;
+her limit, the server's --max-user-requests, turns the rest away with 429, and a refused
+worker waits the server's Retry-After, jittered). Kinds (--flood-kind, repeatable or comma
+separated; default: the first six; loadtests/floods.py says what each sends):
 
-Every turn of B is a fresh conversation (one of the seed scenario's system prompts and a
-question), tagged with its phase so neither phase finds the other's prompts in the prefix
-cache; a warm-up turn caches the system prompt for both. A's requests carry a counter, so
-each one's question is prefilled anew.
+  long             ~1,590-token prompts, distinct each time, max_tokens 20
+  bodies           ~1 MB of message content (expect 400 context_length_exceeded)
+  schemas          a ~138 KB json_schema (expect 400 schema_too_large: --max-schema-bytes)
+  regex            a json_schema just under --max-schema-bytes of heavy `pattern` fields
+  long_max_tokens  max_tokens = the model's context minus the prompt, ignore_eos
+  n16              n=16 (a 400 here would mean the server refuses n > 1)
+  short            the earlier flood: short prompts, 64-token replies, not streamed
 
-What this owns: the two clients and the figures. The server, its users and keys are made
-with the project's own CLI and core.store. B is timed in this process's main thread; A
-runs in a child process's event loop, so the flood's client work never holds the GIL
-against the thread that times B. Traffic to 127.0.0.1 only, bounded by --turns and
---duration.
+The floods are sized from the server: its context from its own context_length_exceeded
+answer (else the model's config.json), the long prompt's length from its usage counts,
+its K/V room from /metrics (read from loopback). Mallory waits until she has sent a
+request per worker and holds her share of the engine (/health), or --duration/3 passes,
+then --settle seconds, then alice's turns are timed for at most --duration seconds (a
+turn still without a first token at the phase's end counts what it waited, marked ">=").
+Between floods the server is let go idle.
 
-    python -m loadtests.bench_fairness [--model PATH | --random-dim 512 --random-layers 8]
+Prints, per kind: alice's TTFT p50/p95 alone and under the flood, the p95 ratio against
+alone (the goal: within 3x for every flood) and her time per output token; mallory's
+requests sent, accepted and refused (429, 400, 413, by error code), the requests at the
+engine between alice's turns, mallory's output tokens/s while alice was timed (what the
+batch still does), her streams' first-token wait and longest stall between two of her
+tokens while alice was timed (p50/p95: what a preemption costs the preempted, for
+long_max_tokens above all), and the preemptions (and the tokens the preempted held)
+counted during the flood where the server's /metrics has vLLM's num_preemptions. Alice
+is timed in this process's main thread; mallory's event loop runs in a child process.
+Traffic to 127.0.0.1 only, bounded by --turns and --duration per phase: the default run
+on the tiny model takes about 10 minutes, --quick under 2.
+
+On the tiny model (context 2,048, 8 KB of K/V a token) the server's default K/V budget
+holds ~200 such long_max_tokens streams, far more than mallory's limit; `--cache-bytes
+268435456` makes ~12 of them reserve the batch's whole room, as 11 did on the default
+model (context 8,192) with its default budget. The run prints what it found.
+
+    python -m loadtests.bench_fairness [--model tiny | --model default | --model PATH]
+        [--flood-kind long --flood-kind n16 | --kinds long,n16] [--turns 20] [--duration 45]
+        [--cache-bytes N] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import itertools
+import json
 import multiprocessing as mp
 import random
+import re
 import statistics
 import subprocess
 import tempfile
@@ -39,119 +64,65 @@ from pathlib import Path
 
 import httpx
 
-from loadtests.bench_vs_mlxlm import one_turn
+from loadtests.bench_prepare import body_of
 from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.figures import pct
+from loadtests.floods import BODY_CHARS, KINDS, LONG_MAX_TOKENS, LONG_PROMPT_TOKENS, MORE, Server, plan, run_flood
 from radixchat import assets
+from radixchat.core.config import Settings
 from radixchat.core.store import Store
 from tests.support.procs import free_port, start_radixchat, stop_process
 
 PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
 QUESTIONS = PROMPTS["questions"]
+QUICK = {"turns": 5, "duration": 10.0, "settle": 1.0}
+GOAL = 3.0  # alice's TTFT p95 under a flood, at most this times alone
 
 
 def start_server(model: str, db: Path, port: int, args, log: Path) -> subprocess.Popen:
     flags = ["--max-user-requests", str(args.max_user_requests)]
     if args.max_batch:
         flags += ["--max-batch", str(args.max_batch), "--max-prefill-batch", str(min(args.max_batch, 4))]
+    if args.cache_bytes is not None:
+        flags += ["--cache-bytes", str(args.cache_bytes)]
+    if args.max_schema_bytes is not None:
+        flags += ["--max-schema-bytes", str(args.max_schema_bytes)]
     return start_radixchat(model, db, port, log, *flags)
 
 
-# ---- user A: the flood, in a child process ---------------------------------------------
+# ---- what the server is ------------------------------------------------------------------
 
 
-def flood(
-    url: str,
-    key: str,
-    workers: int,
-    max_tokens: int,
-    retry_wait: float | None,
-    limit_s: float,
-    seed: int,
-    stop,
-    results,
-) -> None:
-    """Child process: keep `workers` requests of A going until `stop` is set (or `limit_s`
-    passes), then put A's figures on `results`."""
-    results.put(asyncio.run(_flood(url, key, workers, max_tokens, retry_wait, limit_s, seed, stop)))
+def metric(text: str, name: str) -> float | None:
+    """The sum of a Prometheus metric's samples (all labels), None if /metrics has none."""
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ")
+    ]
+    return sum(values) if values else None
 
 
-async def _flood(url, key, workers, max_tokens, retry_wait, limit_s, seed, stop) -> dict:
-    done: list[tuple[float, int]] = []  # (wall clock at the end, output tokens) per served request
-    counts = {"sent": 0, "refused": 0, "errors": 0}
-    numbers = itertools.count()
-    t_start = time.time()
-    limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
-
-    async with httpx.AsyncClient(
-        base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=limit_s, limits=limits
-    ) as http:
-
-        async def worker(w: int) -> None:
-            rng = random.Random(seed * 1000 + w)
-            while not stop.is_set():
-                n = next(numbers)
-                body = {
-                    "model": "default",
-                    "max_tokens": max_tokens,
-                    "ignore_eos": True,
-                    "temperature": 0,
-                    "messages": [
-                        {"role": "system", "content": rng.choice(SYSTEMS)},
-                        {"role": "user", "content": f"[A{n}] {rng.choice(QUESTIONS)}"},
-                    ],
-                }
-                counts["sent"] += 1
-                try:
-                    r = await http.post("/v1/chat/completions", json=body)
-                except httpx.HTTPError:
-                    counts["errors"] += 1
-                    await asyncio.sleep(0.5)
-                    continue
-                if r.status_code == 200:
-                    done.append((time.time(), r.json()["usage"]["completion_tokens"]))
-                elif r.status_code == 429:
-                    counts["refused"] += 1
-                    # jittered, so the refused workers don't all come back in the same instant
-                    wait = retry_wait if retry_wait is not None else float(r.headers.get("retry-after", 1))
-                    await asyncio.sleep(wait * rng.uniform(0.5, 1.5))
-                else:
-                    counts["errors"] += 1
-                    await asyncio.sleep(0.5)
-
-        tasks = [asyncio.create_task(worker(w)) for w in range(workers)]
-        end = time.time() + limit_s
-        while not stop.is_set() and time.time() < end:
-            await asyncio.sleep(0.05)
-        # cancelling closes their connections, and the server cancels what they asked for
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return {"done": done, "t_start": t_start, "t_end": time.time(), **counts}
+def scrape(http: httpx.Client) -> str:
+    try:
+        r = http.get("/metrics")
+    except httpx.HTTPError:
+        return ""
+    return r.text if r.status_code == 200 else ""
 
 
-# ---- user B: timed turns in the main thread ----------------------------------------------
+def preemptions(http: httpx.Client) -> tuple[float, float | None] | None:
+    """(vLLM's num_preemptions, and the tokens the preempted held where the server says)
+    under whatever prefix, or None if the server does not count preemptions."""
+    text = scrape(http)
 
+    def counter(stem: str) -> float | None:
+        names = {m.group(1) for m in re.finditer(rf"^([\w:]*{stem}(?:_total)?)[{{ ]", text, re.M)}
+        return sum(metric(text, n) or 0.0 for n in names) if names else None
 
-def b_turns(http: httpx.Client, phase: str, args, deadline: float, rng: random.Random, on_think=None) -> list[dict]:
-    """B's turns, one at a time: each a fresh conversation tagged with `phase`."""
-    out = []
-    for i in range(args.turns):
-        if time.perf_counter() > deadline:
-            break
-        msgs = [
-            {"role": "system", "content": SYSTEMS[0]},
-            {"role": "user", "content": f"[B{phase}{i}] {rng.choice(QUESTIONS)}"},
-        ]
-        try:
-            out.append(one_turn(http, "default", msgs, args.max_tokens))
-        except httpx.HTTPError as e:
-            out.append({"error": str(e)})
-        if on_think is not None:
-            on_think()
-        time.sleep(args.think)
-    return out
+    count = counter("num_preemptions")
+    return None if count is None else (count, counter("num_preempted_tokens"))
 
 
 def in_flight(http: httpx.Client) -> int:
@@ -159,33 +130,353 @@ def in_flight(http: httpx.Client) -> int:
     return h["active_requests"] + h["queue_depth"]
 
 
+def prompt_tokens(http: httpx.Client, content: str) -> tuple[int | None, str]:
+    """(the server's count of a one-message prompt, or None) and its refusal's text."""
+    body = {"model": "default", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}
+    r = http.post("/v1/chat/completions", json=body)
+    if r.status_code == 200:
+        return r.json()["usage"]["prompt_tokens"], ""
+    return None, r.text
+
+
+def learn(http: httpx.Client, model: str, args) -> tuple[Server, list[str]]:
+    """Size the floods from the server (mallory's key): her limit, the model's context, a
+    short and a long prompt's tokens; and lines saying where each figure came from."""
+    notes = []
+    _, refusal = prompt_tokens(http, body_of(BODY_CHARS))
+    m = re.search(r"maximum context length is (\d+) tokens", refusal)
+    if m:
+        context = int(m.group(1))
+        notes.append(f"context {context:,} tokens (the server's refusal of {BODY_CHARS:,} characters)")
+    else:
+        config = json.loads((Path(model) / "config.json").read_text()) if Path(model).is_dir() else {}
+        context = int(config.get("max_position_embeddings", 2048))
+        notes.append(f"context {context:,} tokens (config.json: the server did not say; it answered {refusal[:80]!r})")
+    question = f"[long_max_tokens 0] {QUESTIONS[0]}"
+    short = prompt_tokens(http, question)[0] or 64
+    want = min(LONG_PROMPT_TOKENS, context - LONG_MAX_TOKENS - 64)
+    chars, tokens = 3 * want, None
+    for _ in range(3):  # the server's own count, scaled twice
+        tokens = prompt_tokens(http, f"[long 0] {body_of(chars)}")[0]
+        if tokens is None:
+            chars //= 2
+            continue
+        if abs(tokens - want) <= want // 100:
+            break
+        chars = int(chars * want / tokens)
+    notes.append(f"a long prompt: {chars:,} characters made {tokens} tokens (wanted {want})")
+    defaults = Settings.model_fields
+    schema_limit = args.max_schema_bytes or defaults["max_schema_bytes"].default
+    server = Server(
+        limit=args.max_user_requests,
+        context=context,
+        schema_limit=schema_limit,
+        body_limit=defaults["max_body_bytes"].default,
+        short_prompt=short,
+        long_chars=chars,
+    )
+    return server, notes
+
+
+def kv_room(http: httpx.Client, context: int, limit: int) -> str:
+    """The K/V room as /metrics tells it, and how many long_max_tokens streams reserve it."""
+    text = scrape(http)
+    budget = metric(text, "radixchat:prefix_cache_budget_bytes")
+    held, tokens = metric(text, "radixchat:prefix_cache_bytes"), metric(text, "radixchat:prefix_cache_tokens")
+    if not (budget and held and tokens):
+        return "K/V room: not on /metrics"
+    try:
+        from radixchat.core.engine.admission import batch_room
+
+        room = batch_room(int(budget))
+    except ImportError:
+        room = int(budget)
+    per_token = held / tokens
+    room_tokens = int(room / per_token)
+    fill = room_tokens / context
+    return (
+        f"K/V: budget {budget / 2**20:,.0f} MiB, {per_token:,.0f} bytes a token, the batch's room "
+        f"~{room_tokens:,} tokens: {fill:.1f} long_max_tokens streams of {context:,} tokens reserve it "
+        f"(mallory may have {limit})"
+    )
+
+
+# ---- alice: timed turns in the main thread ---------------------------------------------------
+
+
+def b_turn(http: httpx.Client, messages, max_tokens: int, cap: float) -> dict:
+    """One streamed chat completion; a first token not come within `cap` seconds ends the
+    turn, with what it waited as its TTFT (`cut`)."""
+    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    t0 = time.perf_counter()
+    first, usage = None, None
+    timeout = httpx.Timeout(connect=10.0, read=cap, write=30.0, pool=10.0)
+    try:
+        with http.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as r:
+            if r.status_code != 200:
+                return {"error": f"HTTP {r.status_code}"}
+            for line in r.iter_lines():
+                if first is None and time.perf_counter() - t0 > cap:
+                    return {"ttft": time.perf_counter() - t0, "cut": True}
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                    first = time.perf_counter()
+    except httpx.ReadTimeout:
+        if first is None:
+            return {"ttft": time.perf_counter() - t0, "cut": True}
+        return {"error": "read timeout after the first token"}
+    except httpx.HTTPError as e:
+        return {"error": type(e).__name__}
+    end = time.perf_counter()
+    if first is None:
+        return {"error": "no text"}
+    out = (usage or {}).get("completion_tokens", 0)
+    return {"ttft": first - t0, "tpot": (end - first) / (out - 1) if out > 1 else None, "cut": False}
+
+
+def b_turns(http: httpx.Client, phase: str, args, rng: random.Random, on_think=None) -> list[dict]:
+    """Alice's turns, one at a time, for --turns or --duration: each a fresh conversation
+    tagged with `phase`."""
+    out, deadline = [], time.perf_counter() + args.duration
+    for i in range(args.turns):
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            break
+        msgs = [
+            {"role": "system", "content": SYSTEMS[0]},
+            {"role": "user", "content": f"[B {phase} {i}] {rng.choice(QUESTIONS)}"},
+        ]
+        out.append(b_turn(http, msgs, args.max_tokens, max(left, 2.0)))
+        if on_think is not None:
+            on_think()
+        time.sleep(args.think)
+    return out
+
+
 def summary(rows: list[dict]) -> dict:
     ok = [r["ttft"] for r in rows if "error" not in r]
-    return {"turns": len(rows), "errors": len(rows) - len(ok), "p50": pct(ok, 0.5), "p95": pct(ok, 0.95)}
+    tpot = [r["tpot"] for r in rows if r.get("tpot") is not None]
+    cut = sum(bool(r.get("cut")) for r in rows)
+    return {
+        "turns": len(rows),
+        "errors": len(rows) - len(ok),
+        "cut": cut,
+        "p50": pct(ok, 0.5),
+        "p95": pct(ok, 0.95),
+        "tpot": pct(tpot, 0.5),
+        "at_least": ">=" if cut else "",
+    }
+
+
+# ---- one flood -------------------------------------------------------------------------------
+
+
+def one_flood(flood, url: str, key: str, http: httpx.Client, args, rng: random.Random, ctx) -> dict:
+    """Mallory's `flood` from a child process while alice's turns are timed; the figures."""
+    stop, results, sent, timed = ctx.Event(), ctx.Queue(), ctx.Value("i", 0), ctx.Value("d", 0.0)
+    limit_s = 3 * args.duration + args.settle + 120
+    before = preemptions(http)
+    child = ctx.Process(
+        target=run_flood,
+        daemon=True,
+        args=(flood, url, key, (args.retry_wait, args.refused_wait), limit_s, args.seed, stop, (sent, timed), results),
+    )
+    t_flood = time.time()
+    child.start()
+    try:
+        reach = time.perf_counter() + args.duration / 3
+        while time.perf_counter() < reach and (sent.value < flood.workers or in_flight(http) < flood.target):
+            time.sleep(0.1)
+        reached = in_flight(http)
+        time.sleep(args.settle)
+        samples: list[int] = []
+        t0 = timed.value = time.time()
+        rows = b_turns(http, flood.kind, args, rng, on_think=lambda: samples.append(in_flight(http)))
+        t1 = time.time()
+        stop.set()
+        a = results.get(timeout=120)
+        child.join(30)
+    finally:
+        stop.set()
+        if child.is_alive():
+            child.terminate()
+    after = preemptions(http)
+    t_idle = time.perf_counter()
+    while time.perf_counter() - t_idle < max(20.0, args.duration) and in_flight(http) > 0:
+        time.sleep(0.2)
+    idle = in_flight(http) == 0
+    time.sleep(1.0)  # what the engine does not show (preparations of refused or cancelled requests)
+    return {
+        "b": summary(rows),
+        "a": a,
+        "window": (t0, t1),
+        "reached": reached,
+        "samples": samples,
+        "preempted": None if before is None or after is None else (after[0] - before[0], _less(after[1], before[1])),
+        "flood_s": time.time() - t_flood,
+        "drain": (time.perf_counter() - t_idle, idle),
+    }
+
+
+def _less(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+# ---- the report --------------------------------------------------------------------------------
+
+
+def outcome_counts(outcomes: dict) -> dict:
+    by = {"accepted": 0, "429": 0, "400": 0, "413": 0, "other": 0}
+    for label, n in outcomes.items():
+        head = label.split()[0]
+        by[head if head in by else "other"] += n
+    return by
+
+
+def stalls(streams: list[dict], stop: float, t0: float) -> str:
+    """Mallory's streams: first-token wait and longest gap between two tokens, p50/p95, over
+    the whole flood and over the streams that had tokens while alice was timed (from `t0`)."""
+    if not streams:
+        return ""
+    waits = [(s["first"] if s["first"] is not None else stop) - s["start"] for s in streams]
+    gaps = [s["gap"] for s in streams if s["first"] is not None]
+    timed = [s["timed_gap"] for s in streams if s["last"] is not None and s["last"] >= t0]
+    never = sum(s["first"] is None for s in streams)
+    ends = {e: sum(s["end"] == e for s in streams) for e in ("done", "failed", "cut")}
+    line = (
+        f"{len(streams)} streams ({ends['done']} done, {ends['failed']} failed, {ends['cut']} cut at the stop); "
+        f"first token p50 {pct(waits, 0.5):.2f} / p95 {pct(waits, 0.95):.2f} s"
+    )
+    if never:
+        line += f" ({never} had none by the stop: counted to it)"
+    if timed:
+        line += (
+            f"; longest stall between two tokens while alice was timed p50 {pct(timed, 0.5):.2f} / "
+            f"p95 {pct(timed, 0.95):.2f} s ({len(timed)} streams)"
+        )
+    if gaps:
+        line += f", over the whole flood p50 {pct(gaps, 0.5):.2f} / p95 {pct(gaps, 0.95):.2f} s"
+    return line
+
+
+def report(alone: dict, floods: dict, plans: dict) -> None:
+    print(
+        f"\n{'alice: time to first token, s':<32} {'turns':>5} {'err':>4} {'p50':>9} {'p95':>9} {'p95/alone':>10} "
+        f"{'TPOT p50':>9}"
+    )
+    print(
+        f"{'alone':<32} {alone['turns']:>5} {alone['errors']:>4} {alone['p50']:>9.3f} {alone['p95']:>9.3f} "
+        f"{'1.00x':>10} {alone['tpot']:>9.4f}"
+    )
+    met, missed = [], []
+    for kind, f in floods.items():
+        b = f["b"]
+        ratio = b["p95"] / alone["p95"] if alone["p95"] > 0 else float("nan")
+        (met if ratio <= GOAL and not b["cut"] and not b["errors"] else missed).append(kind)
+        mark = b["at_least"]
+        print(
+            f"{'under ' + kind:<32} {b['turns']:>5} {b['errors']:>4} {mark + format(b['p50'], '.3f'):>9} "
+            f"{mark + format(b['p95'], '.3f'):>9} {mark + format(ratio, '.2f') + 'x':>10} {b['tpot']:>9.4f}"
+            + (f"  ({b['cut']} turns with no first token by the phase's end)" if b["cut"] else "")
+        )
+    print(
+        f"goal: p95 within {GOAL:g}x alone under every flood; met under {', '.join(met) or 'none'}"
+        + (f"; not under {', '.join(missed)}" if missed else "")
+    )
+
+    print(
+        f"\n{'mallory':<16} {'wants':>5} {'sent':>6} {'accepted':>8} {'429':>6} {'400':>6} {'413':>5} {'other':>5} "
+        f"{'at engine':>9} {'tok/s':>7} {'preempt':>7}"
+    )
+    for kind, f in floods.items():
+        a, by = f["a"], outcome_counts(f["a"]["outcomes"])
+        t0, t1 = f["window"]
+        span = max(t1 - t0, 1e-9)
+        rate = sum(k for t, k in a["tokens"] if t0 <= t <= t1) / span
+        med = statistics.median(f["samples"]) if f["samples"] else f["reached"]
+        pre = "n/a" if f["preempted"] is None else f"{f['preempted'][0]:g}"
+        print(
+            f"{kind:<16} {plans[kind].workers:>5} {a['sent']:>6} {by['accepted']:>8} {by['429']:>6} {by['400']:>6} "
+            f"{by['413']:>5} {by['other']:>5} {med:>9g} {rate:>7.1f} {pre:>7}"
+        )
+    print("\n(at engine: running and waiting requests, all users', median between alice's turns; tok/s while")
+    print(" alice was timed; preempt: num_preemptions during the flood, n/a where /metrics has none)")
+    for kind, f in floods.items():
+        a = f["a"]
+        codes = ", ".join(f"{n} x {label}" for label, n in sorted(a["outcomes"].items()))
+        drained, idle = f["drain"]
+        print(f"- {kind}: {plans[kind].note}. Answers: {codes or 'none'}.")
+        line = stalls(a["streams"], a["t_stop"], f["window"][0])
+        if line:
+            print(f"  {line}.")
+        if f["preempted"] is not None and f["preempted"][0]:
+            count, held = f["preempted"]
+            print(
+                f"  {count:g} preemptions during the flood"
+                + (f", {held:,.0f} tokens held by the preempted (restored or recomputed on resuming)." if held else ".")
+            )
+        print(
+            f"  Flood {f['flood_s']:.0f} s; at the engine {f['reached']} when alice started; "
+            + (f"idle {drained:.1f} s after the stop." if idle else f"still busy {drained:.0f} s after the stop.")
+        )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(p)
-    p.add_argument("--turns", type=int, default=20, help="B's timed turns per phase")
-    p.add_argument("--think", type=float, default=0.5, help="B's pause between turns, seconds")
-    p.add_argument("--max-tokens", type=int, default=16, help="B's reply length")
-    p.add_argument("--flood", type=int, default=64, help="requests A tries to keep in flight")
-    p.add_argument("--flood-max-tokens", type=int, default=64, help="A's reply length (ignore_eos)")
+    p.set_defaults(model="tiny")
+    for action in p._actions:
+        if action.dest == "model":
+            action.help = "model folder, .gguf file, or tiny / default (SmolLM2) / smollm2 (default here: tiny)"
+    p.add_argument(
+        "--flood-kind",
+        "--kinds",
+        dest="kinds",
+        action="append",
+        metavar="KIND",
+        help=f"kinds of flood, repeatable or comma separated: {', '.join(KINDS + MORE)} or all (default: "
+        f"{', '.join(KINDS)})",
+    )
+    p.add_argument("--turns", type=int, default=20, help="alice's timed turns per phase")
+    p.add_argument("--think", type=float, default=0.5, help="alice's pause between turns, seconds")
+    p.add_argument("--max-tokens", type=int, default=16, help="alice's reply length")
+    p.add_argument("--flood", type=int, default=64, help="requests mallory tries to keep in flight")
+    p.add_argument("--flood-max-tokens", type=int, default=64, help="reply length of the short and n16 floods")
     p.add_argument(
         "--retry-wait",
         type=float,
         default=None,
-        help="seconds a refused A worker waits (default: the server's Retry-After), jittered",
+        help="seconds a worker refused with 429 waits (default: the server's Retry-After), jittered",
+    )
+    p.add_argument(
+        "--refused-wait", type=float, default=0.0, help="seconds a worker refused with another 4xx waits (jittered)"
     )
     p.add_argument("--max-user-requests", type=int, default=32, help="passed to the server")
     p.add_argument("--max-batch", type=int, default=0, help="passed to the server (default: its own)")
+    p.add_argument("--cache-bytes", type=int, default=None, help="passed to the server (default: its own)")
+    p.add_argument("--max-schema-bytes", type=int, default=None, help="passed to the server (default: its own)")
     p.add_argument(
-        "--settle", type=float, default=3.0, help="seconds between A reaching its maximum and B's first timed turn"
+        "--settle", type=float, default=3.0, help="seconds between mallory reaching her maximum and alice's first turn"
     )
-    p.add_argument("--duration", type=float, default=180.0, help="most seconds per phase")
+    p.add_argument("--duration", type=float, default=45.0, help="most seconds alice is timed per phase")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: " + ", ".join(f"--{k} {v:g}" for k, v in QUICK.items())
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    if args.quick:
+        for name, value in QUICK.items():
+            if getattr(args, name) == p.get_default(name):
+                setattr(args, name, value)
+    kinds = [k.strip() for given in args.kinds or ["all"] for k in given.split(",") if k.strip()]
+    kinds = list(dict.fromkeys(k for given in kinds for k in (KINDS if given == "all" else [given])))
+    unknown = [k for k in kinds if k not in KINDS + MORE]
+    if unknown:
+        p.error(f"unknown kind of flood: {', '.join(unknown)} (choose from {', '.join(KINDS + MORE)}, all)")
     model = resolve_model(args)
 
     work = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
@@ -193,98 +484,50 @@ def main() -> None:
     with Store(db) as store:
         keys = {
             name: store.create_api_key(store.create_user(name, f"{name}-bench-password"), "bench")[1]
-            for name in ("usera", "userb")
+            for name in ("alice", "mallory")
         }
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    started = time.time()
     server = start_server(model, db, port, args, work / "server.log")
-    a_max = min(args.flood, args.max_user_requests)
     print(f"model {model}; {time.strftime('%Y-%m-%d %H:%M')}; server log {work / 'server.log'}")
     print(
-        f"B: {args.turns} streamed turns per phase, max_tokens {args.max_tokens}, think {args.think} s; "
-        f"A: {args.flood} in flight wanted, server --max-user-requests {args.max_user_requests}, "
-        f"max_tokens {args.flood_max_tokens}"
+        f"alice: {args.turns} streamed turns per phase (at most {args.duration:g} s), max_tokens {args.max_tokens}, "
+        f"think {args.think} s; mallory: {args.flood} in flight wanted, --max-user-requests {args.max_user_requests}"
     )
     ctx = mp.get_context("spawn")
-    stop, results = ctx.Event(), ctx.Queue()
-    child = None
+    floods, plans = {}, {}
     try:
         rng = random.Random(args.seed)
-        with httpx.Client(
-            base_url=url, timeout=args.duration + 60, headers={"Authorization": f"Bearer {keys['userb']}"}
-        ) as http:
-            one_turn(
-                http,
-                "default",
-                [{"role": "system", "content": SYSTEMS[0]}, {"role": "user", "content": "warm-up"}],
-                args.max_tokens,
+        auth = {name: {"Authorization": f"Bearer {key}"} for name, key in keys.items()}
+        with (
+            httpx.Client(base_url=url, timeout=args.duration + 60, headers=auth["alice"]) as http,
+            httpx.Client(base_url=url, timeout=120, headers=auth["mallory"]) as mallory,
+        ):
+            warm = [{"role": "system", "content": SYSTEMS[0]}, {"role": "user", "content": "warm-up"}]
+            b_turn(http, warm, args.max_tokens, args.duration + 60)
+            server_facts, notes = learn(mallory, model, args)
+            notes.append(kv_room(http, server_facts.context, server_facts.limit))
+            notes.append(
+                "preemptions: " + ("counted" if preemptions(http) is not None else "no num_preemptions on /metrics")
             )
-            alone = b_turns(http, "a", args, time.perf_counter() + args.duration, rng)
-
-            child = ctx.Process(
-                target=flood,
-                daemon=True,
-                args=(
-                    url,
-                    keys["usera"],
-                    args.flood,
-                    args.flood_max_tokens,
-                    args.retry_wait,
-                    2 * args.duration + args.settle + 120,
-                    args.seed,
-                    stop,
-                    results,
-                ),
-            )
-            child.start()
-            reach = time.perf_counter() + args.duration
-            while in_flight(http) < a_max and time.perf_counter() < reach:
-                time.sleep(0.1)
-            reached = in_flight(http)
-            time.sleep(args.settle)
-            samples: list[int] = []  # A's requests at the server, between B's turns
-            t0 = time.time()
-            loaded = b_turns(
-                http,
-                "b",
-                args,
-                time.perf_counter() + args.duration,
-                rng,
-                on_think=lambda: samples.append(in_flight(http)),
-            )
-            t1 = time.time()
-        stop.set()
-        a = results.get(timeout=120)
-        child.join(30)
+            for line in notes:
+                print(f"  {line}")
+            for kind in kinds:
+                plans[kind] = plan(kind, server_facts, QUESTIONS[1], args.flood, args.flood_max_tokens)
+            alone = summary(b_turns(http, "alone", args, rng))
+            print(f"  alone: TTFT p50 {alone['p50']:.3f} / p95 {alone['p95']:.3f} s")
+            for kind in kinds:
+                floods[kind] = f = one_flood(plans[kind], url, keys["mallory"], http, args, rng, ctx)
+                print(
+                    f"  under {kind}: TTFT p50 {f['b']['at_least']}{f['b']['p50']:.3f} / "
+                    f"p95 {f['b']['at_least']}{f['b']['p95']:.3f} s",
+                    flush=True,
+                )
     finally:
-        stop.set()
-        if child is not None and child.is_alive():
-            child.terminate()
         stop_process(server)
-
-    sa, sb = summary(alone), summary(loaded)
-    print(f"\n{'B time to first token, s':>32} {'turns':>6} {'errors':>7} {'p50':>8} {'p95':>8}")
-    for name, s in (("alone", sa), (f"while A floods ({a_max} in flight)", sb)):
-        print(f"{name:>32} {s['turns']:>6} {s['errors']:>7} {s['p50']:>8.3f} {s['p95']:>8.3f}")
-    print(
-        f"under the flood / alone: p50 {sb['p50'] / sa['p50']:.2f}x, p95 {sb['p95'] / sa['p95']:.2f}x "
-        f"(the goal: p95 within 2x)"
-    )
-    window = [tokens for t, tokens in a["done"] if t0 <= t <= t1]
-    span = max(t1 - t0, 1e-9)
-    print(
-        f"A while B was timed ({span:.1f} s): {len(window)} requests served, {sum(window) / span:.1f} output tokens/s"
-    )
-    flood_s = a["t_end"] - a["t_start"]
-    print(
-        f"A over the whole flood ({flood_s:.1f} s): {a['sent']} sent, {len(a['done'])} served, {a['refused']} refused "
-        f"with 429 ({a['refused'] / flood_s:.1f}/s), {a['errors']} errors; the rest were in flight at the stop"
-    )
-    med = statistics.median(samples) if samples else float("nan")
-    print(
-        f"A's requests at the server: {reached} when B started, median {med:g} between B's turns "
-        f"(A's limit {a_max}; B's own request is done by then)"
-    )
+    report(alone, floods, plans)
+    print(f"\nwhole run {time.time() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,270 @@
+"""Mallory's floods for loadtests/bench_fairness.py: what each kind of flood sends, sized
+from what the benchmark learned of the server, and the child process that keeps it going.
+
+A kind is a `Flood`: one JSON body with a placeholder (TAG) that each request replaces with
+its own number (at the start of the user's message, and as a schema's title), so no two of
+mallory's prompts share more than the chat template's first tokens in the prefix cache and
+no two schemas are the same text; how many workers send it, each sending its next request
+as soon as the last one ends; whether it streams. Kinds (`KINDS` is the default set):
+
+  long             prompts of ~1,590 tokens (calibrated against the server's own count),
+                   max_tokens 20
+  bodies           ~1 MB of message content (far beyond any context: refused, 400)
+  schemas          a response_format json_schema of ~138 KB (over --max-schema-bytes: 400)
+  regex            a json_schema just under --max-schema-bytes whose string fields carry
+                   heavy `pattern` regular expressions, max_tokens 64
+  long_max_tokens  max_tokens of the model's context minus the prompt, ignore_eos: a few
+                   such requests reserve the whole K/V room where the server reserves
+                   the worst case
+  n16              n=16, max_tokens --flood-max-tokens, ignore_eos (each choice counts
+                   against the user's limit)
+  short            the earlier benchmark's flood: short prompts, --flood-max-tokens
+                   tokens, not streamed (not in the default set)
+
+The child (`run_flood`, started with multiprocessing's spawn) runs the workers in one event
+loop, so the flood's client work never holds the GIL of the process that times alice. A
+worker refused with 429 waits the server's Retry-After (jittered); one refused with another
+4xx sends again after --refused-wait (0: at once, as an attacker would). What comes back:
+the outcomes by status and error code, every token's arrival time (a streamed chunk's
+content is a token step; a whole reply counts its completion_tokens at its end), and per
+stream its first token and its longest gap between two tokens (a stream still running at
+the stop counts the time since its last token as a gap). Traffic to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import httpx
+
+from loadtests.bench_prepare import body_of, schema_of
+
+KINDS = ("long", "bodies", "schemas", "regex", "long_max_tokens", "n16")
+MORE = ("short",)
+TAG = "@@N@@"
+LONG_PROMPT_TOKENS = 1590
+LONG_MAX_TOKENS = 20
+REGEX_MAX_TOKENS = 64
+BIG_SCHEMA_BYTES = 138_000
+BODY_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Server:
+    """What the benchmark learned of the server it started, to size the floods by."""
+
+    limit: int  # --max-user-requests
+    context: int  # the model's context, in tokens
+    schema_limit: int  # --max-schema-bytes
+    body_limit: int  # the largest request body
+    short_prompt: int  # tokens of a short question's prompt (chat template included)
+    long_chars: int  # characters of text that make a ~LONG_PROMPT_TOKENS prompt
+
+
+@dataclass(frozen=True)
+class Flood:
+    kind: str
+    workers: int  # requests mallory tries to keep in flight
+    body: bytes  # the JSON body, TAG where each request's number goes
+    stream: bool
+    target: int  # engine requests of mallory's to wait for before alice is timed
+    note: str  # how this kind is sized, for the report
+
+
+def heavy_pattern(i: int) -> str:
+    """A regular expression that is slow to match token by token: a counted repetition of
+    overlapping alternatives (the lexer follows every way of reading the text so far);
+    `i` varies the counts so that no two fields share one. Heavier ones (an outer count of
+    20 and more) hit llguidance's limit of expressions within a few tokens and end the
+    request instead."""
+    return rf"^(?:[a-z]{{1,{7 + i % 5}}}|[a-z0-9]{{2,{9 + i % 7}}}|[a-f0-9]{{3,{12 + i % 3}}}){{1,{12 + i % 5}}}$"
+
+
+def regex_schema(size: int) -> dict:
+    """An object schema of string fields with heavy patterns, all required, just under
+    `size` bytes as the server measures it (json.dumps), TAG as its title."""
+    props: dict = {}
+
+    def whole() -> dict:
+        return {"title": TAG, "type": "object", "properties": props, "required": list(props)}
+
+    for i in itertools.count():
+        props[f"field_{i}"] = {"type": "string", "pattern": heavy_pattern(i)}
+        if len(json.dumps(whole())) >= size:
+            del props[f"field_{i}"]
+            return whole()
+    raise AssertionError
+
+
+def _user(content: str) -> list[dict]:
+    return [{"role": "user", "content": f"[{TAG}] {content}"}]
+
+
+def plan(kind: str, server: Server, question: str, flood: int, flood_max_tokens: int) -> Flood:
+    """What `kind` sends to `server`: mallory wants `flood` requests in flight (at most her
+    limit where refusals are expected anyway), `question` is a short user message."""
+    limit = server.limit
+    stream = {"stream": True, "stream_options": {"include_usage": True}}
+    base = {"model": "default", "temperature": 0}
+    if kind == "long":
+        body = {**base, **stream, "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True}
+        body["messages"] = _user(body_of(server.long_chars))
+        note = f"~{LONG_PROMPT_TOKENS}-token prompts ({server.long_chars:,} characters), max_tokens {LONG_MAX_TOKENS}"
+        return _flood(kind, flood, body, True, min(flood, limit), note)
+    if kind == "bodies":
+        body = {**base, **stream, "max_tokens": LONG_MAX_TOKENS, "messages": _user(body_of(BODY_CHARS))}
+        data = json.dumps(body).encode()
+        note = f"{len(data):,}-byte bodies (the server takes {server.body_limit:,}), {BODY_CHARS:,} characters of text"
+        return _flood(kind, min(flood, limit), body, True, 0, note)
+    if kind == "schemas":
+        schema = {"title": TAG, **schema_of(BIG_SCHEMA_BYTES)}
+        body = {**base, **stream, "max_tokens": LONG_MAX_TOKENS, "messages": _user(question)}
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "flood", "schema": schema}}
+        note = f"{len(json.dumps(schema)):,}-byte json_schema (--max-schema-bytes {server.schema_limit:,})"
+        return _flood(kind, min(flood, limit), body, True, 0, note)
+    if kind == "regex":
+        schema = regex_schema(server.schema_limit - 64)  # the title's number is longer than TAG
+        body = {**base, **stream, "max_tokens": REGEX_MAX_TOKENS, "messages": _user(question)}
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "flood", "schema": schema}}
+        note = (
+            f"{len(json.dumps(schema)):,}-byte json_schema of {len(schema['properties'])} pattern fields "
+            f"(--max-schema-bytes {server.schema_limit:,}), max_tokens {REGEX_MAX_TOKENS}"
+        )
+        return _flood(kind, flood, body, True, min(flood, limit), note)
+    if kind == "long_max_tokens":
+        max_tokens = server.context - server.short_prompt - 8  # the tag's digits: a few tokens more
+        body = {**base, **stream, "max_tokens": max_tokens, "ignore_eos": True, "messages": _user(question)}
+        note = f"max_tokens {max_tokens:,} (context {server.context:,} minus the prompt), ignore_eos"
+        return _flood(kind, flood, body, True, min(flood, limit), note)
+    if kind == "n16":
+        body = {**base, **stream, "n": 16, "temperature": 1.0, "max_tokens": flood_max_tokens, "ignore_eos": True}
+        body["messages"] = _user(question)
+        note = f"n=16, max_tokens {flood_max_tokens}, ignore_eos (16 of her {limit} requests each)"
+        return _flood(kind, flood, body, True, min(flood * 16, limit // 16 * 16), note)
+    if kind == "short":
+        body = {**base, "max_tokens": flood_max_tokens, "ignore_eos": True, "messages": _user(question)}
+        note = f"short prompts, max_tokens {flood_max_tokens}, ignore_eos, not streamed"
+        return _flood(kind, flood, body, False, min(flood, limit), note)
+    raise ValueError(f"unknown kind of flood: {kind}")
+
+
+def _flood(kind: str, workers: int, body: dict, stream: bool, target: int, note: str) -> Flood:
+    return Flood(kind, workers, json.dumps(body).encode(), stream, target, note)
+
+
+# ---- the child process ---------------------------------------------------------------------
+
+
+def run_flood(flood: Flood, url: str, key: str, waits: tuple, limit_s: float, seed: int, stop, shared, results) -> None:
+    """Child process: keep `flood` going until `stop` is set (or `limit_s` passes), then put
+    mallory's figures on `results`. `waits` is (seconds after a 429, None for the server's
+    Retry-After; seconds after another 4xx); `shared` is (requests sent so far, a shared int
+    this counts; when alice's timing began, a shared wall-clock time the parent sets: a
+    stream's stalls from then on are also kept apart, as `timed_gap`)."""
+    results.put(asyncio.run(_run(flood, url, key, waits, limit_s, seed, stop, shared)))
+
+
+async def _run(flood: Flood, url, key, waits, limit_s, seed, stop, shared) -> dict:
+    sent, timed = shared
+    retry_wait, refused_wait = waits
+    outcomes: Counter = Counter()
+    tokens: list[tuple[float, int]] = []  # (arrival, tokens) for every token step
+    streams: list[dict] = []  # per accepted streamed request: start, first, last, gap, end
+    numbers = itertools.count()
+    workers = max(1, flood.workers)
+    limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    t_start = time.time()
+
+    async def one(http: httpx.AsyncClient, body: bytes) -> tuple[int, str, float]:
+        """Send one request; (status, error code or "", seconds to wait: Retry-After)."""
+        async with http.stream("POST", "/v1/chat/completions", content=body) as r:
+            if r.status_code != 200:
+                raw = await r.aread()
+                try:
+                    code = (json.loads(raw).get("error") or {}).get("code") or ""
+                except (ValueError, AttributeError):
+                    code = ""
+                return r.status_code, code, float(r.headers.get("retry-after") or 1)
+            outcomes["accepted"] += 1  # at its headers: a stream cut at the stop was accepted too
+            if not flood.stream:
+                usage = json.loads(await r.aread()).get("usage") or {}
+                tokens.append((time.time(), usage.get("completion_tokens", 0)))
+                return 200, "", 0.0
+            s = {"start": time.time(), "first": None, "last": None, "gap": 0.0, "timed_gap": 0.0, "end": None}
+            streams.append(s)
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    s["end"] = "failed"
+                    continue
+                k = sum(1 for ch in chunk.get("choices") or [] if (ch.get("delta") or {}).get("content"))
+                if k:
+                    now = time.time()
+                    tokens.append((now, k))
+                    if s["first"] is None:
+                        s["first"] = now
+                    else:
+                        s["gap"] = max(s["gap"], now - s["last"])
+                        if 0 < timed.value <= s["last"]:
+                            s["timed_gap"] = max(s["timed_gap"], now - s["last"])
+                    s["last"] = now
+            s["end"] = s["end"] or "done"
+            return 200, "", 0.0
+
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=limit_s, limits=limits) as http:
+
+        async def worker(w: int) -> None:
+            rng = random.Random(seed * 1000 + w)
+            while not stop.is_set():
+                body = flood.body.replace(TAG.encode(), f"{flood.kind} {next(numbers)}".encode())
+                with sent.get_lock():
+                    sent.value += 1
+                try:
+                    status, code, after = await one(http, body)
+                except httpx.HTTPError as e:
+                    outcomes[f"error {type(e).__name__}"] += 1
+                    await asyncio.sleep(0.5)
+                    continue
+                if status != 200:
+                    outcomes[f"{status} {code}".strip()] += 1
+                if status == 429:  # jittered, so the refused don't all come back at once
+                    wait = retry_wait if retry_wait is not None else after
+                    await asyncio.sleep(wait * rng.uniform(0.5, 1.5))
+                elif 400 <= status < 500:
+                    await asyncio.sleep(refused_wait * rng.uniform(0.5, 1.5))
+                elif status != 200:
+                    await asyncio.sleep(0.5)
+
+        tasks = [asyncio.create_task(worker(w)) for w in range(workers)]
+        end = time.time() + limit_s
+        while not stop.is_set() and time.time() < end:
+            await asyncio.sleep(0.05)
+        t_stop = time.time()
+        # cancelling closes their connections, and the server cancels what they asked for
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for s in streams:
+        if s["end"] is None:
+            s["end"] = "cut"
+            if s["last"] is not None:  # a stall that lasts until the stop is a stall too
+                s["gap"] = max(s["gap"], t_stop - s["last"])
+                if 0 < timed.value <= s["last"]:
+                    s["timed_gap"] = max(s["timed_gap"], t_stop - s["last"])
+    return {
+        "outcomes": dict(outcomes),
+        "tokens": tokens,
+        "streams": streams,
+        "t_start": t_start,
+        "t_stop": t_stop,
+        "sent": sent.value,
+    }
