@@ -11,7 +11,7 @@ from radixchat.core.engine.fairness import FairQueue
 @dataclass
 class Req:
     owner: str
-    size: int = 10  # K/V bytes it sets aside
+    size: int = 10  # K/V bytes it holds (with its growth)
     prefilled: bool = True
     done: bool = False
     tag: str = field(default="")
@@ -50,7 +50,7 @@ def test_a_newcomer_joins_over_the_cap_up_to_its_fair_share():
     assert len(running) + len(picked) <= over_cap(4)
 
 
-def test_kv_room_is_set_aside_for_whole_replies_but_one_request_alone_always_runs():
+def test_kv_room_is_what_requests_hold_and_one_request_alone_always_runs():
     picked, _ = run([Req("alice", size=600), Req("bob", size=600)], room=1000)
     assert len(picked) == 1
     picked, _ = run([Req("alice", size=5000)], room=1000)
@@ -59,12 +59,23 @@ def test_kv_room_is_set_aside_for_whole_replies_but_one_request_alone_always_run
     assert picked == []  # beside a running one it waits
 
 
-def test_prefill_is_handed_over_only_as_fast_as_it_runs():
+def test_prefill_is_handed_over_only_as_fast_as_it_runs_and_a_newcomer_goes_in_at_once():
     running = [Req("alice", prefilled=False) for _ in range(2)]
-    picked, _ = run([Req("bob"), Req("carol")], running, max_batch=8, max_prefill=2)
-    assert picked == []  # the generator still prefills two: none more yet
-    picked, _ = run([Req("bob"), Req("carol")], running[:1], max_batch=8, max_prefill=2)
-    assert len(picked) == 1
+    picked, _ = run([Req("alice", tag="a")], running, max_batch=8, max_prefill=2)
+    assert picked == []  # the generator still prefills two of hers: none more yet
+    picked, _ = run([Req("alice", tag="a")], running[:1], max_batch=8, max_prefill=2)
+    assert [p.tag for p in picked] == ["a"]
+    # bob and carol have nothing in prefill: their first prompt goes in beside a full prefill
+    picked, _ = run([Req("bob", tag="b"), Req("bob", tag="b2"), Req("carol", tag="c")], running, max_prefill=2)
+    assert sorted(p.tag for p in picked) == ["b", "c"]
+
+
+def test_each_owner_gets_a_share_of_the_prefill():
+    running = [Req("alice", prefilled=False) for _ in range(3)]
+    waiting = [Req("alice", tag=f"a{i}") for i in range(4)] + [Req("bob", tag=f"b{i}") for i in range(4)]
+    picked, _ = run(waiting, running, max_batch=32, max_prefill=8)
+    # two owners with work: four prompts each in prefill at most (alice has three already)
+    assert sorted(p.tag for p in picked) == ["a0", "b0", "b1", "b2", "b3"]
 
 
 def test_blocked_requests_stay_queued():

@@ -43,7 +43,7 @@ def two_fit(tiny_model_dir, engine):
     eng.stop()
 
 
-def test_requests_queue_when_the_budget_is_full_not_at_a_fixed_count(two_fit):
+def test_the_batch_holds_what_the_budget_has_room_for_not_a_fixed_count(two_fit):
     peak, done = [0], threading.Event()
 
     def watch():
@@ -58,7 +58,9 @@ def test_requests_queue_when_the_budget_is_full_not_at_a_fixed_count(two_fit):
     done.set()
     watcher.join()
     assert all(isinstance(f, Finished) and f.usage.generated_tokens == REPLY for f in finals)
-    assert peak[0] == 2, peak[0]  # max_batch 64 would have let all six in
+    # admitted by what they hold (a prompt and a few steps' growth), not by whole replies:
+    # more than two start, fewer than six (max_batch 64 would have let all six in)
+    assert 2 < peak[0] < 6, peak[0]
 
 
 def test_a_request_larger_than_the_room_still_runs_alone(two_fit):

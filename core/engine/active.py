@@ -43,6 +43,22 @@ class Active:
     constraint: object | None = None  # core.engine.constrain.Constraint: the grammar its reply follows
     logprobs: list = field(default_factory=list)  # TokenLogprob of every generated token (with `logprobs`)
     unsent: list = field(default_factory=list)  # those not yet attached to a delta
+    out: list[int] = field(default_factory=list)  # generated token ids (a resumed request's prompt ends with them)
+    hit: int = 0  # tokens restored from the prefix cache at its latest admission
+    joined: int = 0  # the engine step of its latest admission (the latest joined is preempted first)
+    hurry: bool = False  # its owner had no prompt in prefill when it was admitted
+    preempted: int = 0  # times it left the batch to make room (core.engine.preempt)
+    sampler: object | None = None  # kept across a preemption: a seeded stream goes on where it was
+
+    @property
+    def tokens(self) -> list[int]:
+        """What its K/V must hold before its next token: the prompt, and after a preemption
+        the tokens generated so far as well."""
+        return self.prompt + self.out if self.out else self.prompt
+
+    @property
+    def tokens_left(self) -> int:
+        return self.max_tokens - self.generated
 
     def usage(self) -> Usage:
         now = time.perf_counter()

@@ -4,13 +4,16 @@ The engine thread calls `choose` once per turn with what it knows (the fair queu
 running requests, the K/V room, and two questions only the prefix cache can answer); it
 gets back the requests to admit, already taken from the fair queue. Nothing here reads or
 writes the engine, the generator or the cache, so the policy is tested on plain objects
-(tests/test_fairness.py) and can be read in one sitting. The fair queue's own order
+(tests/test_admission.py) and can be read in one sitting. The fair queue's own order
 (least-served owner first, core.engine.fairness) decides whose turn it is; this module
 decides how many fit.
 
-The batch is sized by memory: K/V for a request's prompt and its whole reply
-(`need`) is set aside when it is admitted, within `BATCH_SHARE` of the K/V budget; nothing
-is preempted later, so the reservation is for the worst case.
+The batch is sized by memory: a request is admitted by the K/V it holds now and a few steps'
+growth (`need`, core.engine.preempt), within `BATCH_SHARE` of the K/V budget; when the
+batch outgrows it, the engine preempts (core.engine.preempt). Prefill is shared by owner:
+the generator prefills what it is handed together, so each owner may have only a share of
+the prompts in prefill, and an owner with none there always gets one in at once (the engine
+asks the generator to start it in the next step: `BudgetedBatchGenerator.hurry`).
 """
 
 from __future__ import annotations
@@ -58,35 +61,41 @@ def choose(
     other user fills the batch would wait a whole reply for a slot. So an owner with fewer
     running requests than a fair share of `max_batch` (split among the owners with work)
     may join over the cap, up to `over_cap(max_batch)`; the cap then holds the others back
-    until the batch is under it again. Without preemption this is what keeps a newcomer's
-    first token within a step or two of an idle server's.
+    until the batch is under it again. With the prefill share this is what keeps a
+    newcomer's first token within a step or two of an idle server's.
     """
     if not len(fair):
         return []
-    # The generator prefills the prompts it holds first come first served: hand it only as
-    # many as it prefills at once, so the fair queue also orders prefill (a newcomer would
-    # otherwise queue inside the generator behind all of a flood's prompts).
-    prefill = max_prefill_batch - sum(not a.prefilled for a in running)
-    if prefill <= 0:
-        return []
+    # The generator prefills the prompts it holds together: hand it only as many as it
+    # prefills at once, and each owner a share of them, so the fair queue also orders
+    # prefill (a newcomer would otherwise queue inside the generator behind a flood's prompts).
+    prefilling = Counter(a.owner for a in running if not a.prefilled)
+    prefill_share = max(1, max_prefill_batch // max(1, len(fair.load)))
+    if prefilling.total() >= max_prefill_batch and all(prefilling[o] for o in fair.owners()):
+        return []  # the common turn under a flood: nothing can go in, asked at no cost
     room -= sum(need(a) for a in running)
 
     def no_room(a: Active, picked: list[Active]) -> bool:
         # one request alone always runs, however long
         return need(a) + sum(need(p) for p in picked) > room and bool(running or picked)
 
-    admit = fair.pick(min(max_batch - len(running), prefill), lambda a, p: no_room(a, p) or blocked(a, p), prefer)
-    if not len(fair) or len(running) + len(admit) < max_batch or len(admit) >= prefill:
+    def no_prefill(a: Active, picked: list[Active]) -> bool:
+        mine = prefilling[a.owner] + sum(p.owner == a.owner for p in picked)
+        if mine == 0:
+            return False  # an owner's first prompt in prefill always goes in
+        return mine >= prefill_share or prefilling.total() + len(picked) >= max_prefill_batch
+
+    def wait(a: Active, picked: list[Active]) -> bool:
+        return no_room(a, picked) or no_prefill(a, picked) or blocked(a, picked)
+
+    admit = fair.pick(max_batch - len(running), wait, prefer)
+    if not len(fair) or len(running) + len(admit) < max_batch:
         return admit
     mine = Counter(a.owner for a in running)
     mine.update(a.owner for a in admit)
     share = max(1, max_batch // max(1, len(fair.load)))
 
     def over_share(a: Active, picked: list[Active]) -> bool:
-        return (
-            mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share
-            or no_room(a, admit + picked)
-            or blocked(a, admit + picked)
-        )
+        return mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share or wait(a, admit + picked)
 
-    return admit + fair.pick(min(over_cap(max_batch) - len(running), prefill) - len(admit), over_share, prefer)
+    return admit + fair.pick(over_cap(max_batch) - len(running) - len(admit), over_share, prefer)

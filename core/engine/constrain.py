@@ -109,6 +109,7 @@ class Constraint:
         self.vocab_size = vocab_size
         self.bitmask = allocate_token_bitmask(1, vocab_size)
         self.previous = None  # the token array the last call returned
+        self.consumed = 0  # tokens the matcher has consumed
 
     def mask(self, logprobs):
         """`logprobs` (1, V) with every token the grammar forbids at -inf."""
@@ -119,6 +120,7 @@ class Constraint:
             token = int(self.previous.item())
             if not self.matcher.consume_token(token):
                 raise ConstraintFailed(self.matcher.get_error())
+            self.consumed += 1
         fill_next_token_bitmask(self.matcher, self.bitmask, 0)
         if self.matcher.is_error():  # the mask is then the end of text alone: not an answer
             raise ConstraintFailed(self.matcher.get_error())
@@ -127,3 +129,11 @@ class Constraint:
 
     def chose(self, token) -> None:
         self.previous = token
+
+    def rewind(self, delivered: int) -> None:
+        """Back to the state after `delivered` tokens: what was sampled beyond them never
+        reached the client (a preempted request's pipelined next token), and is sampled again."""
+        if self.consumed > delivered:
+            self.matcher.rollback(self.consumed - delivered)
+            self.consumed = delivered
+        self.previous = None

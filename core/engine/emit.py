@@ -37,6 +37,7 @@ class Emit:
         a.t_first = a.t_first or now
         a.t_last = now
         a.generated += 1
+        a.out.append(token)
         self._fair.charge(a.owner, generated_tokens=1)
         is_eos = finish_reason == "stop" and token in self.loaded.tokenizer.eos_token_ids
         if not is_eos:

@@ -47,6 +47,7 @@ from radixchat.core.engine.fairness import FairQueue
 from radixchat.core.engine.handle import Outbox
 from radixchat.core.engine.intake import Intake
 from radixchat.core.engine.lockstep import IDLE_TICK_S, LOST, Watchdog, launched
+from radixchat.core.engine.preempt import Preempt
 from radixchat.core.engine.prefix_use import PrefixUse
 from radixchat.core.engine.recorder import Admit, AdmitRow, Fail, Finish, Op, Recorder, Reserve, lost
 from radixchat.core.engine.requests import Failed, Finished
@@ -64,7 +65,7 @@ log = logging.getLogger("radixchat.engine")
 INTERNAL_ERROR = "internal error while generating this reply (the server's log has the details)"
 
 
-class Engine(Intake, Recorder, PrefixUse, Emit):
+class Engine(Intake, Recorder, PrefixUse, Preempt, Emit):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.loaded: LoadedModel | None = None  # set by the engine thread before `start` returns
@@ -276,7 +277,7 @@ class Engine(Intake, Recorder, PrefixUse, Emit):
                 self._fair.push(a)
             elif isinstance(cmd, Cancel) and cmd.rid in self._active:
                 a = self._active[cmd.rid]
-                if a.uid is None:  # not admitted yet: nothing computed, nothing to cache
+                if a.uid is None and a.stream is None:  # not admitted yet: nothing computed, nothing to cache
                     self._release(a)
                     a.handle._push(Finished("", "cancelled", a.usage()))
                 else:
@@ -292,8 +293,10 @@ class Engine(Intake, Recorder, PrefixUse, Emit):
         """Fill free batch slots from the fair queue (core.engine.admission decides which)."""
         if self.prefix is not None and (self._disk_first or self.prefix.disk is not None):
             self._disk_turn()
+        self._make_room()
         if not len(self._fair):  # every loop turn comes here: nothing to do most of them
             return
+        self._room_for_the_owed()
         prefer = None
         if self.prefix is not None:
 
@@ -313,43 +316,43 @@ class Engine(Intake, Recorder, PrefixUse, Emit):
         if admit:
             self._admit(admit)
 
-    def batch_room(self) -> int:
-        return admission.batch_room(self.kv_budget)
-
-    def _need(self, a: Active) -> int:
-        return (len(a.prompt) + a.max_tokens) * self.kv_bytes_per_token
-
     def _admit(self, new: list[Active]) -> None:
         from radixchat.core.engine.sampling import guarded, make_request_sampler
 
-        samplers, ok = [], []
+        ok = []
         for a in new:  # one request's bad sampler must not keep the others out
-            try:
-                sampler = make_request_sampler(a.sampling, a.constraint)
-            except Exception:
-                log.exception("request %s: no sampler", a.handle.id)
-                self._fail(a, INTERNAL_ERROR)
-                continue
+            if a.stream is None:  # (a resumed request keeps its sampler and stream)
+                try:
+                    a.sampler = guarded(a, make_request_sampler(a.sampling, a.constraint))
+                except Exception:
+                    log.exception("request %s: no sampler", a.handle.id)
+                    self._fail(a, INTERNAL_ERROR)
+                    continue
+                a.stream = TextStream(self.loaded.tokenizer.detokenizer, a.sampling.stop)
             ok.append(a)
-            a.stream = TextStream(self.loaded.tokenizer.detokenizer, a.sampling.stop)
-            samplers.append(guarded(a, sampler))
         if not ok:
             return
-        self._insert(ok, samplers)
+        prefilling = {b.owner for b in self._by_uid.values() if not b.prefilled}
+        for a in ok:  # an owner's first prompt in prefill starts at once (core.engine.admission)
+            a.hurry = a.owner not in prefilling
+            prefilling.add(a.owner)
+        self._insert(ok, [a.sampler for a in ok])
         for a in ok:
-            self._fair.charge(a.owner, prompt_tokens=len(a.prompt) - a.cached)
+            a.joined = self.steps
+            self._fair.charge(a.owner, prompt_tokens=len(a.tokens) - a.hit)
         self._record(
             Admit(
                 [
                     AdmitRow(
                         a.uid,
-                        a.prompt,
+                        a.tokens,
                         a.shared_len,
                         a.owner,
                         a.boundaries,
-                        a.cached,
-                        a.max_tokens,
+                        a.hit,
+                        a.tokens_left,
                         a.sampling.ignore_eos,
+                        a.hurry,
                     )
                     for a in ok
                 ]
@@ -361,20 +364,21 @@ class Engine(Intake, Recorder, PrefixUse, Emit):
         rest of its prompt: rank 0's admissions and a follower's replay of them alike."""
         prompts, caches, prefixes = [], [], []
         for a in rows:
-            restored = None
+            restored, tokens = None, a.tokens
             if self.prefix is not None:
                 a.match, restored = self.prefix.lookup(a.key, self.scope.min_match(a.shared_len))
-                a.cached = a.match.length
+                a.hit = a.match.length
+                a.cached = a.cached if a.preempted else a.hit  # the client's figure: its first admission's
                 self._unprefetch(a)  # its own lock holds the path now
-            cuts = [a.cached] + [b for b in a.boundaries if a.cached < b < len(a.prompt)]
-            prompts.append([a.prompt[i:j] for i, j in zip(cuts, cuts[1:] + [len(a.prompt)])])
+            cuts = [a.hit] + [b for b in a.boundaries if a.hit < b < len(tokens)]
+            prompts.append([tokens[i:j] for i, j in zip(cuts, cuts[1:] + [len(tokens)])])
             caches.append(restored)
-            prefixes.append(a.prompt[: a.cached])
+            prefixes.append(tokens[: a.hit])
         # segments make the generator pause at message ends, so snapshots can be taken there
         stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in rows]
         uids = self._gen.insert_segments(
             prompts,
-            max_tokens=[a.max_tokens for a in rows],
+            max_tokens=[a.tokens_left for a in rows],
             caches=caches,
             all_tokens=prefixes,
             samplers=samplers,
@@ -383,6 +387,8 @@ class Engine(Intake, Recorder, PrefixUse, Emit):
         for a, uid in zip(rows, uids):
             a.uid = uid
             self._by_uid[uid] = a
+        if hasattr(self._gen, "hurry"):  # (mlx-lm's own generator prefills in its order)
+            self._gen.hurry([a.uid for a in rows if a.hurry])
 
     def _step(self) -> None:
         self._step_started = time.perf_counter()  # a request's queue time ends where its prefill begins
@@ -477,21 +483,3 @@ class Engine(Intake, Recorder, PrefixUse, Emit):
             a.handle._push(Failed(message=message, usage=a.usage()))
         self._by_uid.clear()
         self._fair.clear()
-
-    def _fail_queued(self, message: str) -> None:
-        """Fail the submits still in the command queue. Runs once the engine has stopped,
-        in the engine thread or in a submitter that lost the race with the stop: each
-        command is taken by one of them only."""
-        while True:
-            try:
-                cmd = self._cmds.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(cmd, Submit):
-                with self._lock:
-                    self._inflight -= 1
-                    if cmd.active.owner is not None:
-                        self._owner_inflight[cmd.active.owner] -= 1
-                cmd.active.done = True
-                cmd.active.handle._push(Failed(message=message))
-                self._outbox.flush()

@@ -47,6 +47,20 @@ class FairQueue:
         self.load[a.owner] += 1
         self._waiting.append((next(self._arrivals), a))
 
+    def requeue(self, a: Waiting) -> None:
+        """A running request goes back to waiting (preempted): still counted in `load`, and
+        first among its owner's requests."""
+        self._waiting.insert(0, (next(self._arrivals), a))
+
+    def owners(self) -> set[Hashable]:
+        """The owners with a request waiting."""
+        return {a.owner for _, a in self._waiting if not a.done}
+
+    def head(self) -> Waiting | None:
+        """The request `pick` would consider first: the least-served owner's earliest."""
+        left = [a for _, a in self._waiting if not a.done]
+        return min(left, key=lambda a: self.served.get(a.owner, 0.0), default=None)
+
     def pick(
         self, slots: int, blocked: Callable[[Waiting, list], bool], prefer: Callable[[Waiting], int] | None = None
     ) -> list[Waiting]:

@@ -106,6 +106,7 @@ class Follower(Engine):
                 boundaries=row.boundaries,
                 shared_len=row.shared_len,
                 owner=row.owner,
+                hurry=row.hurry,
             )
             if self.prefix is not None:
                 a.key = self.scope.key(a.prompt, a.shared_len, a.owner)

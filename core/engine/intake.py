@@ -23,12 +23,13 @@ counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `_owner_inflig
 from __future__ import annotations
 
 import asyncio
+import queue
 import time
 
 from radixchat.core.engine import prepare
 from radixchat.core.engine.active import Active, Cancel, Submit, Templated
 from radixchat.core.engine.handle import RequestHandle
-from radixchat.core.engine.requests import ChatRequest, PromptRequest, QueueFull, RequestError, Sampling
+from radixchat.core.engine.requests import ChatRequest, Failed, PromptRequest, QueueFull, RequestError, Sampling
 from radixchat.core.engine.seam import (
     DiskCacheStats,
     EngineStats,
@@ -84,6 +85,8 @@ class Intake:
             kv_budget=self.kv_budget,
             kv_bytes_per_token=bpt,
             batch_tokens=self.batch_room() // bpt if bpt else 0,
+            preemptions=self.preemptions,
+            preempted_tokens=self.preempted_tokens,
             prefix_cache=PrefixCacheStats(**self.prefix.tree.summary()) if self.prefix else None,
             disk_cache=DiskCacheStats(**self.prefix.disk.summary()) if self.prefix and self.prefix.disk else None,
             shards=ShardStats(
@@ -330,3 +333,21 @@ class Intake:
 
     def cancel(self, rid: str) -> None:
         self._cmds.put(Cancel(rid))
+
+    def _fail_queued(self, message: str) -> None:
+        """Fail the submits still in the command queue. Runs once the engine has stopped,
+        in the engine thread or in a submitter that lost the race with the stop: each
+        command is taken by one of them only."""
+        while True:
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, Submit):
+                with self._lock:
+                    self._inflight -= 1
+                    if cmd.active.owner is not None:
+                        self._owner_inflight[cmd.active.owner] -= 1
+                cmd.active.done = True
+                cmd.active.handle._push(Failed(message=message))
+                self._outbox.flush()

@@ -34,6 +34,7 @@ class AdmitRow:
     cached: int  # prompt tokens rank 0 restored from its prefix cache (a follower checks its own)
     max_tokens: int
     ignore_eos: bool
+    hurry: bool = False  # its owner had no prompt in prefill: the generator starts it at once
 
 
 @dataclass(frozen=True)

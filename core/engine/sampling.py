@@ -12,12 +12,15 @@ does not normalize them), so whatever needs probabilities normalizes the row its
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from radixchat.core.engine.requests import Sampling
 from radixchat.core.engine.unnormalized import normalized
+
+REWIND = 16  # samples a sampler can draw again (a preemption throws away one, or a step's drafts)
 
 
 def _biased(bias: dict[int, float]):
@@ -44,13 +47,19 @@ def make_request_sampler(s: Sampling, constraint=None):
             constraint.chose(token)
             return token
 
+        def rewind(delivered: int) -> None:
+            constraint.rewind(delivered)
+            getattr(inner, "rewind", lambda n: None)(delivered)
+
+        constrained.rewind = rewind
         return constrained
     bias = _biased(s.logit_bias) if s.logit_bias else None
     if s.temperature == 0:
         if bias is None:
             return None
         return lambda logprobs: mx.argmax(bias(logprobs), axis=-1)
-    state = {"key": mx.random.key(s.key_seed if s.seed is not None else random.getrandbits(63))}
+    state = {"key": mx.random.key(s.key_seed if s.seed is not None else random.getrandbits(63)), "calls": 0}
+    past = deque(maxlen=REWIND)  # (call number, the key it started from)
     inv_temp = 1.0 / s.temperature
 
     def sample(logprobs: mx.array) -> mx.array:
@@ -60,10 +69,22 @@ def make_request_sampler(s: Sampling, constraint=None):
             logprobs = apply_top_p(normalized(logprobs), s.top_p)
         if 0 < s.top_k < logprobs.shape[-1]:  # k = the whole vocabulary filters nothing
             logprobs = apply_top_k(logprobs, s.top_k)
+        past.append((state["calls"], state["key"]))
         keys = mx.random.split(state["key"])
         state["key"] = keys[0]
+        state["calls"] += 1
         return mx.random.categorical(logprobs * inv_temp, key=keys[1])
 
+    def rewind(delivered: int) -> None:
+        """Draw the samples after the first `delivered` again with the same keys: those
+        were made ahead (the batch samples a step before it returns) and thrown away when
+        the request was preempted, so a seeded reply goes on as it would have."""
+        for n, key in past:
+            if n == delivered:
+                state["key"], state["calls"] = key, n
+                return
+
+    sample.rewind = rewind
     return sample
 
 
@@ -79,5 +100,7 @@ def guarded(a, sampler):
         except Exception as e:
             a.error = e
             return mx.argmax(logprobs, axis=-1)
+
+    guarded_sampler.rewind = getattr(sampler, "rewind", None)
 
     return guarded_sampler

@@ -137,6 +137,8 @@ class EngineStats:
     kv_budget: int = 0  # bytes of K/V the running batch and the prefix cache share
     kv_bytes_per_token: int = 0
     batch_tokens: int = 0  # tokens of running sequences the K/V budget has room for
+    preemptions: int = 0  # running requests sent back to wait to make room (they resume)
+    preempted_tokens: int = 0  # tokens those held when they left: restored or recomputed on resuming
     prefix_cache: PrefixCacheStats | None = None
     disk_cache: DiskCacheStats | None = None
     shards: ShardStats | None = None

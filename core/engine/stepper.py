@@ -119,22 +119,30 @@ class BudgetedBatchGenerator(BatchGenerator):
         self.speculator = Speculator(speculate) if speculate and slots else None
         self._plain = 0  # plain steps taken while speculating (some are timed)
         self._warming: set[int] = set()  # rows whose last prompt token the next decode runs
+        self._hurried: set[int] = set()  # waiting prompts that join the prefill at the next step
         if slots:
             # rows leave in the order that moves fewest slot rows; the batch's lists follow it
             gen = self._generation_batch
             keep_in_order = gen.filter
             gen.filter = lambda keep: keep_in_order(swap_order(list(keep)))
 
+    def hurry(self, uids: list[int]) -> None:
+        """These waiting prompts join the prefill at the next step, ahead of the others and
+        beyond `prefill_batch_size` if need be (the engine hurries an owner's first prompt in
+        prefill, so a flood of long prompts cannot hold a newcomer's back)."""
+        self._hurried.update(uids)
+
     def _next(self):
         gen = self._generation_batch
         if len(gen) < self.completion_batch_size:
             room = max(self.step_tokens - len(gen), self.step_tokens // 4)
+            hurried = self._hurry_first()
             n = min(
-                self.prefill_batch_size - len(self._prompt_batch),
+                max(self.prefill_batch_size - len(self._prompt_batch), hurried),
                 self.completion_batch_size - len(gen),
                 len(self._unprocessed_sequences),
             )
-            n = self._joining(n, room)
+            n = self._joining(n, room, hurried)
             if n > 0:
                 self._prompt_batch.extend(self._make_batch(n))
             through = self._start_decoding()  # restored from the cache up to the last token
@@ -211,8 +219,22 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._generation_batch.extend(batch)
         return [PromptProcessingBatch.Response(uid, (t - folded, t), True, True) for uid, t in zip(batch.uids, totals)]
 
-    def _joining(self, n: int, room: int) -> int:
-        """How many of the first `n` waiting prompts join the prefill in this step.
+    def _hurry_first(self) -> int:
+        """Move the hurried waiting prompts to the front; returns how many there are."""
+        if not self._hurried:
+            return 0
+        waiting = self._unprocessed_sequences
+        first = [s for s in waiting if s[0] in self._hurried]
+        self._hurried.clear()  # a hurried prompt joins now (removed ones are simply gone)
+        if first:
+            rest = [s for s in waiting if s[0] not in {f[0] for f in first}]
+            waiting.clear()
+            waiting.extend(first + rest)
+        return len(first)
+
+    def _joining(self, n: int, room: int, hurried: int = 0) -> int:
+        """How many of the first `n` waiting prompts join the prefill in this step (the
+        first `hurried` of them always do).
 
         Every prompt being prefilled gets an equal chunk of `room` (a batched forward pads to
         its longest row), so each joiner shrinks everyone's chunk. One joins while the chunk
@@ -223,7 +245,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         k = 0
         for seq in itertools.islice(self._unprocessed_sequences, n):
             rows.append(sum(len(s) for s in seq[1]))
-            if len(rows) > 1 and room // len(rows) < min(max(rows), MIN_CHUNK):
+            if k >= hurried and len(rows) > 1 and room // len(rows) < min(max(rows), MIN_CHUNK):
                 break
             k += 1
         return k

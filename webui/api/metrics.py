@@ -76,6 +76,12 @@ class _EngineCollector:
         yield gauge("engine_alive", "1 while the engine thread runs", int(s.alive))
         yield gauge("num_requests_running", "Requests in the engine's batch (prefilling or decoding)", s.running)
         yield gauge("num_requests_waiting", "Requests waiting for a batch slot", s.waiting)
+        yield counter(
+            "num_preemptions", "Running requests paused to make room in the batch (they resume)", s.preemptions
+        )
+        yield counter(
+            "num_preempted_tokens", "Tokens the preempted requests held (restored or recomputed)", s.preempted_tokens
+        )
         spec = s.speculation
         if spec is not None:  # named as vLLM names its own
             yield counter("spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec.rows_drafting)

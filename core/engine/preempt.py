@@ -1,0 +1,132 @@
+"""Room in the running batch by what it holds, and preemption when it runs out.
+
+The batch is admitted by the K/V its requests hold now (`_need`: prompt, tokens generated so
+far and a few steps' growth), not by what a whole reply could take, so eleven requests asking
+for 7,000 tokens each no longer set aside a batch that their replies may never fill. Growth
+is paid for by preemption, as vLLM's scheduler does, in two cases:
+
+- the batch would outgrow its room in the next step (`_make_room`, before every step);
+- a waiting request cannot fit while it is owed room: its owner holds less than a fair
+  share of the room (the room split among the owners with work) and another owner holds
+  more (`_room_for_the_owed`). A newcomer's short request is then never held behind long
+  replies that fill the batch; an owner at their share waits for room as before.
+
+The request preempted is the latest admitted of the owner holding the most K/V (ties: the
+most served, core.engine.fairness). It leaves the batch as a finished one does: what it
+computed goes into the prefix cache under its owner's scope (and from there to the disk tier
+when memory is short), it keeps its place in the fair queue (ahead of its owner's other
+requests, by the cache-aware order), and it comes back with its prompt and the tokens it
+generated as its new prompt, so the prefill restores nearly all of it. Its stream pauses and
+goes on: the client sees nothing but the gap; its sampler, grammar state and stop matching
+are kept, so greedy text is the text it would have had. One request alone is never preempted.
+
+A part of `Engine` (a mixin) that runs in the engine thread. Uses the engine's `_by_uid`,
+`_fair`, `kv_budget`, `kv_bytes_per_token`, `settings`, `steps`, `prefix`, `scope`, `_gen`,
+`_store`, `_record`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from radixchat.core.engine import admission
+from radixchat.core.engine.active import Active
+from radixchat.core.engine.recorder import Finish
+
+log = logging.getLogger("radixchat.engine")
+HEADROOM = 16  # tokens of growth a request is admitted with: steps it runs before any preemption
+
+
+class Preempt:
+    preemptions = 0  # requests sent back to the queue to make room (vLLM's num_preemptions)
+    preempted_tokens = 0  # tokens they held, which their resumption restores or recomputes
+
+    def batch_room(self) -> int:
+        return admission.batch_room(self.kv_budget)
+
+    def _held(self, a: Active) -> int:
+        """Tokens of K/V `a` holds in the batch (or will, once admitted)."""
+        return len(a.prompt) + a.generated
+
+    def _need(self, a: Active) -> int:
+        return (self._held(a) + HEADROOM) * self.kv_bytes_per_token
+
+    def _growth(self) -> int:
+        """Tokens one step adds to a row: one, or one and its drafts."""
+        spec = getattr(self._gen, "speculator", None)
+        return 1 + (spec.k if spec is not None else 0)
+
+    def _make_room(self) -> None:
+        """Preempt until the next step's growth fits the room (engine thread, before a step)."""
+        bpt = self.kv_bytes_per_token
+        if not bpt or len(self._by_uid) < 2:
+            return
+        room = self.batch_room() // bpt
+        rows = list(self._by_uid.values())
+        used = sum(self._held(a) for a in rows) + len(rows) * self._growth()
+        while used > room and len(rows) > 1:
+            victim = self._victim(rows)
+            if victim is None:
+                return
+            used -= self._held(victim) + self._growth()
+            rows.remove(victim)
+            self._preempt(victim)
+
+    def _room_for_the_owed(self) -> None:
+        """Preempt for the first waiting request of an owner below their fair share of the room,
+        when it does not fit and another owner is above theirs."""
+        bpt = self.kv_bytes_per_token
+        head = self._fair.head()
+        if not bpt or head is None or not self._by_uid:
+            return
+        room = self.batch_room() // bpt
+        rows = list(self._by_uid.values())
+        held = Counter()
+        for a in rows:
+            held[a.owner] += self._held(a) + HEADROOM
+        share = room // max(1, len(self._fair.load))
+        want = self._held(head) + HEADROOM
+        if held[head.owner] + want > share:
+            return  # at their share: they wait for room like anyone
+        while sum(held.values()) + want > room:
+            over = [a for a in rows if a.owner != head.owner and held[a.owner] > share]
+            victim = self._victim(over)
+            if victim is None:
+                return
+            held[victim.owner] -= self._held(victim) + HEADROOM
+            rows.remove(victim)
+            self._preempt(victim)
+
+    def _victim(self, rows: list[Active]) -> Active | None:
+        """The latest admitted decoding request of the owner holding the most K/V."""
+        rows = [a for a in rows if a.prefilled and not a.done]
+        if not rows:
+            return None
+        held = Counter()
+        for a in rows:
+            held[a.owner] += self._held(a)
+        owner = max(held, key=lambda o: (held[o], self._fair.served.get(o, 0.0)))
+        return max((a for a in rows if a.owner == owner), key=lambda a: (a.joined, self._held(a)))
+
+    def _preempt(self, a: Active) -> None:
+        """Send a running request back to the fair queue; cache what it computed."""
+        final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
+        del self._by_uid[a.uid]  # what the batch holds no longer counts it
+        live = None
+        if final is not None and final[0] is not None:
+            live = self._store(a, final[1], final[0])
+        self._record(Finish(a.uid, live))  # the other ranks remove it and cache it alike
+        if self.prefix is not None:
+            self.prefix.release(a.match)
+            a.match = None
+            a.key = self.scope.key(a.tokens, a.shared_len, a.owner)
+        rewind = getattr(a.sampler, "rewind", None)
+        if rewind is not None:  # the batch sampled its next token ahead: drawn again on resuming
+            rewind(a.generated)
+        self.preemptions += 1
+        self.preempted_tokens += self._held(a)
+        a.preempted += 1
+        a.uid, a.prefilled = None, False
+        self._fair.requeue(a)
+        log.info("request %s preempted after %d tokens (it resumes when room returns)", a.handle.id, a.generated)
