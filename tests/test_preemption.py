@@ -14,6 +14,8 @@ from radixchat.core.engine.admission import BATCH_SHARE
 from radixchat.core.engine.engine import Engine
 from radixchat.core.engine.preempt import HEADROOM
 from radixchat.core.engine.requests import Finished, Sampling, TextDelta
+from radixchat.webui.api.metrics import Metrics
+from tests.support.metrics import metric_value
 
 PROMPTS = [list(range(5 + i, 25 + i)) for i in range(6)]  # 20 tokens each, all different
 REPLY = 40
@@ -67,6 +69,9 @@ def test_greedy_text_through_preemption_is_the_text_alone(roomy, two_fit):
         watcher.join()
     s = two_fit.stats()
     assert s.preemptions > before  # six were admitted by what they held, then outgrew the room
+    scraped = Metrics(two_fit).render().decode()
+    assert metric_value(scraped, "radixchat:num_preemptions_total") == s.preemptions
+    assert metric_value(scraped, "radixchat:num_preempted_tokens_total") == s.preempted_tokens > 0
     assert together == alone
     # what the batch held stayed within its room, but for one step's growth of each row
     assert peak[0] <= s.batch_tokens + len(PROMPTS), (peak[0], s.batch_tokens)
