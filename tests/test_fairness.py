@@ -371,3 +371,28 @@ def test_serial_jobs_run_one_at_a_time_and_leave_a_worker_to_the_others():
     busy.result(10)
     waiting.result(10)
     assert order == ["plain", "serial"]
+
+
+def test_a_newcomers_short_prompt_is_prefilled_within_steps_of_a_long_prompt_flood(tiny_model_dir):
+    """mallory keeps eight long prompts in prefill, more than the step's room prefills at
+    once; alice's short prompt starts at the next step (hurried), so her first token comes
+    a few steps after she asks, not after mallory's prompts (it came after all of them when
+    the generator prefilled in arrival order)."""
+    eng = Engine(
+        Settings(model=str(tiny_model_dir), max_batch=32, max_prefill_batch=8, step_tokens=64, max_tokens=4)
+    ).start(timeout=120)
+    try:
+        flood = [eng.submit(req("mallory", f"long question {i}: " + "words " * 120, n=2)) for i in range(8)]
+        deadline = time.time() + 30
+        while time.time() < deadline and not any(a.t_admitted for a in list(eng._by_uid.values())):
+            time.sleep(0.001)
+        steps = eng.steps
+        alice = eng.submit(req("alice", "short one", n=1)).result()
+        waited = eng.steps - steps
+        assert isinstance(alice, Finished)
+        firsts = [h.result() for h in flood]
+        assert all(isinstance(f, Finished) for f in firsts)
+        assert not all(f.usage.ttft_ms < alice.usage.ttft_ms for f in firsts)
+        assert waited <= 4, waited  # her prompt's chunk, her first token; a step under way
+    finally:
+        eng.stop()
