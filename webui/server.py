@@ -3,7 +3,8 @@
 /health (open to all), /metrics (Prometheus; this machine and --metrics-allow only), the
 OpenAI-compatible /v1 routes, and the Gradio page (webui/page/) at "/", all on one port. The routes are registered before the page is
 mounted, so "/" catches only what they don't. The page's sign-in checks the store's users
-(off with --no-auth); in front of the page, webui/gate.py lets through only the Gradio routes
+(off with --no-auth), behind webui/signin_door.py, which refuses /login and /logout
+from other sites; in front of the page, webui/gate.py lets through only the Gradio routes
 the page uses and answers a page session to the sign-in that opened it, and page request
 bodies are capped like the API's. Outermost, every response carries a Content-Security-Policy
 that lets the page load nothing but this server's files (webui/page/csp.py). Errors use
@@ -29,9 +30,11 @@ from radixchat.core.store import Store
 from radixchat.webui.api.errors import BodyLimit, error_response, install_error_handlers
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.api.routes import include_api
+from radixchat.webui.device_cookie import DeviceCookies
 from radixchat.webui.gate import GradioSide, PageGate
 from radixchat.webui.page.csp import ContentPolicy
-from radixchat.webui.signin import ClientAddress, SignInGuard, TooManyFailures
+from radixchat.webui.signin import SignInGuard, SignInRefused
+from radixchat.webui.signin_door import SignInDoor
 
 
 def build_app(
@@ -45,10 +48,13 @@ def build_app(
     app.state.engine, app.state.settings, app.state.store, app.state.metrics = engine, settings, store, metrics
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    # the page's sign-in guard; the address middleware (outside the routes) answers an
-    # address in a lockout itself and tells the guard who is signing in
-    app.state.signin = SignInGuard(store.authenticate) if store is not None else None
-    app.add_middleware(ClientAddress, guard=app.state.signin)
+    # the page's sign-in guard, which trusts a browser's device cookie for the name it signed
+    # in as; the door (outside the routes) refuses /login and /logout from other sites,
+    # answers an address in a lockout itself and tells the guard who is signing in
+    app.state.signin = (
+        SignInGuard(store.authenticate, devices=DeviceCookies(store.session_key)) if store is not None else None
+    )
+    app.add_middleware(SignInDoor, guard=app.state.signin)
 
     @app.get("/health")
     def health():
@@ -101,7 +107,7 @@ def mount_page(app: FastAPI, engine: EngineClient, settings: Settings, store: St
     async def sign_in(username: str, password: str) -> bool:
         try:
             return await guard.sign_in(username, password)
-        except TooManyFailures as e:
+        except SignInRefused as e:  # a lockout, or no room in the hashing queue
             raise HTTPException(429, str(e), headers={"Retry-After": str(math.ceil(e.retry_after_s))}) from None
 
     page = build_page(engine, settings, store, metrics, sign_in=not settings.no_auth)

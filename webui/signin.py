@@ -1,23 +1,34 @@
-"""Sign-in that can't be brute-forced or used to flood the machine.
+"""Sign-in that can't be brute-forced, used to flood the machine, or aimed at someone.
 
 `SignInGuard.sign_in` checks a user name and password for the page. Failures are counted per
 user name and per client address; after `free_failures` of either, each further failure
 doubles a lockout (1 s, 2 s, 4 s ... up to `max_lockout_s`) during which sign-ins for that
 name or from that address are refused with 429 before any password is hashed, the right
-password included, so guessing stays slow whoever guesses. Hashing (scrypt, ~0.4 s of one
-core) runs in a pool of `hash_workers` threads, so a crowd of sign-ins queues there instead
-of taking the cores the engine needs; the lockout is asked again in the pool right before
-each hash, so a burst of sign-ins sent at once gets `free_failures` hashes, not one each.
+password included, so guessing stays slow whoever guesses.
+
+Those lockouts alone would let anyone keep a user out by failing their password now and then
+from addresses of their own. So a browser that signed in as a user before (it holds a valid
+device cookie for that name, webui/device_cookie.py) is trusted for that name: its attempts
+are counted and locked out per that cookie only, never by the name's or the address's
+failures, and its failures lock out nobody else (OWASP's device cookies). Browsers without one
+keep the name and address lockouts.
+
+Hashing (scrypt, ~0.4 s of one core) runs on `hash_workers` threads behind a queue that is
+fair by client address, trusted browsers first (webui/signin_queue.py), so a crowd of
+sign-ins queues there, not on the engine's cores, and costs a sign-in from elsewhere about a
+hash per address in the crowd, not a hash per attempt. The lockout is asked again right
+before each hash, so a burst sent at once gets `free_failures` hashes, not one each.
 Failures are logged with name and address.
 
-The client's address comes from `ClientAddress`, a small ASGI middleware, because Gradio
-calls the auth function with the name and password only. Checking the password is
-core.store's job; this module decides when to ask. Runs on the event loop; hashing in its pool.
+Gradio calls the auth function with the name and password only; what else a sign-in needs
+(the address, the cookies) and what it leaves for the answer (a new device cookie) travel in
+an `Attempt` that webui/signin_door.py, the ASGI middleware in front of /login, puts in a
+context variable. Checking the password is core.store's job; this module decides when to ask
+and what a failure counts against. Runs on the event loop; hashing in the line's threads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import math
@@ -25,21 +36,41 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
-from radixchat.core.store import AuthFailed
+from radixchat.core.store import MAX_NAME_CHARS, MAX_PASSWORD_CHARS, AuthFailed
+from radixchat.webui.device_cookie import DeviceCookies
+from radixchat.webui.signin_queue import HashingLine, QueueFull, SignInRefused, address_lane
 
 log = logging.getLogger("radixchat.signin")
 
-_client_addr: contextvars.ContextVar[str] = contextvars.ContextVar("radixchat_client_addr", default="?")
-MAX_TRACKED = 10_000  # names and addresses remembered at once; the oldest are forgotten first
+MAX_TRACKED = 10_000  # names, addresses and devices remembered at once; the oldest are forgotten first
+
+__all__ = ["Attempt", "QueueFull", "SignInGuard", "SignInRefused", "TooManyFailures"]
 
 
-class TooManyFailures(Exception):
+class TooManyFailures(SignInRefused):
     def __init__(self, retry_after_s: float):
-        super().__init__(f"too many failed sign-ins: try again in {math.ceil(retry_after_s)} s")
-        self.retry_after_s = retry_after_s
+        super().__init__(f"too many failed sign-ins: try again in {math.ceil(retry_after_s)} s", retry_after_s)
+
+
+@dataclass
+class Attempt:
+    """One POST /login as the door saw it, and what the guard leaves for its answer."""
+
+    addr: str
+    cookies: dict[str, str] = field(default_factory=dict)
+    secure: bool = False  # over HTTPS: the device cookie gets Secure
+    set_cookie: str | None = None  # a new device cookie, once the password was right
+
+
+_attempt: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar("radixchat_signin", default=None)
+
+
+def begin(attempt: Attempt) -> None:
+    """Called by the door for this request's task, before Gradio's /login runs."""
+    _attempt.set(attempt)
 
 
 @dataclass
@@ -56,32 +87,47 @@ class SignInGuard:
         free_failures: int = 5,
         max_lockout_s: float = 300.0,
         hash_workers: int = 1,
+        devices: DeviceCookies | None = None,
+        queue_per_address: int = 64,
+        queue_total: int = 10_000,
         clock=time.monotonic,
     ):
         self._verify = verify  # (name, password) -> user, or raises AuthFailed
+        self.devices = devices  # None: no browser is ever trusted
         self.free_failures = free_failures
         self.max_lockout_s = max_lockout_s
         self._clock = clock
         self._failures: OrderedDict[tuple[str, str], _Failures] = OrderedDict()
-        self._pool = ThreadPoolExecutor(max_workers=hash_workers, thread_name_prefix="radixchat-signin")
-        self._lock = threading.Lock()  # the failure table: the event loop and the pool both use it
+        self._line = HashingLine(hash_workers, per_lane=queue_per_address, total=queue_total)
+        self._lock = threading.Lock()  # the failure table: the event loop and the hashing threads both use it
         self.refused = 0  # sign-ins answered 429 without hashing
         self.failed = 0
 
-    async def sign_in(self, name: str, password: str, addr: str | None = None) -> bool:
+    async def sign_in(self, name: str, password: str, addr: str | None = None, cookies=None) -> bool:
         """True for the right password; False for a wrong one; TooManyFailures while the
-        name or the address is locked out (nothing is hashed then)."""
-        addr = addr or _client_addr.get()
-        keys = [("name", name.casefold()), ("addr", addr)]
-        self._refuse_if_locked(keys)  # cheap, before queueing for the pool
-        loop = asyncio.get_running_loop()
-        ok = await loop.run_in_executor(self._pool, self._check, keys, name, password)
+        name or the address is locked out, or a trusted browser's own cookie is (nothing is
+        hashed then); QueueFull when its lane of the hashing queue has no room."""
+        attempt = _attempt.get()
+        addr = addr or (attempt.addr if attempt else "?")
+        if cookies is None:
+            cookies = attempt.cookies if attempt else {}
+        device = self.devices.trusted(name, cookies) if self.devices else None
+        if device:  # this browser's failures only; served in its user's lane, ahead at equal turns
+            keys, lane = [("device", device)], ("user", name.lower())
+        else:
+            keys, lane = [("name", name.casefold()), ("addr", addr)], ("addr", address_lane(addr))
+        self._refuse_if_locked(keys)  # cheap, before queueing for a hash
+        # what the store would make of them anyway (too long: refused), held in the queue small
+        check = partial(self._check, keys, name[: MAX_NAME_CHARS + 1], password[: MAX_PASSWORD_CHARS + 1])
+        ok = await self._line.run(lane, check, trusted=device is not None)
         if not ok:
-            log.warning("failed sign-in for %r from %s", name[:64], addr)
+            log.warning("failed sign-in for %r from %s%s", name[:64], addr, " (a trusted browser)" if device else "")
+        elif attempt is not None and self.devices is not None:
+            attempt.set_cookie = self.devices.issue(name, attempt.secure)
         return ok
 
     def _check(self, keys, name: str, password: str) -> bool:
-        """In the hashing pool: sign-ins sent at once queue here, so the lockout is asked
+        """In a hashing thread: sign-ins sent at once queue here, so the lockout is asked
         again right before each hash; otherwise a burst would all be hashed before the
         first failure counted."""
         self._refuse_if_locked(keys)
@@ -94,6 +140,8 @@ class SignInGuard:
                     self._fail(k)
             return False
         with self._lock:
+            # a trusted browser's success clears its own count only: the name's stays, so
+            # a guesser's count is not wiped by the user signing in elsewhere
             for k in keys:
                 self._failures.pop(k, None)
         return True
@@ -115,8 +163,13 @@ class SignInGuard:
                 self.refused += 1
             return wait
 
+    @property
+    def queue_refused(self) -> int:
+        """Sign-ins refused because the hashing queue had no room for them."""
+        return self._line.refused
+
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._line.close()
 
     def _locked_for(self, key) -> float:
         f = self._failures.get(key)
@@ -130,41 +183,3 @@ class SignInGuard:
             f.locked_until = self._clock() + min(self.max_lockout_s, 2.0 ** (f.count - self.free_failures))
         while len(self._failures) > MAX_TRACKED:
             self._failures.popitem(last=False)
-
-
-class ClientAddress:
-    """ASGI middleware: remember the client's address for the auth function of this request,
-    and answer a sign-in from an address in a lockout at once, before the form is parsed and
-    the page's stack runs: a guesser that ignores Retry-After then costs the others little."""
-
-    def __init__(self, app, guard: SignInGuard | None = None, login_path: str = "/login"):
-        self.app = app
-        self.guard = guard
-        self.login_path = login_path
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope.get("client"):
-            addr = scope["client"][0]
-            _client_addr.set(addr)
-            if self.guard is not None and scope["path"] == self.login_path and scope["method"] == "POST":
-                wait = self.guard.address_lockout(addr)
-                if wait > 0:
-                    await _too_many(send, wait)
-                    return
-        await self.app(scope, receive, send)
-
-
-async def _too_many(send, wait: float) -> None:
-    body = f'{{"detail":"{TooManyFailures(wait)}"}}'.encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 429,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", str(math.ceil(wait)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
