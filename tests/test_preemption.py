@@ -148,3 +148,50 @@ def test_a_grammar_goes_on_where_it_was_through_preemption(roomy, two_fit):
     before = two_fit.stats().preemptions
     assert run(two_fit, PROMPTS) == alone
     assert two_fit.stats().preemptions > before
+
+
+def test_a_users_slow_grammar_masks_are_paid_from_their_share_of_a_step(tiny_model_dir, monkeypatch):
+    """mallory's grammars take 30 ms a mask (as heavy patterns do on a large vocabulary):
+    while alice is at work too, mallory keeps only as many constrained rows as fit her share
+    of a step (the others pause, then finish as they would have)."""
+    from radixchat.core.engine import constrain
+    from radixchat.core.engine.mask_share import MASK_FLOOR_S
+
+    slow = constrain.Constraint.mask
+
+    def mask(self, logprobs):
+        out = slow(self, logprobs)
+        time.sleep(0.03)
+        self.last_s = self.avg_s = 0.03
+        return out
+
+    monkeypatch.setattr(constrain.Constraint, "mask", mask)
+    schema = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=32, max_tokens=64)).start(timeout=120)
+    try:
+        peak, done = [0], threading.Event()
+
+        def watch():
+            while not done.is_set():
+                rows = [a for a in list(eng._by_uid.values()) if a.owner == "mallory" and a.prefilled]
+                if any(a.owner == "alice" for a in list(eng._by_uid.values())):
+                    peak[0] = max(peak[0], len(rows))
+                time.sleep(0.001)
+
+        sampling = Sampling(max_tokens=24, json_schema=schema)
+        theirs = [eng.submit_tokens(p, sampling, owner="mallory") for p in PROMPTS]
+        deadline = time.time() + 30
+        while sum(a.prefilled for a in list(eng._by_uid.values())) < 4 and time.time() < deadline:
+            time.sleep(0.005)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        alice = eng.submit_tokens(PROMPTS[0], Sampling(max_tokens=30, ignore_eos=True), owner="alice").result()
+        done.set()
+        watcher.join()
+        assert isinstance(alice, Finished)
+        assert all(isinstance(h.result(), Finished) for h in theirs)
+        budget = max(MASK_FLOOR_S, eng._model_step_s / 2)
+        assert eng.stats().preemptions > 0
+        assert 1 <= peak[0] <= max(1, int(budget / 0.03)) + 1, (peak[0], budget)
+    finally:
+        eng.stop()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 
@@ -110,14 +111,17 @@ class Constraint:
         self.bitmask = allocate_token_bitmask(1, vocab_size)
         self.previous = None  # the token array the last call returned
         self.consumed = 0  # tokens the matcher has consumed
+        self.last_s = self.avg_s = 0.0  # time of the latest mask, and a moving average (core.engine.mask_share)
 
     def mask(self, logprobs):
         """`logprobs` (1, V) with every token the grammar forbids at -inf."""
         import mlx.core as mx
         from llguidance.numpy import fill_next_token_bitmask
 
-        if self.previous is not None:
-            token = int(self.previous.item())
+        # the previous token's value waits for the last step's forward: not the mask's time
+        token = None if self.previous is None else int(self.previous.item())
+        tic = time.perf_counter()
+        if token is not None:
             if not self.matcher.consume_token(token):
                 raise ConstraintFailed(self.matcher.get_error())
             self.consumed += 1
@@ -125,6 +129,8 @@ class Constraint:
         if self.matcher.is_error():  # the mask is then the end of text alone: not an answer
             raise ConstraintFailed(self.matcher.get_error())
         allowed = np.unpackbits(self.bitmask[0].view(np.uint8), bitorder="little")[: logprobs.shape[-1]]
+        self.last_s = time.perf_counter() - tic
+        self.avg_s = self.last_s if not self.avg_s else 0.8 * self.avg_s + 0.2 * self.last_s
         return mx.where(mx.array(allowed.astype(bool)), logprobs, -mx.inf)
 
     def chose(self, token) -> None:

@@ -18,8 +18,9 @@ they finish; running requests hold a lock on their path.
 `Engine` is the orchestrator: its thread's loop, loading, the generator, commands, a
 request's way into and out of the batch. Its parts, each a module of its own: the
 callers' side and the seam's methods (core.engine.intake.Intake), which requests join
-the batch (core.engine.admission, a policy with no state), the prefix cache and disk
-tier glue (core.engine.prefix_use.PrefixUse), tokens into text events
+the batch (core.engine.admission, a policy with no state), which running requests pause
+to make room (core.engine.preempt.Preempt, and core.engine.mask_share.MaskShare for grammar
+masks), the prefix cache and disk tier glue (core.engine.prefix_use.PrefixUse), tokens into text events
 (core.engine.emit.Emit) and, under mlx.launch, rank 0's messages to the other ranks
 (core.engine.recorder.Recorder).
 
@@ -47,6 +48,7 @@ from radixchat.core.engine.fairness import FairQueue
 from radixchat.core.engine.handle import Outbox
 from radixchat.core.engine.intake import Intake
 from radixchat.core.engine.lockstep import IDLE_TICK_S, LOST, Watchdog, launched
+from radixchat.core.engine.mask_share import MaskShare
 from radixchat.core.engine.preempt import Preempt
 from radixchat.core.engine.prefix_use import PrefixUse
 from radixchat.core.engine.recorder import Admit, AdmitRow, Fail, Finish, Op, Recorder, Reserve, lost
@@ -65,7 +67,7 @@ log = logging.getLogger("radixchat.engine")
 INTERNAL_ERROR = "internal error while generating this reply (the server's log has the details)"
 
 
-class Engine(Intake, Recorder, PrefixUse, Preempt, Emit):
+class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.loaded: LoadedModel | None = None  # set by the engine thread before `start` returns
@@ -294,6 +296,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, Emit):
         if self.prefix is not None and (self._disk_first or self.prefix.disk is not None):
             self._disk_turn()
         self._make_room()
+        self._mask_share()
         if not len(self._fair):  # every loop turn comes here: nothing to do most of them
             return
         self._room_for_the_owed()
@@ -310,7 +313,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, Emit):
             max_prefill_batch=self.settings.max_prefill_batch,
             room=self.batch_room(),
             need=self._need,
-            blocked=lambda a, picked: self._should_wait(a, picked) or self._disk_wait(a),
+            blocked=lambda a, p: self._should_wait(a, p) or self._mask_waits(a, p) or self._disk_wait(a),
             prefer=prefer,
         )
         if admit:
@@ -395,6 +398,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, Emit):
         prompt_resps, gen_resps = self._gen.next()
         self.steps += 1
         now = time.perf_counter()
+        self._note_step(now - self._step_started, self._by_uid.values())
         self._on_prompt(prompt_resps)  # the budgeted generator calls it inside its step
         for r in gen_resps:
             a = self._by_uid.get(r.uid)
