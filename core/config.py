@@ -28,6 +28,14 @@ def default_data_dir() -> Path:
     return base / "radixchat"
 
 
+# --cache-disk-bytes auto: no fixed number, the tier follows the disk's free space
+# (core/cache/disk_budget.py). An int larger than any real budget, so that "on" stays
+# `cache_disk_bytes > 0` wherever it is asked. `radixchat serve` defaults to it
+# (webui/cli.py); the model's default stays 0, so that an engine built in-process (tests,
+# benchmarks) writes nothing into the user's data folder unless asked.
+DISK_AUTO = (1 << 63) - 1
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RADIXCHAT_", extra="forbid", validate_default=True)
 
@@ -54,10 +62,13 @@ class Settings(BaseSettings):
     cache_disk_bytes: int = Field(
         0,
         ge=0,
-        description="Byte budget of the prefix cache's disk tier: "
-        "entries evicted from memory are written to disk (and kept across "
-        "restarts) up to this many bytes, least recently used dropped first; "
-        "0 = no disk tier",
+        description="Byte budget of the prefix cache's disk tier, whose entries "
+        "survive restarts (least recently used dropped first): auto = a quarter of "
+        "what the disk could give it, re-read every few seconds; a number = at most "
+        "that many bytes; either way a tenth of the disk (at least 1 GiB) is left "
+        "free, and one user's entries hold at most a share; 0 = no disk tier. "
+        "Default: auto for `radixchat serve` (off under mlx.launch), 0 for `ask` and "
+        "engines built in-process",
     )
     shard_timeout_s: float = Field(
         60.0,
@@ -193,6 +204,15 @@ class Settings(BaseSettings):
         "limit a new one closes the oldest idle one (no request under way) or, "
         "with none idle, is refused at once",
     )
+
+    @field_validator("cache_disk_bytes", mode="before")
+    @classmethod
+    def _disk_auto(cls, v):
+        if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
+            return DISK_AUTO
+        if isinstance(v, str) and not v.strip().isdigit():
+            raise ValueError("a number of bytes, auto, or 0 for no disk tier")
+        return v
 
     @field_validator("metrics_allow", "forwarded_allow_ips")
     @classmethod

@@ -20,7 +20,7 @@ import time
 
 from pydantic import ValidationError
 
-from radixchat.core.config import Settings, address_rule, settings_error_line
+from radixchat.core.config import DISK_AUTO, Settings, address_rule, settings_error_line
 from radixchat.webui.cli_admin import add_admin_commands, run_admin
 
 
@@ -102,6 +102,7 @@ def cmd_serve(args, settings: Settings) -> None:
     from radixchat.core.engine.lockstep import launched
 
     place = launched()
+    settings = serve_disk(settings, sharded=place is not None)
     if place is not None and (settings.cache_disk_bytes or settings.warm_prompts or settings.speculate):
         sys.exit(
             "radixchat: --cache-disk-bytes, --warm-prompts and --speculate do not run sharded (under mlx.launch) yet"
@@ -143,6 +144,17 @@ def cmd_serve(args, settings: Settings) -> None:
         store.close()
     if engine.fatal:
         sys.exit(f"radixchat: {engine.fatal}")
+
+
+def serve_disk(settings: Settings, sharded: bool) -> Settings:
+    """`serve`'s disk tier: on (auto: core/cache/disk_budget.py) unless --cache-disk-bytes
+    or its variable says otherwise. Under mlx.launch, where it is not built yet, auto is
+    off; a number stays, for `cmd_serve` to refuse."""
+    if "cache_disk_bytes" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"cache_disk_bytes": DISK_AUTO})
+    if sharded and settings.cache_disk_bytes == DISK_AUTO:
+        settings = settings.model_copy(update={"cache_disk_bytes": 0})
+    return settings
 
 
 def _announcing_server(config, lines: list[str]):
@@ -305,6 +317,7 @@ def cmd_doctor(args, settings: Settings) -> None:
     from radixchat.core.platform.doctor import report
 
     quiet = (launched() or (0, 1))[0] != 0  # under mlx.launch every rank runs it, rank 0 prints
+    settings = serve_disk(settings, sharded=launched() is not None)  # what `serve` would use
     t0 = time.perf_counter()
     for key, value in report(settings, load=not args.no_model):
         if not quiet:

@@ -4,17 +4,20 @@ Owns: writing entries (the path of every inserted sequence, a bounded number of 
 engine turn, and at once when the memory tier evicts a node that has no copy yet: it is
 spilled, not dropped), reading them back for a waiting request (`want`), placing the files
 a start finds in the tree (`open`: the tree's keys come back, K/V stays on disk until a
-hit; one whose prefix is gone is an orphan and deleted, as is a removed user's), the disk
-byte budget (least recently used leaves go first), and dropping a file that fails its
-checksum with everything that hangs below it. A forgotten owner's files go with their
-nodes (core/cache/forget.py: a file nothing refers to any more is deleted). Files are kept per model fingerprint (core/cache/
-identity.py) and sharing mode, so another model never reads them; a user's private
-namespace stays theirs, in a folder only the server's user can open.
+hit; one whose prefix is gone is an orphan and deleted, as is a removed user's), keeping
+the bytes its files hold within the limit core/cache/disk_budget.py decides (least recently
+used leaves go first, a user's own first when over their share; a write that would not fit
+is refused), and dropping a file that fails its checksum with everything below it. A
+forgotten owner's files go with their nodes (core/cache/forget.py: a file nothing refers to
+any more is deleted). Files are kept per model fingerprint (core/cache/identity.py) and
+sharing mode, so another model never reads them; a user's private namespace stays theirs,
+in a folder only the server's user can open.
 
 Left to others: the tree (radix.py), the MLX segments (kv.py), which node is in which file
 (disk_files.py), what a file holds and turning arrays into its bytes and back
-(disk_format.py), the folders and what a start finds in them (disk_folder.py), file I/O and
-checksums (diskio.py, its two threads), the schedule (the engine calls `tick` once a turn
+(disk_format.py), the folders and what a start finds in them (disk_folder.py), how many
+bytes it may hold and what goes to make room (disk_budget.py, its watcher thread), file
+I/O and checksums (diskio.py, its two threads), the schedule (the engine calls `tick` once a turn
 and holds a request back while `want` says its prefix is still on disk). Runs in the engine
 thread, which alone turns arrays into bytes and back.
 """
@@ -33,6 +36,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from radixchat.core.cache.disk_budget import DiskRoom
 from radixchat.core.cache.disk_files import DiskFile, DiskRef, DiskStats
 from radixchat.core.cache.disk_folder import cache_folder, disk_usage, prune_other_models, scan
 from radixchat.core.cache.disk_format import FORMAT, TAG_SHIFT, TOKEN_MASK, EntryFormat
@@ -55,8 +59,9 @@ class DiskTier:
     def __init__(
         self, folder: Path, budget: int, fingerprint: str, sharing: str, store: PrefixStore, wake: Callable[[], None]
     ):
+        """`budget`: --cache-disk-bytes (core.config.DISK_AUTO for auto)."""
         make_private_dir(folder)
-        self.folder, self.budget = folder, budget
+        self.folder = folder
         self.format = EntryFormat(fingerprint, sharing, store.trimmable, store.classes)
         self.tree: RadixCache | None = None
         self.seq = 0
@@ -77,6 +82,8 @@ class DiskTier:
 
         self.writer = Writer(folder, self._done, io_done)
         self.reader = Reader(self._done, io_done)
+        self.room = DiskRoom(folder, budget, self._on_disk, wake)  # the limit, owners' shares
+        self._fitted = -1  # the limit owners were last brought under their share of
         # a clean stop lets the writer finish what it was given
         atexit.register(self.writer.close, 10.0)
 
@@ -89,20 +96,24 @@ class DiskTier:
         t0 = time.perf_counter()
         self.tree = tree
         tree.attach_spill(self._spill)
-        prune_other_models(self.folder, self.budget)
+        self.room.others = prune_other_models(self.folder, lambda total: self.room.read(total))
         found, dropped = scan(self.folder, self.format, tag_of)
         self.stats.dropped += dropped
         self.seq = max([self.seq, *(e.seq + 1 for e in found)])
+        self.writer.on_disk = sum(e.size for e in found)  # no job queued yet: the writer is idle
         for e in sorted(found, key=lambda e: (e.start, e.seq)):
             f = DiskFile(self._unused, e.seq, e.size, len(e.key) - e.start, "ready")
-            f.path, f.dig, f.snap = e.path, e.dig, e.snap
+            f.path, f.dig, f.snap, f.owner = e.path, e.dig, e.snap, e.owner
             self.bytes += e.size
+            self.room.charge(e.owner, e.size)
             self.stats.files += 1
             if tree.adopt(e.key, e.start, lambda s, end: f.ref(s - e.start, end - s)):  # noqa: B023
                 self.stats.adopted += 1
             else:  # an orphan (its prefix is gone) or a duplicate
                 self._unused(f)
+        self.room.read()
         self._fit()
+        self.room.watch()
         self.stats.open_s = time.perf_counter() - t0
         log.info(
             "disk cache %s: %d entries, %.1f MB, %d tokens",
@@ -113,6 +124,11 @@ class DiskTier:
         )
 
     # ---- the engine's turn -------------------------------------------------------------
+
+    @property
+    def budget(self) -> int:
+        """The bytes its files may hold now (core/cache/disk_budget.py)."""
+        return self.room.limit
 
     def note_owner(self, tag: int, owner: str | None) -> None:
         self.owners[tag >> TAG_SHIFT] = owner or ""
@@ -170,6 +186,7 @@ class DiskTier:
 
     def close(self, timeout: float = 10.0) -> None:
         """Let the writer finish what it was given (a clean stop keeps those entries)."""
+        self.room.close()
         self.writer.close(timeout)
         self.reader.close(1.0)
 
@@ -191,7 +208,10 @@ class DiskTier:
         cost, prefix = 0, []
         for n in reversed(path):
             if n.disk is None and n.seg is not None:
-                cost += self._write(n, prefix)
+                wrote = self._write(n, prefix)
+                if wrote is None:  # what follows would be an orphan on disk
+                    break
+                cost += wrote
             prefix += n.key
         return cost
 
@@ -205,24 +225,26 @@ class DiskTier:
             n = n.parent
         return [t for part in reversed(parts) for t in part]
 
-    def _write(self, node: Node, prefix: list[int]) -> int:
+    def _write(self, node: Node, prefix: list[int]) -> int | None:
+        """Queue `node`'s file; its bytes, or None when it is not written (no room)."""
         key = prefix + list(node.key)
         owner = self._owner_of(key)
         if owner is None:
-            return 0
+            return None
         t0 = time.perf_counter()
         data = self.format.to_bytes(node, key, len(prefix), owner)
         self.stats.serialize_s += time.perf_counter() - t0
-        if len(data) > self.budget:
-            return 0
-        # make room first: the deletes are queued ahead of this write, so the folder never
-        # holds more than the budget, even for a moment
-        self.tree.fit_disk(lambda: self.bytes + len(data) > self.budget)
+        whose = None if owner is True else owner
+        # room first: the deletes are queued ahead of this write, so the folder never
+        # holds more than the limit, even for a moment
+        if not self.room.make_room(self.tree, len(data), whose, lambda: self.bytes):
+            return None
         f = DiskFile(self._unused, self.seq, len(data), len(node.key), "pending")
         self.seq += 1
-        f.data, f.snap = data, node.snapshot is not None
+        f.data, f.snap, f.owner = data, node.snapshot is not None, whose
         self.tree.set_disk(node, f.ref(0, len(node.key)))
         self.bytes += len(data)
+        self.room.charge(whose, len(data))
         self.backlog += len(data)
         self.stats.files += 1
         self.writer.put(Job("write", f, data=data, extra={"seq": f.seq}))
@@ -332,14 +354,25 @@ class DiskTier:
         f.state = "gone"
         f.data = None
         self.bytes -= f.nbytes
+        self.room.charge(f.owner, -f.nbytes)
         self.stats.files -= 1
         self.stats.evicted += 1
         self.deleting += 1
         self.writer.put(Job("delete", f, path=f.path, extra={"seq": f.seq}))
 
     def _fit(self) -> None:
-        if self.bytes > self.budget:
-            self.tree.fit_disk(lambda: self.bytes > self.budget)
+        """Within the limit again (it shrinks when the disk fills), owners within their share."""
+        room = self.room
+        if self.bytes > room.limit:
+            self.tree.fit_disk(lambda: self.bytes > room.limit)
+        if room.limit != self._fitted:
+            self._fitted = room.limit
+            room.trim(self.tree)
+
+    def _on_disk(self) -> int:
+        """This model's bytes in files now, as the writer left them (any thread: the room's
+        watcher asks): queued writes are not there yet, queued deletes still are."""
+        return self.writer.on_disk
 
 
 def open_tier(

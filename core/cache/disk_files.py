@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class DiskFile:
     """One file (or one being written): which nodes refer to which of its tokens."""
 
-    __slots__ = ("data", "dig", "n", "nbytes", "path", "refs", "seq", "snap", "state", "unused")
+    __slots__ = ("data", "dig", "n", "nbytes", "owner", "path", "refs", "seq", "snap", "state", "unused")
 
     def __init__(self, unused: Callable[[DiskFile], None], seq: int, nbytes: int, n: int, state: str):
         # `unused(self)` once no node refers to it (the tier deletes it)
@@ -32,6 +32,7 @@ class DiskFile:
         self.refs: set[DiskRef] = set()
         self.data: bytes | None = None  # its bytes until the writer has written them
         self.snap = False  # holds the snapshot of the non-trimmable layers at its end
+        self.owner: str | None = None  # whose private entry it is (charged to them); None: shared
 
     def ref(self, start: int, n: int) -> DiskRef:
         r = DiskRef(self, start, n)

@@ -2,11 +2,12 @@
 
 Owns: the root (`cache_folder`: --cache-dir, else beside the SQLite file), one folder per
 model fingerprint under it, the files a start finds in this model's folder (`scan`: their
-keys, sizes and snapshots; a write a kill cut short, a file of other settings, a removed
-user's and one that does not parse are deleted there), pruning other models' folders to the budget, and the
-usage `doctor` prints. Left to others: placing what `scan` found in the tree and deleting
-what nothing refers to (disk.py), what a file holds (disk_format.py), names and checksums
-(diskio.py). Runs in the engine thread when the tier opens; `disk_usage` in the CLI's.
+keys, sizes, snapshots and owners; a write a kill cut short, a file of other settings, a
+removed user's and one that does not parse are deleted there), pruning other models' folders
+to the tier's limit (core/cache/disk_budget.py says it), and the usage `doctor` prints.
+Left to others: placing what `scan` found in the tree and deleting what nothing refers to
+(disk.py), what a file holds (disk_format.py), names and checksums (diskio.py). Runs in
+the engine thread when the tier opens; `disk_usage` in the CLI's.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Found(NamedTuple):
     path: Path
     size: int
     snap: bool  # holds a snapshot at its end
+    owner: str | None  # the owner its tagged tokens belong to; None: shared (untagged)
 
 
 def cache_folder(settings) -> Path:
@@ -70,14 +72,15 @@ def scan(folder: Path, fmt: EntryFormat, tag_of: Callable[[str], int | None]) ->
             dropped += 1
             p.unlink(missing_ok=True)
             continue
-        found.append(Found(start, parsed[0], parsed[1], key, p, size, "snapshot" in meta))
+        found.append(Found(start, parsed[0], parsed[1], key, p, size, "snapshot" in meta, meta.get("owner")))
     return found, dropped
 
 
-def prune_other_models(folder: Path, budget: int) -> None:
-    """Folders of other fingerprints beside `folder` count against the budget: oldest go
-    first. Only folders that are plainly this tier's (a fingerprint's name, nothing but its
-    files)."""
+def prune_other_models(folder: Path, limit_of: Callable[[int], int]) -> int:
+    """Folders of other fingerprints beside `folder` count against the tier's limit, which
+    `limit_of(bytes of every folder of the tier)` says: oldest go first. Only folders that
+    are plainly this tier's (a fingerprint's name, nothing but its files). Returns the bytes
+    the other folders still hold."""
 
     def ours(p: Path) -> bool:
         return (
@@ -92,11 +95,13 @@ def prune_other_models(folder: Path, budget: int) -> None:
     sizes = {p: sum(f.stat().st_size for f in p.iterdir() if f.is_file()) for p in others}
     mine = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
     total = mine + sum(sizes.values())
+    budget = limit_of(total)
     for p in sorted(others, key=lambda p: p.stat().st_mtime):
         if total <= budget:
             break
         shutil.rmtree(p, ignore_errors=True)
         total -= sizes[p]
+    return total - mine
 
 
 def disk_usage(settings) -> tuple[int, int]:

@@ -207,19 +207,31 @@ class _Worker:
 
 class Writer(_Worker):
     """Writes files (`data` -> a finished file named by its digest) and deletes them, in
-    the order asked: a delete queued after a write runs after it."""
+    the order asked: a delete queued after a write runs after it. `on_disk` counts the
+    bytes of the folder's finished files as this thread leaves them (it alone changes the
+    folder once the tier is open), which the tier's limit adds to the free space it reads
+    (core/cache/disk_budget.py)."""
 
     def __init__(self, folder: Path, done: queue.SimpleQueue, wake: Callable[[], None]):
         self.folder = folder
+        self.on_disk = 0  # set by the engine thread at start-up, before any job
         super().__init__("radixchat-disk-writer", done, wake)
 
     def handle(self, job: Job) -> None:
         if job.kind == "write":
             job.path = write_file(self.folder, job.extra["seq"], job.data)
+            self.on_disk += len(job.data)
             job.data = None
         elif job.kind == "delete":  # a file still being written had no name yet: find it
             path = job.path or next(self.folder.glob(f"{job.extra['seq']:012x}.*{SUFFIX}"), None)
             if path is not None:
+                try:
+                    size = path.stat().st_size
+                except FileNotFoundError:
+                    return
+                # counted out before it goes, as a write is counted in after: a reading
+                # between the two may find less room than there is, never more
+                self.on_disk -= size
                 path.unlink(missing_ok=True)
 
 

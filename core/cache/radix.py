@@ -293,11 +293,12 @@ class RadixCache:
             node, i = child, i + n
         return False
 
-    def fit_disk(self, over: Callable[[], bool]) -> int:
+    def fit_disk(self, over: Callable[[], bool], pick: Callable[[Node], bool] | None = None) -> int:
         """While `over()`, drop the disk copies of unlocked leaves, least recently used
-        first: a spilled leaf leaves the tree, one in memory only loses its copy."""
+        first: a spilled leaf leaves the tree, one in memory only loses its copy. With
+        `pick`, only leaves it accepts (one owner's, say) are dropped."""
         dropped = 0
-        heap = [(n.last_access, id(n), n) for n in self.disk_evictable]
+        heap = [(n.last_access, id(n), n) for n in self.disk_evictable if pick is None or pick(n)]
         heapq.heapify(heap)
         while heap and over():
             _, _, leaf = heapq.heappop(heap)
@@ -309,7 +310,7 @@ class RadixCache:
             else:
                 self.set_disk(leaf, None)
             dropped += 1
-            if parent in self.disk_evictable:
+            if parent in self.disk_evictable and (pick is None or pick(parent)):
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return dropped
 

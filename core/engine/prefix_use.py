@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from radixchat.core.cache.forget import forget
 from radixchat.core.cache.radix import common_prefix
@@ -141,7 +142,8 @@ class PrefixUse:
 
     def _start_warm_up(self) -> None:
         """Prefill the system-prompt presets and --warm-prompts in the background, one at a
-        time, as requests of an owner no user can be (not stored, not users' metrics)."""
+        time when no user's request is in the engine, as requests of an owner no user can
+        be (not stored, not users' metrics)."""
         from radixchat.core.cache.warm import WARM_OWNER, warm_prompts
 
         s = self.settings
@@ -155,6 +157,10 @@ class PrefixUse:
 
         def run() -> None:
             for text in prompts:
+                # users first: each prompt waits for a moment with none of theirs in the
+                # engine, so a request right after start-up shares a step with one at most
+                while self.alive and (st := self.stats()).running + st.waiting:
+                    time.sleep(0.1)
                 try:
                     req = ChatRequest(
                         messages=[{"role": "system", "content": text}, {"role": "user", "content": "Hello"}],

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from importlib.metadata import version
 
-from radixchat.core.config import Settings
+from radixchat.core.config import DISK_AUTO, Settings
 from radixchat.core.platform.blas import (
     REEXEC_MARK,
     active_blas,
@@ -169,18 +169,23 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
 
 
 def _disk_tier(settings: Settings) -> Iterator[tuple[str, str]]:
-    """The prefix cache's disk tier: where, its budget, and what lies there now (all models)."""
+    """The prefix cache's disk tier: where, its limit now, and what lies there (all models)."""
     from radixchat.core.cache.disk import cache_folder, disk_usage
+    from radixchat.core.cache.disk_budget import limit_now
 
+    auto = settings.cache_disk_bytes == DISK_AUTO
     if not settings.cache_disk_bytes:
         yield "disk cache", "off (--cache-disk-bytes 0)"
         return
     used, files = disk_usage(settings)
+    limit = limit_now(cache_folder(settings), settings.cache_disk_bytes, used)
+    how = "auto: a quarter of its own and the free bytes" if auto else f"{settings.cache_disk_bytes / 2**20:.0f} MiB"
     yield (
         "disk cache",
         (
             f"{cache_folder(settings)}: {used / 2**20:.1f} MiB in {files} entries of "
-            f"{settings.cache_disk_bytes / 2**20:.0f} MiB (--cache-disk-bytes)"
+            + (f"{limit / 2**20:.0f} MiB now" if limit is not None else "? MiB (free space unknown)")
+            + f" (--cache-disk-bytes {how}; a tenth of the disk, at least 1 GiB, stays free)"
         ),
     )
 
