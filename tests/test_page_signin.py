@@ -16,7 +16,7 @@ import pytest
 from radixchat.webui.device_cookie import PREFIX
 from tests.support.page import ready, sign_in
 from tests.support.server import page_server, stop_clean
-from tests.test_signin_device import fail_until_locked, from_address, login
+from tests.support.signin import fail_until_locked, from_address, login
 
 pytestmark = pytest.mark.slow
 

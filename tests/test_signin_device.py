@@ -1,4 +1,4 @@
-"""Sign-in that cannot be aimed at someone (issue 30, item 5).
+"""Sign-in that cannot be aimed at someone.
 
 Device cookies: a browser that signed in before is counted and locked out per its own cookie,
 so failures from other addresses (or other browsers at its address) do not keep it out; the
@@ -24,6 +24,7 @@ from radixchat.webui.signin import Attempt, QueueFull, SignInGuard, TooManyFailu
 from radixchat.webui.signin_door import cross_site, same_origin
 from radixchat.webui.signin_queue import FairQueue, address_lane
 from tests.support.cheap import cheap_scrypt
+from tests.support.signin import fail_until_locked, from_address, login
 
 # ---- the queue -----------------------------------------------------------------------------
 
@@ -276,28 +277,6 @@ def test_same_origin_compares_host_and_port():
 # ---- a real server -------------------------------------------------------------------------
 
 
-def from_address(url: str, last: int, **kw) -> httpx.Client:
-    """A client of `url` whose connections come from 127.0.0.<last>: another address."""
-    transport = httpx.HTTPTransport(local_address=f"127.0.0.{last}")
-    return httpx.Client(base_url=url, transport=transport, timeout=30, **kw)
-
-
-def fail_until_locked(url: str, name: str, password_of_nobody: str, addresses, at_least_s: int) -> None:
-    """Fail `name`'s password, each time from the next of `addresses`, until its lockout
-    is `at_least_s` long (the lockout doubles with each failure past the fifth)."""
-    addresses = iter(addresses)
-    while True:
-        with from_address(url, next(addresses)) as c:
-            r = c.post("/login", data={"username": name, "password": password_of_nobody})
-        if r.status_code == 429:
-            wait = int(r.headers["retry-after"])
-            if wait >= at_least_s:
-                return
-            time.sleep(wait + 0.1)
-        else:
-            assert r.status_code == 400, r.text
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     from tests.support.server import Server
@@ -311,10 +290,6 @@ def server(tiny_model_dir, tmp_path_factory):
     yield srv
     out = srv.stop()
     assert "Traceback" not in out, out
-
-
-def login(client: httpx.Client, name: str, password: str | None = None, **headers) -> httpx.Response:
-    return client.post("/login", data={"username": name, "password": password or f"{name}-password"}, headers=headers)
 
 
 @pytest.mark.slow
