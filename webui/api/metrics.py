@@ -119,7 +119,11 @@ class _EngineCollector:
         yield gauge(
             "prefix_cache_disk_bytes", "Bytes of the prefix cache's disk tier (written or being written)", disk.bytes
         )
-        yield gauge("prefix_cache_disk_budget_bytes", "The disk tier's byte budget (--cache-disk-bytes)", disk.budget)
+        yield gauge(
+            "prefix_cache_disk_budget_bytes",
+            "The disk tier's byte limit now (--cache-disk-bytes, or auto: it follows free space)",
+            disk.budget,
+        )
         yield gauge("prefix_cache_disk_files", "Entries (files) of the disk tier", disk.files)
         yield gauge("prefix_cache_disk_backlog_bytes", "Bytes waiting for the disk writer", disk.backlog_bytes)
         yield counter("prefix_cache_disk_hits", "Entries read back from disk for a request", disk.loads)
