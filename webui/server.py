@@ -28,6 +28,7 @@ from radixchat.core.config import Settings, address_allowed, address_rule
 from radixchat.core.engine.seam import EngineClient
 from radixchat.core.store import Store
 from radixchat.webui.api.errors import BodyLimit, error_response, install_error_handlers
+from radixchat.webui.api.refusals import RefusalThrottle
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.api.routes import include_api
 from radixchat.webui.device_cookie import DeviceCookies
@@ -48,6 +49,7 @@ def build_app(
     app.state.engine, app.state.settings, app.state.store, app.state.metrics = engine, settings, store, metrics
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(RefusalThrottle)  # outside the body limit: a throttled body is never read
     # the page's sign-in guard, which trusts a browser's device cookie for the name it signed
     # in as; the door (outside the routes) refuses /login and /logout from other sites,
     # answers an address in a lockout itself and tells the guard who is signing in

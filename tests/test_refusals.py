@@ -1,0 +1,94 @@
+"""A client whose API requests keep being refused is throttled before its bodies are read
+(webui/api/refusals.py); other clients, and the same client's accepted requests, are not."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from radixchat.core.config import Settings
+from radixchat.webui.api.refusals import RefusalThrottle
+from radixchat.webui.server import build_app
+from tests.support.fake_engine import FakeEngine
+from tests.support.metrics import metric_value
+
+CHAT = "/v1/chat/completions"
+GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
+BIG = {"model": "default", "messages": [{"role": "user", "content": 5}]}  # content must be text: 400
+
+
+def throttle_of(app) -> RefusalThrottle:
+    node = app.middleware_stack
+    while not isinstance(node, RefusalThrottle):
+        node = node.app
+    return node
+
+
+def test_refusals_past_the_burst_are_429_before_the_body_is_read_and_only_for_that_client():
+    app = build_app(FakeEngine(), Settings(no_auth=True), None)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            mallory = {"Authorization": "Bearer mallory-key"}
+            assert (await c.post(CHAT, json=GOOD, headers=mallory)).status_code == 200
+            throttle_of(app).clock = lambda: 0.0  # time stands still: no refill
+            codes = [(await c.post(CHAT, json=BIG, headers=mallory)).status_code for _ in range(65)]
+            throttled = await c.post(CHAT, json=GOOD, headers=mallory)
+            alice = [(await c.post(CHAT, json=GOOD, headers={"Authorization": "Bearer alice-key"})) for _ in range(3)]
+            metrics = (await c.get("/metrics")).text
+        return codes, throttled, alice, metrics
+
+    # /metrics answers loopback only; ASGITransport's client is 127.0.0.1
+    codes, throttled, alice, metrics = asyncio.run(scenario())
+    assert codes[:60] == [400] * 60 and set(codes[60:]) == {429}, codes
+    assert throttled.status_code == 429  # a good request too, while her bucket is empty
+    err = throttled.json()["error"]
+    assert err["code"] == "too_many_refused" and err["type"] == "rate_limit_error"
+    assert int(throttled.headers["retry-after"]) >= 1
+    assert [r.status_code for r in alice] == [200, 200, 200]
+    assert metric_value(metrics, "radixchat:request_refused_total", reason="too_many_refused") == 6
+
+
+def test_the_bucket_refills_and_accepted_requests_never_drain_it():
+    now = [0.0]
+    seen = []
+
+    async def app(scope, receive, send):
+        body = await receive()
+        seen.append(len(body.get("body", b"")))
+        status = 400 if scope["path"].endswith("bad") else 200
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    throttle = RefusalThrottle(app, burst=3, per_s=1.0, clock=lambda: now[0])
+
+    async def call(path: str) -> int:
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"x" * 10, "more_body": False}
+
+        async def send(msg):
+            sent.append(msg)
+
+        scope = {"type": "http", "path": path, "headers": [(b"x-api-key", b"k")], "client": ("1.2.3.4", 1)}
+        await throttle(scope, receive, send)
+        return sent[0]["status"]
+
+    async def scenario():
+        good = [await call("/v1/good") for _ in range(50)]
+        bad = [await call("/v1/bad") for _ in range(4)]
+        read_before = len(seen)
+        refused = await call("/v1/good")
+        unread = len(seen) == read_before
+        now[0] += 1.0  # one refusal's worth refilled
+        after = [await call("/v1/bad"), await call("/v1/bad")]
+        return good, bad, refused, unread, after
+
+    good, bad, refused, unread, after = asyncio.run(scenario())
+    assert set(good) == {200}
+    assert bad == [400, 400, 400, 429]
+    assert refused == 429 and unread  # its body was never read
+    assert after == [400, 429]

@@ -1,0 +1,107 @@
+"""A client whose API requests keep being refused pays for the refusals: `RefusalThrottle`.
+
+A refused request costs the server its work before the refusal: reading a body of up to
+--max-body-bytes, parsing its JSON, checking it. One user re-sending 1 MB bodies that are
+refused at once (the per-user limit counts only requests that are accepted, so it never
+binds) kept the event loop parsing ~150 MB a second, and another user's first token went
+from 0.03 to 0.3-0.5 s with the engine idle (loadtests/bench_fairness --flood-kind bodies).
+
+So each client has a bucket of refusals: `burst` of them at once, refilled at `per_s` a
+second; a 4xx answer other than 429 takes one. A client with an empty bucket gets 429 with
+Retry-After (OpenAI's shape, code `too_many_refused`) before its body is read, until the
+bucket has refilled one. Accepted requests never drain it, so a client that is sometimes
+wrong never notices. The client is its credential (the `Authorization` or `x-api-key`
+header, kept as a hash: every request of a user with that key, whoever sends it), else its
+address. At most `max_clients` are remembered, least recently used forgotten first.
+
+ASGI middleware on the API's paths, outside the body limit; runs on the server's event loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections import OrderedDict
+
+from radixchat.webui.api.errors import count_refusal
+
+REFUSALS = frozenset({400, 401, 403, 404, 405, 409, 413, 415, 422})
+
+
+class RefusalThrottle:
+    def __init__(
+        self,
+        app,
+        burst: float = 60.0,
+        per_s: float = 10.0,
+        prefixes: tuple[str, ...] = ("/v1/",),
+        max_clients: int = 10_000,
+        clock=time.monotonic,
+    ):
+        self.app, self.burst, self.per_s, self.prefixes = app, burst, per_s, prefixes
+        self.max_clients, self.clock = max_clients, clock
+        self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()  # client -> (tokens, when)
+        self.throttled = 0  # requests answered 429 here
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
+            return await self.app(scope, receive, send)
+        client = self._client(scope)
+        tokens = self._tokens(client)
+        if tokens < 1.0:
+            self.throttled += 1
+            if scope.get("app") is not None:
+                count_refusal(scope["app"], scope["path"], "too_many_refused")
+            return await self._refuse(send, math.ceil((1.0 - tokens) / self.per_s))
+
+        async def counting_send(msg):
+            if msg["type"] == "http.response.start" and msg["status"] in REFUSALS:
+                self._take(client)
+            await send(msg)
+
+        await self.app(scope, receive, counting_send)
+
+    @staticmethod
+    def _client(scope) -> bytes:
+        headers = dict(scope.get("headers") or [])
+        credential = headers.get(b"authorization") or headers.get(b"x-api-key")
+        if credential:
+            return b"k" + hashlib.sha256(credential).digest()[:16]
+        host = (scope.get("client") or ("?", 0))[0]
+        return b"a" + host.encode()
+
+    def _tokens(self, client: bytes) -> float:
+        """The client's refusals left now (refilled since it was last seen)."""
+        entry = self._buckets.get(client)
+        if entry is None:
+            return self.burst
+        tokens, when = entry
+        return min(self.burst, tokens + (self.clock() - when) * self.per_s)
+
+    def _take(self, client: bytes) -> None:
+        self._buckets[client] = (self._tokens(client) - 1.0, self.clock())
+        self._buckets.move_to_end(client)
+        while len(self._buckets) > self.max_clients:
+            self._buckets.popitem(last=False)
+
+    async def _refuse(self, send, retry_after: int) -> None:
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"too many refused requests from this client: try again in {retry_after} s",
+                    "type": "rate_limit_error",
+                    "param": None,
+                    "code": "too_many_refused",
+                }
+            }
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(retry_after).encode()),
+            (b"connection", b"close"),  # its body is not read: the connection cannot be reused
+        ]
+        await send({"type": "http.response.start", "status": 429, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
