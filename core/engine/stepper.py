@@ -82,6 +82,7 @@ _ROWS = (
 )
 TIME_PLAIN_EVERY = 8  # with speculation on, one plain step in so many is timed (core.engine.speculate)
 MIN_CHUNK = 64  # the least prompt tokens a step gives each long prompt being prefilled
+QUIET_AFTER = 1  # steps after a newcomer's own prefill that run no other prefill (its first token's)
 NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
 
 
@@ -120,6 +121,8 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._plain = 0  # plain steps taken while speculating (some are timed)
         self._warming: set[int] = set()  # rows whose last prompt token the next decode runs
         self._hurried: set[int] = set()  # waiting prompts that join the prefill at the next step
+        self._quiet = 0  # steps left that run no prefill but a newcomer's (`_prefill_alone`)
+        self._shared_steps = 0  # steps that ran the shared prefill since the last quiet ones
         if slots:
             # rows leave in the order that moves fewest slot rows; the batch's lists follow it
             gen = self._generation_batch
@@ -136,21 +139,12 @@ class BudgetedBatchGenerator(BatchGenerator):
         gen = self._generation_batch
         if len(gen) < self.completion_batch_size:
             room = max(self.step_tokens - len(gen), self.step_tokens // 4)
-            hurried = self._hurry_first()
-            n = min(
-                max(self.prefill_batch_size - len(self._prompt_batch), hurried),
-                self.completion_batch_size - len(gen),
-                len(self._unprocessed_sequences),
-            )
-            n = self._joining(n, room, hurried)
-            if n > 0:
-                self._prompt_batch.extend(self._make_batch(n))
-            through = self._start_decoding()  # restored from the cache up to the last token
-            if self._currently_processing:
-                self.on_prompt(self._prefill_chunk(room))
-            through += self._start_decoding()
-            if through:
-                self.on_prompt(through)
+            if self._quiet:  # (a prompt hurried meanwhile stays hurried)
+                self._quiet -= 1
+            elif (hurried := self._hurry_first()) and self._prefill_alone(hurried, room):
+                self._quiet, self._shared_steps = QUIET_AFTER, 0
+            else:
+                self._shared_prefill(room, hurried)
         responses = []
         if len(gen):
             tic = time.perf_counter()
@@ -218,6 +212,55 @@ class BudgetedBatchGenerator(BatchGenerator):
             batch.prompt_cache = [SlotKVCache.adopt(c) if type(c) is BatchKVCache else c for c in batch.prompt_cache]
         self._generation_batch.extend(batch)
         return [PromptProcessingBatch.Response(uid, (t - folded, t), True, True) for uid, t in zip(batch.uids, totals)]
+
+    def _shared_prefill(self, room: int, hurried: int) -> None:
+        """The step's prefill: waiting prompts join as `_joining` says (the first `hurried`
+        always), and every prompt being prefilled gets an equal chunk of `room`."""
+        n = min(
+            max(self.prefill_batch_size - len(self._prompt_batch), hurried),
+            self.completion_batch_size - len(self._generation_batch),
+            len(self._unprocessed_sequences),
+        )
+        n = self._joining(n, room, hurried)
+        if n > 0:
+            self._prompt_batch.extend(self._make_batch(n))
+        through = self._start_decoding()  # restored from the cache up to the last token
+        if self._currently_processing:
+            self.on_prompt(self._prefill_chunk(room))
+            self._shared_steps += 1
+        through += self._start_decoding()
+        if through:
+            self.on_prompt(through)
+
+    def _prefill_alone(self, k: int, room: int) -> bool:
+        """Prefill the first `k` waiting prompts (hurried: newcomers') whole, in a batch of
+        their own, and start them decoding, when others' prompts are part-way through prefill
+        and these fit `room` together. This step and the next (which returns their first
+        tokens) run no one else's prefill: a newcomer's first token then waits for its own
+        prompt, not for chunks of a flood's long ones, whose cost grows with their context
+        (SmolLM2 here: 64-token chunks of four 1,500-token prompts took 0.8 to 1.9 s a step).
+        At least one step of the shared prefill runs between two such pairs."""
+        waiting = list(itertools.islice(self._unprocessed_sequences, k))
+        if (
+            not self._currently_processing
+            or self._shared_steps < 1
+            or k > self.completion_batch_size - len(self._generation_batch)
+            or sum(len(s) for seq in waiting for s in seq[1]) > room
+        ):
+            return False
+        shared = self._prompt_batch, self._currently_processing
+        self._currently_processing = []
+        self._prompt_batch = self._make_batch(k)
+        try:
+            through = self._start_decoding()  # restored from the cache up to the last token
+            while self._currently_processing:
+                self.on_prompt(self._prefill_chunk(room))
+                through += self._start_decoding()
+        finally:
+            self._prompt_batch, self._currently_processing = shared
+        if through:
+            self.on_prompt(through)
+        return True
 
     def _hurry_first(self) -> int:
         """Move the hurried waiting prompts to the front; returns how many there are."""
