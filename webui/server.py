@@ -28,8 +28,8 @@ from radixchat.core.config import Settings, address_allowed, address_rule
 from radixchat.core.engine.seam import EngineClient
 from radixchat.core.store import Store
 from radixchat.webui.api.errors import BodyLimit, error_response, install_error_handlers
-from radixchat.webui.api.refusals import RefusalThrottle
 from radixchat.webui.api.metrics import Metrics
+from radixchat.webui.api.refusals import RefusalThrottle
 from radixchat.webui.api.routes import include_api
 from radixchat.webui.device_cookie import DeviceCookies
 from radixchat.webui.gate import GradioSide, PageGate
