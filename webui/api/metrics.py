@@ -79,9 +79,7 @@ class _EngineCollector:
         yield counter(
             "num_preemptions", "Running requests paused to make room in the batch (they resume)", s.preemptions
         )
-        yield counter(
-            "num_preempted_tokens", "Tokens the preempted requests held (restored or recomputed)", s.preempted_tokens
-        )
+        yield counter("num_preempted_tokens", "Tokens the preempted requests held", s.preempted_tokens)
         spec = s.speculation
         if spec is not None:  # named as vLLM names its own
             yield counter("spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec.rows_drafting)
