@@ -433,13 +433,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
 
         `final` is (caches, tokens) when the generator already removed the sequence.
         """
-        if final is None and a.uid is not None:
-            final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
-        live = None
-        if final is not None and final[0] is not None:
-            live = self._store(a, final[1], final[0])
-        if a.uid is not None:
-            self._record(Finish(a.uid, live))
+        self._leave_batch(a, final)
         self._release(a)  # before the reply ends, so a client that saw it sees the slot free
         tail = a.stream.finish()
         if tail or a.unsent:
@@ -452,6 +446,18 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 logprobs=a.logprobs if a.sampling.logprobs is not None else None,
             )
         )
+
+    def _leave_batch(self, a: Active, final=None) -> None:
+        """Take `a` out of the generator (unless `final`, its (caches, tokens), says it is out
+        already), cache what it computed and tell the other ranks: a finished request's way
+        out, and a preempted one's (core.engine.preempt)."""
+        if final is None and a.uid is not None:
+            final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
+        live = None
+        if final is not None and final[0] is not None:
+            live = self._store(a, final[1], final[0])
+        if a.uid is not None:
+            self._record(Finish(a.uid, live))
 
     def _fail(self, a: Active, message: str) -> None:
         if a.uid is not None:

@@ -21,8 +21,7 @@ goes on: the client sees nothing but the gap; its sampler, grammar state and sto
 are kept, so greedy text is the text it would have had. One request alone is never preempted.
 
 A part of `Engine` (a mixin) that runs in the engine thread. Uses the engine's `_by_uid`,
-`_fair`, `kv_budget`, `kv_bytes_per_token`, `settings`, `steps`, `prefix`, `scope`, `_gen`,
-`_store`, `_record`.
+`_fair`, `kv_budget`, `kv_bytes_per_token`, `prefix`, `scope`, `_gen`, `_leave_batch`.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from collections import Counter
 
 from radixchat.core.engine import admission
 from radixchat.core.engine.active import Active
-from radixchat.core.engine.recorder import Finish
 
 log = logging.getLogger("radixchat.engine")
 HEADROOM = 16  # tokens of growth a request is admitted with: steps it runs before any preemption
@@ -111,12 +109,8 @@ class Preempt:
 
     def _preempt(self, a: Active) -> None:
         """Send a running request back to the fair queue; cache what it computed."""
-        final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
-        del self._by_uid[a.uid]  # what the batch holds no longer counts it
-        live = None
-        if final is not None and final[0] is not None:
-            live = self._store(a, final[1], final[0])
-        self._record(Finish(a.uid, live))  # the other ranks remove it and cache it alike
+        del self._by_uid[a.uid]  # what the batch holds (the cache's reserve) no longer counts it
+        self._leave_batch(a)  # as a finished one leaves; the other ranks do the same
         if self.prefix is not None:
             self.prefix.release(a.match)
             a.match = None

@@ -13,7 +13,7 @@ The tree, its K/V and the files are core.cache's; who may share what is core.cac
 
 Uses of the engine's fields: `settings`, `loaded`, `prefix`, `scope`, `_active`,
 `_by_uid`, `_cmds`, `_disk_first`, `_prefetch`, `_forgotten`, `cache_owners`, `alive`,
-`submit`, `_record`.
+`submit`, `_record`, `_inflight`.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ class PrefixUse:
             for text in prompts:
                 # users first: each prompt waits for a moment with none of theirs in the
                 # engine, so a request right after start-up shares a step with one at most
-                while self.alive and (st := self.stats()).running + st.waiting:
+                while self.alive and self._inflight:
                     time.sleep(0.1)
                 try:
                     req = ChatRequest(

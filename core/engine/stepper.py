@@ -270,7 +270,8 @@ class BudgetedBatchGenerator(BatchGenerator):
         first = [s for s in waiting if s[0] in self._hurried]
         self._hurried.clear()  # a hurried prompt joins now (removed ones are simply gone)
         if first:
-            rest = [s for s in waiting if s[0] not in {f[0] for f in first}]
+            moved = {s[0] for s in first}
+            rest = [s for s in waiting if s[0] not in moved]
             waiting.clear()
             waiting.extend(first + rest)
         return len(first)
