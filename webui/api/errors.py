@@ -135,21 +135,15 @@ class BodyLimit:
     async def _too_large(self, scope, send):
         if scope.get("app") is not None:
             count_refusal(scope["app"], scope["path"], "body_too_large")
-        body = json.dumps(
-            {
-                "error": {
-                    "message": BodyTooLarge(self.limit).detail,
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "body_too_large",
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, BodyTooLarge(self.limit).detail, code="body_too_large")
+
+
+async def send_error(
+    send, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, headers=()
+) -> None:
+    """An error in OpenAI's shape from ASGI middleware, where no route (and so no
+    `error_response`) runs."""
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})

@@ -20,12 +20,11 @@ ASGI middleware on the API's paths, outside the body limit; runs on the server's
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from collections import OrderedDict
 
-from radixchat.webui.api.errors import count_refusal
+from radixchat.webui.api.errors import count_refusal, send_error
 
 REFUSALS = frozenset({400, 401, 403, 404, 405, 409, 413, 415, 422})
 
@@ -87,21 +86,12 @@ class RefusalThrottle:
             self._buckets.popitem(last=False)
 
     async def _refuse(self, send, retry_after: int) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "message": f"too many refused requests from this client: try again in {retry_after} s",
-                    "type": "rate_limit_error",
-                    "param": None,
-                    "code": "too_many_refused",
-                }
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(retry_after).encode()),
-            (b"connection", b"close"),  # its body is not read: the connection cannot be reused
-        ]
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(
+            send,
+            429,
+            f"too many refused requests from this client: try again in {retry_after} s",
+            "rate_limit_error",
+            "too_many_refused",
+            # its body is not read: the connection cannot be reused
+            headers=[(b"retry-after", str(retry_after).encode()), (b"connection", b"close")],
+        )
