@@ -27,6 +27,7 @@ sign-out, in a worker thread, only deletes tokens: one dict operation at a time)
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from collections import OrderedDict
 from typing import Any
@@ -348,11 +349,14 @@ def replay(body: bytes, receive):
     return replayed
 
 
-async def answer(send, status: int, detail: str, scope=None) -> None:
-    """A short JSON refusal. When the request announced a body that is left unread, the
-    connection closes after it, so the server does not go on reading a refused upload."""
+async def answer(send, status: int, detail: str, scope=None, retry_after: float | None = None) -> None:
+    """A short JSON refusal (with Retry-After when given). When the request announced a body
+    that is left unread, the connection closes after it, so the server does not go on reading
+    a refused upload."""
     body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(math.ceil(retry_after)).encode()))
     if scope is not None and (
         header(scope, b"transfer-encoding") or header(scope, b"content-length") not in (None, b"0")
     ):

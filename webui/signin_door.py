@@ -27,12 +27,10 @@ on the event loop.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from urllib.parse import urlsplit
 
-from radixchat.webui.gate import header, request_cookies, route_path
+from radixchat.webui.gate import answer, header, request_cookies, route_path
 from radixchat.webui.signin import Attempt, SignInGuard, TooManyFailures, begin
 
 log = logging.getLogger("radixchat.signin")
@@ -59,7 +57,7 @@ class SignInDoor:
                 what = "sign-in" if path in LOGIN else "sign-out"
                 log.warning("refused a %s from another site, from %s (%s)", what, _addr(scope), why[:120])
                 detail = f"Refused: this {what} did not come from this server's page ({why}). Use the page itself."
-                return await _answer(scope, send, 403, detail)
+                return await answer(send, 403, detail, scope)
         if path in LOGIN and scope["method"] == "POST" and self.guard is not None:
             return await self._login(scope, receive, send)
         await self.app(scope, receive, send)
@@ -73,7 +71,7 @@ class SignInDoor:
         if devices is None or not devices.any_in(cookies):
             wait = self.guard.address_lockout(addr)
             if wait > 0:
-                return await _answer(scope, send, 429, str(TooManyFailures(wait)), retry_after=wait)
+                return await answer(send, 429, str(TooManyFailures(wait)), scope, retry_after=wait)
         attempt = Attempt(addr, cookies, secure=scope.get("scheme") == "https")
         begin(attempt)
 
@@ -123,16 +121,3 @@ def same_origin(url: str, host: str) -> bool:
 def _addr(scope) -> str:
     client = scope.get("client")
     return client[0] if client else "?"
-
-
-async def _answer(scope, send, status: int, detail: str, retry_after: float | None = None) -> None:
-    """A short JSON refusal, the form left unread; as webui/gate.py's `answer`, the connection
-    closes after it when a body was announced, so nothing goes on reading it."""
-    body = json.dumps({"detail": detail}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if retry_after is not None:
-        headers.append((b"retry-after", str(math.ceil(retry_after)).encode()))
-    if header(scope, b"transfer-encoding") or header(scope, b"content-length") not in (None, b"0"):
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
