@@ -4,7 +4,8 @@
 cache is named by a random cache key instead: the next user added (the same name or not, the
 same id) gets none of a removed user's cached tokens, in memory and after a restart with the
 disk tier, whose start adopts only the files of the store's users. `forget` drops a
-namespace's nodes and files (a shared system prompt stays), the running server learns of a
+namespace's nodes and files (a shared system prompt stays), `forget_below` a deleted
+conversation's (what another conversation shares stays), the running server learns of a
 removal by the admin command (another process) through the store, and a page cookie stops
 working once its user's password changed or the user was removed.
 """
@@ -18,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from radixchat.core.cache.diskio import read_header
-from radixchat.core.cache.forget import forget
+from radixchat.core.cache.forget import forget, forget_below
 from radixchat.core.cache.radix import RadixCache
 from radixchat.core.config import Settings
 from radixchat.core.engine.requests import ChatRequest, Finished, owner_of
@@ -198,6 +199,73 @@ def test_forget_in_the_tree_alone_splits_a_shared_head_and_drops_locked_nodes():
     t.unlock(held)  # the request ends: nothing of theirs comes back
     t.check()
     assert t.peek(mine) == 3 and t.peek([1, 2, 3, 4, 5]) == 5 and t.locks == 0
+
+
+def test_forget_below_drops_one_conversation_and_keeps_what_others_share():
+    tag, bob = 1 << 32, 2 << 32
+    t = RadixCache(10_000)
+
+    def put(tokens):
+        return t.insert(tokens, lambda s, e: SimSeg(tokens[s:e]))
+
+    system = [1, 2, 3]
+    first = [*system, tag + 5, tag + 6, tag + 7]  # a conversation's first turn, keyed
+    later = [*first, tag + 8, tag + 9]  # its second turn
+    other = [*system, tag + 5, tag + 10]  # another of hers: the same start of a user turn
+    bobs = [*system, bob + 5]
+    for tokens in (later, other, bobs):
+        put(tokens)
+    held = t.match(later).node
+    t.lock(held)  # its reply is running
+    assert forget_below(t, [*system, tag + 5, tag + 99], 3) == 0  # not cached whole: nothing goes
+    assert forget_below(t, first, 3) == 4
+    t.check()
+    assert t.peek(later) == 4 and t.peek(other) == 5 and t.peek(bobs) == 4
+    t.unlock(held)
+    t.check()
+    assert t.locks == 0
+    alone = [7, 8, 9, tag + 1, tag + 2]  # one edge: a system message and one conversation
+    put(alone)
+    assert forget_below(t, alone, 3) == 2
+    t.check()
+    assert t.peek(alone) == 3  # the system message stays, split off
+
+
+def test_a_deleted_conversations_cache_goes_in_memory_and_on_disk(tiny_model_dir, tmp_path):
+    alice, bob = owner_of("a" * 32), owner_of("b" * 32)
+    other = "What is a list?"
+    eng = disk_engine(tiny_model_dir, tmp_path)
+    try:
+        tok = eng.loaded.tokenizer
+        shared = len(tok.apply_chat_template([{"role": "system", "content": SYSTEM}]))
+
+        def prompt(text):
+            msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+            return tok.apply_chat_template(msgs, add_generation_prompt=True)
+
+        common = next(i for i, (a, b) in enumerate(zip(prompt(SECRET), prompt(other))) if a != b)
+        ask(eng, alice, SECRET, SYSTEM)
+        ask(eng, alice, other, SYSTEM)  # another conversation of hers
+        ask(eng, bob, SECRET, SYSTEM)  # bob's, the same words
+        assert ask(eng, alice, SECRET, SYSTEM).usage.cached_tokens > common  # cached, past the fork
+        assert wait_disk_idle(eng)
+        eng.forget_conversation(alice, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": SECRET}])
+        assert shared <= ask(eng, alice, SECRET, SYSTEM).usage.cached_tokens <= common  # in memory
+        assert ask(eng, alice, other, SYSTEM).usage.cached_tokens > common  # her other one stays
+        assert ask(eng, bob, SECRET, SYSTEM).usage.cached_tokens > common  # bob's too
+        # the rerun above cached it again: forget it again, and check the disk after a restart
+        eng.forget_conversation(alice, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": SECRET}])
+        ask(eng, bob, other, SYSTEM)  # a request after the command: the engine has done it
+        assert wait_disk_idle(eng)
+        eng.prefix.tree.check()
+    finally:
+        eng.stop()
+    eng = disk_engine(tiny_model_dir, tmp_path)
+    try:
+        assert ask(eng, alice, SECRET, SYSTEM).usage.cached_tokens <= common
+        assert ask(eng, alice, other, SYSTEM).usage.cached_tokens > common
+    finally:
+        eng.stop()
 
 
 # ---- the server ---------------------------------------------------------------------------

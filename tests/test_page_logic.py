@@ -36,10 +36,14 @@ class Refusing:
     def __init__(self, error: Exception):
         self.error = error
         self.submitted = 0
+        self.forgotten: list[tuple] = []
 
     async def asubmit(self, request):
         self.submitted += 1
         raise self.error
+
+    def forget_conversation(self, owner, messages):
+        self.forgotten.append((owner, messages))
 
 
 class Counting:
@@ -116,13 +120,21 @@ def test_sidebar_lists_every_chat_newest_first_and_new_chat_reuses_an_empty_one(
 
 def test_delete_hides_a_chat_at_once_and_undo_brings_it_back(store, users):
     alice, _ = users
-    page = ChatPage(Refusing(QueueFull(1)), store)
+    engine = Refusing(QueueFull(1))
+    page = ChatPage(engine, store)
     keep, gone = page.new_chat(alice), None
     store.append_message(alice, keep.id, "user", "keep me")
-    gone = page.new_chat(alice)
-    store.append_message(alice, gone.id, "user", "Walrus-1 delete me")
+    gone = page.new_chat(alice, "Be brief.")
+    first = store.append_message(alice, gone.id, "user", "Walrus-1 delete me")
+    store.edit_message(alice, gone.id, first.id, "Walrus-2 delete me too")  # a second version
     page.show(alice, gone.id)
     assert page.delete(alice, gone.id).id == gone.id
+    # the engine forgets every way the chat's prompts began, as its owner's
+    system = {"role": "system", "content": "Be brief."}
+    assert engine.forgotten == [
+        (page.owner(alice), [system, {"role": "user", "content": "Walrus-1 delete me"}]),
+        (page.owner(alice), [system, {"role": "user", "content": "Walrus-2 delete me too"}]),
+    ]
     assert [c.id for c in page.conversations(alice)] == [keep.id]
     assert page.find(alice, "walrus") == []
     assert page.start(alice) == keep.id  # the open one went: the newest opens
@@ -132,7 +144,7 @@ def test_delete_hides_a_chat_at_once_and_undo_brings_it_back(store, users):
         page.delete(alice, None)
     assert page.undo_delete(alice, gone.id).id == gone.id
     [back] = page.messages(alice, gone.id)
-    assert back["role"] == "user" and back["content"].startswith('Walrus-1 delete me\n\n<span class="rc-branch">')
+    assert back["role"] == "user" and back["content"].startswith('Walrus-2 delete me too\n\n<span class="rc-branch">')
     with pytest.raises(PageError, match="Too late"):
         page.undo_delete(alice, gone.id)  # nothing to undo any more
     page.delete(alice, gone.id)

@@ -101,9 +101,13 @@ class Cancel:
 @dataclass
 class Forget:
     """Command: drop `owner`'s namespace from the prefix cache, in memory and on disk, and
-    never store anything of theirs again (a removed user's)."""
+    never store anything of theirs again (a removed user's); with `tokens`, only what is
+    cached of their prompts that begin with them (a deleted conversation's first turn,
+    whose first `shared_len` are its system message)."""
 
     owner: str
+    tokens: tuple[int, ...] | None = None
+    shared_len: int = 0
 
 
 @dataclass

@@ -285,7 +285,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 else:
                     self._finish(a, "cancelled")
             elif isinstance(cmd, Forget):
-                self._forget(cmd.owner)
+                self._forget(cmd.owner, cmd.tokens, cmd.shared_len)
             try:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:

@@ -91,8 +91,8 @@ class Follower(Engine):
             case Reserve(nbytes):
                 if self.prefix is not None:
                     self.prefix.reserve(nbytes)
-            case Forget(owner):
-                self._forget(owner)
+            case Forget(owner, tokens, shared_len):
+                self._forget(owner, tokens, shared_len)
 
     def _admit_as_rank0(self, rows: list[AdmitRow]) -> None:
         news = []

@@ -8,7 +8,8 @@ of writing and reading back), holds a request's path while its prefix is read fr
 (`_disk_wait`, `_unprefetch`), starts the warm-up of system prompts, and forgets an owner
 (`forget`, the seam's method, any thread: a `Forget` command; `_forget` in the engine
 thread drops their namespace, in memory and on disk, and keeps them out of the cache for
-good; the disk tier adopts, at start-up, only the files of owners `cache_owners` knows).
+good; the disk tier adopts, at start-up, only the files of owners `cache_owners` knows) or
+a deleted conversation (`forget_conversation`: what is cached below its first turn).
 The tree, its K/V and the files are core.cache's; who may share what is core.cache.scope's.
 
 Uses of the engine's fields: `settings`, `loaded`, `prefix`, `scope`, `_active`,
@@ -22,7 +23,7 @@ import logging
 import threading
 import time
 
-from radixchat.core.cache.forget import forget
+from radixchat.core.cache.forget import forget, forget_below
 from radixchat.core.cache.radix import common_prefix
 from radixchat.core.cache.warm import WARM_OWNER
 from radixchat.core.engine import recorder
@@ -106,12 +107,27 @@ class PrefixUse:
         its next turn (`_forget`)."""
         self._cmds.put(Forget(owner))
 
-    def _forget(self, owner: str) -> None:
+    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+        """The seam's `forget_conversation` (any thread, blocking while the first turn is
+        templated): the engine thread drops what is cached below it in its next turn."""
+        if self.prefix is None:
+            return
+        first = self.template(ChatRequest(messages=messages, owner=owner))
+        self._cmds.put(Forget(owner or "", tuple(first.tokens), first.shared_len))
+
+    def _forget(self, owner: str, tokens: tuple[int, ...] | None = None, shared_len: int = 0) -> None:
         """Drop `owner`'s namespace from the prefix cache, in memory and on disk, and keep
-        whatever their running requests compute out of it (engine thread; a sharded rank 0
-        tells the others to do the same)."""
+        whatever their running requests compute out of it; with `tokens`, what is cached of
+        their prompts that begin with them, past what other prompts share (engine thread; a
+        sharded rank 0 tells the others to do the same)."""
+        self._record(recorder.Forget(owner, tokens, shared_len))
+        if tokens is not None:
+            if self.prefix is not None and (self.scope.owns(owner) or self.scope.sharing == "all"):
+                key = self.scope.key(list(tokens), shared_len, owner)
+                dropped = forget_below(self.prefix.tree, key, shared_len)
+                log.info("prefix cache: forgot %d tokens of a deleted conversation", dropped)
+            return
         self._forgotten.add(owner)
-        self._record(recorder.Forget(owner))
         theirs = self.scope.owns(owner) if self.prefix is not None else None
         if theirs is not None:
             dropped = forget(self.prefix.tree, theirs)

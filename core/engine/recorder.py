@@ -67,9 +67,12 @@ class Reserve:
 
 @dataclass(frozen=True)
 class Forget:
-    """An owner's namespace left the prefix cache for good (a removed user's)."""
+    """An owner's namespace left the prefix cache for good (a removed user's); with `tokens`,
+    only their prompts that begin with them (a deleted conversation's)."""
 
     owner: str
+    tokens: tuple[int, ...] | None = None
+    shared_len: int = 0
 
 
 Op = Admit | Finish | Fail | Reserve | Forget

@@ -1,13 +1,14 @@
 """The seam between the web layer and an engine: what webui/ may know of one.
 
 `EngineClient` is a small protocol: `submit`/`asubmit` a request and get a `RequestHandle`
-that streams events, `cancel` one, `forget` a removed user's cache entries, `tokenize`
-text, read `stats()` (a typed snapshot) and `info` (a plain `ModelInfo`). webui/ imports
-this module, core.engine.requests (the requests and events) and core.engine.handle (the
-handle), nothing else of core/engine: it never sees an nn.Module, a tokenizer, the batch or
-the prefix tree, so another implementation (a second model's engine, an engine on another
-machine) can stand behind the same routes and page. core.engine.engine.Engine is the in-process one; tests/support/fake_engine.py is one
-with no model at all, for the web layer's unit tests.
+that streams events, `cancel` one, `forget` a removed user's cache entries (or a deleted
+conversation's: `forget_conversation`), `tokenize` text, read `stats()` (a typed snapshot)
+and `info` (a plain `ModelInfo`). webui/ imports this module, core.engine.requests (the
+requests and events) and core.engine.handle (the handle), nothing else of core/engine: it
+never sees an nn.Module, a tokenizer, the batch or the prefix tree, so another
+implementation (a second model's engine, an engine on another machine) can stand behind the
+same routes and page. core.engine.engine.Engine is the in-process one;
+tests/support/fake_engine.py is one with no model at all, for the web layer's unit tests.
 
 Value types only here (no MLX, no threads): `stats()` is safe from any thread and is a
 copy, so a reader may keep it. Counts mean one thing everywhere they are shown (/health,
@@ -178,6 +179,14 @@ class EngineClient(Protocol):
         """Drop every prefix-cache entry of `owner`'s namespace, in memory and on disk, and
         never cache anything of theirs again: a removed user's private text must not outlive
         them. Returns at once; entries a running request holds go as well (it ends as usual)."""
+        ...
+
+    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+        """Drop `owner`'s prefix-cache entries of a deleted conversation, in memory and on
+        disk: `messages` is how its prompts begin (its system message, if any, and one
+        version of its first user message). What other prompts share (a system message, a
+        beginning another conversation has too) stays. Blocking while they are templated:
+        not on an event loop."""
         ...
 
     def tokenize(self, text: str) -> list[int]:

@@ -41,6 +41,14 @@ def path(db: Database, conv_id: int) -> list[Message]:
     return [Message(*r) for r in rows]
 
 
+def firsts(db: Database, conv_id: int) -> list[Message]:
+    """The conversation's first messages: each version of the message every branch begins with."""
+    rows = db.execute(
+        f"SELECT {COLUMNS} FROM messages WHERE conversation = ? AND parent IS NULL ORDER BY id", [conv_id]
+    )
+    return [Message(*r) for r in rows]
+
+
 def branch(db: Database, conv_id: int) -> Branch:
     """The branch in view with each message's versions."""
     messages = path(db, conv_id)

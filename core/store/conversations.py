@@ -446,6 +446,15 @@ class ConversationsMixin(StoreBase):
         head = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
         return head + [{"role": m.role, "content": m.content} for m in messages]
 
+    def openings(self, user: User | int, conv_id: int) -> list[list[dict]]:
+        """How the conversation's prompts to the engine begin: its system prompt, if any,
+        with each version of its first message (what the engine forgets of it once deleted)."""
+        with self._tx(write=False) as db:
+            conv = self._conv(db, user_id(user), conv_id)
+            firsts = branches.firsts(db, conv.id)
+        head = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        return [[*head, {"role": m.role, "content": m.content}] for m in firsts if m.role == "user"]
+
     def export_conversation(self, user: User | int, conv_id: int, fmt: str = "json") -> str:
         """The conversation as a JSON document or as Markdown (fmt "json" or "md"): the branch in view."""
         if fmt not in store_report.EXPORT_FORMATS:

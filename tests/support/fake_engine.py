@@ -28,6 +28,7 @@ class FakeEngine:
         self.requests: list[ChatRequest | PromptRequest] = []  # every request it accepted, in order
         self.cancelled: list[str] = []
         self.forgotten: list[str] = []  # owners whose cache entries it was told to drop, in order
+        self.forgotten_conversations: list[tuple] = []  # (owner, first messages) of deleted ones
         self.hold = False  # True: accepted requests wait, unanswered, until release()
         self._held: list[tuple[RequestHandle, ChatRequest | PromptRequest]] = []
         self._open: dict[str, RequestHandle] = {}
@@ -60,6 +61,10 @@ class FakeEngine:
     def forget(self, owner: str) -> None:
         with self._lock:
             self.forgotten.append(owner)
+
+    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+        with self._lock:
+            self.forgotten_conversations.append((owner, messages))
 
     def stats(self) -> EngineStats:
         with self._lock:

@@ -8,7 +8,8 @@ archived one is listed like any other), or, with a search, those whose title or 
 its words (the store's full-text index). "New chat" makes nothing: the first message of a new
 chat starts one, in the user's empty untitled conversation if there is one, so empty chats
 never pile up and a new chat never inherits another's system prompt. Delete hides a
-conversation at once and can be undone for a while (the store's `mark_deleted`). The
+conversation at once and can be undone for a while (the store's `mark_deleted`), and the
+engine forgets what it cached of it (`forget_conversation`). The
 conversation opened last, in any browser, is noted in the store and opens on the next load.
 A conversation is a tree of messages in the store, one branch of it in view: the older
 versions of a message stay and can be shown again (`show_version`, the "‹ i/n ›" under a
@@ -20,14 +21,17 @@ Synchronous: runs where the page calls it (Gradio's worker threads). No MLX, no 
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 
-from radixchat.core.engine.requests import owner_of
+from radixchat.core.engine.requests import RequestError, owner_of
 from radixchat.core.store import AlreadyExists, Branch, Conversation, NotFound, RequestFigures, StoreError, User
 from radixchat.webui.page.errors import PageError, check_text, guard, refusal
 from radixchat.webui.page.replies import TITLE_CHARS
 from radixchat.webui.page.rows import chat_rows, visible_turns
+
+log = logging.getLogger("radixchat.page")
 
 LOCAL_USER = "local"  # who everyone is with --no-auth
 SEARCH_HITS = 50  # the most conversations a search lists
@@ -116,11 +120,20 @@ class Chats:
 
     def delete(self, user: User, conv_id: int | None) -> Conversation:
         """Delete a conversation, undoably for a while (`undo_delete`); stops its reply first.
-        Returns it as it was (its title, for the notice)."""
+        What the engine caches of it goes at once (an undone delete computes it again: its
+        text must not outlive a delete that is not undone). Returns it as it was (its title,
+        for the notice)."""
         if conv_id is None:
             raise PageError("There is nothing to delete in a new chat.")
         self.stop(user, conv_id)
-        return guard(self.store.mark_deleted, user, conv_id)
+        openings = guard(self.store.openings, user, conv_id)
+        gone = guard(self.store.mark_deleted, user, conv_id)
+        for messages in openings:
+            try:
+                self.engine.forget_conversation(self.owner(user), messages)
+            except RequestError as e:  # an engine not serving keeps nothing to forget
+                log.info("a deleted conversation's cache entries not forgotten: %s", e)
+        return gone
 
     def undo_delete(self, user: User, conv_id: int | None) -> Conversation:
         if conv_id is None:
