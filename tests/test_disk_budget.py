@@ -83,10 +83,12 @@ def test_the_folder_never_holds_more_than_the_budget_while_running(tiny_model_di
             th.join(300)
         assert wait_disk_idle(eng)
         eng.prefix.tree.check()
-        disk = eng.stats().disk_cache
+        disk, refused = eng.stats().disk_cache, eng.prefix.disk.room.refused
     finally:
         eng.stop()
     assert disk.writes > 10 and disk.evicted > 0, "the workload should have filled the budget"
+    # entries the batch holds could not make room for new ones: refused, and counted where /metrics reads
+    assert disk.refused == refused > 0
     assert max(peaks) <= budget, f"the folder held {max(peaks):,} bytes against a budget of {budget:,}"
     assert folder_bytes(tmp_path / "kv-cache") <= budget and disk.bytes <= budget
 
@@ -216,6 +218,7 @@ def test_serve_has_the_tier_on_unless_told_otherwise(tiny_model_dir, tmp_path):
         srv = Server(tiny_model_dir, db, "--no-auth", "--no-warm-presets")
         try:
             assert srv.metric("radixchat:prefix_cache_disk_budget_bytes") > 0
+            assert "radixchat:prefix_cache_disk_refused_total " in httpx.get(srv.url + "/metrics").text
             r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
             cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
             deadline = time.time() + 30

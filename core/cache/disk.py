@@ -181,6 +181,7 @@ class DiskTier:
             deleting=self.deleting,
             waiting=len(self.todo),
             reading=len(self.loading),
+            refused=self.room.refused,
         )
         return out
 

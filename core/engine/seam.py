@@ -95,6 +95,7 @@ class DiskCacheStats:
     load_s: float = 0.0
     dropped: int = 0  # corrupt, unreadable, or a failed write
     evicted: int = 0
+    refused: int = 0  # entries not written: larger than the limit or their owner's share, or no room
     open_s: float = 0.0
     fingerprint_s: float = 0.0
 

@@ -138,6 +138,11 @@ class _EngineCollector:
         )
         yield counter("prefix_cache_disk_evictions", "Disk entries deleted (budget, or no longer used)", disk.evicted)
         yield counter("prefix_cache_disk_dropped", "Disk entries dropped as corrupt or unreadable", disk.dropped)
+        yield counter(
+            "prefix_cache_disk_refused",
+            "Entries not written to disk: larger than the limit or their owner's share, or no room",
+            disk.refused,
+        )
 
 
 class Metrics:
