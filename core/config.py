@@ -44,6 +44,16 @@ class Settings(BaseSettings):
         description="An mlx-lm model folder, a .gguf file, a hub id, or "
         "default (SmolLM2-135M-Instruct where installed, else tiny), smollm2, tiny",
     )
+    models: list[str] = Field(
+        default_factory=list,
+        description="More models to serve beside --model (on the command line: --model again), "
+        "each loaded on the first request that names it",
+    )
+    model_idle_s: float = Field(
+        600.0,
+        ge=0,
+        description="Unload a model other than the first after this many seconds without requests (0: never)",
+    )
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 serves the LAN")
     port: int = Field(8000, ge=1, le=65535, description="TCP port")
     db: Path = Field(default_factory=lambda: default_data_dir() / "radixchat.db", description="SQLite file")

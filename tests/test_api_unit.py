@@ -22,6 +22,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
 from radixchat.core.config import Settings
+from radixchat.core.engine.models import as_engines
 from radixchat.core.engine.requests import ChatRequest, QueueFull, Sampling, owner_of
 from radixchat.webui.api import fields, generation
 from radixchat.webui.api.chat import ChatFrames
@@ -41,7 +42,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def api_app(engine, store=None, *, no_auth=False, extra=()) -> FastAPI:
     """The API routers alone on an app holding the state their dependencies read."""
     app = FastAPI()
-    app.state.engine, app.state.settings, app.state.store = engine, Settings(no_auth=no_auth), store
+    app.state.engines, app.state.settings, app.state.store = as_engines(engine), Settings(no_auth=no_auth), store
     app.state.metrics = Metrics(engine)
     install_error_handlers(app)
     include_api(app, extra)

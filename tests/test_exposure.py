@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from radixchat.core.config import Settings
+from radixchat.core.engine.models import as_engines
 from radixchat.core.store import NotFound, Store
 from radixchat.core.store import schema as store_schema
 from radixchat.webui.api.errors import BodyLimit, install_error_handlers
@@ -34,7 +35,7 @@ from tests.support.fake_engine import FakeEngine
 GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
 CHAT, RESPONSES = "/v1/chat/completions", "/v1/responses"
 README = Path(__file__).resolve().parents[1] / "README.md"
-HEALTH_FIELDS = {"status", "engine_alive", "model", "model_loaded", "active_requests", "queue_depth"}
+HEALTH_FIELDS = {"status", "engine_alive", "model", "model_loaded", "models", "active_requests", "queue_depth"}
 
 
 def from_address(app, addr: str) -> TestClient:
@@ -50,7 +51,7 @@ def alice_key(store):
 def api_app(engine, store) -> FastAPI:
     """The API routers behind the body limit, as build_app has them, without the page."""
     app = FastAPI()
-    app.state.engine, app.state.settings, app.state.store = engine, Settings(), store
+    app.state.engines, app.state.settings, app.state.store = as_engines(engine), Settings(), store
     app.state.metrics = Metrics(engine)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=Settings().max_body_bytes)

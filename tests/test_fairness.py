@@ -144,7 +144,7 @@ def test_one_owner_holds_at_most_max_user_requests(small_batch):
     for h in held + [other, anonymous]:
         assert isinstance(h.result(), Finished)
     assert isinstance(small_batch.submit(req("carol", "room again", n=2)).result(), Finished)
-    assert small_batch._owner_inflight["carol"] == 0 and small_batch.stats().inflight == 0
+    assert small_batch.owners["carol"] == 0 and small_batch.stats().inflight == 0
 
 
 def test_a_newcomer_joins_a_batch_one_user_fills_without_waiting_for_a_slot(small_batch):
@@ -291,7 +291,7 @@ def test_requests_sent_at_once_past_the_limit_cost_no_templating(small_batch, mo
     assert len(held) == 8 and len(refused) == 8, out
     assert all(e.status == 429 and e.code == "user_limit" for e in refused)
     assert len(calls) == 8 and all(isinstance(f, Finished) for f in finals)
-    assert small_batch._owner_inflight["mallory"] == 0 and small_batch.stats().inflight == 0
+    assert small_batch.owners["mallory"] == 0 and small_batch.stats().inflight == 0
 
 
 def test_the_queue_limit_is_taken_before_templating_too(small_batch, monkeypatch):

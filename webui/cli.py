@@ -27,7 +27,11 @@ from radixchat.webui.cli_admin import add_admin_commands, run_admin
 def _add_settings_flags(p: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        if field.annotation is bool and name.startswith("no_"):  # argparse reads --no-x as x=False
+        if name == "models":  # the second and later --model
+            continue
+        if name == "model":
+            p.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS, help=field.description)
+        elif field.annotation is bool and name.startswith("no_"):  # argparse reads --no-x as x=False
             p.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=field.description)
         elif field.annotation is bool:
             p.add_argument(
@@ -43,6 +47,10 @@ def _add_settings_flags(p: argparse.ArgumentParser) -> None:
 
 def load_settings(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    if "model" in overrides:  # --model again and again: the first is the default, all are served
+        overrides["model"], *more = overrides["model"]
+        if more:
+            overrides["models"] = more
     try:
         return Settings(**overrides)
     except ValidationError as e:
@@ -82,14 +90,33 @@ def main(argv: list[str] | None = None) -> None:
     {"serve": cmd_serve, "ask": cmd_ask, "doctor": cmd_doctor}[args.command](args, settings)
 
 
-def _start_engine(settings: Settings, on_fatal=None, cache_owners=None):
+def _make_engine(settings: Settings, on_fatal=None, cache_owners=None, owners=None):
+    """A started engine serving `settings.model`; raises what stopped it loading."""
     from radixchat.core.engine.engine import Engine
 
+    engine = Engine(settings, owners)
+    engine.on_fatal = on_fatal
+    engine.cache_owners = cache_owners  # whose files the disk tier adopts (None: anyone's)
+    return engine.start()
+
+
+def _start_engine(settings: Settings, on_fatal=None, cache_owners=None):
     try:
-        engine = Engine(settings)
-        engine.on_fatal = on_fatal
-        engine.cache_owners = cache_owners  # whose files the disk tier adopts (None: anyone's)
-        return engine.start()
+        return _make_engine(settings, on_fatal, cache_owners)
+    except Exception as e:
+        sys.exit(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}")
+
+
+def _start_models(settings: Settings, on_fatal, cache_owners):
+    """The served models (core.engine.models): the first loaded now, the others when asked."""
+    from radixchat.core.engine.models import ModelSet
+
+    try:
+        models = ModelSet.of(settings, lambda s, owners: _make_engine(s, on_fatal, cache_owners, owners))
+    except (ValueError, OSError) as e:
+        sys.exit(f"radixchat: {e}")
+    try:
+        return models.start()
     except Exception as e:
         sys.exit(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}")
 
@@ -122,25 +149,28 @@ def cmd_serve(args, settings: Settings) -> None:
     store = Store(settings.db)
     # the disk tier keeps the cached entries of today's users only: a removed user's go
     users = {owner_of(u.cache_key) for u in store.list_users() if u.cache_key}
-    engine = _start_engine(settings, on_fatal=_stop_serving, cache_owners=users.__contains__)
-    removals = RemovalWatch(store, engine).start()  # `users remove` runs in another process
+    models = _start_models(settings, _stop_serving, users.__contains__)
+    engine = models.default
+    removals = RemovalWatch(store, models).start()  # `users remove` runs in another process
     m = engine.info
     lines = [
         f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
         f"context {m.context_length}) on http://{settings.host}:{settings.port}"
     ]
+    more = [s.model_id for s in models.served()[1:]]
+    lines += [f"radixchat: also serving {', '.join(more)} (each loaded when first asked for)"] if more else []
     lines += [f"radixchat: {m.sharded}"] if m.sharded else []
     lines += [f"radixchat: note: {m.notice}"] if m.notice else []
     lines += serve_banner(settings, len(store.list_users()))
     try:
-        config = uvicorn.Config(build_app(engine, settings, store), **uvicorn_options(settings))
+        config = uvicorn.Config(build_app(models, settings, store), **uvicorn_options(settings))
         try:
             _announcing_server(config, lines).run()
         except KeyboardInterrupt:  # Ctrl-C (SIGINT) is a clean stop, as in uvicorn.run
             pass
     finally:
         removals.stop()
-        engine.stop()
+        models.stop()
         store.close()
     if engine.fatal:
         sys.exit(f"radixchat: {engine.fatal}")

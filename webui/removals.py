@@ -3,8 +3,8 @@
 `radixchat users remove` runs in another process than the server, on the same SQLite file.
 The store notes each removed user's cache key as it removes them (`removed_users`, core/
 store/accounts.py), and `RemovalWatch`, a thread of the server, reads what is new there at
-start-up and then every `every_s` seconds, and asks the engine to `forget` that owner
-(core.engine.seam): their namespace leaves the prefix cache, in memory and on disk, and
+start-up and then every `every_s` seconds, and asks every model's engine to `forget` that
+owner (core.engine.seam's Engines): their namespace leaves the prefix cache, in memory and on disk, and
 nothing of theirs is cached again. A new user never shares a removed one's namespace anyway
 (it is named by a random key, never by the reusable id); forgetting is about the removed
 user's text not outliving them. Users removed while no server ran are covered twice: the
@@ -26,14 +26,14 @@ from radixchat.core.engine.requests import owner_of
 from radixchat.core.store import StoreError
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import EngineClient
+    from radixchat.core.engine.seam import Engines
     from radixchat.core.store import Store
 
 log = logging.getLogger("radixchat.removals")
 
 
 class RemovalWatch:
-    def __init__(self, store: Store, engine: EngineClient, every_s: float = 2.0):
+    def __init__(self, store: Store, engine: Engines, every_s: float = 2.0):
         self.store, self.engine, self.every_s = store, engine, every_s
         self.seen = 0  # the last removal read (a row id of `removed_users`)
         self._stop = threading.Event()

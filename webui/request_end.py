@@ -50,8 +50,10 @@ class RequestEnd(Generic[T]):
         *,
         executor: Executor | None = None,
         reader: bool = False,
+        model: str | None = None,
     ):
         self._metrics, self._write, self._executor = metrics, write, executor
+        self._model = model  # the label its metrics go under (None: the first model)
         self._lock = threading.Lock()
         self._final: Finished | Failed | None = None
         self._released = not reader
@@ -86,7 +88,7 @@ class RequestEnd(Generic[T]):
                 return
             self._final = final
         if self._metrics is not None:
-            self._metrics.observe(final)  # in-memory counters: never blocks the engine
+            self._metrics.observe(final, self._model)  # in-memory counters: never blocks the engine
         self._go()
 
     def _go(self) -> None:

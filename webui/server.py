@@ -9,7 +9,8 @@ the page uses and answers a page session to the sign-in that opened it, and page
 bodies are capped like the API's. Outermost, every response carries a Content-Security-Policy
 that lets the page load nothing but this server's files (webui/page/csp.py). Errors use
 OpenAI's shape. No MLX in this package: the engine is reached only through the seam,
-core.engine.seam.EngineClient (submit, cancel, tokenize, stats, info). Connection limits (slow or idle clients) are the HTTP server's, set
+core.engine.seam's Engines (the served models by name) and EngineClient (submit, cancel,
+tokenize, stats, info). Connection limits (slow or idle clients) are the HTTP server's, set
 where uvicorn starts (webui/cli.py).
 """
 
@@ -25,7 +26,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.routing import Mount
 
 from radixchat.core.config import Settings, address_allowed, address_rule
-from radixchat.core.engine.seam import EngineClient
+from radixchat.core.engine.models import as_engines
+from radixchat.core.engine.seam import EngineClient, Engines
 from radixchat.core.store import Store
 from radixchat.webui.api.errors import BodyLimit, error_response, install_error_handlers
 from radixchat.webui.api.metrics import Metrics
@@ -39,14 +41,19 @@ from radixchat.webui.signin_door import SignInDoor
 
 
 def build_app(
-    engine: EngineClient, settings: Settings, store: Store | None = None, routers: Iterable[APIRouter] = ()
+    engines: Engines | EngineClient,
+    settings: Settings,
+    store: Store | None = None,
+    routers: Iterable[APIRouter] = (),
 ) -> FastAPI:
-    """The app; `routers` are more API routers, included after the OpenAI ones and before
-    the 404 of unknown /v1 paths."""
+    """The app over the served models (or one engine); `routers` are more API routers,
+    included after the OpenAI ones and before the 404 of unknown /v1 paths."""
     app = FastAPI(title="radixchat", docs_url=None, redoc_url=None)
-    metrics = Metrics(engine)
+    engines = as_engines(engines)
+    engine = engines.default  # the first model: /health's, the page's
+    metrics = Metrics(engines)
     # what the API routes' dependencies read (webui/api/deps.py)
-    app.state.engine, app.state.settings, app.state.store, app.state.metrics = engine, settings, store, metrics
+    app.state.engines, app.state.settings, app.state.store, app.state.metrics = engines, settings, store, metrics
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RefusalThrottle)  # outside the body limit: a throttled body is never read
@@ -66,6 +73,7 @@ def build_app(
             "engine_alive": stats.alive,
             "model": engine.info.model_id,
             "model_loaded": True,
+            "models": [{"id": m.model_id, "loaded": m.is_loaded} for m in engines.served()],
             # the same two counts as /metrics' num_requests_running/_waiting and the Server tab
             "active_requests": stats.running,
             "queue_depth": stats.waiting,
@@ -91,12 +99,12 @@ def build_app(
 
     include_api(app, routers)  # after every other route: its last one answers unknown /v1 paths
     if store is not None:
-        mount_page(app, engine, settings, store, metrics)
+        mount_page(app, engines, settings, store, metrics)
     app.add_middleware(ContentPolicy)  # outermost: every response, refusals included
     return app
 
 
-def mount_page(app: FastAPI, engine: EngineClient, settings: Settings, store: Store, metrics: Metrics) -> None:
+def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store, metrics: Metrics) -> None:
     """The Gradio page at "/", signed in against the store (unless --no-auth)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
@@ -112,7 +120,7 @@ def mount_page(app: FastAPI, engine: EngineClient, settings: Settings, store: St
         except SignInRefused as e:  # a lockout, or no room in the hashing queue
             raise HTTPException(429, str(e), headers={"Retry-After": str(math.ceil(e.retry_after_s))}) from None
 
-    page = build_page(engine, settings, store, metrics, sign_in=not settings.no_auth)
+    page = build_page(engines, settings, store, metrics, sign_in=not settings.no_auth)
     app.state.page = page
     signed_out.install(app)  # before the page's mount, which takes every path left
     shared.install(app, store, no_auth=settings.no_auth)  # /shared/{token}: read-only, signed-in users
@@ -121,7 +129,7 @@ def mount_page(app: FastAPI, engine: EngineClient, settings: Settings, store: St
         page,
         path="/",
         auth=None if settings.no_auth else sign_in,
-        auth_message=sign_in_message(engine.info),
+        auth_message=sign_in_message(engines.default.info),
         head=signed_out.HEAD,
         theme=theme(),
         css=CSS,

@@ -97,6 +97,32 @@ def resolve(name: str) -> Resolved:
     return Resolved(name, None)
 
 
+def served_id(name: str) -> str:
+    """The id a `--model` value is served under, found without loading it, as load_model
+    (core.engine.model) names a loaded model: its card's name, a folder's `_name_or_path`
+    (else the folder's name), a GGUF file's name without its quantization tag, or a hub id as given.
+    FileNotFoundError for a short name that is not installed or a path that is not there."""
+    chosen = resolve(name)
+    if chosen.card is not None:
+        return chosen.card.name
+    local = Path(chosen.path).expanduser()
+    if local.suffix.lower() == ".gguf":
+        from radixchat.core.engine.gguf import model_id
+
+        if not local.is_file():
+            raise FileNotFoundError(f"no GGUF file at {local}")
+        return model_id(local)
+    if local.is_dir():
+        try:
+            config = json.loads((local / "config.json").read_text())
+        except (OSError, ValueError):
+            raise FileNotFoundError(f"no mlx-lm model folder (with config.json) at {local}") from None
+        return str(config.get("_name_or_path") or local.name)
+    if chosen.path.startswith(("/", ".", "~")):
+        raise FileNotFoundError(f"no model folder or file at {local}")
+    return chosen.path
+
+
 def card_of_folder(folder: Path, model_id: str, num_params: int) -> Card:
     """A card for a model we know nothing about: its name and size, and the sampling its
     generation_config.json recommends, if it has one."""

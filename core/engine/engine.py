@@ -31,12 +31,12 @@ K/V (core/cache).
 from __future__ import annotations
 
 import atexit
+import gc
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from radixchat.core.cache.scope import CacheScope
@@ -49,12 +49,14 @@ from radixchat.core.engine.handle import Outbox
 from radixchat.core.engine.intake import Intake
 from radixchat.core.engine.lockstep import IDLE_TICK_S, LOST, Watchdog, launched
 from radixchat.core.engine.mask_share import MaskShare
+from radixchat.core.engine.owners import OwnerCounts
 from radixchat.core.engine.preempt import Preempt
 from radixchat.core.engine.prefix_use import PrefixUse
 from radixchat.core.engine.recorder import Admit, AdmitRow, Fail, Finish, Op, Recorder, Reserve, lost
 from radixchat.core.engine.requests import Failed, Finished
 from radixchat.core.engine.seam import ModelInfo
 from radixchat.core.engine.textstream import TextStream
+from radixchat.core.platform.memory import give_back_memory
 
 if TYPE_CHECKING:  # both import MLX, which only the engine thread may load
     from radixchat.core.cache.kv import PrefixStore
@@ -68,7 +70,7 @@ INTERNAL_ERROR = "internal error while generating this reply (the server's log h
 
 
 class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, owners: OwnerCounts | None = None):
         self.settings = settings
         self.loaded: LoadedModel | None = None  # set by the engine thread before `start` returns
         self._info: ModelInfo | None = None  # what the seam tells of it, once started
@@ -82,11 +84,13 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._fair = FairQueue()  # engine thread only: requests waiting for a batch slot
         self._forgotten: set[str] = set()  # engine thread only: owners never cached again
         self.cache_owners = None  # (owner) -> bool: whose files the disk tier adopts (None: all)
-        self._owner_inflight: Counter = Counter()  # guarded by _lock: per-owner admission limit
+        # each user's requests, for --max-user-requests: shared by the engines of several models
+        self.owners = owners or OwnerCounts()
         self._outbox = Outbox()  # events for asyncio callers, flushed once per loop turn
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._stopping = False
+        self._let_go = False  # stop(release=True): let go of the model as the thread ends
         self._closed = False  # the engine thread has left its loop: nobody reads _cmds any more
         self._thread = threading.Thread(target=self._main, name="radixchat-engine", daemon=True)
         self.steps = 0
@@ -135,11 +139,14 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._info = self._describe()
         return self
 
-    def stop(self) -> None:
-        """Fail whatever is queued or running, end the thread and free its MLX streams."""
+    def stop(self, release: bool = False) -> None:
+        """Fail whatever is queued or running, end the thread and free its MLX streams; with
+        `release`, the thread also lets go of the model and the cache's K/V and gives their
+        memory back (a model unloaded while the server runs: core.engine.models)."""
         atexit.unregister(self.stop)  # else the registry keeps a stopped engine's model and K/V alive
         if not self._thread.is_alive():
             return
+        self._let_go = release
         self._stopping = True
         self._cmds.put(Wake())
         self._thread.join(timeout=30)
@@ -163,17 +170,11 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 from radixchat.core.cache.offset_guard import ensure_offset_semantics
 
                 self.offset_report = ensure_offset_semantics()
-                from radixchat.core.engine import lockstep
+                if self._sharded:
+                    from radixchat.core.engine.lockstep import start_here
 
-                self.link = lockstep.join("tensor") if self._sharded else None
-                if self.link is not None:
-                    self.link.hello()
-                    s = self.settings = self.link.settings(s)
-                    from radixchat.core.engine.catalog import resolve
-
-                    self.link.same_model(resolve(s.model).path)
-                    lockstep.install()
-                    lockstep.share_tokens_here(self.link)
+                    self.link, s = start_here(s)
+                    self.settings = s
                 self.loaded = load_model(s.model, s.dtype, s.context_length, link=self.link)
                 from radixchat.core.engine import unnormalized
 
@@ -212,6 +213,11 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             except RuntimeError:  # a collective whose peer is gone
                 pass
             mx.clear_streams()
+            if self._let_go:
+                self.loaded = self.prefix = None
+                gc.collect()  # the arrays of whatever cycles held them go now
+                mx.clear_cache()  # MLX keeps freed buffers for reuse: back to the system
+                give_back_memory()
 
     def _loop(self) -> None:
         watchdog = None
@@ -481,10 +487,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             if not self._active:
                 self.prefix.reserve(0)
                 self._record(Reserve(0))
-        with self._lock:
-            self._inflight -= 1
-            if a.owner is not None:
-                self._owner_inflight[a.owner] -= 1
+        self._give_slot(a.owner)
 
     def _fail_all(self, message: str) -> None:
         """Fail every admitted or deferred request (engine thread)."""

@@ -16,7 +16,7 @@ No MLX here beyond what the tokenizer and the grammar compiler do.
 Uses of the engine's fields: `settings`, `loaded`, `prefix` (whether the model is hybrid,
 whether the cache is on, its figures), `link`, `in_step`, `steps`, `started_at`,
 `kv_budget`, `kv_bytes_per_token`, `batch_room`, `alive`, `_gen` (its speculator's
-counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `_owner_inflight`,
+counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `owners`,
 `_ids`, `_by_uid` (its length), `_ready`, `_stopping`, `_closed`, `_info`, `_fail_queued`.
 """
 
@@ -72,7 +72,7 @@ class Intake:
 
     def stats(self) -> EngineStats:
         """A snapshot for /health, /metrics and the Server tab; safe from any thread (reads only)."""
-        bpt = self.kv_bytes_per_token
+        bpt, prefix = self.kv_bytes_per_token, self.prefix  # (an engine unloading drops its prefix)
         running = len(self._by_uid)
         spec = getattr(self._gen, "speculator", None)  # a plain BatchGenerator has none
         link = self.link
@@ -87,8 +87,8 @@ class Intake:
             batch_tokens=self.batch_room() // bpt if bpt else 0,
             preemptions=self.preemptions,
             preempted_tokens=self.preempted_tokens,
-            prefix_cache=PrefixCacheStats(**self.prefix.tree.summary()) if self.prefix else None,
-            disk_cache=DiskCacheStats(**self.prefix.disk.summary()) if self.prefix and self.prefix.disk else None,
+            prefix_cache=PrefixCacheStats(**prefix.tree.summary()) if prefix else None,
+            disk_cache=DiskCacheStats(**prefix.disk.summary()) if prefix and prefix.disk else None,
             shards=ShardStats(
                 size=link.size,
                 backend=link.backend,
@@ -313,23 +313,15 @@ class Intake:
         with self._lock:
             if self._inflight >= self.settings.max_queue:
                 raise QueueFull(self._inflight)
-            mine = self._owner_inflight[owner] if owner is not None else 0
-            if mine >= self.settings.max_user_requests:
-                raise RequestError(
-                    f"you already have {mine} requests waiting or running, the most one "
-                    "user may have at once: retry when one has finished",
-                    429,
-                    "user_limit",
-                )
+            if owner is not None:  # counted with the owner's requests on every model
+                self.owners.take(owner, self.settings.max_user_requests)
             self._inflight += 1
-            if owner is not None:
-                self._owner_inflight[owner] += 1
 
     def _give_slot(self, owner: str | None) -> None:
         with self._lock:
             self._inflight -= 1
             if owner is not None:
-                self._owner_inflight[owner] -= 1
+                self.owners.give(owner)
 
     def cancel(self, rid: str) -> None:
         self._cmds.put(Cancel(rid))
@@ -344,10 +336,7 @@ class Intake:
             except queue.Empty:
                 return
             if isinstance(cmd, Submit):
-                with self._lock:
-                    self._inflight -= 1
-                    if cmd.active.owner is not None:
-                        self._owner_inflight[cmd.active.owner] -= 1
+                self._give_slot(cmd.active.owner)
                 cmd.active.done = True
                 cmd.active.handle._push(Failed(message=message))
                 self._outbox.flush()

@@ -223,6 +223,22 @@ def model_digest(path: str) -> str:
     return h.hexdigest()[:32]
 
 
+def start_here(settings):
+    """Join the mlx.launch group as an engine (tensor parallel) and agree with rank 0 on the
+    settings and the model; (None, settings) when this process runs alone."""
+    link = join("tensor")
+    if link is None:
+        return None, settings
+    link.hello()
+    settings = link.settings(settings)
+    from radixchat.core.engine.catalog import resolve
+
+    link.same_model(resolve(settings.model).path)
+    install()
+    share_tokens_here(link)
+    return link, settings
+
+
 def join(sharding: str):
     """This process's place in the mlx.launch group, or None when it runs alone."""
     import mlx.core as mx

@@ -9,6 +9,8 @@ never sees an nn.Module, a tokenizer, the batch or the prefix tree, so another
 implementation (a second model's engine, an engine on another machine) can stand behind the
 same routes and page. core.engine.engine.Engine is the in-process one;
 tests/support/fake_engine.py is one with no model at all, for the web layer's unit tests.
+`Engines` is the served models, by name, each an EngineClient (core.engine.models.ModelSet
+is the one there is): the routes pick a request's engine by its `model`.
 
 Value types only here (no MLX, no threads): `stats()` is safe from any thread and is a
 copy, so a reader may keep it. Counts mean one thing everywhere they are shown (/health,
@@ -196,4 +198,57 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineStats:
         """A snapshot of what runs and waits, and the caches' figures."""
+        ...
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One model a server serves: its id, the other names a request may give it, whether
+    it is loaded now, and whether it stays loaded."""
+
+    model_id: str
+    aliases: tuple[str, ...] = ()
+    is_loaded: bool = False
+    pinned: bool = False
+
+
+@runtime_checkable
+class Engines(Protocol):
+    """What the web layer asks of the models a server serves (core.engine.models.ModelSet):
+    one engine per model, behind the EngineClient above."""
+
+    @property
+    def default(self) -> EngineClient:
+        """The first model's engine, always loaded: the page's, and `default`'s."""
+        ...
+
+    def served(self) -> list[ServedModel]:
+        """Every served model, the first first."""
+        ...
+
+    def find(self, name: str) -> ServedModel:
+        """The model `name` names (its id or an alias), loaded or not; nothing loads.
+        RequestError 404 `model_not_found` naming the served ids."""
+        ...
+
+    def serving(self) -> list[EngineClient]:
+        """The engines loaded now."""
+        ...
+
+    def engine(self, name: str) -> EngineClient:
+        """The engine of the model `name` names, loaded now if it is not (blocking: not on
+        an event loop). RequestError 404 `model_not_found` naming the served ids, or 503
+        `model_unavailable` when it could not be loaded."""
+        ...
+
+    async def aengine(self, name: str) -> EngineClient:
+        """`engine` for asyncio callers."""
+        ...
+
+    def forget(self, owner: str) -> None:
+        """EngineClient's `forget` on every model, also those loaded later."""
+        ...
+
+    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+        """EngineClient's `forget_conversation` on every loaded model."""
         ...

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from radixchat.core.engine.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta, owner_of
 from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api import replies as rp
-from radixchat.webui.api.deps import EngineDep, MetricsDep, StoreDep, UserDep, check_model
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.schema import ChatCompletionRequest, CompletionRequest
@@ -27,11 +27,11 @@ async def chat_completions(
     request: Request,
     body: ChatCompletionRequest,
     user: UserDep,
-    engine: EngineDep,
+    engines: EnginesDep,
     store: StoreDep,
     metrics: MetricsDep,
 ):
-    check_model(engine, body.model)
+    engine = await engine_for(engines, body.model)
     family = engine.info.tool_format if body.calls_tools() else None
     try:
         tools, lark = toolcalls.request_side(body, family)
@@ -63,11 +63,11 @@ async def completions(
     request: Request,
     body: CompletionRequest,
     user: UserDep,
-    engine: EngineDep,
+    engines: EnginesDep,
     store: StoreDep,
     metrics: MetricsDep,
 ):
-    check_model(engine, body.model)
+    engine = await engine_for(engines, body.model)
     owner = owner_of(user and user.cache_key)
     handles = await generation.submit_choices(
         Ledger(metrics, store, engine.info.model_id, user),

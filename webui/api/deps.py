@@ -1,10 +1,10 @@
 """FastAPI dependencies of the API routes: the app's shared state and the current user.
 
-The engine, settings, store and metrics are the app's (`request.app.state`, set once by
+The served models (their engines), settings, store and metrics are the app's (`request.app.state`, set once by
 webui/server.py's build_app), so the routers are plain module-level APIRouters that any app
 holding that state can include. The current user comes from the request's API key
 (`Authorization: Bearer KEY`, or `x-api-key: KEY`); with --no-auth there is none (None).
-A route takes what it needs by annotation (`engine: EngineDep`, `user: UserDep`); FastAPI
+A route takes what it needs by annotation (`engines: EnginesDep`, `user: UserDep`); FastAPI
 solves each once per request. The state getters are coroutines so that they run on the
 event loop (a sync dependency costs a worker-thread hop); `current_user` is sync because
 checking a key reads SQLite, so FastAPI runs it in a worker thread. No MLX here.
@@ -18,17 +18,16 @@ from fastapi import Depends, Request
 
 # imported for real, not under TYPE_CHECKING: FastAPI reads the annotations at start-up
 from radixchat.core.config import Settings
-from radixchat.core.engine.seam import EngineClient
+from radixchat.core.engine.requests import RequestError
+from radixchat.core.engine.seam import EngineClient, Engines
 from radixchat.core.store import Store
 from radixchat.core.store.types import AuthFailed, User
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.metrics import Metrics
 
-ALIASES = {"default", "default_model"}  # model names that mean the served model
 
-
-async def get_engine(request: Request) -> EngineClient:
-    return request.app.state.engine
+async def get_engines(request: Request) -> Engines:
+    return request.app.state.engines
 
 
 async def get_settings(request: Request) -> Settings:
@@ -43,7 +42,7 @@ async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-EngineDep = Annotated[EngineClient, Depends(get_engine)]
+EnginesDep = Annotated[Engines, Depends(get_engines)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store | None, Depends(get_store)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
@@ -70,14 +69,13 @@ def current_user(request: Request, settings: SettingsDep, store: StoreDep) -> Us
 UserDep = Annotated[User | None, Depends(current_user)]
 
 
-def check_model(engine: EngineClient, name: str) -> None:
-    """A request's `model` must name the served model (or an alias): else OpenAI's 404."""
-    model_id = engine.info.model_id
-    if name != model_id and name not in ALIASES:
-        raise ApiError(
-            404,
-            f"model {name!r} not found; this server serves {model_id!r}",
-            "invalid_request_error",
-            "model_not_found",
-            param="model",
-        )
+async def engine_for(engines: Engines, name: str) -> EngineClient:
+    """The engine of the model a request's `model` names (its id, or an alias such as
+    `default`), loaded now if it is not: else OpenAI's 404 naming the served models, or a
+    503 when it could not be loaded."""
+    try:
+        return await engines.aengine(name)
+    except RequestError as e:
+        type_ = "server_error" if e.status == 503 else "invalid_request_error"
+        headers = {"Retry-After": "5"} if e.status == 503 else None
+        raise ApiError(e.status, e.message, type_, e.code, param="model", headers=headers) from None

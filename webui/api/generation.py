@@ -96,7 +96,7 @@ async def submit(ledger: Ledger, build: Build) -> RequestHandle:
     else:
         # hooked before anything is awaited: the end is recorded even if the client
         # leaves before its response starts
-        RequestEnd(handle, ledger.metrics, lambda final, _text: ledger.ended(final))
+        RequestEnd(handle, ledger.metrics, lambda final, _text: ledger.ended(final), model=ledger.model)
         return handle
     ledger.row(error=f"{err.status}: {err.message}")
     raise err  # counted on /metrics by the error handler, with the others refused

@@ -15,15 +15,17 @@ serving /metrics. No MLX here: only the seam's stats() and info.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from radixchat.core.engine.models import as_engines
 from radixchat.core.engine.requests import Failed, Finished
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import EngineClient
+    from radixchat.core.engine.seam import EngineClient, Engines, EngineStats
 
 P = "radixchat:"
 # from 1 ms (a cached prompt's first token on a small model) to minutes (a long queue)
@@ -54,101 +56,106 @@ _TIME_BUCKETS = (
 
 
 class _EngineCollector:
-    """Scrape-time figures: what runs and waits now, and the prefix cache's own counters."""
+    """Scrape-time figures of every loaded model's engine: what runs and waits now, and the
+    prefix cache's own counters; each family has one sample per model (and result)."""
 
-    def __init__(self, engine: EngineClient):
-        self.engine = engine
+    def __init__(self, engines: Callable[[], list[EngineClient]]):
+        self.engines = engines
 
     def collect(self):
-        s = self.engine.stats()
-        model = self.engine.info.model_id
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for engine in self.engines():
+            model = engine.info.model_id
+            for kind, name, help_, value, extra in _figures(engine.stats()):
+                fam = families.get(name)
+                if fam is None:
+                    fam = families[name] = kind(P + name, help_, labels=["model_name", *extra])
+                fam.add_metric([model, *extra.values()], value)
+        yield from families.values()
 
-        def gauge(name, help_, value):
-            g = GaugeMetricFamily(P + name, help_, labels=["model_name"])
-            g.add_metric([model], value)
-            return g
 
-        def counter(name, help_, value):
-            c = CounterMetricFamily(P + name, help_, labels=["model_name"])
-            c.add_metric([model], value)
-            return c
+def gauge(name: str, help_: str, value: float, **extra: str) -> tuple:
+    return GaugeMetricFamily, name, help_, value, extra
 
-        yield gauge("engine_alive", "1 while the engine thread runs", int(s.alive))
-        yield gauge("num_requests_running", "Requests in the engine's batch (prefilling or decoding)", s.running)
-        yield gauge("num_requests_waiting", "Requests waiting for a batch slot", s.waiting)
-        yield counter(
-            "num_preemptions", "Running requests paused to make room in the batch (they resume)", s.preemptions
-        )
-        yield counter("num_preempted_tokens", "Tokens the preempted requests held", s.preempted_tokens)
-        spec = s.speculation
-        if spec is not None:  # named as vLLM names its own
-            yield counter("spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec.rows_drafting)
-            yield counter("spec_decode_num_draft_tokens", "Draft tokens verified", spec.drafted)
-            yield counter("spec_decode_num_accepted_tokens", "Draft tokens the model accepted", spec.accepted)
-        cache = s.prefix_cache
-        if cache is None:
-            return
-        yield gauge("prefix_cache_nodes", "Radix tree nodes", cache.nodes)
-        yield gauge("prefix_cache_tokens", "Tokens held by the prefix cache", cache.cached_tokens)
-        yield gauge("prefix_cache_bytes", "Live K/V bytes held by the prefix cache", cache.bytes)
-        yield gauge("prefix_cache_budget_bytes", "The K/V byte budget (prefix cache and running batch)", cache.budget)
-        yield gauge(
-            "prefix_cache_usage_perc",
-            "Prefix cache bytes over the budget (0-1)",
-            cache.bytes / cache.budget if cache.budget else 0.0,
-        )
-        yield gauge("prefix_cache_locks", "Cache paths locked by running requests", cache.locks)
-        lookups = CounterMetricFamily(
-            P + "prefix_cache_lookups", "Cache lookups by result", labels=["model_name", "result"]
-        )
-        lookups.add_metric([model, "hit"], cache.hits)
-        lookups.add_metric([model, "miss"], cache.misses)
-        yield lookups
-        yield counter("prefix_cache_evictions", "Nodes evicted to fit the budget", cache.evictions)
-        yield counter("prefix_cache_restore_seconds", "Time spent restoring cached prefixes", cache.restore_ms / 1e3)
-        yield gauge(
-            "prefix_cache_disk_tokens",
-            "Tokens of the prefix cache on disk only (K/V read back on a hit)",
-            cache.disk_tokens,
-        )
-        disk = s.disk_cache
-        if disk is None:
-            return
-        yield gauge(
-            "prefix_cache_disk_bytes", "Bytes of the prefix cache's disk tier (written or being written)", disk.bytes
-        )
-        yield gauge(
-            "prefix_cache_disk_budget_bytes",
-            "The disk tier's byte limit now (--cache-disk-bytes, or auto: it follows free space)",
-            disk.budget,
-        )
-        yield gauge("prefix_cache_disk_files", "Entries (files) of the disk tier", disk.files)
-        yield gauge("prefix_cache_disk_backlog_bytes", "Bytes waiting for the disk writer", disk.backlog_bytes)
-        yield counter("prefix_cache_disk_hits", "Entries read back from disk for a request", disk.loads)
-        yield counter("prefix_cache_disk_hit_tokens", "Tokens whose K/V was read back from disk", disk.load_tokens)
-        yield counter(
-            "prefix_cache_disk_read_seconds",
-            "Time reading entries back: file read and checksum (reader thread) plus making arrays (engine thread)",
-            disk.read_s + disk.load_s,
-        )
-        yield counter("prefix_cache_disk_writes", "Entries written to disk", disk.writes)
-        yield counter("prefix_cache_disk_write_bytes", "Bytes written to disk", disk.write_bytes)
-        yield counter(
-            "prefix_cache_disk_write_seconds", "Writer thread's time writing and syncing entries", disk.write_s
-        )
-        yield counter("prefix_cache_disk_evictions", "Disk entries deleted (budget, or no longer used)", disk.evicted)
-        yield counter("prefix_cache_disk_dropped", "Disk entries dropped as corrupt or unreadable", disk.dropped)
-        yield counter(
-            "prefix_cache_disk_refused",
-            "Entries not written to disk: larger than the limit or their owner's share, or no room",
-            disk.refused,
-        )
+
+def counter(name: str, help_: str, value: float, **extra: str) -> tuple:
+    return CounterMetricFamily, name, help_, value, extra
+
+
+def _figures(s: EngineStats):
+    """One engine's figures, as (family kind, name, help, value, extra labels)."""
+    yield gauge("engine_alive", "1 while the engine thread runs", int(s.alive))
+    yield gauge("num_requests_running", "Requests in the engine's batch (prefilling or decoding)", s.running)
+    yield gauge("num_requests_waiting", "Requests waiting for a batch slot", s.waiting)
+    yield counter("num_preemptions", "Running requests paused to make room in the batch (they resume)", s.preemptions)
+    yield counter("num_preempted_tokens", "Tokens the preempted requests held", s.preempted_tokens)
+    spec = s.speculation
+    if spec is not None:  # named as vLLM names its own
+        yield counter("spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec.rows_drafting)
+        yield counter("spec_decode_num_draft_tokens", "Draft tokens verified", spec.drafted)
+        yield counter("spec_decode_num_accepted_tokens", "Draft tokens the model accepted", spec.accepted)
+    cache = s.prefix_cache
+    if cache is None:
+        return
+    yield gauge("prefix_cache_nodes", "Radix tree nodes", cache.nodes)
+    yield gauge("prefix_cache_tokens", "Tokens held by the prefix cache", cache.cached_tokens)
+    yield gauge("prefix_cache_bytes", "Live K/V bytes held by the prefix cache", cache.bytes)
+    yield gauge("prefix_cache_budget_bytes", "The K/V byte budget (prefix cache and running batch)", cache.budget)
+    yield gauge(
+        "prefix_cache_usage_perc",
+        "Prefix cache bytes over the budget (0-1)",
+        cache.bytes / cache.budget if cache.budget else 0.0,
+    )
+    yield gauge("prefix_cache_locks", "Cache paths locked by running requests", cache.locks)
+    yield counter("prefix_cache_lookups", "Cache lookups by result", cache.hits, result="hit")
+    yield counter("prefix_cache_lookups", "Cache lookups by result", cache.misses, result="miss")
+    yield counter("prefix_cache_evictions", "Nodes evicted to fit the budget", cache.evictions)
+    yield counter("prefix_cache_restore_seconds", "Time spent restoring cached prefixes", cache.restore_ms / 1e3)
+    yield gauge(
+        "prefix_cache_disk_tokens",
+        "Tokens of the prefix cache on disk only (K/V read back on a hit)",
+        cache.disk_tokens,
+    )
+    disk = s.disk_cache
+    if disk is None:
+        return
+    yield gauge(
+        "prefix_cache_disk_bytes", "Bytes of the prefix cache's disk tier (written or being written)", disk.bytes
+    )
+    yield gauge(
+        "prefix_cache_disk_budget_bytes",
+        "The disk tier's byte limit now (--cache-disk-bytes, or auto: it follows free space)",
+        disk.budget,
+    )
+    yield gauge("prefix_cache_disk_files", "Entries (files) of the disk tier", disk.files)
+    yield gauge("prefix_cache_disk_backlog_bytes", "Bytes waiting for the disk writer", disk.backlog_bytes)
+    yield counter("prefix_cache_disk_hits", "Entries read back from disk for a request", disk.loads)
+    yield counter("prefix_cache_disk_hit_tokens", "Tokens whose K/V was read back from disk", disk.load_tokens)
+    yield counter(
+        "prefix_cache_disk_read_seconds",
+        "Time reading entries back: file read and checksum (reader thread) plus making arrays (engine thread)",
+        disk.read_s + disk.load_s,
+    )
+    yield counter("prefix_cache_disk_writes", "Entries written to disk", disk.writes)
+    yield counter("prefix_cache_disk_write_bytes", "Bytes written to disk", disk.write_bytes)
+    yield counter("prefix_cache_disk_write_seconds", "Writer thread's time writing and syncing entries", disk.write_s)
+    yield counter("prefix_cache_disk_evictions", "Disk entries deleted (budget, or no longer used)", disk.evicted)
+    yield counter("prefix_cache_disk_dropped", "Disk entries dropped as corrupt or unreadable", disk.dropped)
+    yield counter(
+        "prefix_cache_disk_refused",
+        "Entries not written to disk: larger than the limit or their owner's share, or no room",
+        disk.refused,
+    )
 
 
 class Metrics:
-    def __init__(self, engine: EngineClient):
+    """The request counters and histograms, by model; `model` (the first model's id) is the
+    label of what names no model: the page's requests, refusals before a model is chosen."""
+
+    def __init__(self, engines: Engines | EngineClient):
         self.registry = r = CollectorRegistry()
-        self.model = engine.info.model_id
+        engines = as_engines(engines)
+        self.model = engines.default.info.model_id
         m = ["model_name"]
 
         def hist(name, help_):
@@ -179,7 +186,7 @@ class Metrics:
         self.queue = hist("request_queue_time_seconds", "Submit to the step that begins its prefill")
         self.prefill = hist("request_prefill_time_seconds", "Start of prefill to first token")
         self.decode = hist("request_decode_time_seconds", "First token to last token")
-        r.register(_EngineCollector(engine))
+        r.register(_EngineCollector(engines.serving))
         # every series exists from the start (at 0), so a dashboard's rates are not "no data"
         for metric in (
             self.failure,
@@ -198,9 +205,9 @@ class Metrics:
         for reason in ("stop", "length", "cancelled"):
             self.success.labels(self.model, reason)
 
-    def observe(self, final: Finished | Failed) -> None:
+    def observe(self, final: Finished | Failed, model: str | None = None) -> None:
         """One request's end. Counters and histograms only: cheap enough for the engine thread."""
-        u, model = final.usage, self.model
+        u, model = final.usage, model or self.model
         if isinstance(final, Failed):
             self.failure.labels(model).inc()
         else:

@@ -1,26 +1,36 @@
-"""`GET /v1/models` and `GET /v1/models/{id}`: the one served model's card, under its id or
-an alias (`default`, `default_model`), as a request would name it. What the model is comes
-from the engine's seam (`info`). Runs in FastAPI's worker threads (the current user's key
-is checked there too, webui/api/deps.py). No MLX.
+"""`GET /v1/models` and `GET /v1/models/{id}`: the served models' cards, the first first, each
+with whether it is loaded now (a model other than the first loads on the first request that
+names it); a model answers under its id or an alias (`default` and `default_model` for the
+first, the name it was served by), always with its id. What is served comes from the seam
+(`Engines.served`). Runs in FastAPI's worker threads (the current user's key is checked
+there too, webui/api/deps.py). No MLX.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from radixchat.webui.api.deps import EngineDep, UserDep, check_model
+from radixchat.core.engine.requests import RequestError
+from radixchat.core.engine.seam import Engines, ServedModel
+from radixchat.webui.api.deps import EnginesDep, UserDep
+from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.replies import ModelCard, ModelList
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
 
+def _card(engines: Engines, m: ServedModel) -> ModelCard:
+    return ModelCard(id=m.model_id, created=engines.default.info.created, loaded=m.is_loaded, aliases=list(m.aliases))
+
+
 @router.get("/models")
-def models(user: UserDep, engine: EngineDep):
-    card = ModelCard(id=engine.info.model_id, created=engine.info.created)
-    return ModelList(data=[card]).model_dump()
+def models(user: UserDep, engines: EnginesDep):
+    return ModelList(data=[_card(engines, m) for m in engines.served()]).model_dump()
 
 
 @router.get("/models/{name:path}")
-def model(name: str, user: UserDep, engine: EngineDep):
-    check_model(engine, name)  # the aliases answer with the served model's card
-    return ModelCard(id=engine.info.model_id, created=engine.info.created).model_dump()
+def model(name: str, user: UserDep, engines: EnginesDep):
+    try:
+        return _card(engines, engines.find(name)).model_dump()
+    except RequestError as e:
+        raise ApiError(e.status, e.message, code=e.code, param="model") from None

@@ -151,6 +151,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "radixchat"
+    loaded: bool = True  # beyond OpenAI's card, as llama-server's router says it: in memory now
+    aliases: list[str] = Field(default_factory=list)  # other names a request may give it
 
 
 class ModelList(BaseModel):

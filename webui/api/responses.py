@@ -39,7 +39,7 @@ from radixchat.core.engine.requests import ChatRequest, Sampling, owner_of
 from radixchat.core.store import Store
 from radixchat.core.store.types import Message, StoreError, User
 from radixchat.webui.api import generation
-from radixchat.webui.api.deps import EngineDep, MetricsDep, StoreDep, UserDep, check_model
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.responses_shapes import ResponseEvents, ResponsesRequest, response_object
@@ -54,9 +54,9 @@ ONLY_KEPT = "responses are only kept with store for signed-in users"
 
 @router.post("/responses")
 async def create_response(
-    request: Request, body: ResponsesRequest, user: UserDep, engine: EngineDep, store: StoreDep, metrics: MetricsDep
+    request: Request, body: ResponsesRequest, user: UserDep, engines: EnginesDep, store: StoreDep, metrics: MetricsDep
 ):
-    check_model(engine, body.model)
+    engine = await engine_for(engines, body.model)
     turn = _turn(body)
     keep = body.store and store is not None and user is not None
     conv, history = None, []
@@ -104,12 +104,12 @@ async def create_response(
 
 
 @router.get("/responses/{response_id}")
-async def get_response(response_id: str, user: UserDep, engine: EngineDep, store: StoreDep):
+async def get_response(response_id: str, user: UserDep, engines: EnginesDep, store: StoreDep):
     if user is None or store is None:
         raise ApiError(
             404, f"response {response_id!r} not found: {ONLY_KEPT}, and with --no-auth there is none", code="not_found"
         )
-    return JSONResponse(await asyncio.to_thread(kept_response, store, user, response_id, engine.info.model_id))
+    return JSONResponse(await asyncio.to_thread(kept_response, store, user, response_id, engines.default.info.model_id))
 
 
 def _turn(body: ResponsesRequest) -> list[dict]:

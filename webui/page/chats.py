@@ -130,7 +130,7 @@ class Chats:
         gone = guard(self.store.mark_deleted, user, conv_id)
         for messages in openings:
             try:
-                self.engine.forget_conversation(self.owner(user), messages)
+                self.engines.forget_conversation(self.owner(user), messages)
             except RequestError as e:  # an engine not serving keeps nothing to forget
                 log.info("a deleted conversation's cache entries not forgotten: %s", e)
         return gone

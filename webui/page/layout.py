@@ -57,7 +57,7 @@ from radixchat.webui.page.wiring import Parts, wire
 
 if TYPE_CHECKING:
     from radixchat.core.config import Settings
-    from radixchat.core.engine.seam import EngineClient
+    from radixchat.core.engine.seam import EngineClient, Engines
     from radixchat.core.store import Store
     from radixchat.webui.api.metrics import Metrics
 
@@ -78,12 +78,16 @@ def load_presets(path: Path | None = None) -> dict[str, str]:
 
 
 def build_page(
-    engine: EngineClient, settings: Settings, store: Store, metrics: Metrics | None = None, *, sign_in: bool = True
+    engines: Engines | EngineClient,
+    settings: Settings,
+    store: Store,
+    metrics: Metrics | None = None,
+    *,
+    sign_in: bool = True,
 ) -> gr.Blocks:
-    model = engine.info
-    chat = ChatPage(
-        engine, store, metrics, model_id=model.model_id, default_max_tokens=settings.max_tokens, signed_in=sign_in
-    )
+    chat = ChatPage(engines, store, metrics, default_max_tokens=settings.max_tokens, signed_in=sign_in)
+    model = chat.engine.info
+    chat.model_id = model.model_id
     presets = load_presets()
     handlers = Handlers(chat, Presence(), presets, model, sign_in=sign_in)
 

@@ -21,6 +21,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from radixchat.core.engine.models import as_engines
 from radixchat.core.store import Store
 from radixchat.webui.page.chats import LOCAL_USER, Chats
 from radixchat.webui.page.errors import PageError
@@ -28,7 +29,7 @@ from radixchat.webui.page.replies import Replies, Running, title_from
 from radixchat.webui.page.rows import chat_rows, row, visible_turns
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import EngineClient
+    from radixchat.core.engine.seam import EngineClient, Engines
     from radixchat.webui.api.metrics import Metrics
 
 # where the page's tests and handlers have always found them
@@ -40,16 +41,18 @@ class ChatPage(Chats, Replies):
 
     def __init__(
         self,
-        engine: EngineClient,
+        engine: EngineClient | Engines,
         store: Store,
         metrics: Metrics | None = None,
         model_id: str = "",
         default_max_tokens: int = 256,
         signed_in: bool = True,
     ):
-        self.engine, self.store, self.metrics = engine, store, metrics
+        # the page's requests go to the first model; a delete is forgotten by every model
+        self.engines = as_engines(engine)
+        self.engine, self.store, self.metrics = self.engines.default, store, metrics
         self.signed_in = signed_in  # False with --no-auth: everyone is the one local user
-        card = engine.info.card
+        card = self.engine.info.card
         self.top_p = float((card.sampling if card else {}).get("top_p", 1.0))  # the model card's
         self.model_id = model_id
         self.default_max_tokens = default_max_tokens

@@ -1,0 +1,227 @@
+"""The models a server serves, by name: each behind an engine of its own, loaded on its first
+request and unloaded when idle.
+
+`ModelSet` holds one slot per model the server was told to serve (`--model`, repeatable):
+its id (what `GET /v1/models` lists and a request's `model` names: the model's card name, or
+its folder's `_name_or_path`, found without loading it, core.engine.catalog.served_id), its
+aliases (the name it was given; `default` and `default_model` for the first), and its engine
+once loaded. The first model loads at start and is never unloaded: the page and requests
+that name `default` use it. Another loads when a request first names it (that request
+waits; the other models keep serving) and unloads after `--model-idle-s` with nothing in
+flight. Each engine is a core.engine.engine.Engine of its own: its thread and MLX stream,
+its prefix tree and its disk tier (whose files are kept per model fingerprint already).
+What the web layer sees of it is the seam (core.engine.seam.Engines).
+
+Left to others: what an engine does (core.engine.engine), making one (the caller's `make`,
+webui/cli.py's, which sets what the server wants of it), who may use which (webui).
+Threads: any caller's (`engine` blocks while its model loads, one load at a time per model;
+`aengine` runs that wait in a thread for asyncio callers), and the set's own idle thread
+(`radixchat-models`), which stops engines nobody used for a while. No MLX here: a model
+loads on its engine's own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from radixchat.core.config import Settings
+from radixchat.core.engine.owners import OwnerCounts
+from radixchat.core.engine.requests import RequestError
+from radixchat.core.engine.seam import EngineClient, Engines, ServedModel
+
+log = logging.getLogger("radixchat.models")
+
+ALIASES = ("default", "default_model")  # names of the first model, whatever it is
+
+
+@dataclass
+class _Slot:
+    model_id: str
+    aliases: tuple[str, ...]
+    settings: Settings | None  # what its engine is made with (None: it came made)
+    pinned: bool  # never unloaded
+    engine: EngineClient | None = None
+    last_used: float = field(default_factory=time.monotonic)  # a request named it, or it had some in flight
+    loading: threading.Lock = field(default_factory=threading.Lock)  # one load at a time
+
+
+class ModelSet:
+    """The served models (the seam's `Engines`). `make(settings, owners)` returns a started
+    engine serving `settings.model` that counts each user's requests in `owners` (one count
+    for every model: `--max-user-requests` holds across them), or raises why it could not."""
+
+    def __init__(self, slots: list[_Slot], make: Callable[..., EngineClient] | None, idle_s: float):
+        self._slots, self._make, self.idle_s = slots, make, idle_s
+        self.owners = OwnerCounts()
+        self._forgotten: list[str] = []  # owners removed: a model loaded later forgets them too
+        self._lock = threading.Lock()  # guards each slot's `engine` and `_forgotten`
+        self._stop = threading.Event()
+        self._idle = threading.Thread(target=self._unload_idle, name="radixchat-models", daemon=True)
+
+    @classmethod
+    def of(cls, settings: Settings, make: Callable[..., EngineClient]) -> ModelSet:
+        """The models of `settings` (`model`, then `models`); raises ValueError for a name
+        that does not resolve or an id served twice."""
+        from radixchat.core.engine.catalog import served_id
+
+        slots, seen = [], {}
+        for i, name in enumerate([settings.model, *settings.models]):
+            model_id = served_id(name)
+            # `default` means the first model, also where a later --model is called so
+            given = (name, *ALIASES) if i == 0 else (() if name in ALIASES else (name,))
+            aliases = tuple(dict.fromkeys(n for n in given if n != model_id))
+            for n in (model_id, *aliases):
+                if n in seen:
+                    raise ValueError(f"--model {name!r}: {n!r} already names --model {seen[n]!r}")
+                seen[n] = name
+            slots.append(_Slot(model_id, aliases, settings.model_copy(update={"model": name}), pinned=i == 0))
+        return cls(slots, make, settings.model_idle_s)
+
+    @classmethod
+    def one(cls, engine: EngineClient) -> ModelSet:
+        """One engine, already started, as the only model (tests, and servers of one model)."""
+        slot = _Slot(engine.info.model_id, ALIASES, None, pinned=True, engine=engine)
+        return cls([slot], None, 0.0)
+
+    def start(self) -> ModelSet:
+        """Load the first model (blocking; raises what its engine raised) and watch for idle ones."""
+        first = self._slots[0]
+        if first.engine is None:
+            first.engine = self._make(first.settings, self.owners)
+        if len(self._slots) > 1 and self.idle_s > 0:
+            self._idle.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop every engine (what they had in flight fails) and the idle thread."""
+        self._stop.set()
+        for slot in self._slots:
+            with self._lock:
+                engine, slot.engine = slot.engine, None
+            if engine is not None:
+                engine.stop()
+
+    # ---- what the web layer asks ---------------------------------------------------------
+
+    @property
+    def default(self) -> EngineClient:
+        """The first model's engine (always loaded)."""
+        return self._slots[0].engine
+
+    def served(self) -> list[ServedModel]:
+        return [self.find(s.model_id) for s in self._slots]
+
+    def find(self, name: str) -> ServedModel:
+        """The served model `name` names, loaded or not (nothing loads); RequestError 404
+        `model_not_found` naming the served ids."""
+        s = self._slot(name)
+        return ServedModel(s.model_id, s.aliases, s.engine is not None, s.pinned)
+
+    def serving(self) -> list[EngineClient]:
+        with self._lock:
+            return [s.engine for s in self._slots if s.engine is not None]
+
+    def engine(self, name: str) -> EngineClient:
+        """The engine of the model `name` names (its id or an alias), loaded now if it is not
+        (the caller waits). RequestError: 404 `model_not_found` naming the served ids, or 503
+        `model_unavailable` when it could not be loaded."""
+        slot = self._slot(name)
+        slot.last_used = time.monotonic()
+        if slot.engine is not None:
+            return slot.engine
+        with slot.loading:
+            if slot.engine is None:
+                self._load(slot)
+            slot.last_used = time.monotonic()
+            return slot.engine
+
+    async def aengine(self, name: str) -> EngineClient:
+        slot = self._slot(name)
+        if slot.engine is not None:  # the common case costs no thread
+            slot.last_used = time.monotonic()
+            return slot.engine
+        return await asyncio.to_thread(self.engine, name)
+
+    def forget(self, owner: str) -> None:
+        """The seam's `forget`, on every model: those loaded now, and those loaded later."""
+        with self._lock:
+            self._forgotten.append(owner)
+        for engine in self.serving():
+            engine.forget(owner)
+
+    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+        """The seam's `forget_conversation`, on every loaded model (one not loaded keeps
+        nothing in memory; its files were written when it served the conversation, and go
+        when it is loaded again only if the user is removed: left for later)."""
+        for engine in self.serving():
+            engine.forget_conversation(owner, messages)
+
+    # ---- inside ---------------------------------------------------------------------------
+
+    def _slot(self, name: str) -> _Slot:
+        for slot in self._slots:
+            if name == slot.model_id or name in slot.aliases:
+                return slot
+        ids = ", ".join(repr(s.model_id) for s in self._slots)
+        raise RequestError(f"model {name!r} not found; this server serves {ids}", 404, "model_not_found")
+
+    def _load(self, slot: _Slot) -> None:
+        tic = time.monotonic()
+        log.info("loading model %s", slot.model_id)
+        try:
+            engine = self._make(slot.settings, self.owners)
+        except Exception as e:
+            log.exception("model %s did not load", slot.model_id)
+            raise RequestError(
+                f"model {slot.model_id!r} could not be loaded ({type(e).__name__}); the other models "
+                "are served, and the server's log says why",
+                503,
+                "model_unavailable",
+            ) from None
+        if engine.info.model_id not in (
+            slot.model_id,
+            *slot.aliases,
+        ):  # the same bytes once converted under another name
+            slot.aliases += (engine.info.model_id,)
+        with self._lock:
+            forgotten = list(self._forgotten)
+            slot.engine = engine
+        for owner in forgotten:
+            engine.forget(owner)
+        log.info("model %s loaded in %.1f s", slot.model_id, time.monotonic() - tic)
+
+    def _unload_idle(self) -> None:
+        every = min(5.0, max(0.05, self.idle_s / 4))
+        while not self._stop.wait(every):
+            now = time.monotonic()
+            for slot in self._slots:
+                engine = slot.engine
+                if engine is None or slot.pinned:
+                    continue
+                try:
+                    if engine.stats().inflight:
+                        slot.last_used = now  # busy: idle counts from its last request's end
+                    elif now - slot.last_used > self.idle_s:
+                        self._unload(slot)
+                except Exception:  # one model's trouble must not stop the others' unloading
+                    log.exception("model %s: idle check failed", slot.model_id)
+
+    def _unload(self, slot: _Slot) -> None:
+        with slot.loading:  # not while a request loads it again
+            with self._lock:
+                engine = slot.engine
+                if engine is None or engine.stats().inflight or time.monotonic() - slot.last_used <= self.idle_s:
+                    return
+                slot.engine = None
+            engine.stop(release=True)  # its thread lets go of the model and gives the memory back
+            log.info("model %s unloaded after %.0f s idle", slot.model_id, self.idle_s)
+
+
+def as_engines(served: Engines | EngineClient) -> Engines:
+    """`served` as a set of models: itself, or one engine as a set of one."""
+    return served if isinstance(served, Engines) else ModelSet.one(served)

@@ -1,0 +1,225 @@
+"""Several models on one server: each by name, loaded on its first request, unloaded when idle.
+
+The set itself with stand-in engines (names, aliases, loading, idle unloading, a load that
+fails, a removed user forgotten by a model loaded later), then a real server of two small
+random models: each answers as it does served alone, concurrently, streamed and not, and
+`/v1/models`, `/health` and `/metrics` say which is loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from radixchat.core.config import Settings
+from radixchat.core.engine.models import ModelSet
+from radixchat.core.engine.requests import RequestError
+from radixchat.core.engine.seam import EngineStats
+from tests.support.randmodel import build_random_model
+from tests.support.server import Server, stop_clean
+
+
+class Stand:
+    """An engine that serves nothing: what the set asks of one."""
+
+    def __init__(self, settings: Settings, model_id: str):
+        self.settings, self.inflight, self.stopped, self.forgotten = settings, 0, False, []
+        self.info = SimpleNamespace(model_id=model_id, created=0)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(alive=not self.stopped, running=self.inflight, waiting=0)
+
+    def stop(self, release: bool = False) -> None:
+        self.stopped, self.released = True, release
+
+    def forget(self, owner: str) -> None:
+        self.forgotten.append(owner)
+
+
+@pytest.fixture(scope="module")
+def second_model(tmp_path_factory):
+    return build_random_model(tmp_path_factory.mktemp("second") / "second-random", seed=7, dim=48)
+
+
+def stand_set(tiny_model_dir, second_model, idle_s=0.2, fail=None):
+    made = []
+
+    def make(settings, owners):
+        assert owners is models.owners  # one count of each user's requests for every model
+        if fail is not None and fail(settings):
+            raise OSError("the folder went away")
+        made.append(Stand(settings, settings.model.rsplit("/", 1)[-1]))
+        return made[-1]
+
+    settings = Settings(model=str(tiny_model_dir), models=[str(second_model)], model_idle_s=idle_s)
+    models = ModelSet.of(settings, make)
+    return models.start(), made
+
+
+def test_a_model_loads_when_first_named_and_unloads_when_idle(tiny_model_dir, second_model):
+    models, made = stand_set(tiny_model_dir, second_model)
+    try:
+        first, second = (m.model_id for m in models.served())
+        assert (first, second) == ("tiny-random", "second-random")
+        assert [m.is_loaded for m in models.served()] == [True, False]  # the first loads at start
+        assert models.engine("default") is models.engine(first) is models.default  # aliases
+        assert models.engine(str(second_model)).info.model_id == second  # the name it was served by
+        assert [m.is_loaded for m in models.served()] == [True, True] and len(made) == 2
+        busy = made[1]
+        busy.inflight = 1  # a request in flight: not idle, however long it runs
+        time.sleep(0.6)
+        assert models.served()[1].is_loaded and not busy.stopped
+        busy.inflight = 0
+        deadline = time.time() + 5
+        while models.served()[1].is_loaded and time.time() < deadline:
+            time.sleep(0.05)
+        assert not models.served()[1].is_loaded and busy.stopped and busy.released  # idle: unloaded, memory back
+        assert models.served()[0].is_loaded and not made[0].stopped  # the first never
+        models.forget("mallory")  # a user removed while it was not loaded
+        assert models.engine(second) is made[2] and made[2].forgotten == ["mallory"]  # loaded again
+        with pytest.raises(RequestError) as e:
+            models.engine("gpt-4")
+        assert e.value.status == 404 and e.value.code == "model_not_found"
+        assert first in e.value.message and second in e.value.message
+    finally:
+        models.stop()
+    assert all(s.stopped for s in made)
+
+
+def test_a_model_that_fails_to_load_fails_its_requests_and_the_others_serve(tiny_model_dir, second_model):
+    broken = threading.Event()
+    broken.set()
+    models, made = stand_set(tiny_model_dir, second_model, fail=lambda s: broken.is_set() and "second" in s.model)
+    try:
+        with pytest.raises(RequestError) as e:
+            models.engine("second-random")
+        assert e.value.status == 503 and e.value.code == "model_unavailable"
+        assert "second-random" in e.value.message and "went away" not in e.value.message  # the log has why
+        assert models.engine("tiny-random") is made[0]
+        broken.clear()  # the folder is back: the next request loads it
+        assert models.engine("second-random").info.model_id == "second-random"
+    finally:
+        models.stop()
+
+
+def test_a_name_served_twice_or_missing_is_refused_at_start(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="already names"):
+        ModelSet.of(Settings(model=str(tiny_model_dir), models=[str(tiny_model_dir)]), lambda s, o: None)
+    with pytest.raises(FileNotFoundError):
+        ModelSet.of(Settings(model=str(tiny_model_dir), models=[str(tmp_path / "nothing-here")]), lambda s, o: None)
+
+
+def test_a_users_limit_counts_their_requests_on_every_model(tiny_model_dir, second_model):
+    from radixchat.core.engine.engine import Engine
+    from radixchat.core.engine.requests import ChatRequest
+
+    settings = Settings(model=str(tiny_model_dir), models=[str(second_model)], max_user_requests=2, max_tokens=8)
+    models = ModelSet.of(settings, lambda s, owners: Engine(s, owners).start(timeout=120)).start()
+
+    def ask_long(model: str, owner: str):
+        sampling = {"max_tokens": 400, "ignore_eos": True}
+        request = ChatRequest(messages=[{"role": "user", "content": "Count"}], sampling=sampling, owner=owner)
+        return models.engine(model).submit(request)
+
+    try:
+        held = [ask_long("tiny-random", "alice"), ask_long("second-random", "alice")]
+        with pytest.raises(RequestError) as e:
+            ask_long("second-random", "alice")  # her third, on either model
+        assert e.value.status == 429 and e.value.code == "user_limit"
+        held.append(ask_long("second-random", "bob"))  # bob's own count
+        held[0].cancel()
+        held[0].result()
+        held.append(ask_long("second-random", "alice"))  # one of hers ended: room again
+        for h in held[1:]:
+            h.cancel()
+            h.result()
+        assert models.owners["alice"] == models.owners["bob"] == 0
+    finally:
+        models.stop()
+
+
+# ---- a real server of two models -----------------------------------------------------------
+
+
+def ask(url: str, model: str, text: str, stream: bool) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 12, "temperature": 0}
+    if not stream:
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == model
+        return r.json()["choices"][0]["message"]["content"]
+    parts = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = httpx.Response(200, content=line[6:]).json()
+                assert chunk["model"] == model
+                parts += [c["delta"].get("content") or "" for c in chunk["choices"]]
+    return "".join(parts)
+
+
+QUESTIONS = ["What is a list?", "Tell me about dictionaries.", "How do generators work?"]
+
+
+def answers(url: str, models: list[str]) -> dict:
+    """Every question to every model, streamed and not, all at once."""
+    jobs = [(m, q, s) for m in models for q in QUESTIONS for s in (False, True)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return dict(zip(jobs, pool.map(lambda j: ask(url, *j), jobs)))
+
+
+def listed(url: str) -> dict:
+    return {m["id"]: m["loaded"] for m in httpx.get(url + "/v1/models").json()["data"]}
+
+
+def test_two_models_served_together_answer_as_each_alone(tiny_model_dir, second_model, tmp_path):
+    ids = ["tiny-random", "second-random"]
+    alone = {}
+    for model_dir, model_id in zip((tiny_model_dir, second_model), ids):
+        srv = Server(model_dir, tmp_path / f"{model_id}.db", "--no-auth", "--no-warm-presets")
+        try:
+            alone.update(answers(srv.url, [model_id]))
+        finally:
+            stop_clean(srv)
+    srv = Server(
+        tiny_model_dir,
+        tmp_path / "both.db",
+        "--model",
+        str(second_model),
+        "--model-idle-s",
+        "3",
+        "--no-auth",
+        "--no-warm-presets",
+    )
+    try:
+        assert listed(srv.url) == {"tiny-random": True, "second-random": False}
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "gpt-4", "messages": []}, timeout=30)
+        assert r.status_code in (400, 404)
+        r = httpx.post(
+            srv.url + "/v1/chat/completions",
+            json={"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+        err = r.json()["error"]
+        assert r.status_code == 404 and err["code"] == "model_not_found" and err["param"] == "model"
+        assert all(i in err["message"] for i in ids)
+        together = answers(srv.url, ids)  # the second loads under the first request naming it
+        assert together == alone
+        assert listed(srv.url) == {"tiny-random": True, "second-random": True}
+        assert {m["id"]: m["loaded"] for m in httpx.get(srv.url + "/health").json()["models"]} == listed(srv.url)
+        assert all(srv.metric("radixchat:engine_alive", model_name=i) == 1 for i in ids)
+        assert srv.metric("radixchat:generation_tokens_total", model_name="second-random") > 0
+        deadline = time.time() + 30
+        while listed(srv.url)["second-random"] and time.time() < deadline:
+            time.sleep(0.2)
+        assert listed(srv.url) == {"tiny-random": True, "second-random": False}  # idle: unloaded
+        assert srv.metric("radixchat:engine_alive", model_name="second-random") == 0
+        assert ask(srv.url, "second-random", QUESTIONS[0], False) == alone[("second-random", QUESTIONS[0], False)]
+    finally:
+        stop_clean(srv)
