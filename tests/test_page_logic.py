@@ -53,7 +53,7 @@ class Counting:
     def rejected(self):
         self.rejections += 1
 
-    def observe(self, final):
+    def observe(self, final, model=None):
         self.finals.append(final)
 
 

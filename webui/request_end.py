@@ -88,7 +88,10 @@ class RequestEnd(Generic[T]):
                 return
             self._final = final
         if self._metrics is not None:
-            self._metrics.observe(final, self._model)  # in-memory counters: never blocks the engine
+            try:  # in-memory counters: never blocks the engine
+                self._metrics.observe(final, self._model)
+            except Exception:  # a figure lost must never lose the reply
+                log.exception("a request's metrics were not counted")
         self._go()
 
     def _go(self) -> None:
