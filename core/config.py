@@ -54,6 +54,13 @@ class Settings(BaseSettings):
         ge=0,
         description="Unload a model other than the first after this many seconds without requests (0: never)",
     )
+    memory_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="Memory for every loaded model's weights and K/V budget together (default: "
+        "three quarters of this machine's): a model loads only if it fits, idle ones "
+        "unloaded first (0: no limit)",
+    )
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 serves the LAN")
     port: int = Field(8000, ge=1, le=65535, description="TCP port")
     db: Path = Field(default_factory=lambda: default_data_dir() / "radixchat.db", description="SQLite file")
@@ -249,16 +256,27 @@ class Settings(BaseSettings):
         return self
 
 
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (8 GiB when it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
 def kv_budget(settings: Settings) -> int:
     """The K/V byte budget: --cache-bytes, else a fifth of physical memory (at least 256 MiB),
     which leaves the weights, the OS and everything else the rest."""
     if settings.cache_bytes is not None:
         return settings.cache_bytes
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 8 << 30
-    return max(256 << 20, total // 5)
+    return max(256 << 20, machine_memory() // 5)
+
+
+def memory_budget(settings: Settings) -> int:
+    """What every loaded model's weights and K/V budget may take together: --memory-bytes,
+    else three quarters of physical memory (the OS, the server's own Python and the
+    tokenizers take the rest); 0: no limit."""
+    return settings.memory_bytes if settings.memory_bytes is not None else machine_memory() * 3 // 4
 
 
 def is_loopback(host: str) -> bool:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from radixchat.core.config import Settings
+from radixchat.core.engine.model_size import weights_bytes
 from radixchat.core.engine.models import ModelSet
 from radixchat.core.engine.requests import RequestError
 from radixchat.core.engine.seam import EngineStats
@@ -29,7 +30,7 @@ class Stand:
 
     def __init__(self, settings: Settings, model_id: str):
         self.settings, self.inflight, self.stopped, self.forgotten = settings, 0, False, []
-        self.info = SimpleNamespace(model_id=model_id, created=0)
+        self.info = SimpleNamespace(model_id=model_id, created=0, weights_bytes=0)
 
     def stats(self) -> EngineStats:
         return EngineStats(alive=not self.stopped, running=self.inflight, waiting=0)
@@ -46,7 +47,7 @@ def second_model(tmp_path_factory):
     return build_random_model(tmp_path_factory.mktemp("second") / "second-random", seed=7, dim=48)
 
 
-def stand_set(tiny_model_dir, second_model, idle_s=0.2, fail=None):
+def stand_set(tiny_model_dir, second_model, idle_s=0.2, fail=None, more=(), **extra):
     made = []
 
     def make(settings, owners):
@@ -56,7 +57,9 @@ def stand_set(tiny_model_dir, second_model, idle_s=0.2, fail=None):
         made.append(Stand(settings, settings.model.rsplit("/", 1)[-1]))
         return made[-1]
 
-    settings = Settings(model=str(tiny_model_dir), models=[str(second_model)], model_idle_s=idle_s)
+    settings = Settings(
+        model=str(tiny_model_dir), models=[str(second_model), *map(str, more)], model_idle_s=idle_s, **extra
+    )
     models = ModelSet.of(settings, make)
     return models.start(), made
 
@@ -103,6 +106,32 @@ def test_a_model_that_fails_to_load_fails_its_requests_and_the_others_serve(tiny
         assert models.engine("tiny-random") is made[0]
         broken.clear()  # the folder is back: the next request loads it
         assert models.engine("second-random").info.model_id == "second-random"
+    finally:
+        models.stop()
+
+
+def test_a_model_loads_only_when_it_fits_the_memory_budget(tiny_model_dir, second_model, tmp_path):
+    third_model = build_random_model(tmp_path / "third-random", seed=9, dim=32)
+    kv = 1 << 20
+    need = {p.name: weights_bytes(str(p)) + kv for p in (tiny_model_dir, second_model, third_model)}
+    assert all(n > kv for n in need.values())  # the weights are counted
+    budget = need["tiny-random"] + max(need["second-random"], need["third-random"]) + kv // 2
+    models, made = stand_set(
+        tiny_model_dir, second_model, idle_s=0, more=[third_model], cache_bytes=kv, memory_bytes=budget
+    )
+    try:
+        second = models.engine("second-random")
+        third = models.engine("third-random")  # no room beside the second, idle: it goes first
+        assert second.stopped and second.released and not third.stopped
+        assert [m.is_loaded for m in models.served()] == [True, False, True]
+        third.inflight = 1  # busy: nothing can make room for the second now
+        with pytest.raises(RequestError) as e:
+            models.engine("second-random")
+        assert e.value.status == 503 and e.value.code == "model_unavailable"
+        assert "needs" in e.value.message and "free" in e.value.message and "--memory-bytes" in e.value.message
+        assert [m.is_loaded for m in models.served()] == [True, False, True] and not third.stopped
+        third.inflight = 0
+        assert models.engine("second-random") is made[-1] and third.stopped  # idle again: it goes
     finally:
         models.stop()
 

@@ -68,6 +68,7 @@ class Intake:
             notice=m.notice,
             created=int(self.started_at),
             sharded=sharded,
+            weights_bytes=m.weights_bytes,
         )
 
     def stats(self) -> EngineStats:

@@ -45,6 +45,7 @@ class LoadedModel:
     runs_as: str = ""  # the dtype it computes in, and whether packed weights stay packed
     card: Card | None = None  # name, size, license, note, recommended sampling (core.engine.catalog)
     notice: str = ""  # said once at start-up, e.g. that the default model fell back to the tiny one
+    weights_bytes: int = 0  # what its weights take in memory, as loaded
 
 
 def _context_length(config: dict) -> int:
@@ -144,6 +145,7 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
         runs_as=_runs_as(model, dtype_name),
         card=card,
         notice=chosen.notice,
+        weights_bytes=sum(v.nbytes for _, v in params),
     )
 
 

@@ -10,6 +10,11 @@ that name `default` use it. Another loads when a request first names it (that re
 waits; the other models keep serving) and unloads after `--model-idle-s` with nothing in
 flight. Each engine is a core.engine.engine.Engine of its own: its thread and MLX stream,
 its prefix tree and its disk tier (whose files are kept per model fingerprint already).
+Every loaded model's weights and K/V budget count against one `--memory-bytes`: before a
+model loads, idle ones are unloaded, least recently used first, until it fits; when the
+others are busy the request gets a 503 saying what it needs and what is free (its weights
+are estimated from its files, core.engine.model_size, until it has loaded once). A user's
+requests count against `--max-user-requests` on every model together (core.engine.owners).
 What the web layer sees of it is the seam (core.engine.seam.Engines).
 
 Left to others: what an engine does (core.engine.engine), making one (the caller's `make`,
@@ -29,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixchat.core.config import Settings
+from radixchat.core.config import Settings, kv_budget, memory_budget
 from radixchat.core.engine.owners import OwnerCounts
 from radixchat.core.engine.requests import RequestError
 from radixchat.core.engine.seam import EngineClient, Engines, ServedModel
@@ -48,6 +53,7 @@ class _Slot:
     engine: EngineClient | None = None
     last_used: float = field(default_factory=time.monotonic)  # a request named it, or it had some in flight
     loading: threading.Lock = field(default_factory=threading.Lock)  # one load at a time
+    need: int = 0  # bytes of weights (estimated until loaded) and K/V budget: its share of --memory-bytes
 
 
 class ModelSet:
@@ -55,9 +61,11 @@ class ModelSet:
     engine serving `settings.model` that counts each user's requests in `owners` (one count
     for every model: `--max-user-requests` holds across them), or raises why it could not."""
 
-    def __init__(self, slots: list[_Slot], make: Callable[..., EngineClient] | None, idle_s: float):
+    def __init__(self, slots: list[_Slot], make: Callable[..., EngineClient] | None, idle_s: float, budget: int = 0):
         self._slots, self._make, self.idle_s = slots, make, idle_s
+        self.budget = budget  # --memory-bytes (0: no limit)
         self.owners = OwnerCounts()
+        self._room = threading.Lock()  # room made for a model and taken by its load together
         self._forgotten: list[str] = []  # owners removed: a model loaded later forgets them too
         self._lock = threading.Lock()  # guards each slot's `engine` and `_forgotten`
         self._stop = threading.Event()
@@ -68,6 +76,7 @@ class ModelSet:
         """The models of `settings` (`model`, then `models`); raises ValueError for a name
         that does not resolve or an id served twice."""
         from radixchat.core.engine.catalog import served_id
+        from radixchat.core.engine.model_size import weights_bytes
 
         slots, seen = [], {}
         for i, name in enumerate([settings.model, *settings.models]):
@@ -79,8 +88,10 @@ class ModelSet:
                 if n in seen:
                     raise ValueError(f"--model {name!r}: {n!r} already names --model {seen[n]!r}")
                 seen[n] = name
-            slots.append(_Slot(model_id, aliases, settings.model_copy(update={"model": name}), pinned=i == 0))
-        return cls(slots, make, settings.model_idle_s)
+            own = settings.model_copy(update={"model": name})
+            need = weights_bytes(name, settings.dtype) + kv_budget(own)
+            slots.append(_Slot(model_id, aliases, own, pinned=i == 0, need=need))
+        return cls(slots, make, settings.model_idle_s, memory_budget(settings))
 
     @classmethod
     def one(cls, engine: EngineClient) -> ModelSet:
@@ -92,7 +103,12 @@ class ModelSet:
         """Load the first model (blocking; raises what its engine raised) and watch for idle ones."""
         first = self._slots[0]
         if first.engine is None:
+            if self.budget and first.need > self.budget:  # served anyway: it is the one asked for first
+                log.warning(
+                    "model %s needs %s, more than --memory-bytes %s", first.model_id, _gb(first.need), _gb(self.budget)
+                )
             first.engine = self._make(first.settings, self.owners)
+            self._measured(first)
         if len(self._slots) > 1 and self.idle_s > 0:
             self._idle.start()
         return self
@@ -136,7 +152,9 @@ class ModelSet:
             return slot.engine
         with slot.loading:
             if slot.engine is None:
-                self._load(slot)
+                with self._room:
+                    self._make_room(slot)
+                    self._load(slot)
             slot.last_used = time.monotonic()
             return slot.engine
 
@@ -191,9 +209,36 @@ class ModelSet:
         with self._lock:
             forgotten = list(self._forgotten)
             slot.engine = engine
+        self._measured(slot)
         for owner in forgotten:
             engine.forget(owner)
         log.info("model %s loaded in %.1f s", slot.model_id, time.monotonic() - tic)
+
+    def _measured(self, slot: _Slot) -> None:
+        """Its weights as loaded replace the estimate from its files."""
+        weights = slot.engine.info.weights_bytes
+        if weights:
+            slot.need = weights + kv_budget(slot.settings)
+
+    def _make_room(self, slot: _Slot) -> None:
+        """Unload idle models, least recently used first, until `slot` fits the budget;
+        RequestError 503 saying what it needs and what is free when it cannot."""
+        while self.budget:
+            with self._lock:
+                loaded = [(s, s.engine) for s in self._slots if s.engine is not None]
+            free = self.budget - sum(s.need for s, _ in loaded)
+            if slot.need <= free:
+                return
+            idle = [s for s, engine in loaded if not s.pinned and not engine.stats().inflight]
+            if not idle:
+                raise RequestError(
+                    f"model {slot.model_id!r} needs {_gb(slot.need)} of memory (weights and K/V); "
+                    f"{_gb(max(0, free))} of the server's {_gb(self.budget)} (--memory-bytes) is free, "
+                    "and the models holding the rest are in use: retry later",
+                    503,
+                    "model_unavailable",
+                )
+            self._unload(min(idle, key=lambda s: s.last_used), idle_s=-1.0)
 
     def _unload_idle(self) -> None:
         every = min(5.0, max(0.05, self.idle_s / 4))
@@ -211,15 +256,22 @@ class ModelSet:
                 except Exception:  # one model's trouble must not stop the others' unloading
                     log.exception("model %s: idle check failed", slot.model_id)
 
-    def _unload(self, slot: _Slot) -> None:
+    def _unload(self, slot: _Slot, idle_s: float | None = None) -> None:
+        """Unload `slot`'s model if nothing is in flight and it has been idle for `idle_s`
+        (--model-idle-s unless said; less than 0 to make room now)."""
+        idle_s = self.idle_s if idle_s is None else idle_s
         with slot.loading:  # not while a request loads it again
             with self._lock:
                 engine = slot.engine
-                if engine is None or engine.stats().inflight or time.monotonic() - slot.last_used <= self.idle_s:
+                if engine is None or engine.stats().inflight or time.monotonic() - slot.last_used <= idle_s:
                     return
                 slot.engine = None
             engine.stop(release=True)  # its thread lets go of the model and gives the memory back
-            log.info("model %s unloaded after %.0f s idle", slot.model_id, self.idle_s)
+            log.info("model %s unloaded (idle %.0f s)", slot.model_id, time.monotonic() - slot.last_used)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 def as_engines(served: Engines | EngineClient) -> Engines:

@@ -44,6 +44,7 @@ class ModelInfo:
     notice: str = ""  # said once at start-up, e.g. that the default model fell back to the tiny one
     created: int = 0  # when it started serving (Unix seconds): OpenAI's `created` of the model
     sharded: str = ""  # under mlx.launch: one line on the group (size, backend, ranks); else ""
+    weights_bytes: int = 0  # what its weights take in memory here
 
     @property
     def sampling_defaults(self) -> dict:
