@@ -5,11 +5,11 @@ fresh SQLite file and prints:
   A. time to first token of SECOND's first request (it loads then: the cold start) against
      the same model loaded (median of --rounds, each a new question so that nothing is in
      the prefix cache beyond the chat template's head), and FIRST's TTFT while SECOND loads;
-  B. output tokens/s of --users streaming users on FIRST alone for --seconds, then of as
-     many users on each of FIRST and SECOND at once (each model's and the sum): what a
-     second busy model costs the first on the same cores;
-  C. the server's memory (RSS) with FIRST alone, with both loaded, and after SECOND is
-     unloaded (--model-idle-s: this run waits for it).
+  B. output tokens/s of --users streaming users on FIRST alone for --seconds, the same on
+     SECOND alone, then as many users on each at once: what two busy models cost each
+     other on the same cores (as a ratio of each one's alone);
+  C. the server's memory (RSS) with FIRST alone, with both loaded (after A), and after
+     SECOND is unloaded (--model-idle-s: this run waits for it), before B.
 
     python -m loadtests.bench_models [--first tiny] [--second default] [--users 8] [--seconds 20]
 """
@@ -113,12 +113,13 @@ def main() -> None:
             warm = [stream(url, second, QUESTIONS[2 + i], 8)[0] for i in range(args.rounds)]
             warm_first = [stream(url, first, QUESTIONS[2 + i], 8)[0] for i in range(args.rounds)]
             rss_both = rss_mb(proc.pid)
-            alone = busy(url, [first], args.users, args.seconds)
-            both = busy(url, [first, second], args.users, args.seconds)
             deadline = time.time() + args.idle_s + 60
             while loaded(url)[second] and time.time() < deadline:
                 time.sleep(0.5)
             rss_after, unloaded = rss_mb(proc.pid), not loaded(url)[second]
+            alone = busy(url, [first], args.users, args.seconds)
+            alone.update(busy(url, [second], args.users, args.seconds))  # (it loads again first)
+            both = busy(url, [first, second], args.users, args.seconds)
         finally:
             stop_process(proc)
     print(f"models: first {first!r}, second {second!r}; {args.users} users a model, {args.seconds:g} s a phase")
@@ -128,8 +129,9 @@ def main() -> None:
         f"alone median {statistics.median(warm_first):.3f} s"
     )
     print(
-        f"B. output tok/s: {first} alone {alone[first]:.1f}; both busy: {first} {both[first]:.1f}, "
-        f"{second} {both[second]:.1f}, sum {sum(both.values()):.1f} ({sum(both.values()) / alone[first]:.2f}x alone)"
+        f"B. output tok/s, each alone: {first} {alone[first]:.1f}, {second} {alone[second]:.1f}; both busy: "
+        f"{first} {both[first]:.1f} ({both[first] / alone[first]:.2f}x), "
+        f"{second} {both[second]:.1f} ({both[second] / alone[second]:.2f}x)"
     )
     print(
         f"C. server RSS: {first} alone {rss_alone:.0f} MB, both loaded {rss_both:.0f} MB, "
