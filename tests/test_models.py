@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -20,7 +19,7 @@ from radixchat.core.config import Settings
 from radixchat.core.engine.model_size import weights_bytes
 from radixchat.core.engine.models import ModelSet
 from radixchat.core.engine.requests import RequestError
-from radixchat.core.engine.seam import EngineStats
+from radixchat.core.engine.seam import EngineStats, ModelInfo
 from tests.support.randmodel import build_random_model
 from tests.support.server import Server, stop_clean
 
@@ -30,7 +29,7 @@ class Stand:
 
     def __init__(self, settings: Settings, model_id: str):
         self.settings, self.inflight, self.stopped, self.forgotten = settings, 0, False, []
-        self.info = SimpleNamespace(model_id=model_id, created=0, weights_bytes=0)
+        self.info = ModelInfo(model_id, num_params=1000, dtype="float32", context_length=64, vocab_size=10)
 
     def stats(self) -> EngineStats:
         return EngineStats(alive=not self.stopped, running=self.inflight, waiting=0)
@@ -134,6 +133,22 @@ def test_a_model_loads_only_when_it_fits_the_memory_budget(tiny_model_dir, secon
         assert models.engine("second-random") is made[-1] and third.stopped  # idle again: it goes
     finally:
         models.stop()
+
+
+def test_the_server_tab_shows_every_model(tiny_model_dir, second_model, store):
+    from radixchat.webui.page.dashboard import Presence, summary_table
+
+    models, made = stand_set(tiny_model_dir, second_model, idle_s=0)
+    try:
+        [line] = [x for x in summary_table(models, store, Presence()).splitlines() if x.startswith("| Models")]
+        assert "`tiny-random`: loaded" in line and "`second-random`: not loaded" in line
+        models.engine("second-random").inflight = 2
+        [line] = [x for x in summary_table(models, store, Presence()).splitlines() if x.startswith("| Models")]
+        assert "`second-random`: loaded" in line and "2 running" in line
+    finally:
+        models.stop()
+    one = summary_table(made[0], store, Presence())  # one model: no such line
+    assert "| Models" not in one
 
 
 def test_a_name_served_twice_or_missing_is_refused_at_start(tiny_model_dir, tmp_path):

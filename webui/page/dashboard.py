@@ -16,6 +16,7 @@ from datetime import datetime
 
 import pandas as pd
 
+from radixchat.core.engine.models import as_engines
 from radixchat.core.engine.seam import DiskCacheStats
 
 SIGNED_IN_WINDOW_S = 300.0
@@ -147,7 +148,10 @@ def dashboard(
 
 def summary_table(engine, store, presence: Presence) -> str:
     """The table at the top of the tab (Markdown): the model, the engine, the caches, who is
-    signed in, and the all-time totals."""
+    signed in, and the all-time totals; `engine` is the page's (the first model's) or the
+    served models, which get a line of their own when there are several."""
+    engines = as_engines(engine)
+    engine = engines.default
     s = engine.stats()
     totals = store.totals()
     lines = ["| | now |", "|---|---|"]
@@ -167,6 +171,8 @@ def summary_table(engine, store, presence: Presence) -> str:
             f"of running sequences ({_bytes(s.kv_bytes_per_token)} each) in the K/V budget of "
             f"{_bytes(s.kv_budget)}, at most {plural(s.max_batch, 'sequence')} |"
         )
+    if len(engines.served()) > 1:
+        lines.append(models_line(engines))
     lines.extend(cache_lines(s.prefix_cache, totals))
     lines.append(disk_line(s.disk_cache))
     spec = s.speculation
@@ -186,6 +192,23 @@ def summary_table(engine, store, presence: Presence) -> str:
         f"{plural(totals['users'], 'user')}, {plural(totals['conversations'], 'conversation')} |"
     )
     return "\n".join(lines)
+
+
+def models_line(engines) -> str:
+    """Every served model: loaded or not, what its weights and K/V budget take, its requests."""
+    loaded = {e.info.model_id: e for e in engines.serving()}
+    parts = []
+    for m in engines.served():
+        engine = loaded.get(m.model_id)
+        if engine is None:
+            parts.append(f"`{m.model_id}`: not loaded (loads on its first request)")
+            continue
+        s = engine.stats()
+        parts.append(
+            f"`{m.model_id}`: loaded, {_bytes(engine.info.weights_bytes)} of weights and "
+            f"{_bytes(s.kv_budget)} of K/V budget, {s.running:,} running, {s.waiting:,} waiting"
+        )
+    return "| Models | " + "; ".join(parts) + " |"
 
 
 def cache_lines(cache, totals: dict) -> list[str]:

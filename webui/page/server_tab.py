@@ -62,7 +62,7 @@ class ServerTabHandlers(PageView):
     @notices(4)
     def refresh(self, request: gr.Request):
         you = self.who(request)  # an open Server tab counts as being signed in
-        d = dashboard(self.chat.engine, self.chat.store, self.presence, you=you)
+        d = dashboard(self.chat.engines, self.chat.store, self.presence, you=you)
         # both plots span the whole window their titles name, points or not
         return (
             d.summary,
