@@ -1019,3 +1019,43 @@ def test_another_users_messages_are_not_found_for_any_branch_call(store, alice, 
     assert texts(store.history(alice, mine.id)) == before
     assert texts(store.history(bob, theirs.id)) == ["bob's question"]
     assert store.totals()["messages"] == 3
+
+
+# ---- a conversation's model (schema V9) ----
+
+
+def test_a_conversation_keeps_the_model_it_chats_with(store, alice, bob):
+    plain = store.create_conversation(alice, "first model's")
+    assert plain.model is None  # the server's first model
+    picked = store.create_conversation(alice, "Lists", model="second-random")
+    store.append_message(alice, picked.id, "user", "what is a walrus list?")
+    assert store.get_conversation(alice, picked.id).model == "second-random"
+    assert store.set_conversation_model(alice, plain.id, "  third  ").model == "third"
+    assert store.set_conversation_model(alice, plain.id, None).model is None
+    # every read of a conversation carries it: the list, a search, an export
+    assert {c.id: c.model for c in store.list_conversations(alice)} == {plain.id: None, picked.id: "second-random"}
+    assert [h.conversation.model for h in store.search_conversations(alice, "walrus")] == ["second-random"]
+    assert json.loads(store.export_conversation(alice, picked.id, "json"))["model"] == "second-random"
+    with pytest.raises(NotFound):
+        store.set_conversation_model(bob, picked.id, "third")  # not his: as if it were not there
+    for bad in ("", "   ", "x" * 257, 7):
+        with pytest.raises(Invalid):
+            store.set_conversation_model(alice, picked.id, bad)
+    assert store.get_conversation(alice, picked.id).model == "second-random"
+    # a new chat takes the model picked for it, also when it reuses an empty one
+    fresh = store.fresh_conversation(alice, model="second-random")
+    assert fresh.model == "second-random" and store.get_conversation(alice, fresh.id).model == "second-random"
+    again = store.fresh_conversation(alice)
+    assert again.id == fresh.id and again.model is None
+
+
+def test_a_v8_database_migrates_to_v9_with_every_chat_on_the_first_model(tmp_path):
+    path = tmp_path / "v8.db"
+    old_database(path, 8, "the old narwhal story")
+    store = Store(path, scrypt=CHEAP)
+    assert store.migrated_from == 8 and store_schema.LATEST >= 9
+    olga = store.authenticate("olga", "olga-password")
+    assert [(c.title, c.model) for c in store.list_conversations(olga)] == [("old chat", None)]
+    assert store.set_conversation_model(olga, 1, "second-random").model == "second-random"
+    assert texts(store.history(olga, 1)) == ["the old narwhal story"]
+    store.close()

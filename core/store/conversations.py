@@ -12,7 +12,8 @@ step (core.store.schema); it joins them to conversations and filters on the owne
 indexes every message, of every branch. A conversation's messages are a tree (an edited message
 or another answer is a sibling, `edit_message`, `append_reply(parent=)`); every read of messages
 (history, prompt, exports, a shared link) follows the branch in view, and `show_version` changes
-which one that is.
+which one that is. A conversation's `model` (`set_conversation_model`; None: the server's first) is
+kept as given: whether the server still serves it is the web layer's to check.
 
 Leaves to others: the SQL of branches (core.store.branches), a reply's request row
 (`_insert_request`, core.store.metrics, written in the reply's own transaction so both or
@@ -51,6 +52,7 @@ from radixchat.core.store.types import (
     User,
     as_id,
     check_text,
+    clean_model,
     clean_title,
     user_id,
 )
@@ -63,7 +65,8 @@ SNIPPET_TOKENS = 12  # about how many words of the matching text a search hit sh
 # the words of a query as FTS5's unicode61 tokenizer sees them: letters and digits
 _WORD = re.compile(r"[^\W_]+")
 
-_CONV_COLUMNS = "SELECT id, owner, title, system_prompt, created, updated, archived FROM conversations"
+_CONV_COLUMNS = "SELECT id, owner, title, system_prompt, created, updated, archived, model FROM conversations"
+_CONV_FIELDS = 8  # the columns above: a Conversation
 
 # Both indexes, each joined to its conversation and filtered by owner; per conversation its best
 # hit (bm25: lower is better; a title hit counts double) and that hit's snippet.
@@ -79,7 +82,7 @@ _SEARCH = f"""
         JOIN conversations c ON c.id = m.conversation
         WHERE messages_fts MATCH :q AND c.owner = :uid),
     best AS (SELECT conv, min(score) AS score, snip FROM hits GROUP BY conv)
-    SELECT c.id, c.owner, c.title, c.system_prompt, c.created, c.updated, c.archived, best.snip
+    SELECT c.id, c.owner, c.title, c.system_prompt, c.created, c.updated, c.archived, c.model, best.snip
     FROM best JOIN conversations c ON c.id = best.conv AND c.owner = :uid AND c.deleted IS NULL
     ORDER BY best.score, c.updated DESC, c.id DESC LIMIT :limit"""
 
@@ -102,10 +105,10 @@ def _user_exists(db: Database, uid: int) -> bool:
     return db.execute("SELECT 1 FROM users WHERE id = ?", [uid]).fetchone() is not None
 
 
-def _new_conversation(db: Database, uid: int, title: str, system_prompt: str, now: float) -> int:
+def _new_conversation(db: Database, uid: int, title: str, system_prompt: str, now: float, model: str | None) -> int:
     if not _user_exists(db, uid):
         raise NotFound(f"user {uid} not found")
-    row = {"owner": uid, "title": title, "system_prompt": system_prompt, "created": now, "updated": now}
+    row = {"owner": uid, "title": title, "system_prompt": system_prompt, "created": now, "updated": now, "model": model}
     return db["conversations"].insert(row).last_pk
 
 
@@ -132,14 +135,17 @@ class ConversationsMixin(StoreBase):
             raise NotFound(f"conversation {cid} not found")
         return Conversation(*row)
 
-    def create_conversation(self, user: User | int, title: str | None = None, system_prompt: str = "") -> Conversation:
+    def create_conversation(
+        self, user: User | int, title: str | None = None, system_prompt: str = "", *, model: str | None = None
+    ) -> Conversation:
         uid = user_id(user)
         title = DEFAULT_TITLE if title is None else clean_title(title)
         check_text(system_prompt, "system prompt", MAX_SYSTEM_PROMPT_CHARS, allow_empty=True)
+        model = clean_model(model)
         now = time.time()
         with self._tx(write=True) as db:
-            cid = _new_conversation(db, uid, title, system_prompt, now)
-        return Conversation(cid, uid, title, system_prompt, now, now, None)
+            cid = _new_conversation(db, uid, title, system_prompt, now, model)
+        return Conversation(cid, uid, title, system_prompt, now, now, None, model)
 
     def get_conversation(self, user: User | int, conv_id: int) -> Conversation:
         with self._tx(write=False) as db:
@@ -181,7 +187,10 @@ class ConversationsMixin(StoreBase):
             return []
         args = {"q": match, "uid": user_id(user), "limit": max(0, min(int(limit), MAX_LIST))}
         with self._tx(write=False) as db:
-            return [SearchHit(Conversation(*r[:7]), " ".join(r[7].split())) for r in db.execute(_SEARCH, args)]
+            return [
+                SearchHit(Conversation(*r[:_CONV_FIELDS]), " ".join(r[_CONV_FIELDS].split()))
+                for r in db.execute(_SEARCH, args)
+            ]
 
     def _update_conv(
         self, user: User | int, conv_id: int, updates: dict, conversions: dict | None = None
@@ -199,6 +208,11 @@ class ConversationsMixin(StoreBase):
         check_text(system_prompt, "system prompt", MAX_SYSTEM_PROMPT_CHARS, allow_empty=True)
         return self._update_conv(user, conv_id, {"system_prompt": system_prompt})
 
+    def set_conversation_model(self, user: User | int, conv_id: int, model: str | None) -> Conversation:
+        """The model the conversation chats with from its next reply on (None: the server's
+        first); owner only. Its messages stay as they are: the next model reads them all."""
+        return self._update_conv(user, conv_id, {"model": clean_model(model)})
+
     def archive_conversation(self, user: User | int, conv_id: int) -> Conversation:
         # COALESCE: archiving twice keeps the first time
         return self._update_conv(user, conv_id, {"archived": time.time()}, {"archived": "COALESCE(archived, ?)"})
@@ -207,13 +221,14 @@ class ConversationsMixin(StoreBase):
         return self._update_conv(user, conv_id, {"archived": None})
 
     def fresh_conversation(
-        self, user: User | int, system_prompt: str = "", exclude: Iterable[int] = ()
+        self, user: User | int, system_prompt: str = "", exclude: Iterable[int] = (), *, model: str | None = None
     ) -> Conversation:
-        """A conversation to start a new chat in, with `system_prompt`: the user's newest one
-        that is still untitled and empty (not one in `exclude`), else a new one. In one
-        transaction, so two callers never both take the same one unless both may."""
+        """A conversation to start a new chat in, with `system_prompt` and `model`: the user's
+        newest one that is still untitled and empty (not one in `exclude`), else a new one. In
+        one transaction, so two callers never both take the same one unless both may."""
         uid = user_id(user)
         check_text(system_prompt, "system prompt", MAX_SYSTEM_PROMPT_CHARS, allow_empty=True)
+        model = clean_model(model)
         skip = sorted({int(i) for i in exclude})[:500]
         now = time.time()
         with self._tx(write=True) as db:
@@ -225,10 +240,12 @@ class ConversationsMixin(StoreBase):
                 [uid, DEFAULT_TITLE, *skip],
             ).fetchone()
             if row is None:
-                cid = _new_conversation(db, uid, DEFAULT_TITLE, system_prompt, now)
+                cid = _new_conversation(db, uid, DEFAULT_TITLE, system_prompt, now, model)
             else:
                 cid = row[0]
-                db["conversations"].update(cid, {"system_prompt": system_prompt, "updated": now, "archived": None})
+                db["conversations"].update(
+                    cid, {"system_prompt": system_prompt, "model": model, "updated": now, "archived": None}
+                )
             return self._conv(db, uid, cid)
 
     def set_open_conversation(self, user: User | int, conv_id: int | None) -> None:

@@ -37,6 +37,7 @@ def export_json(conv: Conversation, messages: list[Message], owner: str) -> str:
         "created": iso(conv.created),
         "updated": iso(conv.updated),
         "archived": iso(conv.archived),
+        "model": conv.model,  # None: the server's first model
         "messages": [{"id": m.id, "role": m.role, "content": m.content, "created": iso(m.created)} for m in messages],
     }
     return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"

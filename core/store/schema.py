@@ -191,6 +191,14 @@ INSERT INTO response_ids(id, message)
     SELECT 'resp_' || conversation || '_' || id, id FROM messages WHERE role = 'user';
 """
 
+# the model a conversation chats with (the page's "Model" picker, when a server serves several):
+# a served model's id, or NULL for the server's first model, which is what every conversation
+# made before this chatted with. An id the server no longer serves is kept as it is: the page
+# falls back to the first model then, and the conversation goes on with the pick if it is back.
+_V9_CONVERSATION_MODEL = """
+ALTER TABLE conversations ADD COLUMN model TEXT;
+"""
+
 MIGRATIONS: list[str] = [
     _V1_CHAT,
     _V2_KEYS_AND_METRICS,
@@ -200,6 +208,7 @@ MIGRATIONS: list[str] = [
     _V6_BRANCHES,
     _V7_IDENTITY,
     _V8_RESPONSE_IDS,
+    _V9_CONVERSATION_MODEL,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -81,6 +81,7 @@ class Conversation:
     created: float
     updated: float
     archived: float | None  # when it was archived; None while active
+    model: str | None = None  # the served model it chats with; None: the server's first
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,12 @@ def check_password(password: Any) -> str:
     if len(password) < MIN_PASSWORD_CHARS:
         raise Invalid(f"password is too short: use at least {MIN_PASSWORD_CHARS} characters")
     return password
+
+
+def clean_model(model: Any) -> str | None:
+    """A conversation's model: a served model's name, or None (the server's first). Which names
+    a server serves is the web layer's to check: the store keeps one it no longer serves."""
+    return None if model is None else check_text(model, "model", MAX_MODEL_CHARS).strip()
 
 
 def clean_title(title: Any) -> str:
