@@ -44,10 +44,23 @@ class Settings(BaseSettings):
         description="An mlx-lm model folder, a .gguf file, a hub id, or "
         "default (SmolLM2-135M-Instruct where installed, else tiny), smollm2, tiny",
     )
-    models: list[str] = Field(
+    extra_models: list[str] = Field(
         default_factory=list,
         description="More models to serve beside --model (on the command line: --model again), "
         "each loaded on the first request that names it",
+    )
+    models: Path | None = Field(
+        None,
+        description="A TOML file of the models to serve ([[model]] tables: path, id, aliases, "
+        "pinned, context_length, temperature, top_p), the first the default; instead of --model",
+    )
+    served_model_name: str | None = Field(
+        None, min_length=1, description="The id the model is served under (default: its card's or folder's name)"
+    )
+    sampling_defaults: dict[str, float] | None = Field(
+        None,
+        description="Sampling for requests that leave it out (temperature, top_p), instead of the "
+        "model card's (a --models file sets it per model)",
     )
     model_idle_s: float = Field(
         600.0,
@@ -229,6 +242,13 @@ class Settings(BaseSettings):
             return DISK_AUTO
         if isinstance(v, str) and not v.strip().isdigit():
             raise ValueError("a number of bytes, auto, or 0 for no disk tier")
+        return v
+
+    @field_validator("sampling_defaults")
+    @classmethod
+    def _sampling(cls, v: dict | None) -> dict | None:
+        if v is not None and not set(v) <= {"temperature", "top_p"}:
+            raise ValueError("temperature and top_p only")
         return v
 
     @field_validator("metrics_allow", "forwarded_allow_ips")

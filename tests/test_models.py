@@ -57,7 +57,7 @@ def stand_set(tiny_model_dir, second_model, idle_s=0.2, fail=None, more=(), **ex
         return made[-1]
 
     settings = Settings(
-        model=str(tiny_model_dir), models=[str(second_model), *map(str, more)], model_idle_s=idle_s, **extra
+        model=str(tiny_model_dir), extra_models=[str(second_model), *map(str, more)], model_idle_s=idle_s, **extra
     )
     models = ModelSet.of(settings, make)
     return models.start(), made
@@ -153,16 +153,18 @@ def test_the_server_tab_shows_every_model(tiny_model_dir, second_model, store):
 
 def test_a_name_served_twice_or_missing_is_refused_at_start(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="already names"):
-        ModelSet.of(Settings(model=str(tiny_model_dir), models=[str(tiny_model_dir)]), lambda s, o: None)
+        ModelSet.of(Settings(model=str(tiny_model_dir), extra_models=[str(tiny_model_dir)]), lambda s, o: None)
     with pytest.raises(FileNotFoundError):
-        ModelSet.of(Settings(model=str(tiny_model_dir), models=[str(tmp_path / "nothing-here")]), lambda s, o: None)
+        ModelSet.of(
+            Settings(model=str(tiny_model_dir), extra_models=[str(tmp_path / "nothing-here")]), lambda s, o: None
+        )
 
 
 def test_a_users_limit_counts_their_requests_on_every_model(tiny_model_dir, second_model):
     from radixchat.core.engine.engine import Engine
     from radixchat.core.engine.requests import ChatRequest
 
-    settings = Settings(model=str(tiny_model_dir), models=[str(second_model)], max_user_requests=2, max_tokens=8)
+    settings = Settings(model=str(tiny_model_dir), extra_models=[str(second_model)], max_user_requests=2, max_tokens=8)
     models = ModelSet.of(settings, lambda s, owners: Engine(s, owners).start(timeout=120)).start()
 
     def ask_long(model: str, owner: str):
@@ -185,6 +187,68 @@ def test_a_users_limit_counts_their_requests_on_every_model(tiny_model_dir, seco
         assert models.owners["alice"] == models.owners["bob"] == 0
     finally:
         models.stop()
+
+
+def test_a_models_file_names_each_model_and_how_it_is_served(tiny_model_dir, second_model, tmp_path):
+    listing = tmp_path / "models.toml"
+    listing.write_text(
+        f"""
+[[model]]
+path = "{tiny_model_dir}"
+id = "chat"
+aliases = ["assistant"]
+temperature = 0.3
+
+[[model]]
+path = "{second_model}"
+pinned = true
+context_length = 256
+top_p = 0.5
+"""
+    )
+    made = []
+
+    def make(settings, owners):
+        made.append(Stand(settings, settings.served_model_name or settings.model.rsplit("/", 1)[-1]))
+        return made[-1]
+
+    models = ModelSet.of(Settings(models=listing, model_idle_s=0.1), make).start()
+    try:
+        served = models.served()
+        assert [(m.model_id, m.pinned) for m in served] == [("chat", True), ("second-random", True)]
+        assert {"assistant", "default", str(tiny_model_dir)} <= set(served[0].aliases)
+        assert models.engine("assistant") is models.default
+        second = models.engine("second-random")
+        assert second.settings.context_length == 256 and second.settings.sampling_defaults == {"top_p": 0.5}
+        assert made[0].settings.sampling_defaults == {"temperature": 0.3}
+        time.sleep(0.5)
+        assert models.served()[1].is_loaded  # pinned: never unloaded when idle
+    finally:
+        models.stop()
+    bad = tmp_path / "bad.toml"
+    for text, words in [
+        ("[[model]]\npath = 'tiny'\n[[model]]\npath = 'tiny'\ntempreature = 1", "number 2, tempreature"),
+        ("[[model]]\npath = 'tiny'\ntop_p = 2", "number 1, top_p"),
+        ("[model\n", "not TOML"),
+        ("", "model: Field required"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(ValueError) as e:
+            ModelSet.of(Settings(models=bad), make)
+        assert words in str(e.value) and str(bad) in str(e.value), e.value
+
+
+def test_a_served_name_and_sampling_reach_what_clients_see(tiny_model_dir):
+    from radixchat.core.engine.engine import Engine
+
+    settings = Settings(model=str(tiny_model_dir), served_model_name="chat", sampling_defaults={"temperature": 0.3})
+    engine = Engine(settings).start(timeout=120)
+    try:
+        assert engine.info.model_id == "chat" and engine.info.sampling_defaults == {"temperature": 0.3}
+    finally:
+        engine.stop()
+    with pytest.raises(ValueError, match="temperature and top_p only"):
+        Settings(sampling_defaults={"min_p": 0.1})
 
 
 # ---- a real server of two models -----------------------------------------------------------

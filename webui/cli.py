@@ -27,7 +27,7 @@ from radixchat.webui.cli_admin import add_admin_commands, run_admin
 def _add_settings_flags(p: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        if name == "models":  # the second and later --model
+        if name in ("extra_models", "sampling_defaults"):  # the later --model; a --models file's
             continue
         if name == "model":
             p.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS, help=field.description)
@@ -48,9 +48,11 @@ def _add_settings_flags(p: argparse.ArgumentParser) -> None:
 def load_settings(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     if "model" in overrides:  # --model again and again: the first is the default, all are served
+        if overrides.get("models"):
+            sys.exit("radixchat: --models names the models to serve: give it or --model, not both")
         overrides["model"], *more = overrides["model"]
         if more:
-            overrides["models"] = more
+            overrides["extra_models"] = more
     try:
         return Settings(**overrides)
     except ValidationError as e:

@@ -23,11 +23,13 @@ counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `owners`,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import time
 
 from radixchat.core.engine import prepare
 from radixchat.core.engine.active import Active, Cancel, Submit, Templated
+from radixchat.core.engine.catalog import Card
 from radixchat.core.engine.handle import RequestHandle
 from radixchat.core.engine.requests import ChatRequest, Failed, PromptRequest, QueueFull, RequestError, Sampling
 from radixchat.core.engine.seam import (
@@ -57,13 +59,16 @@ class Intake:
             sharded = f"sharded over {link.size} ranks ({link.backend}, {link.sharding} parallel): " + ", ".join(
                 f"rank {r.rank} on {r.host} pid {r.pid}" for r in link.ranks
             )
+        card, sampling = m.card, self.settings.sampling_defaults
+        if sampling:  # the server's word over the card's (a --models file's, say)
+            card = dataclasses.replace(card or Card(name=m.model_id), sampling=dict(sampling))
         return ModelInfo(
-            model_id=m.model_id,
+            model_id=self.settings.served_model_name or m.model_id,
             num_params=m.num_params,
             dtype=m.dtype,
             context_length=m.context_length,
             vocab_size=m.vocab_size,
-            card=m.card,
+            card=card,
             tool_format=self.tool_format(),
             notice=m.notice,
             created=int(self.started_at),

@@ -73,24 +73,26 @@ class ModelSet:
 
     @classmethod
     def of(cls, settings: Settings, make: Callable[..., EngineClient]) -> ModelSet:
-        """The models of `settings` (`model`, then `models`); raises ValueError for a name
-        that does not resolve or an id served twice."""
+        """The models of `settings` (`model` and `extra_models`, or its `models` file); raises
+        ValueError (or FileNotFoundError) for a bad file, a name that does not resolve, or a
+        name served twice."""
         from radixchat.core.engine.catalog import served_id
         from radixchat.core.engine.model_size import weights_bytes
+        from radixchat.core.engine.models_file import specs
 
         slots, seen = [], {}
-        for i, name in enumerate([settings.model, *settings.models]):
-            model_id = served_id(name)
-            # `default` means the first model, also where a later --model is called so
-            given = (name, *ALIASES) if i == 0 else (() if name in ALIASES else (name,))
-            aliases = tuple(dict.fromkeys(n for n in given if n != model_id))
+        for i, spec in enumerate(specs(settings)):
+            model_id = spec.model_id or served_id(spec.name)
+            # `default` means the first model, also where a later one is called so
+            given = (*spec.aliases, spec.name, *(ALIASES if i == 0 else ()))
+            aliases = tuple(dict.fromkeys(n for n in given if n != model_id and (i == 0 or n not in ALIASES)))
             for n in (model_id, *aliases):
                 if n in seen:
-                    raise ValueError(f"--model {name!r}: {n!r} already names --model {seen[n]!r}")
-                seen[n] = name
-            own = settings.model_copy(update={"model": name})
-            need = weights_bytes(name, settings.dtype) + kv_budget(own)
-            slots.append(_Slot(model_id, aliases, own, pinned=i == 0, need=need))
+                    raise ValueError(f"model {spec.name!r}: {n!r} already names model {seen[n]!r}")
+                seen[n] = spec.name
+            own = settings.model_copy(update={"model": spec.name, **spec.overrides})
+            need = weights_bytes(spec.name, own.dtype) + kv_budget(own)
+            slots.append(_Slot(model_id, aliases, own, pinned=i == 0 or spec.pinned, need=need))
         return cls(slots, make, settings.model_idle_s, memory_budget(settings))
 
     @classmethod
