@@ -279,7 +279,7 @@ def test_bad_input_is_refused_before_the_engine(store, users):
 def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, users):
     alice, _ = users
     metrics = Counting()
-    page = ChatPage(engine, store, metrics, model_id="tiny")
+    page = ChatPage(engine, store, metrics)
     conv = page.new_chat(alice, "You are a terse Python tutor. Answer about lists and dicts.")
     shown = reply(page, alice, conv.id, "What does list.append do?", temperature=0, max_tokens=200)
     assert len(shown) >= 3  # at once, while streaming, at the end
@@ -305,7 +305,7 @@ def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, u
 
 def test_stop_cancels_in_the_engine_and_keeps_the_text(engine, store, users):
     alice, _ = users
-    page = ChatPage(engine, store, model_id="tiny")
+    page = ChatPage(engine, store)
     conv = page.new_chat(alice)
 
     async def scenario():
@@ -335,7 +335,7 @@ def test_stop_cancels_in_the_engine_and_keeps_the_text(engine, store, users):
 def test_a_page_that_goes_away_mid_reply_still_stores_it(engine, store, users):
     alice, _ = users
     metrics = Counting()
-    page = ChatPage(engine, store, metrics, model_id="tiny")
+    page = ChatPage(engine, store, metrics)
     conv = page.new_chat(alice)
 
     async def leave_early():
@@ -361,7 +361,7 @@ def test_a_page_that_goes_away_while_storing_stores_the_reply_once(engine, store
     still commits, and nothing writes the reply, or counts the request, a second time."""
     alice, _ = users
     metrics = Counting()
-    page = ChatPage(engine, store, metrics, model_id="tiny")
+    page = ChatPage(engine, store, metrics)
     conv = page.new_chat(alice)
     write = Held(monkeypatch, store, held)
 
@@ -392,7 +392,7 @@ def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
     built from what the page holds. Thread hops: the read, the question, the reply (the chat
     template runs in the engine's own preparation pool, core.engine.prepare, not here)."""
     alice, _ = users
-    page = ChatPage(engine, store, Counting(), model_id="tiny")
+    page = ChatPage(engine, store, Counting())
     conv = page.new_chat(alice, "Be brief.")
     reply(page, alice, conv.id, "What is a set?", temperature=0, max_tokens=4)
 
@@ -425,7 +425,7 @@ def test_a_message_reads_its_tab_once(engine, store, users, monkeypatch):
 
 def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, users):
     alice, _ = users
-    page = ChatPage(engine, store, model_id="tiny")
+    page = ChatPage(engine, store)
     conv = page.new_chat(alice)
     reply(page, alice, conv.id, "What is a set?", temperature=0, max_tokens=6)
     shown = reply(page, alice, conv.id, None, temperature=1.5, max_tokens=6, regenerate=True)
@@ -445,7 +445,7 @@ def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, user
 
 def test_dashboard_shows_aggregates_only(engine, store, users):
     alice, _ = users
-    page = ChatPage(engine, store, model_id="tiny")
+    page = ChatPage(engine, store)
     conv = page.new_chat(alice)
     reply(page, alice, conv.id, "my private question about tuples", temperature=0, max_tokens=4)
     presence = Presence()
@@ -465,7 +465,7 @@ def test_dashboard_shows_aggregates_only(engine, store, users):
 
 def test_dashboard_usage_is_ones_own_beside_everyones(engine, store, users):
     alice, bob = users
-    page = ChatPage(engine, store, model_id="tiny")
+    page = ChatPage(engine, store)
     for user, n in ((alice, 1), (bob, 2)):
         conv = page.new_chat(user)
         for i in range(n):
@@ -501,7 +501,7 @@ def test_serve_banner_names_lan_addresses_and_how_to_add_users():
 
 def test_one_reply_at_a_time_per_tab_even_when_sent_together(engine, store, users):
     alice, _ = users
-    page = ChatPage(engine, store, model_id="tiny")
+    page = ChatPage(engine, store)
     conv = page.new_chat(alice)
 
     async def both():
@@ -522,7 +522,7 @@ def test_a_message_to_a_new_chat_lands_in_a_new_chat(engine, store, users):
     any), with the system prompt typed for it, never the chat that was in view before; two
     sent to new chats at once get a chat each."""
     alice, bob = users
-    page = ChatPage(engine, store, model_id="tiny")
+    page = ChatPage(engine, store)
     before = page.new_chat(alice, "Be brief.")
     reply(page, alice, before.id, "first chat", temperature=0, max_tokens=4)
     empty = store.create_conversation(alice)
@@ -567,7 +567,7 @@ def test_a_message_to_a_new_chat_lands_in_a_new_chat(engine, store, users):
 
 def test_deleting_a_chat_stops_its_reply(engine, store, users):
     alice, _ = users
-    page = ChatPage(engine, store, model_id="tiny")
+    page = ChatPage(engine, store)
     conv = page.new_chat(alice)
 
     async def delete_midway():
@@ -612,7 +612,7 @@ class Prompts:
 def test_edit_branches_and_the_version_shown_is_what_the_model_sees_next(engine, store, users):
     alice, _bob = users
     model = Prompts(engine)
-    page = ChatPage(model, store, model_id="tiny")
+    page = ChatPage(model, store)
     conv = page.new_chat(alice, "Be brief.").id
     reply(page, alice, conv, "What is a set?", temperature=0, max_tokens=4)
     reply(page, alice, conv, "Ordered?", temperature=0, max_tokens=4)
@@ -670,7 +670,7 @@ def test_edit_branches_and_the_version_shown_is_what_the_model_sees_next(engine,
 
 def test_branch_calls_on_another_users_messages_are_notices_and_change_nothing(engine, store, users):
     alice, bob = users
-    page = ChatPage(Prompts(engine), store, model_id="tiny")
+    page = ChatPage(Prompts(engine), store)
     mine = page.new_chat(alice).id
     reply(page, alice, mine, "Secret-4471 plans", temperature=0, max_tokens=4)
     q, a = store.history(alice, mine)

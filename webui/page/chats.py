@@ -7,7 +7,7 @@ all of the user's conversations, newest first (the store's "archived" means noth
 archived one is listed like any other), or, with a search, those whose title or messages hold
 its words (the store's full-text index). "New chat" makes nothing: the first message of a new
 chat starts one, in the user's empty untitled conversation if there is one, so empty chats
-never pile up and a new chat never inherits another's system prompt. Delete hides a
+never pile up and a new chat never inherits another's system prompt or model. Delete hides a
 conversation at once and can be undone for a while (the store's `mark_deleted`), and the
 engine forgets what it cached of it (`forget_conversation`). The
 conversation opened last, in any browser, is noted in the store and opens on the next load.
@@ -99,16 +99,20 @@ class Chats:
         guard(self.store.set_open_conversation, user, conv_id)
         return self.conversation(user, conv_id)
 
-    def new_chat(self, user: User, system_prompt: str = "", *, reuse: bool = True) -> Conversation:
+    def new_chat(
+        self, user: User, system_prompt: str = "", *, reuse: bool = True, model: str | None = None
+    ) -> Conversation:
         """A conversation to start a new chat in: the user's empty untitled one if there is one
-        (no reply is being written there), else a new one; with `system_prompt`, nothing else
-        of any other chat. `reuse=False` always makes a new one: for a caller that sends in it
-        later, when another session of the same user may have been handed the same empty one."""
+        (no reply is being written there), else a new one; with `system_prompt` and `model`
+        (None, or one not served: the first), nothing else of any other chat. `reuse=False`
+        always makes a new one: for a caller that sends in it later, when another session of
+        the same user may have been handed the same empty one."""
         check_text(system_prompt, "system prompt")
+        model = self.served_name(model)
         if not reuse:
-            return guard(self.store.create_conversation, user, None, system_prompt or "")
+            return guard(self.store.create_conversation, user, None, system_prompt or "", model=model)
         with self._claiming:
-            return guard(self.store.fresh_conversation, user, system_prompt or "", set(self.running))
+            return guard(self.store.fresh_conversation, user, system_prompt or "", set(self.running), model=model)
 
     def rename(self, user: User, conv_id: int | None, title: str) -> Conversation:
         if conv_id is None:

@@ -1,11 +1,12 @@
 """What the chat page does, without the page: `ChatPage`, the chats and replies of every user.
 
-`ChatPage` holds the store, the engine and the metrics, and every method takes the signed-in
-user, so the page (webui/page/layout.py) is only layout and wiring, and these can be tested
-without a browser. It is made of two parts: the chats (webui/page/chats.py: who is asking,
-the sidebar's list, opening, renaming, deleting, sharing and exporting a chat, the branch in
-view and its other versions) and the replies (webui/page/replies.py: a message sent, its
-reply streamed, stop, and its end stored once). What the chat area shows is
+`ChatPage` holds the store, the served models' engines and the metrics, and every method
+takes the signed-in user, so the page (webui/page/layout.py) is only layout and wiring, and
+these can be tested without a browser. It is made of three parts: the chats
+(webui/page/chats.py: who is asking, the sidebar's list, opening, renaming, deleting, sharing
+and exporting a chat, the branch in view and its other versions), the replies
+(webui/page/replies.py: a message sent, its reply streamed, stop, and its end stored once),
+and the models (webui/page/model_pick.py: which model each chat chats with, and its engine). What the chat area shows is
 webui/page/rows.py's; refusals (queue full, prompt too long, engine down, bad input) raise
 `PageError` with a sentence meant for the person at the page (webui/page/errors.py).
 Everything shown comes from SQLite.
@@ -25,6 +26,7 @@ from radixchat.core.engine.models import as_engines
 from radixchat.core.store import Store
 from radixchat.webui.page.chats import LOCAL_USER, Chats
 from radixchat.webui.page.errors import PageError
+from radixchat.webui.page.model_pick import ModelPick
 from radixchat.webui.page.replies import Replies, Running, title_from
 from radixchat.webui.page.rows import chat_rows, row, visible_turns
 
@@ -36,25 +38,21 @@ if TYPE_CHECKING:
 __all__ = ["LOCAL_USER", "ChatPage", "PageError", "chat_rows", "row", "title_from", "visible_turns"]
 
 
-class ChatPage(Chats, Replies):
-    """The page's logic for every user at once, over one engine, store and metrics."""
+class ChatPage(Chats, Replies, ModelPick):
+    """The page's logic for every user at once, over the served models, one store and metrics."""
 
     def __init__(
         self,
         engine: EngineClient | Engines,
         store: Store,
         metrics: Metrics | None = None,
-        model_id: str = "",
         default_max_tokens: int = 256,
         signed_in: bool = True,
     ):
-        # the page's requests go to the first model; a delete is forgotten by every model
+        # a reply goes to its chat's model (ModelPick); a delete is forgotten by every model
         self.engines = as_engines(engine)
-        self.engine, self.store, self.metrics = self.engines.default, store, metrics
+        self.engine, self.store, self.metrics = self.engines.default, store, metrics  # engine: the first model's
         self.signed_in = signed_in  # False with --no-auth: everyone is the one local user
-        card = self.engine.info.card
-        self.top_p = float((card.sampling if card else {}).get("top_p", 1.0))  # the model card's
-        self.model_id = model_id
         self.default_max_tokens = default_max_tokens
         self.running: dict[int, Running] = {}  # conversation id -> its reply being written
         self._claiming = threading.Lock()  # a new chat's conversation is picked and taken at once

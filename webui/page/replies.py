@@ -1,8 +1,10 @@
 """The page's replies: a message sent (or answered again, or edited), the reply streamed, and
 its end stored once.
 
-A mixin of `ChatPage` (webui/page/logic.py), over its engine, store, metrics and writer
-threads; the chats it writes in are webui/page/chats.py's. A reply streams from the engine;
+A mixin of `ChatPage` (webui/page/logic.py), over its engines, store, metrics and writer
+threads; the chats it writes in are webui/page/chats.py's. A reply streams from the engine of
+its chat's model (webui/page/model_pick.py: the chat's own while served, else the first; a new
+chat's is the one picked for it), sampled with the top-p that model's card recommends;
 it is stored with its request metrics when it ends, finished, stopped or failed, exactly
 once, also when the page goes away mid-stream or while it is being stored: the page hands
 that to a RequestEnd (webui/request_end.py) the moment the engine takes the request. Per
@@ -47,6 +49,7 @@ from radixchat.webui.request_end import RequestEnd
 
 if TYPE_CHECKING:
     from radixchat.core.engine.handle import RequestHandle
+    from radixchat.core.engine.seam import EngineClient
 
 TITLE_CHARS = 40  # a new chat is named after the start of its first message
 STREAM_EVERY_S = 0.05  # at most this often a streaming reply is sent to the browser
@@ -136,6 +139,7 @@ class Replies:
         edit: int | None = None,
         system_prompt: str = "",
         started: Callable[[int], None] | None = None,
+        model: str | None = None,
     ) -> AsyncIterator[list[dict]]:
         """Send `text` (or, with regenerate, answer the last message again) and stream the
         reply: yields what the chat area shows, first at once, then as text arrives, last
@@ -145,23 +149,27 @@ class Replies:
         model sees the turns before it, then `text`; what followed the old version stays with it.
 
         `conv_id` None is a new chat: the message starts a conversation (`new_chat`, with
-        `system_prompt`), whose id `started` is told before anything else happens there."""
-        conv_id, run = await self._take(user, conv_id, text, regenerate, edit, system_prompt, started)
+        `system_prompt` and `model`), whose id `started` is told before anything else happens
+        there. The reply is written by the chat's model (`model_of`), loaded now if it is not."""
+        conv_id, run = await self._take(user, conv_id, text, regenerate, edit, system_prompt, model, started)
         end: RequestEnd[tuple[Message, RequestFigures]] | None = None
         question: Future[Message] | None = None  # the user's message, being stored
         try:
             conv, branch, figures = await asyncio.to_thread(guard, self._tab, user, conv_id)
             turns, messages, answered = prompt_for(conv, branch, text, regenerate=regenerate, edit=edit)
-            handle = run.handle = await self._submit(user, messages, temperature, max_tokens)
+            engine = await self.engine_for(self.model_of(conv))
+            handle = run.handle = await self._submit(user, engine, messages, temperature, max_tokens)
             # the reply answers the message the model saw last; a question's id is known once
             # it is stored, which is before the reply is (RequestEnd keeps a reply only then)
             answers = (lambda: answered) if regenerate else (lambda: question.result().id)
+            served_by = engine.info.model_id
             end = RequestEnd(
                 handle,
                 self.metrics,
-                functools.partial(self._store_reply, user, conv_id, answers),
+                functools.partial(self._store_reply, user, conv_id, answers, served_by),
                 executor=self._writes,
                 reader=True,
+                model=served_by,
             )
             if run.stopping:
                 handle.cancel()
@@ -199,10 +207,12 @@ class Replies:
         regenerate: bool,
         edit: int | None,
         system_prompt: str,
+        model: str | None,
         started: Callable[[int], None] | None,
     ) -> tuple[int, Running]:
         """The chat the reply is written in, its `Running` registered there before anything
-        is awaited in a chat the page named; a new chat is claimed, and `started` told."""
+        is awaited in a chat the page named; a new chat is claimed (with `system_prompt` and
+        `model`), and `started` told."""
         check_text(text, "message")
         check_text(system_prompt, "system prompt")
         if conv_id is not None:
@@ -222,7 +232,7 @@ class Replies:
         if not (text or "").strip():
             raise PageError("Type a message first.")
         run = Running(user.id)
-        claim = asyncio.ensure_future(asyncio.to_thread(self._claim_new, user, system_prompt, run))
+        claim = asyncio.ensure_future(asyncio.to_thread(self._claim_new, user, system_prompt, model, run))
         try:
             conv_id = await asyncio.shield(claim)
         except asyncio.CancelledError:  # the page went away: let go of what the claim takes
@@ -239,25 +249,28 @@ class Replies:
             started(conv_id)
         return conv_id, run
 
-    def _claim_new(self, user: User, system_prompt: str, run: Running) -> int:
+    def _claim_new(self, user: User, system_prompt: str, model: str | None, run: Running) -> int:
         """`new_chat`, registering `run` there in the same step: two sends to new chats at once
         never share one."""
+        model = self.served_name(model)  # one not served: the first model's, as for no pick
         with self._claiming:
-            conv = guard(self.store.fresh_conversation, user, system_prompt or "", set(self.running))
+            conv = guard(self.store.fresh_conversation, user, system_prompt or "", set(self.running), model=model)
             self.running[conv.id] = run
             return conv.id
 
     async def _submit(
-        self, user: User, messages: list[dict], temperature: float, max_tokens: int | None
+        self, user: User, engine: EngineClient, messages: list[dict], temperature: float, max_tokens: int | None
     ) -> RequestHandle:
-        """The request, taken by the engine; a refusal is counted and raised as a PageError."""
+        """The request, taken by `engine`; a refusal is counted and raised as a PageError."""
         try:
             sampling = Sampling(
-                temperature=temperature, top_p=self.top_p, max_tokens=int(max_tokens or self.default_max_tokens)
+                temperature=temperature,
+                top_p=self.top_p_of(engine),
+                max_tokens=int(max_tokens or self.default_max_tokens),
             )
             # templated in a worker thread; the owner keeps this conversation in the user's
             # own part of the prefix cache and counts it against the user's share
-            return await self.engine.asubmit(ChatRequest(messages=messages, sampling=sampling, owner=self.owner(user)))
+            return await engine.asubmit(ChatRequest(messages=messages, sampling=sampling, owner=self.owner(user)))
         except (RequestError, ValidationError) as e:
             if self.metrics is not None:
                 self.metrics.rejected()
@@ -324,15 +337,21 @@ class Replies:
         return message
 
     def _store_reply(
-        self, user: User, conv_id: int, answers: Callable[[], int], final: Finished | Failed, text_so_far: str
+        self,
+        user: User,
+        conv_id: int,
+        answers: Callable[[], int],
+        model: str,
+        final: Finished | Failed,
+        text_so_far: str,
     ) -> tuple[Message, RequestFigures] | None:
-        """A reply that ended (finished, stopped or failed), with its request metrics, and
-        the figures that will be read back for it; None when its chat was deleted meanwhile
-        (Delete stops the reply: there is nothing left to store it in)."""
+        """A reply that ended (finished, stopped or failed), with its request metrics under the
+        model that wrote it, and the figures that will be read back for it; None when its chat
+        was deleted meanwhile (Delete stops the reply: there is nothing left to store it in)."""
         text = final.text if isinstance(final, Finished) else text_so_far
         record = RequestRecord.from_usage(
             final.usage,
-            model=self.model_id,
+            model=model,
             finish_reason=final.finish_reason if isinstance(final, Finished) else "error",
             error=final.message if isinstance(final, Failed) else None,
         )
