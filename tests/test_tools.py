@@ -1,7 +1,7 @@
-"""Tool calling: the three template families' formats parsed, a forced call through the API
-on a random model whose template teaches the Hermes format (the grammar makes even random
-weights call correctly), the round trip with the tool's answer, and a clear 400 where the
-template has no tool format."""
+"""Tool calling: the template families' formats parsed, a forced call through the API on a
+random model whose template teaches the Hermes format (the grammar makes even random
+weights call correctly), the round trip with the tool's answer, and the generic format on a
+model whose template has none (its prompt, calls forced and named, the round trip)."""
 
 from __future__ import annotations
 
@@ -168,15 +168,69 @@ def test_a_required_call_round_trip_through_the_official_client(tool_server):
     assert after.usage.prompt_tokens > out.usage.prompt_tokens + 10
 
 
-def test_tools_on_a_model_without_a_tool_format_is_a_clear_400(tiny_model_dir, tmp_path):
-    srv = Server(tiny_model_dir, tmp_path / "x.db", "--no-auth")
+def test_a_model_without_a_tool_format_calls_tools_in_the_generic_one(tmp_path):
+    from tests.support.randmodel import TEMPLATE, build_random_model
+
+    model = build_random_model(tmp_path / "plain", template=TEMPLATE, context=2048)  # room for the tools
+    srv = Server(model, tmp_path / "x.db", "--no-auth", "--max-tokens", "120")
     try:
-        r = httpx.post(srv.url + "/v1/chat/completions", json={**GOOD, "tools": [WEATHER]}, timeout=30)
-        assert r.status_code == 400 and "no tool-call format" in r.json()["error"]["message"], r.text
-        # tool_choice "none" keeps the tools away from the model: served
+        c = client(srv, "none")
+        msgs = [{"role": "user", "content": "What is the weather in Oslo for three days?"}]
+        forced = c.chat.completions.create(
+            model="default", messages=msgs, tools=[WEATHER, TIME], tool_choice="required", temperature=0
+        )
+        choice = forced.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        call = choice.message.tool_calls[0]
+        assert call.function.name in ("get_weather", "get_time") and json.loads(call.function.arguments)
+        named = c.chat.completions.create(
+            model="default",
+            messages=msgs,
+            tools=[WEATHER, TIME],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            temperature=0,
+        )
+        check_weather(named.choices[0].message.tool_calls[0])
+        # the tools are described in the system message: a longer prompt than without them
+        plain = c.chat.completions.create(model="default", messages=msgs, max_tokens=1, temperature=0)
+        assert forced.usage.prompt_tokens > plain.usage.prompt_tokens + 50
+        # the round trip: the call and its result go back as turns the template can render
+        follow = msgs + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "snow"}'},
+        ]
+        after = c.chat.completions.create(
+            model="default", messages=follow, tools=[WEATHER, TIME], max_tokens=5, temperature=0
+        )
+        assert after.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        assert after.usage.prompt_tokens > forced.usage.prompt_tokens + 10
+        # tool_choice "none" keeps the tools away from the model
         r = httpx.post(
             srv.url + "/v1/chat/completions", json={**GOOD, "tools": [WEATHER], "tool_choice": "none"}, timeout=30
         )
         assert r.status_code == 200, r.text
     finally:
-        srv.stop()
+        assert "Traceback" not in srv.stop()
+
+
+def test_the_generic_format_rewrites_calls_and_results_for_a_plain_template():
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
+    out = formats.generic_messages(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Time?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        ],
+        [TIME],
+    )
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0]["content"].startswith("Be brief.\n\n" + formats.GENERIC_HOW) and "- get_time" in out[0]["content"]
+    assert json.loads(out[2]["content"]) == {"name": "get_time", "arguments": {"zone": "UTC"}}
+    assert out[3]["content"] == "Result of get_time: 12:00"
+    assert all(set(m) == {"role", "content"} for m in out)
+    assert formats.generic_messages([{"role": "user", "content": "hi"}], [TIME])[0]["role"] == "system"
+    fenced = '```json\n{"name": "get_time", "arguments": {"zone": "CET"}}\n```'
+    assert formats.parse("generic", fenced)[1][0]["function"]["name"] == "get_time"
+    assert formats.parse("generic", "It is noon.") == ("It is noon.", [])
+    assert formats.held_back("generic", " {") == 0 and formats.held_back("generic", "It") == 2

@@ -40,6 +40,7 @@ from radixchat.core.engine.seam import (
     ShardStats,
     SpeculationStats,
 )
+from radixchat.core.engine.tools import family, generic_messages
 
 
 class Intake:
@@ -190,11 +191,10 @@ class Intake:
         tok = self.loaded.tokenizer
         hybrid = self.prefix is not None and self.prefix.hybrid
         extra = {}
-        if request.tools:
-            if self.tool_format() is None:
-                raise RequestError(
-                    "tools: this model's chat template has no tool-call format", code="tools_unsupported"
-                )
+        if self.tool_format() == "generic":  # the template knows no tools: described in words
+            if request.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+                messages = generic_messages(messages, request.tools)
+        elif request.tools:
             extra["tools"] = request.tools
         with self._tok_lock:
             try:
@@ -289,10 +289,11 @@ class Intake:
         return handle
 
     def tool_format(self) -> str | None:
-        """The tool-call family of the model's chat template (core/engine/tools.py), or None."""
-        from radixchat.core.engine.tools import family
-
-        return family(getattr(self.loaded.tokenizer, "chat_template", None)) if self.loaded else None
+        """The tool-call family of the model's chat template (core/engine/tools.py), "generic"
+        for a template without one; None before a model is loaded."""
+        if self.loaded is None:
+            return None
+        return family(getattr(self.loaded.tokenizer, "chat_template", None)) or "generic"
 
     def constraint(self, sampling: Sampling):
         """The request's grammar, compiled into its matcher before it is queued (in the
