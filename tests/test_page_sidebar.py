@@ -235,7 +235,7 @@ def test_sidebar_two_users_at_1280_and_390(server, browser):
 
 def test_another_users_chat_through_the_page_handlers_is_not_found(server):
     """bob's page session, calling the page's handlers as the page does, names alice's chat: he
-    reads nothing of it, and it is neither renamed, nor deleted, nor written in."""
+    reads nothing of it, and it is neither renamed, nor deleted, nor written in, nor given another model."""
     with Store(server.db, scrypt=CHEAP) as store:
         alice = store.get_user("alice")
         theirs = store.create_conversation(alice, "alice private")
@@ -249,8 +249,9 @@ def test_another_users_chat_through_the_page_handlers_is_not_found(server):
         "delete_chat": [theirs.id, "", None],
         "export_md": [theirs.id],
         "share_tab": [theirs.id],
-        "send_message": ["bob writes here", theirs.id, "", 1000, "", 0, 8, None],
+        "send_message": ["bob writes here", theirs.id, "", 1000, "", 0, 8, None, None],
         "respond": ["bob writes here", theirs.id, 0, 8, None],
+        "model_picked": ["page-model", theirs.id, None],
     }
     for fn, data in calls.items():
         r, event = bob.join(fn, data)
@@ -262,6 +263,7 @@ def test_another_users_chat_through_the_page_handlers_is_not_found(server):
         alice = store.get_user("alice")
         assert store.get_conversation(alice, theirs.id).title == "alice private"
         assert [m.content for m in store.history(alice, theirs.id)] == ["Armadillo-6627 secret"]
+        assert store.get_conversation(alice, theirs.id).model is None
         assert store.share_token(alice, theirs.id) is None
         with pytest.raises(NotFound):
             store.get_conversation(store.get_user("bob"), theirs.id)

@@ -1,10 +1,12 @@
 """The panel beside the chat area: "This chat" (its title, Rename, Delete, the exports, Share
-and its link) and "Settings" (the system prompt, from a preset or typed, the temperature and
-the reply's length).
+and its link) and "Settings" (the model the chat chats with, the system prompt, from a preset
+or typed, the temperature and the reply's length).
 
 Components only: what they do is webui/page/handlers.py's, their events webui/page/wiring.py's.
-The temperature starts at the model card's recommendation, or 0 (greedy) for a model without
-one (webui/page/model_card.py). Built once, when the page is built; no MLX.
+The model picker lists the served models and is shown only when there are several; the line
+under it says what the picked one is (webui/page/model_card.py's `pick_note`). The temperature
+starts at the first model's card's recommendation, or 0 (greedy) for a model without one
+(webui/page/model_card.py). Built once, when the page is built; no MLX.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from radixchat.webui.page.model_card import recommended, temperature_label
+from radixchat.webui.page.model_card import pick_note, recommended, temperature_label
 from radixchat.webui.page.view import CUSTOM, NO_PROMPT
 
 if TYPE_CHECKING:
@@ -43,18 +45,23 @@ class ThisChat:
 
 @dataclass
 class ChatSettings:
+    model: gr.Dropdown  # the chat in view's model
+    model_note: gr.Markdown  # what the picked model is, and whether it is loaded
     preset: gr.Dropdown
     system: gr.Textbox
     temperature: gr.Slider
     max_tokens: gr.Slider
 
 
-def chat_settings(presets: dict[str, str], model: ModelInfo, max_tokens: int) -> tuple[ThisChat, ChatSettings]:
+def chat_settings(
+    presets: dict[str, str], model: ModelInfo, max_tokens: int, models: list[str]
+) -> tuple[ThisChat, ChatSettings]:
+    """The panel; `model` is the first model's, `models` the served ids, the first first."""
     with gr.Column(scale=1, min_width=260):
         with gr.Accordion("This chat", open=True):
             this = this_chat()
         with gr.Accordion("Settings", open=True):
-            settings = settings_panel(presets, model, max_tokens)
+            settings = settings_panel(presets, model, max_tokens, models)
     return this, settings
 
 
@@ -82,7 +89,10 @@ def this_chat() -> ThisChat:
     return ThisChat(title, rename, delete, export_md, export_json, exported, share, unshare, share_link)
 
 
-def settings_panel(presets: dict[str, str], model: ModelInfo, max_tokens: int) -> ChatSettings:
+def settings_panel(presets: dict[str, str], model: ModelInfo, max_tokens: int, models: list[str]) -> ChatSettings:
+    several = len(models) > 1
+    picker = gr.Dropdown(models, value=models[0], label="Model", elem_id="model", visible=several)
+    note = gr.Markdown(pick_note(model), elem_id="model-note", visible=several)
     preset = gr.Dropdown([NO_PROMPT, *presets, CUSTOM], value=NO_PROMPT, label="System prompt", elem_id="preset")
     system = gr.Textbox(
         label="System prompt of this chat",
@@ -100,4 +110,4 @@ def settings_panel(presets: dict[str, str], model: ModelInfo, max_tokens: int) -
         elem_id="temperature",
     )
     tokens = gr.Slider(1, model.context_length, value=max_tokens, step=1, label="Max tokens", elem_id="max-tokens")
-    return ChatSettings(preset, system, temperature, tokens)
+    return ChatSettings(picker, note, preset, system, temperature, tokens)

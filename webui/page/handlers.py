@@ -1,6 +1,6 @@
 """What the page's events do, apart from sending: loading the page, a chat picked, "New chat",
 another version or Edit in a message, search, rename, delete and undo, the system prompt,
-export and share.
+the model picked, export and share.
 
 Each handler takes what its event's inputs hold and returns what goes to its outputs (which
 components, webui/page/wiring.py says); what it does to the chats is ChatPage's
@@ -52,10 +52,12 @@ class ChatHandlers(PageView):
         return self.shown(user, conv.id, query, view, request)
 
     def new_chat_opened(self, stamp, view: View):
-        """ "New chat" (the browser already shows it): its reply, if any, stops being drawn here."""
-        view.follow(None, stamp, change=True)
+        """ "New chat" (the browser already shows it, with the first model picked): its reply,
+        if any, stops being drawn here."""
+        if view.follow(None, stamp, change=True):
+            view.model = None
         view.editing = None
-        return self.action(False), gr.Row(visible=False)
+        return self.action(False), gr.Row(visible=False), self.note_of(self.chat.first_model())
 
     @notices(3)
     def version_asked(self, what, conv_id, view: View, request: gr.Request):
@@ -127,6 +129,22 @@ class ChatHandlers(PageView):
         if conv_id is not None:
             self.chat.set_system_prompt(self.who(request), int(conv_id), text)
         return self.preset_of(text)
+
+    # ---- the model ----
+
+    @notices(1)
+    def model_picked(self, name, conv_id, view: View, request: gr.Request):
+        """A model picked: the chat in view's next replies are its; a new chat's first message
+        makes a conversation that chats with it. The line under the picker says what it is."""
+        if conv_id is None:
+            model = view.model = self.chat.picked(name)
+        else:
+            model = self.chat.set_model(self.who(request), int(conv_id), name)
+        return self.note_of(model)
+
+    def model_shown(self, name):
+        """The line under the picker again after a send: the model may have loaded for it."""
+        return self.note_of(self.chat.served_name(name) or self.chat.first_model())
 
     # ---- export and share ----
 

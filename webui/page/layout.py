@@ -23,7 +23,10 @@ reply is being written in the chat in view. Export downloads the chat as the sto
 it: the text comes through the page's own queue, and the browser saves it
 (webui/page/scripts.py), since the gate (webui/gate.py) serves no files. "Share" shows the
 chat's read-only link on the request's own host (webui/page/shared.py serves it); "Stop
-sharing" ends it. The temperature starts at the model card's recommendation, or 0 (greedy)
+sharing" ends it. When the server serves several models, "Model" at the top of "Settings"
+picks the one the chat in view chats with from its next reply on (a new chat's, for its first
+message; webui/page/model_pick.py), and the line under it says what that model is and whether
+it is loaded. The temperature starts at the first model's card's recommendation, or 0 (greedy)
 for a model without one. Under a message, "‹ i/n ›" and "Edit" (webui/page/versions.py)
 reach the server through a hidden button the browser presses (`versions_go`): another
 version comes into view, or the message's text goes into the box with a bar saying Send
@@ -86,8 +89,7 @@ def build_page(
     sign_in: bool = True,
 ) -> gr.Blocks:
     chat = ChatPage(engines, store, metrics, default_max_tokens=settings.max_tokens, signed_in=sign_in)
-    model = chat.engine.info
-    chat.model_id = model.model_id
+    model = chat.engine.info  # the first model's: the header, the temperature's start
     presets = load_presets()
     handlers = Handlers(chat, Presence(), presets, model, sign_in=sign_in)
 
@@ -102,7 +104,7 @@ def build_page(
         with gr.Tabs():
             with gr.Tab("Chat", id="chat") as chat_section, gr.Row():
                 area = chat_area()
-                this, settings_panel = chat_settings(presets, model, settings.max_tokens)
+                this, settings_panel = chat_settings(presets, model, settings.max_tokens, chat.model_ids())
             with gr.Tab("Server", id="server") as server_section:
                 server = server_tab()
         parts = Parts(

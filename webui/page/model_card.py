@@ -1,5 +1,6 @@
-"""What the page says of the model it serves: its facts on the sign-in page and in the header,
-its card's note and link, and the temperature the card recommends (core.engine.catalog).
+"""What the page says of the models it serves: the first one's facts on the sign-in page and in
+the header, its card's note and link, the temperature its card recommends (core.engine.catalog),
+and, under the model picker, the picked model's facts and whether it is loaded.
 
 Words only; the components that show them are webui/page/layout.py's and
 webui/page/chat_settings.py's. Runs when the page is built and when a tab loads it (Gradio's
@@ -19,6 +20,16 @@ def model_facts(model: ModelInfo) -> str:
     """What the model's card says of its size and license, e.g. "135M parameters, Apache-2.0"."""
     card = model.card
     return ", ".join(x for x in (card.size, card.license) if x) if card else ""
+
+
+def pick_note(model: ModelInfo | None) -> str:
+    """The line under the model picker (Markdown): the picked model's card facts and that it
+    is loaded, given what its engine says of it; with none (not loaded, so nothing is known
+    of it but its name), that it loads on its first message."""
+    if model is None:
+        return "Not loaded now: it loads on its first message."
+    facts = model_facts(model)
+    return f"{facts} · loaded" if facts else "Loaded"
 
 
 def sign_in_message(model: ModelInfo) -> str:

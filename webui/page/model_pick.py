@@ -53,11 +53,17 @@ class ModelPick:
         """The model a chat chats with: its own while it is served, else the first."""
         return (self.served_name(conv.model) if conv is not None else None) or self.first_model()
 
-    def set_model(self, user: User, conv_id: int, name: str) -> str:
-        """The chat's next replies are written by the model `name` names; its id."""
+    def picked(self, name: str | None) -> str:
+        """The id of the served model a pick names; a PageError for a name not served (a
+        scripted client's, or a page from before a restart with other models)."""
         model = self.served_name(name)
         if model is None:
             raise PageError(f"This server does not serve a model named {name!r}: pick one of the list.")
+        return model
+
+    def set_model(self, user: User, conv_id: int, name: str) -> str:
+        """The chat's next replies are written by the model `name` names; its id."""
+        model = self.picked(name)
         guard(self.store.set_conversation_model, user, conv_id, model)
         return model
 

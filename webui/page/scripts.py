@@ -1,6 +1,6 @@
 """The few lines of JavaScript the page runs in the browser: the sidebar opened beside the chat
-on a wide screen and closed on a phone, a pick or "New chat" in view at once, and an export
-saved as a file.
+on a wide screen and closed on a phone, a pick or "New chat" in view at once (a new chat with
+the first model picked), and an export saved as a file.
 
 webui/page/wiring.py attaches them to events (Gradio's `js=`); the controls inside a message
 have their own script (webui/page/versions.py). They run in the browser; this module only
@@ -8,6 +8,8 @@ holds their text.
 """
 
 from __future__ import annotations
+
+import json
 
 from radixchat.webui.page.view import NO_PROMPT
 
@@ -33,8 +35,12 @@ _DRAWER = f"""const s = document.querySelector('#sidebar');
 # beside the chat on a wide screen; on a phone a drawer that starts closed
 OPEN_WIDE = f"() => {{ {_DRAWER} if (s && open !== want) s.querySelector('.toggle-button').click(); }}"
 _CLOSE_ON_PHONE = f"{{ {_DRAWER} if (open && !want) s.querySelector('.toggle-button').click(); }}"
-# in the browser, at once: a new chat is in view (current None), the next view change is counted
-NEW_CHAT = f"""(n) => {{ {_CLOSE_ON_PHONE}
-  document.querySelector('#message textarea')?.focus();
-  return [null, null, [], "", "", "{NO_PROMPT}", "", (n || 0) + 1]; }}"""
 PICK = f"(picked, n) => {{ {_CLOSE_ON_PHONE} return [picked, (n || 0) + 1]; }}"
+
+
+def new_chat(first_model: str) -> str:
+    """In the browser, at once: a new chat is in view (current None) with `first_model` picked,
+    so a message sent right away makes its chat with it; the next view change is counted."""
+    return f"""(n) => {{ {_CLOSE_ON_PHONE}
+  document.querySelector('#message textarea')?.focus();
+  return [null, null, [], "", "", "{NO_PROMPT}", "", (n || 0) + 1, {json.dumps(first_model)}]; }}"""

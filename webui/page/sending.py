@@ -2,8 +2,9 @@
 scripted clients send (`new_tab`, `respond`).
 
 A reply streams into the chat area while its chat is in view; it keeps streaming when its
-chat is left, and the chat area shows the one in view meanwhile. The one button reads Stop
-while a reply is being written in the chat in view. A part of the page's handlers
+chat is left, and the chat area shows the one in view meanwhile. A message to a new chat
+carries the model picked in the browser, which the chat it makes takes. The one button reads
+Stop while a reply is being written in the chat in view. A part of the page's handlers
 (webui/page/handlers.py); which components a send's values go to is webui/page/wiring.py's
 (`replying`, in the order of `REPLYING`), the reply itself ChatPage's (webui/page/replies.py).
 Runs on the server's event loop (the sends) and Gradio's worker threads (Stop, `new_tab`).
@@ -84,11 +85,24 @@ class Sending(PageView):
     """The page's handlers that send, or stop a reply."""
 
     async def send_message(
-        self, text, conv_id, system_text, stamp, query, temp, n_tokens, view: View, request: gr.Request, again=False
+        self,
+        text,
+        conv_id,
+        system_text,
+        stamp,
+        query,
+        temp,
+        n_tokens,
+        picked,
+        view: View,
+        request: gr.Request,
+        again=False,
     ):
         """Stream a reply into the chat area while its chat is in view (outputs: `REPLYING`). A
         refusal leaves the typed text in the box and shows a notice. A new chat (conv_id None)
-        is made by this message, and shown with it unless the browser moved on meanwhile.
+        is made by this message, with the model `picked` (the picker's, as the browser sent it;
+        None: the one picked in this session, else the first), and shown with it unless the
+        browser moved on meanwhile.
         After "Edit" in this chat the message is a new version of the one edited; the edit
         ends once it is stored (a refusal keeps it)."""
         skip = gr.skip()
@@ -109,6 +123,7 @@ class Sending(PageView):
                 edit=edit,
                 system_prompt=system_text or "",
                 started=send.started,
+                model=picked or view.model,
             ):
                 conv_id = send.made[0] if send.made else conv_id
                 here = view.conv == conv_id
@@ -128,17 +143,21 @@ class Sending(PageView):
             yield skip, skip, skip, skip, skip, skip, skip  # refused before it began, or after its last yield
 
     async def respond_again(self, conv_id, stamp, query, temp, n_tokens, view: View, request: gr.Request):
-        async for out in self.send_message(None, conv_id, "", stamp, query, temp, n_tokens, view, request, again=True):
+        async for out in self.send_message(
+            None, conv_id, "", stamp, query, temp, n_tokens, None, view, request, again=True
+        ):
             yield out
 
     async def send_pressed(
-        self, label, text, conv_id, system_text, stamp, query, temp, n_tokens, view: View, request: gr.Request
+        self, label, text, conv_id, system_text, stamp, query, temp, n_tokens, picked, view: View, request: gr.Request
     ):
         """The button read Send when pressed: send (Stop is `stop_pressed`, outside the queue)."""
         if label == STOP:
             yield tuple(gr.skip() for _ in REPLYING)
             return
-        async for out in self.send_message(text, conv_id, system_text, stamp, query, temp, n_tokens, view, request):
+        async for out in self.send_message(
+            text, conv_id, system_text, stamp, query, temp, n_tokens, picked, view, request
+        ):
             yield out
 
     @notices(1)
@@ -157,11 +176,12 @@ class Sending(PageView):
     @notices(len(SHOWN))
     def new_tab(self, system_text, view: View, request: gr.Request):
         user = self.who(request)
-        conv = self.chat.new_chat(user, system_text or "", reuse=False)  # sessions of one user each get theirs
+        # sessions of one user each get theirs; with the model picked in this one, if any
+        conv = self.chat.new_chat(user, system_text or "", reuse=False, model=view.model)
         self.chat.show(user, conv.id)
         current_id, chats, *rest = self.shown(user, conv.id, "", view, request)
         return (chats, current_id, *rest)
 
     async def respond(self, text, conv_id, temp, n_tokens, view: View, request: gr.Request):
-        async for out in self.send_message(text, conv_id, "", view.epoch, "", temp, n_tokens, view, request):
+        async for out in self.send_message(text, conv_id, "", view.epoch, "", temp, n_tokens, None, view, request):
             yield out

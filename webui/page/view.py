@@ -1,12 +1,13 @@
 """What a browser session has in view, and the ground every page handler stands on.
 
 `View` is one session's state (Gradio's `State`): the chat in view, the browser's count of
-view changes, the chat "Undo delete" brings back, the message being edited. `PageView` is the
-base of the handlers (webui/page/handlers.py, sending.py, server_tab.py): who is asking, the
-sidebar's list, the Send/Stop button, the share link, and everything that changes when a
-chat comes into view (`shown`, in the order of `SHOWN`). A `PageError` from the logic
-(webui/page/logic.py) becomes a notice (`notices`). Which components these values go to is
-webui/page/wiring.py's.
+view changes, the chat "Undo delete" brings back, the message being edited, the model picked
+for a new chat. `PageView` is the base of the handlers (webui/page/handlers.py, sending.py,
+server_tab.py): who is asking, the sidebar's list, the Send/Stop button, the share link, the
+line under the model picker, and everything that changes when a chat comes into view
+(`shown`, in the order of `SHOWN`, the picker showing that chat's model among them). A
+`PageError` from the logic (webui/page/logic.py) becomes a notice (`notices`). Which
+components these values go to is webui/page/wiring.py's.
 
 Runs in Gradio's worker threads and on the server's event loop (the async handlers). No MLX.
 """
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from radixchat.webui.page.errors import PageError
+from radixchat.webui.page.model_card import pick_note
 from radixchat.webui.page.shared import link as shared_link
 
 if TYPE_CHECKING:
@@ -31,20 +33,34 @@ if TYPE_CHECKING:
 NO_PROMPT, CUSTOM = "None", "Custom"  # the system-prompt presets that are not one
 SEND, STOP = "Send", "Stop"
 # what `PageView.shown` returns, in its order (wiring.py's `view_outputs`)
-SHOWN = ("current", "conv_list", "chatbot", "title", "system", "preset", "send", "share_link", "edit_bar")
+SHOWN = (
+    "current",
+    "conv_list",
+    "chatbot",
+    "title",
+    "system",
+    "preset",
+    "send",
+    "share_link",
+    "edit_bar",
+    "model",
+    "model_note",
+)
 
 
 @dataclass
 class View:
     """Per browser session: the conversation the chat area shows (None: a new chat), the
     browser's count of view changes it follows (`epoch`), the chat "Undo delete" brings back,
-    and the message being edited (its "Edit" was pressed: the next Send makes a new version of
-    it), as (conversation, message); any change of view ends the edit."""
+    the message being edited (its "Edit" was pressed: the next Send makes a new version of
+    it), as (conversation, message), and the model picked while a new chat is in view (None:
+    the first), which its first message's conversation takes; any change of view ends both."""
 
     conv: int | None = None
     epoch: int = 0
     deleted: int | None = None
     editing: tuple[int, int] | None = None
+    model: str | None = None
 
     def follow(self, conv: int | None, epoch: int | float | None, *, change: bool = False) -> bool:
         """Show `conv` unless the browser has changed its view since (a later epoch). A view
@@ -122,10 +138,16 @@ class PageView:
         host = request.headers.get("host") or "localhost"
         return shared_link(f"http://{host}", token)
 
+    def note_of(self, model: str) -> str:
+        """The line under the model picker for the served model `model`."""
+        return pick_note(self.chat.loaded_info(model))
+
     def shown(self, user, conv_id: int | None, query: str, view: View, request: gr.Request):
-        """Everything that changes when a chat comes into view (`SHOWN`); an edit ends."""
-        view.conv, view.editing = conv_id, None
+        """Everything that changes when a chat comes into view (`SHOWN`); an edit ends, and a
+        new chat's pick."""
+        view.conv, view.editing, view.model = conv_id, None, None
         if conv_id is None:
+            first = self.chat.first_model()
             return (
                 None,
                 self.listed(user, query, None),
@@ -136,8 +158,11 @@ class PageView:
                 self.action(False),
                 "",
                 gr.Row(visible=False),
+                first,
+                self.note_of(first),
             )
         conv = self.chat.conversation(user, conv_id)
+        model = self.chat.model_of(conv)
         return (
             conv_id,
             self.listed(user, query, conv_id),
@@ -148,4 +173,6 @@ class PageView:
             self.action(self.chat.writing(user, conv_id)),
             self.link_of(self.chat.share_token(user, conv_id), request),
             gr.Row(visible=False),
+            model,
+            self.note_of(model),
         )

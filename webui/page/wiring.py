@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from radixchat.webui.page import versions
-from radixchat.webui.page.scripts import NEW_CHAT, OPEN_WIDE, PICK, SAVE
+from radixchat.webui.page.scripts import OPEN_WIDE, PICK, SAVE, new_chat
 from radixchat.webui.page.sending import REPLYING
 from radixchat.webui.page.view import SHOWN
 
@@ -60,6 +60,7 @@ def wire(page: gr.Blocks, p: Parts, h: Handlers, config: Settings) -> None:
     wire_versions(p, h)
     wire_chats(p, h)
     wire_system_prompt(p, h)
+    wire_model(p, h)
     wire_sends(p, h, config)
     wire_export_and_share(p, h)
     wire_server_tab(p, h)
@@ -89,7 +90,7 @@ def wire_chats(p: Parts, h: Handlers) -> None:
     side.new.click(
         None,
         [p.epoch],
-        [  # NEW_CHAT's values, in its order
+        [  # new_chat's values, in its order
             p.current,
             side.conv_list,
             p.area.chatbot,
@@ -98,10 +99,11 @@ def wire_chats(p: Parts, h: Handlers) -> None:
             p.settings.preset,
             this.share_link,
             p.epoch,
+            p.settings.model,
         ],
-        js=NEW_CHAT,
+        js=new_chat(h.chat.first_model()),
         **PRIVATE,
-    ).then(h.new_chat_opened, [p.epoch, p.view], [p.area.send, p.area.edit_bar], **PRIVATE)
+    ).then(h.new_chat_opened, [p.epoch, p.view], [p.area.send, p.area.edit_bar, p.settings.model_note], **PRIVATE)
     side.search.change(h.find, [side.search, p.current], [side.conv_list], show_progress="hidden", **PRIVATE)
     gr.on(
         [this.rename.click, this.title.submit],
@@ -122,6 +124,12 @@ def wire_system_prompt(p: Parts, h: Handlers) -> None:
     panel.system.blur(h.save_system, [panel.system, p.current], [panel.preset], **PRIVATE)
 
 
+def wire_model(p: Parts, h: Handlers) -> None:
+    panel = p.settings
+    # `input`, not `change`: a chat coming into view sets the picker too, and must not store it
+    panel.model.input(h.model_picked, [panel.model, p.current, p.view], [panel.model_note], **PRIVATE)
+
+
 def wire_sends(p: Parts, h: Handlers, config: Settings) -> None:
     area, panel = p.area, p.settings
     generating = {
@@ -132,15 +140,17 @@ def wire_sends(p: Parts, h: Handlers, config: Settings) -> None:
         **PRIVATE,
     }
     replying = p.named(REPLYING)
-    asked = [p.current, panel.system, p.epoch, p.side.search, panel.temperature, panel.max_tokens, p.view]
-    area.message.submit(h.send_message, [area.message, *asked], replying, **generating)
+    asked = [p.current, panel.system, p.epoch, p.side.search, panel.temperature, panel.max_tokens, panel.model, p.view]
+    # after a send, the line under the picker again: the model may have loaded for its reply
+    noted = {"fn": h.model_shown, "inputs": [panel.model], "outputs": [panel.model_note], **PRIVATE}
+    area.message.submit(h.send_message, [area.message, *asked], replying, **generating).then(**noted)
     # one click, two events: each acts only if the button read its word when pressed
-    area.send.click(h.send_pressed, [area.send, area.message, *asked], replying, **generating)
+    area.send.click(h.send_pressed, [area.send, area.message, *asked], replying, **generating).then(**noted)
     area.send.click(
         h.stop_pressed, [area.send, p.current], [area.send], concurrency_limit=None, show_progress="hidden", **PRIVATE
     )
     again = [p.current, p.epoch, p.side.search, panel.temperature, panel.max_tokens, p.view]
-    area.regenerate.click(h.respond_again, again, replying, **generating)
+    area.regenerate.click(h.respond_again, again, replying, **generating).then(**noted)
     # no browser presses it: scripted clients call its two events by name (sending.py)
     scripted = gr.Button(visible=False)
     scripted.click(h.new_tab, [panel.system, p.view], [p.side.conv_list, p.current, *p.named(SHOWN)[2:]], **PRIVATE)
