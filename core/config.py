@@ -36,6 +36,10 @@ def default_data_dir() -> Path:
 DISK_AUTO = (1 << 63) - 1
 
 
+# what a server may set for requests that leave it out (sampling_defaults)
+SAMPLING_DEFAULTS = {"temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RADIXCHAT_", extra="forbid", validate_default=True)
 
@@ -59,8 +63,8 @@ class Settings(BaseSettings):
     )
     sampling_defaults: dict[str, float] | None = Field(
         None,
-        description="Sampling for requests that leave it out (temperature, top_p), instead of the "
-        "model card's (a --models file sets it per model)",
+        description="Sampling for requests that leave it out (temperature, top_p, the penalties), "
+        "over the model card's (a --models file sets it per model)",
     )
     model_idle_s: float = Field(
         600.0,
@@ -247,8 +251,8 @@ class Settings(BaseSettings):
     @field_validator("sampling_defaults")
     @classmethod
     def _sampling(cls, v: dict | None) -> dict | None:
-        if v is not None and not set(v) <= {"temperature", "top_p"}:
-            raise ValueError("temperature and top_p only")
+        if v is not None and not set(v) <= SAMPLING_DEFAULTS:
+            raise ValueError(f"only {', '.join(sorted(SAMPLING_DEFAULTS))}")
         return v
 
     @field_validator("metrics_allow", "forwarded_allow_ips")

@@ -86,6 +86,35 @@ def test_another_users_logit_bias_and_logprobs_leave_my_reply_alone(engine):
         assert lps and all(len(e.top) == 3 for e in lps) and results[i].text != mine[i % 3]
 
 
+def test_penalties_break_loops_in_their_own_row_and_leave_the_others_alone(engine):
+    """Penalized rows go through mlx-lm's logits processors in the same batch as plain ones:
+    theirs repeat less, the plain replies are the ones they are alone, and a penalty of 0
+    (or 1, the multiplicative one) is no penalty."""
+    base = [run_alone(engine, chat(w, max_tokens=32)).text for w in WORDS[:3]]
+    off = [
+        run_alone(engine, chat(w, max_tokens=32, presence_penalty=0, repetition_penalty=1.0)).text for w in WORDS[:3]
+    ]
+    assert off == base
+    barrier, results = threading.Barrier(6), {}
+
+    def worker(i):
+        barrier.wait()
+        extra = {"presence_penalty": 1.5, "repetition_penalty": 1.8, "frequency_penalty": 0.5} if i >= 3 else {}
+        results[i] = engine.submit(chat(WORDS[i % 3], max_tokens=32, **extra)).result()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [results[i].text for i in range(3)] == base
+
+    def repeats(texts):
+        return sum(len(ids) - len(set(ids)) for ids in (engine.tokenize(t) for t in texts))
+
+    assert repeats(results[i].text for i in range(3, 6)) < repeats(base), (base, [results[i].text for i in (3, 4, 5)])
+
+
 def test_a_schema_compiles_in_a_worker_thread_never_the_engines_or_the_loops(engine, monkeypatch):
     """However long a user's schema takes to compile, no other stream waits for it."""
     import radixchat.core.engine.constrain as constrain

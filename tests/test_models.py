@@ -247,7 +247,7 @@ def test_a_served_name_and_sampling_reach_what_clients_see(tiny_model_dir):
         assert engine.info.model_id == "chat" and engine.info.sampling_defaults == {"temperature": 0.3}
     finally:
         engine.stop()
-    with pytest.raises(ValueError, match="temperature and top_p only"):
+    with pytest.raises(ValueError, match="only frequency_penalty, presence_penalty"):
         Settings(sampling_defaults={"min_p": 0.1})
 
 

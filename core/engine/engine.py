@@ -31,7 +31,6 @@ K/V (core/cache).
 from __future__ import annotations
 
 import atexit
-import gc
 import itertools
 import logging
 import queue
@@ -213,11 +212,9 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             except RuntimeError:  # a collective whose peer is gone
                 pass
             mx.clear_streams()
-            if self._let_go:
+            if self._let_go:  # the model and the K/V go now, and their memory back to the system
                 self.loaded = self.prefix = None
-                gc.collect()  # the arrays of whatever cycles held them go now
-                mx.clear_cache()  # MLX keeps freed buffers for reuse: back to the system
-                give_back_memory()
+                give_back_memory(mx.clear_cache)
 
     def _loop(self) -> None:
         watchdog = None
@@ -371,6 +368,8 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def _insert(self, rows: list[Active], samplers: list) -> None:
         """Restore each request's cached prefix (its path locked) and give the generator the
         rest of its prompt: rank 0's admissions and a follower's replay of them alike."""
+        from radixchat.core.engine.sampling import penalties
+
         prompts, caches, prefixes = [], [], []
         for a in rows:
             restored, tokens = None, a.tokens
@@ -391,6 +390,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             caches=caches,
             all_tokens=prefixes,
             samplers=samplers,
+            logits_processors=[penalties(a.sampling) for a in rows],
             stop_sequences=stops,
         )
         for a, uid in zip(rows, uids):

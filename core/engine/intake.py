@@ -62,7 +62,8 @@ class Intake:
             )
         card, sampling = m.card, self.settings.sampling_defaults
         if sampling:  # the server's word over the card's (a --models file's, say)
-            card = dataclasses.replace(card or Card(name=m.model_id), sampling=dict(sampling))
+            card = card or Card(name=m.model_id)
+            card = dataclasses.replace(card, sampling={**card.sampling, **sampling})
         return ModelInfo(
             model_id=self.settings.served_model_name or m.model_id,
             num_params=m.num_params,

@@ -8,8 +8,8 @@ A models file is TOML, one `[[model]]` table per model, the first the default:
     aliases = ["assistant"]     # more names a request may give it
     pinned = true               # never unloaded (the first model always is)
     context_length = 4096       # the model's context, shorter than its config's
-    temperature = 0.3           # sampling for requests that leave it out (else its card's)
-    top_p = 0.9
+    temperature = 0.3           # sampling for requests that leave it out (else its card's);
+    top_p = 0.9                 # presence_, frequency_ and repetition_penalty too
 
 `specs` reads either form into `ModelSpec`s; a bad file is a ValueError naming the file, the
 table and the key. Pure Python (tomllib, pydantic), no MLX: the CLI's thread at start-up.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixchat.core.config import Settings
+from radixchat.core.config import SAMPLING_DEFAULTS, Settings
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,15 @@ class _Entry(BaseModel):
     context_length: int | None = Field(None, ge=16)
     temperature: float | None = Field(None, ge=0.0, le=5.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
 
     def spec(self) -> ModelSpec:
         overrides: dict = {}
         if self.context_length is not None:
             overrides["context_length"] = self.context_length
-        sampling = {k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p)) if v is not None}
+        sampling = {k: v for k in SAMPLING_DEFAULTS if (v := getattr(self, k)) is not None}
         if sampling:
             overrides["sampling_defaults"] = sampling
         if self.id is not None:

@@ -60,6 +60,11 @@ class Sampling(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=8)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
+    # penalties on the tokens of the sequence's last PENALTY_CONTEXT (core/engine/sampling.py):
+    # OpenAI's additive ones (0: off) and the multiplicative one of vLLM and mlx-lm (1: off)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, allow_inf_nan=False)
     # token id -> added to its log-probability before sampling (OpenAI's range); token ids
     # are checked against the vocabulary at submit, like top_k
     logit_bias: dict[int, float] = Field(default_factory=dict, max_length=300)

@@ -15,12 +15,30 @@ import random
 from collections import deque
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_k, apply_top_p
+from mlx_lm.sample_utils import apply_top_k, apply_top_p, make_logits_processors
 
 from radixchat.core.engine.requests import Sampling
 from radixchat.core.engine.unnormalized import normalized
 
 REWIND = 16  # samples a sampler can draw again (a preemption throws away one, or a step's drafts)
+# the tokens penalties look back on: the sequence's last ones, its prompt's end included,
+# as mlx-lm's own processors do (their default is 20); a reply's loops are shorter than this
+PENALTY_CONTEXT = 64
+
+
+def penalties(s: Sampling) -> list:
+    """A request's logits processors (mlx-lm's, which BatchGenerator applies to its row
+    alone before sampling): none when every penalty is off, so such a row costs nothing."""
+    if not (s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0):
+        return []
+    return make_logits_processors(
+        repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1.0 else None,
+        repetition_context_size=PENALTY_CONTEXT,
+        presence_penalty=s.presence_penalty or None,
+        presence_context_size=PENALTY_CONTEXT,
+        frequency_penalty=s.frequency_penalty or None,
+        frequency_context_size=PENALTY_CONTEXT,
+    )
 
 
 def _biased(bias: dict[int, float]):

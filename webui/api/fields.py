@@ -4,7 +4,7 @@ A field this server implements is used; an informational one (it cannot change t
 `user`, `metadata`, `store`...) is accepted and ignored; one it does not implement is
 refused with a 400 naming it unless it holds its "off" value (`logprobs: false`,
 `response_format: {"type": "text"}`, null), which is what clients send when they mean
-nothing by it; the penalties are refused unless 0; a field the API does not have is refused;
+nothing by it; a field the API does not have is refused;
 text that is not valid Unicode (a lone surrogate, anywhere in the body) is refused by where it is.
 The tables are the README's parameter table. The request models (webui/api/schema.py,
 webui/api/responses_shapes.py) run `check_fields` on the raw body before pydantic reads it.
@@ -18,7 +18,6 @@ import re
 USED = "used"
 IGNORED = "ignored"  # informational: accepted, cannot change the reply
 REFUSED = "refused"  # not implemented: a 400 naming it unless it holds its off value
-ZERO_ONLY = "refused unless 0"  # the request model refuses any other value, with its own message
 
 COMMON = {
     "model": USED,
@@ -30,8 +29,9 @@ COMMON = {
     "stream_options": USED,
     "seed": USED,
     "n": USED,
-    "presence_penalty": ZERO_ONLY,
-    "frequency_penalty": ZERO_ONLY,
+    "presence_penalty": USED,
+    "frequency_penalty": USED,
+    "repetition_penalty": USED,
     "top_k": USED,
     "ignore_eos": USED,
     "user": IGNORED,
@@ -131,7 +131,7 @@ def check_fields(data, table: dict[str, str], api: str):
         if use == REFUSED and not _off(name, value):
             what = NOT_YET.get(name, name)
             raise ValueError(f"{name}: {what} is not supported by this server")
-    return {k: v for k, v in data.items() if table[k] in (USED, ZERO_ONLY)}
+    return {k: v for k, v in data.items() if table[k] == USED}
 
 
 # JSON may escape half of a UTF-16 pair alone ("\ud800"); such text can be neither tokenized
@@ -158,6 +158,18 @@ def lone_surrogate(value) -> str | None:
         elif isinstance(v, list):
             todo.extend((item, f"{where}.{i}" if where else str(i)) for i, item in reversed(list(enumerate(v))))
     return None
+
+
+PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}  # and their off values
+
+
+def penalties(body, defaults: dict | None) -> dict:
+    """The request's penalties; what it left out from `defaults` (the model card's), else off."""
+    defaults = defaults or {}
+    return {
+        k: getattr(body, k) if getattr(body, k, None) is not None else defaults.get(k, off)
+        for k, off in PENALTIES.items()
+    }
 
 
 def with_defaults(temperature: float | None, top_p: float | None, defaults: dict | None) -> dict:

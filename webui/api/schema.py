@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from radixchat.webui.api.fields import FIELDS, check_fields, with_defaults
+from radixchat.webui.api.fields import FIELDS, check_fields, penalties, with_defaults
 
 MAX_CHOICES = 16  # n: each choice is a request in the engine, counted against the user's limit
 
@@ -133,10 +133,10 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     seed: int | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
-    # refused unless 0 (no penalties in the engine's sampler); read here so that a value
-    # out of OpenAI's range gets the same 400 as in OpenAI's API
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    # left out: the model card's recommendation, else off (core/engine/sampling.py applies them)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # an extension, as vLLM's
     user: str | None = None
     ignore_eos: bool = False  # an extension (as vLLM's): generate exactly max_tokens
     logit_bias: dict[str, float] | None = None  # token id (as a string, JSON's keys) -> bias
@@ -162,12 +162,6 @@ class _Sampling(BaseModel):
             raise ValueError("stop sequences must not be empty")
         return stops
 
-    @model_validator(mode="after")
-    def _supported(self):
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty and frequency_penalty are not supported (use 0)")
-        return self
-
     def sampling(self, defaults: dict | None = None) -> dict:
         """The engine's sampling fields; `defaults` fill what the request left out."""
         return {
@@ -179,6 +173,7 @@ class _Sampling(BaseModel):
             "ignore_eos": self.ignore_eos,
             "logprobs": self._top(),
             "logit_bias": {int(k): b for k, b in (self.logit_bias or {}).items()},
+            **penalties(self, defaults),
         }
 
 

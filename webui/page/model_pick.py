@@ -89,3 +89,9 @@ class ModelPick:
         """The top-p recommended for its model (its card's, or the server's word over it), for
         the page's requests; 1.0 (none) without one."""
         return float(engine.info.sampling_defaults.get("top_p", 1.0))
+
+    @staticmethod
+    def penalties_of(engine: EngineClient) -> dict:
+        """The penalties its model's card recommends (a small model loops without one)."""
+        keys = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+        return {k: v for k, v in engine.info.sampling_defaults.items() if k in keys}

@@ -267,6 +267,7 @@ class Replies:
                 temperature=temperature,
                 top_p=self.top_p_of(engine),
                 max_tokens=int(max_tokens or self.default_max_tokens),
+                **self.penalties_of(engine),
             )
             # templated in a worker thread; the owner keeps this conversation in the user's
             # own part of the prefix cache and counts it against the user's share
