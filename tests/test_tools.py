@@ -230,6 +230,9 @@ def test_the_generic_format_rewrites_calls_and_results_for_a_plain_template():
     assert out[3]["content"] == "Result of get_time: 12:00"
     assert all(set(m) == {"role", "content"} for m in out)
     assert formats.generic_messages([{"role": "user", "content": "hi"}], [TIME])[0]["role"] == "system"
+    as_object = {**call, "function": {"name": "get_time", "arguments": {"zone": "UTC"}}}  # as the API passes it
+    again = formats.generic_messages([{"role": "assistant", "content": "", "tool_calls": [as_object]}], None)
+    assert json.loads(again[0]["content"]) == {"name": "get_time", "arguments": {"zone": "UTC"}}
     fenced = '```json\n{"name": "get_time", "arguments": {"zone": "CET"}}\n```'
     assert formats.parse("generic", fenced)[1][0]["function"]["name"] == "get_time"
     assert formats.parse("generic", "It is noon.") == ("It is noon.", [])

@@ -87,7 +87,8 @@ def generic_messages(messages: list[dict], tools: list[dict] | None) -> list[dic
             for c in calls:
                 fn = c.get("function", {})
                 names[c.get("id", "")] = fn.get("name", "")
-                args = fn.get("arguments") or "{}"
+                args = fn.get("arguments") or {}  # an object as templates take it, or its JSON
+                args = args if isinstance(args, str) else json.dumps(args)
                 written.append(f'{{"name": {json.dumps(fn.get("name", ""))}, "arguments": {args}}}')
             m["content"] = "\n".join(filter(None, [m.get("content") or "", *written]))
         elif m["role"] == "tool":
