@@ -212,9 +212,10 @@ def test_stop_string_ends_request(engine):
     full = run_alone(engine, chat("tuples", max_tokens=20)).text
     stop = full[5:8]
     assert stop.strip(), "need a non-blank stop string from the reply"
-    final = run_alone(engine, chat("tuples", max_tokens=20, stop=[stop]))
-    assert final.finish_reason == "stop"
+    final = run_alone(engine, chat("tuples", max_tokens=20, stop=["never in it", stop]))
+    assert final.finish_reason == "stop" and final.stop_sequence == stop  # which one ended it
     assert final.text == full[: full.index(stop)]
+    assert run_alone(engine, chat("tuples", max_tokens=20)).stop_sequence is None
 
 
 def test_cancel_mid_generation_frees_the_slot(engine):

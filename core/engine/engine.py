@@ -450,6 +450,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 finish_reason=reason,
                 usage=a.usage(),
                 logprobs=a.logprobs if a.sampling.logprobs is not None else None,
+                stop_sequence=a.stream.stop_found,
             )
         )
 

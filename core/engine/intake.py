@@ -133,6 +133,22 @@ class Intake:
             self._give_slot(request.owner)  # refused, failed, or its caller gave up
             raise
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """The prompt tokens `request` would take, its chat template (and tools) applied:
+        templated in the preparation pool in its owner's turn, queued nowhere."""
+        self._check_bounds(request)
+        [templated] = await prepare.await_all([self._pool().submit(request.owner, self.template, request, serial=True)])
+        return len(templated.tokens)
+
+    def _pool(self) -> prepare.FairPool:
+        pool = self._prep
+        if pool is None:
+            with self._lock:  # made once, by whichever caller comes first
+                if self._prep is None:
+                    self._prep = prepare.FairPool(self.settings.prepare_threads)
+                pool = self._prep
+        return pool
+
     def _check_bounds(self, request: ChatRequest | PromptRequest) -> None:
         """What can be refused from sizes alone, before the request counts or costs anything."""
         if not isinstance(request, (ChatRequest, PromptRequest)):
@@ -146,13 +162,7 @@ class Intake:
         """Futures of the request's prompt (Templated, or tokens) and of its grammar's matcher
         when it has one, from the preparation pool: the grammar first, so a bad one is refused
         before any templating, and the two may run side by side."""
-        pool = self._prep
-        if pool is None:
-            with self._lock:  # made once, by whichever caller comes first
-                if self._prep is None:
-                    self._prep = prepare.FairPool(self.settings.prepare_threads)
-                pool = self._prep
-        owner, jobs = request.owner, []
+        pool, owner, jobs = self._pool(), request.owner, []
         if request.sampling.constrained:
             jobs.append(pool.submit(owner, self.constraint, request.sampling))
         if isinstance(request, PromptRequest):  # both hold the tokenizer's lock: serial

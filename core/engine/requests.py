@@ -190,6 +190,7 @@ class Finished:
     finish_reason: Literal["stop", "length", "cancelled"]
     usage: Usage = field(default_factory=Usage)
     logprobs: list[TokenLogprob] | None = None  # every generated token's (with `logprobs`)
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 @dataclass

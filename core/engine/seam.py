@@ -193,6 +193,11 @@ class EngineClient(Protocol):
         not on an event loop."""
         ...
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """The prompt tokens `request` would take once templated (its tools too); nothing is
+        queued. RequestError as `submit` refuses what it cannot template."""
+        ...
+
     def tokenize(self, text: str) -> list[int]:
         """The model's tokens for plain text (no chat template). Blocking: not on an event loop."""
         ...

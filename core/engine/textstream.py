@@ -15,6 +15,7 @@ class TextStream:
         self.text = ""  # everything decoded so far
         self.sent = 0  # chars of `text` already handed to the client
         self.stopped = False  # a stop string was found; `text` is cut before it
+        self.stop_found: str | None = None  # which one (the first in the text)
 
     def add(self, token: int) -> str:
         """Add one token; return the text that is now safe to send (may be empty)."""
@@ -34,9 +35,9 @@ class TextStream:
 
     def _release(self, final: bool) -> str:
         pending = self.text[self.sent :]
-        cut = min((p for p in (pending.find(s) for s in self._stops) if p >= 0), default=-1)
+        cut, stop = min(((p, s) for s in self._stops if (p := pending.find(s)) >= 0), default=(-1, None))
         if cut >= 0:
-            self.stopped = True
+            self.stopped, self.stop_found = True, stop
             self.text = self.text[: self.sent + cut]
             out = pending[:cut]
         elif final:

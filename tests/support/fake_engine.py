@@ -62,6 +62,9 @@ class FakeEngine:
         with self._lock:
             self.forgotten.append(owner)
 
+    async def count_tokens(self, request) -> int:
+        return sum(len(m.content.split()) + 4 for m in request.messages)  # words, and a template's few
+
     def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
         with self._lock:
             self.forgotten_conversations.append((owner, messages))

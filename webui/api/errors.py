@@ -1,4 +1,4 @@
-"""Errors in OpenAI's shape, and the request-body size limit.
+"""Errors in OpenAI's shape (Anthropic's under /v1/messages), and the request-body size limit.
 
 Every failure an API client can meet becomes `{"error": {"message", "type", "param",
 "code"}}` with the right status: 400 malformed or invalid, 401 auth, 404 unknown model or
@@ -40,9 +40,28 @@ def error_response(
     code: str | None = None,
     param: str | None = None,
     headers=None,
+    path: str = "",
 ) -> JSONResponse:
+    """The error in OpenAI's shape; under /v1/messages (Anthropic's API), in Anthropic's."""
+    if path.startswith(ANTHROPIC_PATHS):
+        body = {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+        return JSONResponse(body, status_code=status, headers=headers)
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+ANTHROPIC_PATHS = ("/v1/messages",)
+# Anthropic's error types by status (what its SDK maps to its exceptions)
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -73,19 +92,19 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api_error(request: Request, exc: ApiError):
         if exc.status < 500:
             count_refusal(request.app, request.url.path, exc.code or str(exc.status))
-        return error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers)
+        return error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
         count_refusal(request.app, request.url.path, "invalid_value")
-        return error_response(400, message, param=param, code="invalid_value")
+        return error_response(400, message, param=param, code="invalid_value", path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
         count_refusal(request.app, request.url.path, code or str(exc.status_code))
-        return error_response(exc.status_code, str(exc.detail), code=code)
+        return error_response(exc.status_code, str(exc.detail), code=code, path=request.url.path)
 
 
 class BodyTooLarge(StarletteHTTPException):

@@ -1,7 +1,8 @@
 """The API's routers, put on an app in an order that keeps every one reachable.
 
 Each concern has its module-level APIRouter: models (webui/api/models.py), chat completions
-and completions (webui/api/chat.py), responses (webui/api/responses.py). They read the
+and completions (webui/api/chat.py), responses (webui/api/responses.py), Anthropic's
+messages (webui/api/messages.py). They read the
 engine, settings, store and metrics from `app.state` through the dependencies of
 webui/api/deps.py, so `include_api` needs an app whose state holds them (webui/server.py's
 build_app sets it). Unknown /v1 paths get a 404 in OpenAI's shape from a catch-all that is
@@ -16,10 +17,10 @@ from collections.abc import Iterable
 
 from fastapi import APIRouter, FastAPI
 
-from radixchat.webui.api import chat, models, responses
+from radixchat.webui.api import chat, messages, models, responses
 from radixchat.webui.api.errors import ApiError
 
-OPENAI_ROUTERS = (models.router, chat.router, responses.router)
+OPENAI_ROUTERS = (models.router, chat.router, responses.router, messages.router)
 
 unknown_router = APIRouter(prefix="/v1", include_in_schema=False)
 

@@ -1,0 +1,153 @@
+"""Anthropic's Messages API through the official `anthropic` SDK against a real server of a
+small random model (its template has no tool format: the generic one serves tools): a reply
+whole and streamed (the same text, Anthropic's event order), its usage with the prefix
+cache's tokens, stop sequences, tools forced and streamed and their results sent back,
+count_tokens, Claude Code's model names, and errors in Anthropic's envelope that the SDK
+maps to its exceptions."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import pytest
+
+from radixchat.core.store import Store
+from tests.support.randmodel import build_random_model
+from tests.support.server import Server
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["city"],
+        "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
+GREEDY = {"temperature": 0}  # no longer a parameter of the SDK; older clients send it, and it is read
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("messages")
+    model = build_random_model(folder / "plain", context=2048)
+    with Store(folder / "m.db") as store:
+        _, key = store.create_api_key(store.create_user("alice", "correct horse battery"), "tests")
+    srv = Server(model, folder / "m.db", "--max-tokens", "64", "--no-warm-presets")
+    yield srv, anthropic.Anthropic(base_url=srv.url, api_key=key, max_retries=0), key
+    assert "Traceback" not in srv.stop()
+
+
+def test_a_reply_whole_and_streamed_with_its_usage(served):
+    srv, client, _ = served
+    system = "You answer questions about Python lists, briefly and precisely. " * 4
+    whole = client.messages.create(model="plain", max_tokens=12, system=system, messages=ASK, extra_body=GREEDY)
+    assert whole.type == "message" and whole.role == "assistant" and whole.model == "plain"
+    assert whole.id.startswith("msg_") and whole.stop_reason in ("end_turn", "max_tokens")
+    [block] = whole.content
+    assert block.type == "text" and block.text
+    again = client.messages.create(model="plain", max_tokens=12, system=system, messages=ASK, extra_body=GREEDY)
+    assert again.content[0].text == block.text
+    assert again.usage.cache_read_input_tokens > 0  # the prefix cache's tokens, reported apart
+    assert again.usage.input_tokens + again.usage.cache_read_input_tokens == (
+        whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    )
+    with client.messages.stream(model="plain", max_tokens=12, system=system, messages=ASK, extra_body=GREEDY) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed == block.text and final.stop_reason == whole.stop_reason
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    # the events in Anthropic's order
+    body = {"model": "plain", "max_tokens": 5, "messages": ASK, "stream": True, "temperature": 0}
+    headers = {"x-api-key": served[2], "anthropic-version": "2023-06-01"}
+    with httpx.stream("POST", srv.url + "/v1/messages", json=body, headers=headers, timeout=60) as r:
+        events = [line[7:] for line in r.iter_lines() if line.startswith("event: ")]
+    assert events[:3] == ["message_start", "ping", "content_block_start"]
+    assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(events[3:-3]) == {"content_block_delta"}
+
+
+def test_a_stop_sequence_is_named_where_it_ended_the_reply(served):
+    _, client, _ = served
+    full = client.messages.create(model="plain", max_tokens=24, messages=ASK, extra_body=GREEDY).content[0].text
+    stop = full[4:7]
+    assert stop.strip()
+    cut = client.messages.create(model="plain", max_tokens=24, messages=ASK, extra_body=GREEDY, stop_sequences=[stop])
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+    assert cut.content[0].text == full[: full.index(stop)]
+
+
+def test_tools_forced_streamed_and_answered(served):
+    _, client, _ = served
+    forced = client.messages.create(
+        model="plain", max_tokens=60, messages=ASK, tools=[WEATHER], tool_choice={"type": "any"}, extra_body=GREEDY
+    )
+    assert forced.stop_reason == "tool_use"
+    [use] = [b for b in forced.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.input["city"] in ("Paris", "Oslo") and use.id.startswith("toolu_")
+    with client.messages.stream(
+        model="plain",
+        max_tokens=60,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body=GREEDY,
+    ) as s:
+        final = s.get_final_message()
+    [streamed] = [b for b in final.content if b.type == "tool_use"]
+    assert streamed.input == use.input and final.stop_reason == "tool_use"
+    follow = [
+        *ASK,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "snow, -3 C"}]},
+    ]
+    after = client.messages.create(model="plain", max_tokens=5, messages=follow, tools=[WEATHER], extra_body=GREEDY)
+    assert after.usage.input_tokens + after.usage.cache_read_input_tokens > forced.usage.input_tokens
+    counted = client.messages.count_tokens(model="plain", messages=follow, tools=[WEATHER])
+    assert counted.input_tokens == after.usage.input_tokens + after.usage.cache_read_input_tokens
+
+
+def test_claude_codes_model_names_and_errors_in_anthropics_envelope(served):
+    srv, client, key = served
+    claude = client.messages.create(model="claude-sonnet-4-5", max_tokens=3, messages=ASK, extra_body=GREEDY)
+    assert claude.model == "plain"  # an unknown claude-* name: the first model
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="gpt-9", max_tokens=3, messages=ASK)
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=srv.url, api_key="sk-wrong", max_retries=0).messages.create(
+            model="plain", max_tokens=3, messages=ASK
+        )
+    with pytest.raises(anthropic.BadRequestError, match="maximum context length"):
+        client.messages.create(model="plain", max_tokens=3, messages=[{"role": "user", "content": "lists " * 4000}])
+    headers = {"x-api-key": key, "content-type": "application/json"}
+    for body, words in [
+        ({"model": "plain", "messages": ASK}, "max_tokens"),
+        ({"model": "plain", "max_tokens": 3, "messages": [{"role": "assistant", "content": "I"}]}, "last message"),
+        (
+            {"model": "plain", "max_tokens": 3, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "image",
+        ),
+        ({"model": "plain", "max_tokens": 3, "messages": ASK, "thinking": {"type": "enabled"}}, "thinking"),
+        ({"model": "plain", "max_tokens": 3, "messages": [{"role": "user", "content": []}]}, "at least one block"),
+        ({"model": "plain", "max_tokens": 3, "messages": ASK, "output_config": {"effort": "low"}}, "output_config"),
+    ]:
+        r = httpx.post(srv.url + "/v1/messages", content=json.dumps(body), headers=headers, timeout=30)
+        assert r.status_code == 400, r.text
+        err = r.json()
+        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
+        assert words in err["error"]["message"], err
+    # ignored, as documented: cache_control, metadata
+    ok = client.messages.create(
+        model="plain",
+        max_tokens=3,
+        system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        messages=ASK,
+        metadata={"user_id": "u1"},
+        cache_control={"type": "ephemeral"},
+        speed="fast",
+    )
+    assert ok.content

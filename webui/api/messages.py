@@ -1,0 +1,88 @@
+"""`POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API, for the
+clients that speak it (the anthropic SDK, Claude Code, litellm's `anthropic/` route).
+
+A request becomes one engine request through the same path as the OpenAI routes
+(webui/api/generation.py: the key's user, their limits and fair share, cache scoping, the
+request's row and metrics); its shapes, both ways, are webui/api/messages_shapes.py's. Its
+errors are in Anthropic's envelope (webui/api/errors.py answers paths under /v1/messages
+so). A model name nothing is served under that starts with `claude-` (what Claude Code
+sends unless told otherwise) means the first served model; any other unknown name is a 404.
+Routes run on the server's event loop (the key is checked in a worker thread). No MLX.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from radixchat.core.engine.requests import ChatRequest, RequestError, Sampling, owner_of
+from radixchat.core.engine.seam import EngineClient, Engines
+from radixchat.webui.api import generation
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for
+from radixchat.webui.api.errors import ApiError
+from radixchat.webui.api.generation import CLIENT_GONE, Ledger
+from radixchat.webui.api.messages_shapes import MessageEvents, MessagesRequest, message, new_id
+
+log = logging.getLogger("radixchat.api")
+router = APIRouter(prefix="/v1", tags=["messages"])
+
+
+class CountTokensRequest(MessagesRequest):
+    max_tokens: int | None = None  # not part of a count
+
+
+async def _engine(engines: Engines, name: str) -> EngineClient:
+    """The served model `name` names; an unknown `claude-*` name is the first model."""
+    try:
+        engines.find(name)
+    except RequestError:
+        if name.startswith("claude-"):
+            return engines.default
+    return await engine_for(engines, name)
+
+
+def _prepared(body: MessagesRequest, engine: EngineClient):
+    """(chat messages, tools, the forced call's grammar, the tool family for the reply)."""
+    family = engine.info.tool_format if body.calls_tools() else None
+    try:
+        return body.chat_messages(), body.chat_tools(), body.grammar(family), family
+    except ValueError as e:
+        raise ApiError(400, str(e), param="messages") from None
+
+
+@router.post("/messages")
+async def create_message(
+    request: Request, body: MessagesRequest, user: UserDep, engines: EnginesDep, store: StoreDep, metrics: MetricsDep
+):
+    engine = await _engine(engines, body.model)
+    messages, tools, grammar, family = _prepared(body, engine)
+    fields = {**body.sampling(engine.info.sampling_defaults), "lark": grammar}
+    model = engine.info.model_id
+    handle = await generation.submit(
+        Ledger(metrics, store, model, user),
+        lambda: engine.asubmit(
+            ChatRequest(
+                messages=messages, tools=tools, sampling=Sampling(**fields), owner=owner_of(user and user.cache_key)
+            )
+        ),
+    )
+    mid = new_id("msg")
+    if body.stream:
+        return generation.stream([handle], MessageEvents(mid, model, handle.prompt_tokens, family))
+    (final,), gone = await generation.wait_for_ends(request, [handle])
+    return Response(status_code=CLIENT_GONE) if gone else JSONResponse(message(mid, model, final, family))
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, user: UserDep, engines: EnginesDep):
+    engine = await _engine(engines, body.model)
+    messages, tools, _, _ = _prepared(body, engine)
+    try:
+        n = await engine.count_tokens(
+            ChatRequest(messages=messages, tools=tools, owner=owner_of(user and user.cache_key))
+        )
+    except RequestError as e:
+        raise ApiError(e.status, e.message, code=e.code) from None
+    return {"input_tokens": n}
