@@ -115,6 +115,14 @@ def test_penalties_break_loops_in_their_own_row_and_leave_the_others_alone(engin
     assert repeats(results[i].text for i in range(3, 6)) < repeats(base), (base, [results[i].text for i in (3, 4, 5)])
 
 
+def test_min_p_keeps_only_the_likeliest_tokens(engine):
+    """min_p 1 keeps only the likeliest token: a hot, seeded sample is then the greedy reply."""
+    greedy = [run_alone(engine, chat(w, max_tokens=16)).text for w in WORDS[:3]]
+    hot = [run_alone(engine, chat(w, max_tokens=16, temperature=1.5, seed=7)).text for w in WORDS[:3]]
+    kept = [run_alone(engine, chat(w, max_tokens=16, temperature=1.5, seed=7, min_p=1.0)).text for w in WORDS[:3]]
+    assert kept == greedy and hot != greedy
+
+
 def test_a_schema_compiles_in_a_worker_thread_never_the_engines_or_the_loops(engine, monkeypatch):
     """However long a user's schema takes to compile, no other stream waits for it."""
     import radixchat.core.engine.constrain as constrain

@@ -56,6 +56,7 @@ class Sampling(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=5.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)  # 0: off
     max_tokens: int | None = Field(None, gt=0)
     stop: list[str] = Field(default_factory=list, max_length=8)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)

@@ -1,8 +1,8 @@
 """Per-request samplers with their own PRNG stream (so a seed survives batching).
 
 mlx-lm's `make_sampler` draws from MLX's global random state, which every request in a
-batch shares; here each request carries its own key, split once per step. The top-p and
-top-k filters are mlx-lm's. Greedy requests get `None`, so BatchGenerator samples a
+batch shares; here each request carries its own key, split once per step. The top-p, top-k
+and min-p filters are mlx-lm's. Greedy requests get `None`, so BatchGenerator samples a
 batch of them in one call with its own argmax sampler.
 
 A sampler takes a row's logits up to a constant (core.engine.unnormalized: the batched step
@@ -15,7 +15,7 @@ import random
 from collections import deque
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_k, apply_top_p, make_logits_processors
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from radixchat.core.engine.requests import Sampling
 from radixchat.core.engine.unnormalized import normalized
@@ -87,6 +87,8 @@ def make_request_sampler(s: Sampling, constraint=None):
             logprobs = apply_top_p(normalized(logprobs), s.top_p)
         if 0 < s.top_k < logprobs.shape[-1]:  # k = the whole vocabulary filters nothing
             logprobs = apply_top_k(logprobs, s.top_k)
+        if s.min_p > 0:  # relative to the most likely token: needs the row normalized too
+            logprobs = apply_min_p(normalized(logprobs), s.min_p)
         past.append((state["calls"], state["key"]))
         keys = mx.random.split(state["key"])
         state["key"] = keys[0]

@@ -33,6 +33,7 @@ COMMON = {
     "frequency_penalty": USED,
     "repetition_penalty": USED,
     "top_k": USED,
+    "min_p": USED,
     "ignore_eos": USED,
     "user": IGNORED,
     "logit_bias": USED,

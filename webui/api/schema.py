@@ -137,6 +137,7 @@ class _Sampling(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # an extension, as vLLM's
+    min_p: float = Field(0.0, ge=0.0, le=1.0)  # an extension, as vLLM's (0: off)
     user: str | None = None
     ignore_eos: bool = False  # an extension (as vLLM's): generate exactly max_tokens
     logit_bias: dict[str, float] | None = None  # token id (as a string, JSON's keys) -> bias
@@ -167,6 +168,7 @@ class _Sampling(BaseModel):
         return {
             **with_defaults(self.temperature, self.top_p, defaults),
             "top_k": self.top_k,
+            "min_p": self.min_p,
             "max_tokens": self.max_tokens,
             "stop": self.stop or [],
             "seed": self.seed,
