@@ -109,6 +109,18 @@ def tool_server(tmp_path_factory):
     assert "Traceback" not in srv.stop()
 
 
+def ask_weather(c, msgs, **extra):
+    """The two tools, get_weather named, greedy."""
+    return c.chat.completions.create(
+        model="default",
+        messages=msgs,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        **extra,
+    )
+
+
 def check_weather(call) -> dict:
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     args = json.loads(call.function.arguments)
@@ -119,27 +131,12 @@ def check_weather(call) -> dict:
 def test_a_required_call_round_trip_through_the_official_client(tool_server):
     c = client(tool_server, "none")
     msgs = [{"role": "user", "content": "What is the weather in Oslo for three days?"}]
-    out = c.chat.completions.create(
-        model="default",
-        messages=msgs,
-        tools=[WEATHER, TIME],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        temperature=0,
-    )
+    out = ask_weather(c, msgs)
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     check_weather(choice.message.tool_calls[0])
     # the same streamed: no text, one tool_calls delta, the same call
-    chunks = list(
-        c.chat.completions.create(
-            model="default",
-            messages=msgs,
-            tools=[WEATHER, TIME],
-            tool_choice={"type": "function", "function": {"name": "get_weather"}},
-            temperature=0,
-            stream=True,
-        )
-    )
+    chunks = list(ask_weather(c, msgs, stream=True))
     deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
     assert not "".join(d.content or "" for d in deltas)
     streamed = [tc for d in deltas for tc in (d.tool_calls or [])]
@@ -183,13 +180,7 @@ def test_a_model_without_a_tool_format_calls_tools_in_the_generic_one(tmp_path):
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         call = choice.message.tool_calls[0]
         assert call.function.name in ("get_weather", "get_time") and json.loads(call.function.arguments)
-        named = c.chat.completions.create(
-            model="default",
-            messages=msgs,
-            tools=[WEATHER, TIME],
-            tool_choice={"type": "function", "function": {"name": "get_weather"}},
-            temperature=0,
-        )
+        named = ask_weather(c, msgs)
         check_weather(named.choices[0].message.tool_calls[0])
         # the tools are described in the system message: a longer prompt than without them
         plain = c.chat.completions.create(model="default", messages=msgs, max_tokens=1, temperature=0)
