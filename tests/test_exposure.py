@@ -261,5 +261,5 @@ def test_the_readme_and_the_page_say_what_a_whole_system_message_guess_confirms(
     security = README.read_text().split("## Security model", 1)[1].split("\n## ", 1)[0]
     assert "confirm a guess of a whole system message" in " ".join(security.split())
     with gr.Blocks():
-        panel = settings_panel({}, INFO, 16)
+        panel = settings_panel({}, INFO, 16, [INFO.model_id])
     assert panel.system.info == SYSTEM_PROMPT_HELP and "whole" in SYSTEM_PROMPT_HELP

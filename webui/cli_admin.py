@@ -2,7 +2,7 @@
 
     radixchat users add NAME [--password-file F]   # else asks twice, without echo
     radixchat users list | users remove NAME | users passwd NAME [--password-file F]
-    radixchat keys create NAME [--label L]          # prints the key, once
+    radixchat keys create NAME [--label L] [--front-end]  # prints the key, once
     radixchat keys list [NAME] | keys revoke KEY    # KEY: the whole key or its listed start
     radixchat export NAME ID [--format json|md] [--output FILE]
 
@@ -51,6 +51,12 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     p = keys.add_parser("create", parents=[db], help="create an API key for a user; prints it once")
     p.add_argument("name")
     p.add_argument("--label", default="", help="a note to tell keys apart")
+    p.add_argument(
+        "--front-end",
+        action="store_true",
+        help="a trusted front end's key (Open WebUI): its requests may name their end user "
+        "(X-Radixchat-User or X-OpenWebUI-User-Id), who is then a user of their own, NAME/USER",
+    )
     p.set_defaults(admin=cmd_keys_create)
     p = keys.add_parser("list", parents=[db], help="list keys (of one user, or everyone's)")
     p.add_argument("name", nargs="?")
@@ -169,7 +175,7 @@ def cmd_users_passwd(args) -> int:
 
 def cmd_keys_create(args) -> int:
     with _open(args) as store:
-        key, secret = store.create_api_key(store.get_user(args.name), args.label)
+        key, secret = store.create_api_key(store.get_user(args.name), args.label, front_end=args.front_end)
     print(secret)
     print(f"API key {key.visible}... for {key.owner_name}: shown this once, store it now", file=sys.stderr)
     return 0
@@ -180,7 +186,8 @@ def cmd_keys_list(args) -> int:
         keys = store.list_api_keys(None if args.name is None else store.get_user(args.name))
     for k in keys:
         state = f"revoked {_when(k.revoked)}" if k.revoked else f"last used {_when(k.last_used)}"
-        print(f"{k.visible}...  {k.owner_name:<16} created {_when(k.created)}  {state}  {k.label}".rstrip())
+        kind = "  front end" if k.front_end else ""
+        print(f"{k.visible}...  {k.owner_name:<16} created {_when(k.created)}  {state}{kind}  {k.label}".rstrip())
     return 0
 
 

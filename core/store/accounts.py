@@ -24,6 +24,7 @@ from radixchat.core.store.connection import StoreBase
 from radixchat.core.store.types import (
     MAX_LABEL_CHARS,
     MAX_PASSWORD_CHARS,
+    NAME_RULE,
     AlreadyExists,
     ApiKey,
     AuthFailed,
@@ -35,6 +36,7 @@ from radixchat.core.store.types import (
     check_password,
     check_text,
     is_valid_name,
+    is_valid_part,
     user_id,
 )
 
@@ -44,7 +46,7 @@ _TOUCH_EVERY_S = 60.0  # how stale a key's last_used may get: saves a write per 
 # their requests fail rather than share one namespace with every such user
 _USER_COLUMNS = "SELECT id, name, created, coalesce(cache_key, '') FROM users"
 _KEY_COLUMNS = (
-    "SELECT k.id, k.owner, u.name, k.visible, k.label, k.created, k.last_used, k.revoked "
+    "SELECT k.id, k.owner, u.name, k.visible, k.label, k.created, k.last_used, k.revoked, k.front_end = 1 "
     "FROM api_keys k JOIN users u ON u.id = k.owner"
 )
 
@@ -154,8 +156,9 @@ class AccountsMixin(StoreBase):
 
     # ---- API keys ----
 
-    def create_api_key(self, user: User | int, label: str = "") -> tuple[ApiKey, str]:
-        """A new key for `user`: (its record, the key). The key is returned only this once."""
+    def create_api_key(self, user: User | int, label: str = "", *, front_end: bool = False) -> tuple[ApiKey, str]:
+        """A new key for `user`: (its record, the key). The key is returned only this once.
+        `front_end`: a trusted front end's key, whose requests may name their end user."""
         uid = user_id(user)
         label = check_text(label, "label", MAX_LABEL_CHARS, allow_empty=True).strip()
         key = auth.new_api_key()
@@ -170,9 +173,10 @@ class AccountsMixin(StoreBase):
                 "visible": auth.api_key_visible(key),
                 "label": label,
                 "created": now,
+                "front_end": int(front_end),
             }
             kid = db["api_keys"].insert(row).last_pk
-        return ApiKey(kid, uid, owner[0], row["visible"], label, now, None, None), key
+        return ApiKey(kid, uid, owner[0], row["visible"], label, now, None, None, front_end), key
 
     def list_api_keys(self, user: User | int | None = None) -> list[ApiKey]:
         """One user's keys, or everyone's with user=None (for the admin command)."""
@@ -212,25 +216,48 @@ class AccountsMixin(StoreBase):
         return k
 
     def verify_api_key(self, key: str) -> User:
-        """The key's owner, or AuthFailed. Notes the use (at most once a minute per key)
-        through the writer thread, so checking a key never waits for the write lock."""
+        """The key's owner, or AuthFailed (see `api_key_holder`)."""
+        return self.api_key_holder(key)[0]
+
+    def api_key_holder(self, key: str) -> tuple[User, bool]:
+        """(The key's owner, whether it is a front end's key), or AuthFailed. Notes the use
+        (at most once a minute per key) through the writer thread, so checking a key never
+        waits for the write lock."""
         if not isinstance(key, str) or not auth.looks_like_api_key(key) or len(key) > 200:
             raise AuthFailed("invalid API key")
         with self._tx(write=False) as db:
             row = db.execute(
-                "SELECT k.id, k.revoked, k.last_used, u.id, u.name, u.created, coalesce(u.cache_key, '') "
-                "FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.key_hash = ?",
+                "SELECT k.id, k.revoked, k.last_used, k.front_end = 1, u.id, u.name, u.created, "
+                "coalesce(u.cache_key, '') FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.key_hash = ?",
                 [auth.api_key_hash(key)],
             ).fetchone()
         if row is None:
             raise AuthFailed("invalid API key")
-        kid, revoked, last_used, *owner = row
+        kid, revoked, last_used, front_end, *owner = row
         if revoked is not None:
             raise AuthFailed(f"API key {auth.api_key_visible(key)}... was revoked")
         now = time.time()
         if last_used is None or now - last_used > _TOUCH_EVERY_S:
             self._touch_api_key(kid, now)
-        return User(*owner)
+        return User(*owner), bool(front_end)
+
+    def end_user(self, front: User, name: str) -> User:
+        """The user FRONT/NAME that a front end's request names, made on first sight with a
+        password nobody knows (they never sign in here: the front end vouches for them).
+        Invalid for a name that is not one part of letters, digits, '.', '_', '-'."""
+        if "/" in front.name:
+            raise Invalid("an end user cannot vouch for others")
+        if not is_valid_part(name):
+            raise Invalid(f"bad end user name {name[:80]!r}: use {NAME_RULE.split(' (')[0]}")
+        full = f"{front.name}/{name}"
+        try:
+            return self.get_user(full)
+        except NotFound:
+            pass
+        try:
+            return self.create_user(full, secrets.token_urlsafe(24))
+        except AlreadyExists:  # another request of theirs made it first
+            return self.get_user(full)
 
 
 def _new_key() -> str:

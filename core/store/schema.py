@@ -199,6 +199,13 @@ _V9_CONVERSATION_MODEL = """
 ALTER TABLE conversations ADD COLUMN model TEXT;
 """
 
+# a key marked as a trusted front end's (Open WebUI in front of radixchat, say): requests made
+# with it may name their end user in a header, and are then that end user's, a user of its
+# own named FRONT/END (webui/api/deps.py). Every key made before is an ordinary one.
+_V10_FRONT_END_KEYS = """
+ALTER TABLE api_keys ADD COLUMN front_end INTEGER NOT NULL DEFAULT 0;
+"""
+
 MIGRATIONS: list[str] = [
     _V1_CHAT,
     _V2_KEYS_AND_METRICS,
@@ -209,6 +216,7 @@ MIGRATIONS: list[str] = [
     _V7_IDENTITY,
     _V8_RESPONSE_IDS,
     _V9_CONVERSATION_MODEL,
+    _V10_FRONT_END_KEYS,
 ]
 LATEST = len(MIGRATIONS)
 

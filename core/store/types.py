@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_NAME_CHARS = 64
-NAME_RULE = "1-64 characters: letters, digits, '.', '_' and '-'"
-_NAME_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_NAME_CHARS}}}", re.ASCII)
+NAME_RULE = "1-64 characters: letters, digits, '.', '_' and '-' (a front end's users: FRONT/USER)"
+_PART = rf"[A-Za-z0-9._-]{{1,{MAX_NAME_CHARS}}}"
+# one '/' at most: a front end's end user (webui/api/deps.py), never an ordinary user's name
+_NAME_RE = re.compile(rf"{_PART}(?:/{_PART})?", re.ASCII)
+_PART_RE = re.compile(_PART, re.ASCII)
 MIN_PASSWORD_CHARS = 8
 MAX_PASSWORD_CHARS = 1024
 MAX_TITLE_CHARS = 200
@@ -70,6 +73,7 @@ class ApiKey:
     created: float
     last_used: float | None
     revoked: float | None
+    front_end: bool = False  # a trusted front end's: its requests may name their end user
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,11 @@ def check_text(value: Any, what: str, max_chars: int, *, allow_empty: bool = Fal
 
 def is_valid_name(name: Any) -> bool:
     return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+
+
+def is_valid_part(name: Any) -> bool:
+    """A name without a '/': an end user's part of FRONT/USER."""
+    return isinstance(name, str) and _PART_RE.fullmatch(name) is not None
 
 
 def check_name(name: Any) -> str:

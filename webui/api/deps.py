@@ -1,9 +1,13 @@
 """FastAPI dependencies of the API routes: the app's shared state and the current user.
 
-The served models (their engines), settings, store and metrics are the app's (`request.app.state`, set once by
-webui/server.py's build_app), so the routers are plain module-level APIRouters that any app
+The served models (their engines), settings, store and metrics are the app's
+(`request.app.state`, set once by webui/server.py's build_app), so the routers are plain module-level APIRouters that any app
 holding that state can include. The current user comes from the request's API key
-(`Authorization: Bearer KEY`, or `x-api-key: KEY`); with --no-auth there is none (None).
+(`Authorization: Bearer KEY`, or `x-api-key: KEY`); with --no-auth there is none (None). A
+key marked as a trusted front end's (`radixchat keys create NAME --front-end`) may name the
+request's end user (`X-Radixchat-User`, or Open WebUI's `X-OpenWebUI-User-Id`): the request
+is then that end user's, a user of its own named FRONT/USER, made on first sight, with their
+own limits, fair share, cache scope and rows; any other key's such headers are ignored.
 A route takes what it needs by annotation (`engines: EnginesDep`, `user: UserDep`); FastAPI
 solves each once per request. The state getters are coroutines so that they run on the
 event loop (a sync dependency costs a worker-thread hop); `current_user` is sync because
@@ -21,7 +25,7 @@ from radixchat.core.config import Settings
 from radixchat.core.engine.requests import RequestError
 from radixchat.core.engine.seam import EngineClient, Engines
 from radixchat.core.store import Store
-from radixchat.core.store.types import AuthFailed, User
+from radixchat.core.store.types import AuthFailed, Invalid, User
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.metrics import Metrics
 
@@ -60,12 +64,22 @@ def current_user(request: Request, settings: SettingsDep, store: StoreDep) -> Us
             401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error", "missing_api_key"
         )
     try:
-        return store.verify_api_key(key)
+        user, front_end = store.api_key_holder(key)
     except AuthFailed:
         # the type is what clients map: litellm reads invalid_request_error as a bad request
         raise ApiError(401, "invalid or revoked API key", "authentication_error", "invalid_api_key") from None
+    end = next((request.headers[h].strip() for h in END_USER_HEADERS if request.headers.get(h, "").strip()), "")
+    if not (front_end and end):  # an ordinary key's headers name nobody: it is its owner's
+        return user
+    try:
+        return store.end_user(user, end)
+    except Invalid as e:
+        raise ApiError(400, f"{END_USER_HEADERS[0]}: {e}", param=END_USER_HEADERS[0]) from None
 
 
+# who a trusted front end's request is for: radixchat's own header, then Open WebUI's (sent
+# with ENABLE_FORWARD_USER_INFO_HEADERS=true)
+END_USER_HEADERS = ("x-radixchat-user", "x-openwebui-user-id")
 UserDep = Annotated[User | None, Depends(current_user)]
 
 
