@@ -3,7 +3,7 @@ small random model (its template has no tool format: the generic one serves tool
 whole and streamed (the same text, Anthropic's event order), its usage with the prefix
 cache's tokens, stop sequences, tools forced and streamed and their results sent back,
 count_tokens, Claude Code's model names, and errors in Anthropic's envelope that the SDK
-maps to its exceptions."""
+maps to its exceptions; litellm's `anthropic/` route."""
 
 from __future__ import annotations
 
@@ -151,3 +151,18 @@ def test_claude_codes_model_names_and_errors_in_anthropics_envelope(served):
         speed="fast",
     )
     assert ok.content
+
+
+def test_litellms_anthropic_route(served, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price list at import
+    import litellm
+
+    srv, client, key = served
+    route = {"model": "anthropic/plain", "api_base": srv.url, "api_key": key, "max_tokens": 12, "temperature": 0}
+    sdk = client.messages.create(model="plain", max_tokens=12, messages=ASK, extra_body=GREEDY).content[0].text
+    whole = litellm.completion(messages=ASK, **route)
+    assert whole.choices[0].message.content == sdk and whole.usage.completion_tokens > 0
+    streamed = litellm.completion(messages=ASK, stream=True, **route)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == sdk
+    with pytest.raises(litellm.ContextWindowExceededError):
+        litellm.completion(messages=[{"role": "user", "content": "lists " * 4000}], **route)
