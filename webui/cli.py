@@ -11,6 +11,7 @@ commands (no MLX, no re-exec) are webui.cli_admin.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -123,11 +124,23 @@ def _start_models(settings: Settings, on_fatal, cache_owners):
         sys.exit(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}")
 
 
+def _log_to_stderr() -> None:
+    """radixchat's own log lines (a line per API request, models loaded and unloaded, what
+    the caches forget) on stderr, from INFO up; other libraries keep their defaults."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("radixchat: %(message)s"))
+    log = logging.getLogger("radixchat")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def cmd_serve(args, settings: Settings) -> None:
     # The engine thread gives up the GIL during every MLX evaluation and wants it back at
     # once; with the default 5 ms switch interval it waits behind the HTTP thread, which
     # slowed every decode step under load.
     sys.setswitchinterval(0.0005)
+    _log_to_stderr()
     from radixchat.core.engine.lockstep import launched
 
     place = launched()

@@ -52,6 +52,10 @@ class Server:
             text=True,
             env={**os.environ, **(env or {})},
         )
+        # read all along: a server that writes more than a pipe holds (its log) would block
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
         deadline = time.time() + 120
         while time.time() < deadline:
             try:
@@ -60,14 +64,21 @@ class Server:
             except httpx.HTTPError:
                 pass
             if self.proc.poll() is not None:
-                raise RuntimeError(self.proc.stdout.read())
+                raise RuntimeError(self.output())
             time.sleep(0.3)
-        raise TimeoutError("server did not start")
+        self.proc.kill()  # never left running behind a failed test
+        raise TimeoutError(f"server did not start: {self.output()}")
+
+    def output(self) -> str:
+        """What it printed so far (all of it once it has exited)."""
+        if self.proc.poll() is not None:
+            self._reader.join(10)
+        return "".join(self._lines)
 
     def stop(self):
         self.proc.send_signal(signal.SIGINT)
-        out, _ = self.proc.communicate(timeout=30)
-        return out
+        self.proc.wait(timeout=30)
+        return self.output()
 
     def metric(self, name: str, **labels: str) -> float:
         return metric_value(httpx.get(self.url + "/metrics").text, name, **labels)

@@ -40,7 +40,7 @@ async def chat_completions(
     messages = [m.for_template() for m in body.messages]
     owner = owner_of(user and user.cache_key)
     handles = await generation.submit_choices(
-        Ledger(metrics, store, engine.info.model_id, user),
+        Ledger(metrics, store, engine.info.model_id, user, "chat"),
         body.n,
         body.sampling(engine.info.sampling_defaults),
         lambda sampling: engine.asubmit(
@@ -70,7 +70,7 @@ async def completions(
     engine = await engine_for(engines, body.model)
     owner = owner_of(user and user.cache_key)
     handles = await generation.submit_choices(
-        Ledger(metrics, store, engine.info.model_id, user),
+        Ledger(metrics, store, engine.info.model_id, user, "completions"),
         body.n,
         body.sampling(engine.info.sampling_defaults),
         lambda sampling: engine.asubmit(PromptRequest(prompt=body.prompt, sampling=sampling, owner=owner)),

@@ -87,23 +87,33 @@ def count_refusal(app, path: str, reason: str) -> None:
         metrics.rejected(reason)
 
 
+def note_refusal(request: Request, status: int, reason: str, message: str, param: str | None = None) -> None:
+    """`count_refusal`, and a line on the log saying what was wrong (the field, when one)."""
+    path = request.url.path
+    count_refusal(request.app, path, reason)
+    if path.startswith("/v1/"):
+        who = request.client.host if request.client else "-"
+        where = f" param={param}" if param else ""
+        log.info("refused %s %d %s%s from %s: %s", path, status, reason, where, who, message)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         if exc.status < 500:
-            count_refusal(request.app, request.url.path, exc.code or str(exc.status))
+            note_refusal(request, exc.status, exc.code or str(exc.status), exc.message, exc.param)
         return error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
-        count_refusal(request.app, request.url.path, "invalid_value")
+        note_refusal(request, 400, "invalid_value", message, param)
         return error_response(400, message, param=param, code="invalid_value", path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
-        count_refusal(request.app, request.url.path, code or str(exc.status_code))
+        note_refusal(request, exc.status_code, code or str(exc.status_code), str(exc.detail))
         return error_response(exc.status_code, str(exc.detail), code=code, path=request.url.path)
 
 

@@ -49,9 +49,24 @@ class Ledger:
     store: Store | None
     model: str
     user: User | None
+    route: str = "api"  # which API, for the log line
 
     def ended(self, final: Finished | Failed) -> None:
         u = final.usage
+        # one line per request, as it ends (a refusal's is the error handler's)
+        ttft = "-" if u.ttft_ms is None else f"{u.ttft_ms / 1e3:.3f}s"
+        log.info(
+            "%s %s %s %s prompt=%d cached=%d generated=%d ttft=%s total=%.3fs",
+            self.route,
+            self.user.name if self.user else "-",
+            self.model,
+            getattr(final, "finish_reason", "failed"),
+            u.prompt_tokens,
+            u.cached_tokens,
+            u.generated_tokens,
+            ttft,
+            u.total_ms / 1e3,
+        )
         self.row(
             prompt_tokens=u.prompt_tokens,
             cached_tokens=u.cached_tokens,

@@ -61,7 +61,7 @@ async def create_message(
     fields = {**body.sampling(engine.info.sampling_defaults), "lark": grammar}
     model = engine.info.model_id
     handle = await generation.submit(
-        Ledger(metrics, store, model, user),
+        Ledger(metrics, store, model, user, "messages"),
         lambda: engine.asubmit(
             ChatRequest(
                 messages=messages, tools=tools, sampling=Sampling(**fields), owner=owner_of(user and user.cache_key)

@@ -72,7 +72,7 @@ async def create_response(
     fields = body.sampling(engine.info.sampling_defaults)
     model = engine.info.model_id
     handle = await generation.submit(
-        Ledger(metrics, store, model, user),
+        Ledger(metrics, store, model, user, "responses"),
         lambda: engine.asubmit(
             ChatRequest(
                 messages=system + history + turn, sampling=Sampling(**fields), owner=owner_of(user and user.cache_key)
