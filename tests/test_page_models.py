@@ -243,7 +243,8 @@ def test_the_second_model_picked_answers_and_stays_picked_at_1280_and_390(server
         mark = f"{name.capitalize()}-7{len(name)} what is a list?"
         pick(page, SECOND)
         if name == "alice":  # the second is not loaded until a message needs it
-            assert "loads on its first message" in page.evaluate(NOTE)
+            # (the note is redrawn by the pick's event: wait for it, not for the old text)
+            page.wait_for_function(f"({NOTE})().includes('loads on its first message')", timeout=10_000)
         shot(page, f"picked-{name}")
         send(page, mark)
         assert answered(page, mark.split()[0])

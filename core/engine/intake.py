@@ -72,6 +72,7 @@ class Intake:
             vocab_size=m.vocab_size,
             card=card,
             tool_format=self.tool_format(),
+            thinking_switch="enable_thinking" in (getattr(m.tokenizer, "chat_template", None) or ""),
             notice=m.notice,
             created=int(self.started_at),
             sharded=sharded,
@@ -207,6 +208,8 @@ class Intake:
                 messages = generic_messages(messages, request.tools)
         elif request.tools:
             extra["tools"] = request.tools
+        if request.thinking is not None:  # Qwen3's switch, as its template names it
+            extra["enable_thinking"] = request.thinking
         with self._tok_lock:
             try:
                 prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True, **extra))

@@ -136,6 +136,10 @@ class ChatRequest(BaseModel):
     sampling: Sampling = Field(default_factory=Sampling)
     # functions the model may call, given to its chat template (OpenAI's `tools` shape)
     tools: list[dict] | None = None
+    # the chat template's thinking switch (enable_thinking), for a model whose template has
+    # one (ModelInfo.thinking_switch); None: mlx-lm's default (on where the tokenizer has
+    # thinking tokens)
+    thinking: bool | None = None
     # who sends it: after the system message, the prefix cache keeps this request's tokens
     # where only the same owner's requests find them (None: the one user of --no-auth)
     owner: str | None = None

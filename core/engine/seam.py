@@ -41,6 +41,7 @@ class ModelInfo:
     vocab_size: int
     card: Card | None = None  # name, size, license, note, recommended sampling
     tool_format: str | None = None  # the chat template's tool-call format (None: it has none)
+    thinking_switch: bool = False  # its chat template turns thinking on and off (enable_thinking)
     notice: str = ""  # said once at start-up, e.g. that the default model fell back to the tiny one
     created: int = 0  # when it started serving (Unix seconds): OpenAI's `created` of the model
     sharded: str = ""  # under mlx.launch: one line on the group (size, backend, ranks); else ""

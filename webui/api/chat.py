@@ -39,13 +39,22 @@ async def chat_completions(
         raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
     messages = [m.for_template() for m in body.messages]
     owner = owner_of(user and user.cache_key)
+    thinking = body.thinking()
+    if thinking is not None and not engine.info.thinking_switch:
+        raise ApiError(
+            400, "reasoning_effort: this model's chat template has no thinking switch", param="reasoning_effort"
+        )
     handles = await generation.submit_choices(
         Ledger(metrics, store, engine.info.model_id, user, "chat"),
         body.n,
         body.sampling(engine.info.sampling_defaults),
         lambda sampling: engine.asubmit(
             ChatRequest(
-                messages=messages, tools=tools, sampling=sampling.model_copy(update={"lark": lark}), owner=owner
+                messages=messages,
+                tools=tools,
+                sampling=sampling.model_copy(update={"lark": lark}),
+                owner=owner,
+                thinking=thinking,
             )
         ),
     )

@@ -58,7 +58,7 @@ CHAT = {
     "audio": REFUSED,
     "modalities": REFUSED,
     "prediction": REFUSED,
-    "reasoning_effort": REFUSED,
+    "reasoning_effort": USED,
     "verbosity": REFUSED,
     "web_search_options": REFUSED,
 }

@@ -223,6 +223,14 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # for a model whose template has a thinking switch: "none" and "minimal" turn it off
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+    def thinking(self) -> bool | None:
+        """The template's thinking switch this request asks for (None: its default)."""
+        if self.reasoning_effort is None:
+            return None
+        return self.reasoning_effort not in ("none", "minimal")
 
     @model_validator(mode="after")
     def _tools_checks(self):
