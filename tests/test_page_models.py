@@ -254,7 +254,7 @@ def test_the_second_model_picked_answers_and_stays_picked_at_1280_and_390(server
         page.reload()
         ready(page)
         page.wait_for_function("!!document.querySelector('#chat [data-testid=bot]')")  # the chat is back
-        assert page.evaluate(PICKED) == SECOND and page.evaluate(LOADED)
+        page.wait_for_function(f"({PICKED})() == {SECOND!r} && ({LOADED})()", timeout=10_000)
         page.locator("#model").scroll_into_view_if_needed()
         shot(page, f"reloaded-{name}")
         assert stored(server, name) == [(SECOND, [SECOND])]
