@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from radixchat.core.engine import tools as formats
 from radixchat.core.engine.requests import Failed, Finished, TextDelta, Usage
 from radixchat.webui.api import toolcalls
+from radixchat.webui.api.fields import penalties, with_defaults
 
 Ignored = dict | None  # cache_control: accepted, not used (see the module's docstring)
 
@@ -201,18 +202,14 @@ class MessagesRequest(BaseModel):
         return formats.grammar(family, tools, only=choice.name)
 
     def sampling(self, defaults: dict) -> dict:
-        def pick(value, key, off):
-            return value if value is not None else defaults.get(key, off)
-
+        """The engine's sampling fields, what the request left out from `defaults` (the model
+        card's), as the OpenAI routes fill them (webui/api/fields.py)."""
         return {
-            "temperature": pick(self.temperature, "temperature", 1.0),
-            "top_p": pick(self.top_p, "top_p", 1.0),
+            **with_defaults(self.temperature, self.top_p, defaults),
             "top_k": self.top_k or 0,
             "max_tokens": self.max_tokens,
             "stop": self.stop_sequences or [],
-            **{
-                k: defaults[k] for k in ("presence_penalty", "frequency_penalty", "repetition_penalty") if k in defaults
-            },
+            **penalties(self, defaults),  # none in Anthropic's API: the card's, else off
         }
 
 
