@@ -150,8 +150,9 @@ class ModelSet:
         `model_unavailable` when it could not be loaded."""
         slot = self._slot(name)
         slot.last_used = time.monotonic()
-        if slot.engine is not None:
-            return slot.engine
+        engine = slot.engine  # read once: the idle thread may unload it meanwhile
+        if engine is not None:
+            return engine
         with slot.loading:
             if slot.engine is None:
                 with self._room:
@@ -162,9 +163,10 @@ class ModelSet:
 
     async def aengine(self, name: str) -> EngineClient:
         slot = self._slot(name)
-        if slot.engine is not None:  # the common case costs no thread
+        engine = slot.engine
+        if engine is not None:  # the common case costs no thread
             slot.last_used = time.monotonic()
-            return slot.engine
+            return engine
         return await asyncio.to_thread(self.engine, name)
 
     def forget(self, owner: str) -> None:
