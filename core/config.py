@@ -10,12 +10,16 @@ client's address is judged by `address_allowed`, wherever the server asks (webui
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
+import re
 import socket
+from decimal import Decimal
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -34,6 +38,40 @@ def default_data_dir() -> Path:
 # (webui/cli.py); the model's default stays 0, so that an engine built in-process (tests,
 # benchmarks) writes nothing into the user's data folder unless asked.
 DISK_AUTO = (1 << 63) - 1
+
+
+# Units of a size: K, M, G, T (and KB, MB...) are powers of ten as disks are sold; Ki, Mi,
+# Gi, Ti (and KiB...) powers of two as memory is. Case does not matter: "2gb" is 2 GB.
+_UNITS = {"": 1, "b": 1}
+for _i, _u in enumerate("kmgt", start=1):
+    _UNITS |= {_u: 1000**_i, _u + "b": 1000**_i, _u + "i": 1024**_i, _u + "ib": 1024**_i}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+SIZE_FORMS = "2e9, 2G or 2GB (G = 10^9), 2GiB or 2Gi (Gi = 2^30), 512M, 512MiB, 64K, 64KiB"
+
+
+def parse_size(value):
+    """A number of bytes from what a flag, a variable or a TOML file gives: an int as it is
+    (the field's own bounds judge it), a whole float (TOML reads 2e9 as one), or text in
+    SIZE_FORMS. Anything else raises pydantic's own error, which names the setting."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    number = None
+    if isinstance(value, float) and math.isfinite(value):
+        number = Decimal(value)
+    elif isinstance(value, str) and (m := _SIZE.fullmatch(value)) and m[2].lower() in _UNITS:
+        number = Decimal(m[1]) * _UNITS[m[2].lower()]
+    if number is None:
+        negative = isinstance(value, str) and value.strip().startswith("-")
+        why = "cannot be negative" if negative else "should look like " + SIZE_FORMS
+        raise PydanticCustomError("byte_size", "a size in bytes {why}, got {value}", {"why": why, "value": repr(value)})
+    if number != number.to_integral_value():
+        raise PydanticCustomError("byte_size", "a whole number of bytes, got {value}", {"value": repr(value)})
+    return int(number)
+
+
+# every setting named *_bytes has this type, so each takes the same forms
+ByteSize = Annotated[int, BeforeValidator(parse_size)]
+SIZES_HELP = f"; sizes: {SIZE_FORMS}, any case"
 
 
 # what a server may set for requests that leave it out (sampling_defaults)
@@ -71,21 +109,21 @@ class Settings(BaseSettings):
         ge=0,
         description="Unload a model other than the first after this many seconds without requests (0: never)",
     )
-    memory_bytes: int | None = Field(
+    memory_bytes: ByteSize | None = Field(
         None,
         ge=0,
         description="Memory for every loaded model's weights and K/V budget together (default: "
         "three quarters of this machine's): a model loads only if it fits, idle ones "
-        "unloaded first (0: no limit)",
+        "unloaded first (0: no limit)" + SIZES_HELP,
     )
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 serves the LAN")
     port: int = Field(8000, ge=1, le=65535, description="TCP port")
     db: Path = Field(default_factory=lambda: default_data_dir() / "radixchat.db", description="SQLite file")
-    cache_bytes: int | None = Field(
+    cache_bytes: ByteSize | None = Field(
         None,
         ge=0,
         description="K/V byte budget shared by the running batch "
-        "and the prefix cache (default: a fifth of this machine's memory)",
+        "and the prefix cache (default: a fifth of this machine's memory)" + SIZES_HELP,
     )
     prefix_cache: bool = Field(True, description="Share a radix prefix KV cache across requests")
     cache_sharing: Literal["system", "all", "user"] = Field(
@@ -93,7 +131,7 @@ class Settings(BaseSettings):
         description="What the prefix cache shares between users: the system message "
         "(default), everything (one trusted user) or nothing",
     )
-    cache_disk_bytes: int = Field(
+    cache_disk_bytes: ByteSize = Field(
         0,
         ge=0,
         description="Byte budget of the prefix cache's disk tier, whose entries "
@@ -102,7 +140,7 @@ class Settings(BaseSettings):
         "that many bytes; either way a tenth of the disk (at least 1 GiB) is left "
         "free, and one user's entries hold at most a share; 0 = no disk tier. "
         "Default: auto for `radixchat serve` (off under mlx.launch), 0 for `ask` and "
-        "engines built in-process",
+        "engines built in-process" + SIZES_HELP,
     )
     shard_timeout_s: float = Field(
         60.0,
@@ -182,11 +220,11 @@ class Settings(BaseSettings):
         "they are queued, shared by user in turn: one user's queued preparations wait "
         "behind other users'",
     )
-    max_schema_bytes: int = Field(
+    max_schema_bytes: ByteSize = Field(
         64 << 10,
         ge=1024,
         description="Largest JSON schema (response_format) or forced tool call's "
-        "grammar a request may bring, in bytes (larger ones are refused before compiling)",
+        "grammar a request may bring, in bytes (larger ones are refused before compiling)" + SIZES_HELP,
     )
     max_tokens: int = Field(256, ge=1, description="Default reply length in tokens")
     context_length: int | None = Field(None, ge=16, description="Override the model's context length")
@@ -199,7 +237,7 @@ class Settings(BaseSettings):
 
     no_auth: bool = Field(False, description="Serve without sign-in or API keys")
     allow_open_lan: bool = Field(False, description="Permit --no-auth on a non-loopback host")
-    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest accepted API request body")
+    max_body_bytes: ByteSize = Field(1 << 20, ge=1024, description="Largest accepted API request body" + SIZES_HELP)
     metrics_allow: str = Field(
         "",
         description="Who besides this machine (loopback) may read /metrics: "
@@ -244,9 +282,7 @@ class Settings(BaseSettings):
     def _disk_auto(cls, v):
         if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
             return DISK_AUTO
-        if isinstance(v, str) and not v.strip().isdigit():
-            raise ValueError("a number of bytes, auto, or 0 for no disk tier")
-        return v
+        return v  # a size, read by parse_size
 
     @field_validator("sampling_defaults")
     @classmethod

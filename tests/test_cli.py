@@ -38,6 +38,23 @@ def test_invalid_setting_is_one_line_naming_it(args, env, name):
     assert len(lines) == 1 and name in lines[0] and "Traceback" not in out.stderr, out.stderr
 
 
+def test_byte_flags_take_human_sizes():
+    # a bad port stops start-up before anything loads; the size beside it is not named
+    out = run("serve", "--port", "abc", "--cache-disk-bytes", "2e9", "--memory-bytes", "4GiB")
+    assert out.returncode != 0 and "port" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert "cache_disk_bytes" not in out.stderr and "memory_bytes" not in out.stderr, out.stderr
+    out = run("serve", "--cache-disk-bytes", "2X")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "cache_disk_bytes" in lines[0] and "'2X'" in lines[0] and "2GiB" in lines[0], lines[0]
+
+
+def test_serve_help_says_what_sizes_look_like():
+    out = run("serve", "--help")
+    assert out.returncode == 0 and "--cache-disk-bytes" in out.stdout
+    assert "2GiB" in out.stdout and "2e9" in out.stdout, out.stdout
+
+
 def test_missing_model_is_a_clear_error(tmp_path):
     out = run("ask", "hi", "--model", str(tmp_path / "nothing"))
     assert out.returncode != 0 and "no mlx-lm model folder" in out.stderr

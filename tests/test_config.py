@@ -8,7 +8,7 @@ import socket
 import pytest
 from pydantic import ValidationError
 
-from radixchat.core.config import Settings, is_loopback
+from radixchat.core.config import DISK_AUTO, Settings, is_loopback, settings_error_line
 
 
 @pytest.mark.parametrize(
@@ -76,3 +76,65 @@ def test_speculation_is_refused_where_it_could_not_run():
     for off in ({"kv_slots": False}, {"step_tokens": 0}):
         with pytest.raises(ValidationError, match="speculate needs kv_slots on and step_tokens above 0"):
             Settings(speculate=2, **off)
+
+
+SIZE_FIELDS = [name for name in Settings.model_fields if name.endswith("_bytes")]
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("4096", 4096),
+        ("2e9", 2_000_000_000),
+        ("4E9", 4_000_000_000),
+        ("2G", 2_000_000_000),
+        ("2gb", 2_000_000_000),
+        ("2 GB", 2_000_000_000),
+        ("2GiB", 2 << 30),
+        ("2gi", 2 << 30),
+        ("1.5 GiB", 3 << 29),
+        ("512M", 512_000_000),
+        ("512MiB", 512 << 20),
+        ("64K", 64_000),
+        ("64kib", 64 << 10),
+        (2e9, 2_000_000_000),  # what TOML reads 2e9 as
+    ],
+)
+def test_every_byte_setting_takes_human_sizes(text, size):
+    assert SIZE_FIELDS and {"cache_disk_bytes", "memory_bytes", "cache_bytes", "max_body_bytes"} <= set(SIZE_FIELDS)
+    settings = Settings(**{name: text for name in SIZE_FIELDS})
+    assert {name: getattr(settings, name) for name in SIZE_FIELDS} == {name: size for name in SIZE_FIELDS}
+
+
+def test_sizes_come_from_the_environment_too(monkeypatch):
+    monkeypatch.setenv("RADIXCHAT_CACHE_DISK_BYTES", "2e9")
+    monkeypatch.setenv("RADIXCHAT_MEMORY_BYTES", "4GiB")
+    settings = Settings()
+    assert (settings.cache_disk_bytes, settings.memory_bytes) == (2_000_000_000, 4 << 30)
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("-2G", "negative"),
+        ("2X", "2GiB"),
+        ("nonsense", "2GiB"),
+        ("", "2GiB"),
+        ("1.5", "whole number"),
+        ("1.0001K", "whole number"),
+        (2.5e3 + 0.5, "whole number"),
+        (float("inf"), "2GiB"),
+        (True, "2GiB"),
+    ],
+)
+@pytest.mark.parametrize("name", SIZE_FIELDS)
+def test_a_bad_size_is_refused_naming_its_setting(name, text, why):
+    with pytest.raises(ValidationError) as err:
+        Settings(**{name: text})
+    line = settings_error_line(err.value)
+    assert f"{name}: " in line and why in line, line
+
+
+def test_the_disk_tiers_auto_still_stands_beside_sizes():
+    assert Settings(cache_disk_bytes="auto").cache_disk_bytes == DISK_AUTO
+    assert Settings(cache_disk_bytes="0").cache_disk_bytes == 0
