@@ -304,11 +304,15 @@ class _Gone:
         return {"type": "http.disconnect"}
 
 
+def _ledger(engine) -> generation.Ledger:
+    return generation.Ledger(Metrics(engine), None, "fake-model", None)
+
+
 def test_a_whole_reply_whose_client_left_is_cancelled_in_the_engine(engine):
     async def scenario():
         engine.hold = True
         handle = await engine.asubmit(ChatRequest(messages=[{"role": "user", "content": "hi"}]))
-        finals, gone = await asyncio.wait_for(generation.wait_for_ends(_Gone(), [handle]), 5)
+        finals, gone = await asyncio.wait_for(generation.wait_for_ends(_Gone(), [handle], _ledger(engine)), 5)
         return handle, finals, gone
 
     handle, (final,), gone = asyncio.run(scenario())
@@ -321,7 +325,9 @@ def test_a_stream_closed_early_cancels_the_choices_not_yet_ended(engine):
         engine.hold = True
         first = await engine.asubmit(ChatRequest(messages=[{"role": "user", "content": "a"}]))
         second = await engine.asubmit(ChatRequest(messages=[{"role": "user", "content": "b"}]))
-        body = generation.stream([first, second], ChatFrames("fake-model", 2, False, None)).body_iterator
+        body = generation.stream(
+            [first, second], ChatFrames("fake-model", 2, False, None), _ledger(engine)
+        ).body_iterator
         opening = [await anext(body), await anext(body)]
         await body.aclose()  # what Starlette does when the client goes away
         return first, second, opening

@@ -4,8 +4,9 @@ dashboard's reads of them.
 Metrics from the engine thread go through `record_request_async`, which only puts the record on
 a queue; one writer thread ("radixchat-store-writer", started by the first queued item) commits
 queued records in batches, one transaction each. `flush()` waits for what was queued before it
-(tests, shutdown). Queued records are not acknowledged writes: a crash may lose them, never a row
-that a synchronous call returned. The same thread notes API keys' last use
+(tests, shutdown). A queued record is not yet an acknowledged write: a crash may lose it. An API
+reply's row goes through `record_request_acked`, whose future its reply waits on before its last
+byte, so no request a client saw answered can be lost (many rows still share one commit). The same thread notes API keys' last use
 (`_touch_api_key`, for core.store.accounts), so checking a key never waits for the write lock.
 
 Owns: `record_request`, the queue and its writer, `flush`, `_stop_writer` (run by `Store.close`
@@ -25,6 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -57,6 +59,15 @@ class _Touch:
 
     def __init__(self, key_id: int, when: float):
         self.key_id, self.when = key_id, when
+
+
+class _Acked:
+    """A queued request row whose writer says when it is committed."""
+
+    __slots__ = ("done", "record")
+
+    def __init__(self, record: RequestRecord, done: Future):
+        self.record, self.done = record, done
 
 
 class MetricsMixin(StoreBase):
@@ -92,30 +103,40 @@ class MetricsMixin(StoreBase):
         counts it in `dropped`. See `flush`."""
         self._enqueue(record)
 
+    def record_request_acked(self, record: RequestRecord) -> Future:
+        """`record_request_async`, and a future that is True once the row is committed (False
+        when it was dropped or failed to write): a reply's last byte waits for it, so a request
+        answered is a request stored, and the writer still commits many rows at once."""
+        acked = _Acked(record, Future())
+        if not self._enqueue(acked):
+            acked.done.set_result(False)
+        return acked.done
+
     def _touch_api_key(self, key_id: int, when: float) -> None:
         self._enqueue(_Touch(key_id, when))
 
     # ---- the writer thread ----
 
-    def _enqueue(self, item: Any) -> None:
+    def _enqueue(self, item: Any) -> bool:
         # The check and the put are one step under the lock `close` takes to set _stopping:
         # an item is either queued before the writer's stop mark (and written) or counted as
         # dropped, never queued behind the mark where nobody reads it.
         with self._writer_lock:
             if self._stopping:
                 self.dropped += 1
-                return
+                return False
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write_loop, daemon=True, name="radixchat-store-writer")
                 self._writer.start()
                 atexit.register(self.close)  # a daemon thread would lose its queue at exit
             try:
                 self._queue.put_nowait(item)
-                return
+                return True
             except queue.Full:
                 self.dropped += 1
         if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
             log.warning("store writer queue full: %d metric records dropped so far", self.dropped)
+        return False
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until everything queued before this call is committed. False on timeout."""
@@ -142,16 +163,19 @@ class MetricsMixin(StoreBase):
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            work = [x for x in batch if isinstance(x, (RequestRecord, _Touch))]
+            work = [x for x in batch if isinstance(x, (RequestRecord, _Touch, _Acked))]
             if work:
-                self._write_batch(work)
+                ok = self._write_batch(work)
+                for x in work:
+                    if isinstance(x, _Acked):
+                        x.done.set_result(ok)
             for x in batch:
                 if isinstance(x, threading.Event):
                     x.set()
             if any(x is _STOP for x in batch):
                 return
 
-    def _write_batch(self, work: list) -> None:
+    def _write_batch(self, work: list) -> bool:
         # one transaction (one fsync) for the whole batch; a record whose user or conversation
         # has gone since is kept without those links rather than lost
         try:
@@ -165,14 +189,17 @@ class MetricsMixin(StoreBase):
                             [x.when, x.key_id],
                         )
                         continue
+                    record = x.record if isinstance(x, _Acked) else x
                     try:
-                        self._insert_request(db, x)
+                        self._insert_request(db, record)
                     except NotFound as e:
                         log.warning("request metrics stored without links: %s", e)
-                        self._insert_request(db, replace(x, user=None, conversation=None))
+                        self._insert_request(db, replace(record, user=None, conversation=None))
         except Exception:
-            self.async_errors += sum(isinstance(x, RequestRecord) for x in work)
+            self.async_errors += sum(isinstance(x, (RequestRecord, _Acked)) for x in work)
             log.exception("store writer: %d queued records lost", len(work))
+            return False
+        return True
 
     # ---- reads ----
 

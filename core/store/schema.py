@@ -206,6 +206,17 @@ _V10_FRONT_END_KEYS = """
 ALTER TABLE api_keys ADD COLUMN front_end INTEGER NOT NULL DEFAULT 0;
 """
 
+# a request refused before it generated (a malformed body, a bad key, an unknown model, a busy
+# server...) gets a row too: the route it came by, the HTTP status it was answered with, the
+# reason's code and the field at fault. Served requests have their route and status 200; rows
+# made before this have NULLs there.
+_V11_REFUSAL_ROWS = """
+ALTER TABLE requests ADD COLUMN route TEXT;
+ALTER TABLE requests ADD COLUMN status INTEGER;
+ALTER TABLE requests ADD COLUMN reason TEXT;
+ALTER TABLE requests ADD COLUMN param TEXT;
+"""
+
 MIGRATIONS: list[str] = [
     _V1_CHAT,
     _V2_KEYS_AND_METRICS,
@@ -217,6 +228,7 @@ MIGRATIONS: list[str] = [
     _V8_RESPONSE_IDS,
     _V9_CONVERSATION_MODEL,
     _V10_FRONT_END_KEYS,
+    _V11_REFUSAL_ROWS,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -26,6 +26,7 @@ MAX_MESSAGE_CHARS = 100_000
 MAX_LABEL_CHARS = 64
 MAX_MODEL_CHARS = 256
 MAX_ERROR_CHARS = 2_000  # longer error texts are cut, not refused: they are diagnostics
+MAX_FIELD_CHARS = 200  # a refusal's route, reason or field: cut, like an error text
 MAX_LIST = 1_000
 ROLES = ("system", "user", "assistant")
 DEFAULT_TITLE = "New chat"
@@ -149,6 +150,10 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None
     created: float = field(default_factory=time.time)
+    route: str | None = None  # which API or the page ("chat", "messages", "page"...)
+    status: int | None = None  # the HTTP status it was answered with (200 when served)
+    reason: str | None = None  # a refusal's code ("invalid_value", "invalid_api_key"...)
+    param: str | None = None  # the request field at fault, when one is
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "cached_tokens", "generated_tokens"):
@@ -164,6 +169,12 @@ class RequestRecord:
             check_text(self.finish_reason, "finish_reason", 32)
         if self.error is not None:
             object.__setattr__(self, "error", str(self.error)[:MAX_ERROR_CHARS])
+        for name in ("route", "reason", "param"):  # a client's field name can be anything
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, str(v)[:MAX_FIELD_CHARS])
+        if self.status is not None and not (isinstance(self.status, int) and 100 <= self.status <= 599):
+            raise Invalid(f"status must be an HTTP status, not {self.status!r}")
 
     @classmethod
     def from_usage(cls, usage: Any, **fields: Any) -> RequestRecord:

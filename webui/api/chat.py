@@ -44,8 +44,9 @@ async def chat_completions(
         raise ApiError(
             400, "reasoning_effort: this model's chat template has no thinking switch", param="reasoning_effort"
         )
+    ledger = Ledger(metrics, store, engine.info.model_id, user, "chat")
     handles = await generation.submit_choices(
-        Ledger(metrics, store, engine.info.model_id, user, "chat"),
+        ledger,
         body.n,
         body.sampling(engine.info.sampling_defaults),
         lambda sampling: engine.asubmit(
@@ -60,8 +61,8 @@ async def chat_completions(
     )
     frames = ChatFrames(engine.info.model_id, len(handles), _include_usage(body), family if tools else None)
     if body.stream:
-        return generation.stream(handles, frames)
-    finals, gone = await generation.wait_for_ends(request, handles)
+        return generation.stream(handles, frames, ledger)
+    finals, gone = await generation.wait_for_ends(request, handles, ledger)
     # the client left and the request was cancelled: its rows say so (RequestEnd), and
     # there is nobody to send a body to
     return Response(status_code=CLIENT_GONE) if gone else JSONResponse(frames.whole(finals).model_dump())
@@ -78,8 +79,9 @@ async def completions(
 ):
     engine = await engine_for(engines, body.model)
     owner = owner_of(user and user.cache_key)
+    ledger = Ledger(metrics, store, engine.info.model_id, user, "completions")
     handles = await generation.submit_choices(
-        Ledger(metrics, store, engine.info.model_id, user, "completions"),
+        ledger,
         body.n,
         body.sampling(engine.info.sampling_defaults),
         lambda sampling: engine.asubmit(PromptRequest(prompt=body.prompt, sampling=sampling, owner=owner)),
@@ -88,8 +90,8 @@ async def completions(
         engine.info.model_id, len(handles), _include_usage(body), body.prompt if body.echo else ""
     )
     if body.stream:
-        return generation.stream(handles, frames)
-    finals, gone = await generation.wait_for_ends(request, handles)
+        return generation.stream(handles, frames, ledger)
+    finals, gone = await generation.wait_for_ends(request, handles, ledger)
     return Response(status_code=CLIENT_GONE) if gone else JSONResponse(frames.whole(finals).model_dump())
 
 

@@ -53,7 +53,13 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
 def current_user(request: Request, settings: SettingsDep, store: StoreDep) -> User | None:
-    """The key's user (None with --no-auth)."""
+    """The key's user (None with --no-auth); kept on the request too, for a refusal's row."""
+    user = _key_user(request, settings, store)
+    request.state.user = user
+    return user
+
+
+def _key_user(request: Request, settings: Settings, store: Store | None) -> User | None:
     if settings.no_auth:
         return None
     scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
@@ -92,4 +98,4 @@ async def engine_for(engines: Engines, name: str) -> EngineClient:
     except RequestError as e:
         type_ = "server_error" if e.status == 503 else "invalid_request_error"
         headers = {"Retry-After": "5"} if e.status == 503 else None
-        raise ApiError(e.status, e.message, type_, e.code, param="model", headers=headers) from None
+        raise ApiError(e.status, e.message, type_, e.code, param="model", headers=headers, model=name) from None

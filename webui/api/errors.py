@@ -15,6 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radixchat.webui.api import rows
+
 log = logging.getLogger("radixchat.api")
 
 
@@ -27,10 +29,11 @@ class ApiError(Exception):
         code: str | None = None,
         param: str | None = None,
         headers: dict | None = None,
+        model: str | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
-        self.headers = headers
+        self.headers, self.model = headers, model  # model: the one it was for, for its row
 
 
 def error_response(
@@ -87,33 +90,37 @@ def count_refusal(app, path: str, reason: str) -> None:
         metrics.rejected(reason)
 
 
-def note_refusal(request: Request, status: int, reason: str, message: str, param: str | None = None) -> None:
-    """`count_refusal`, and a line on the log saying what was wrong (the field, when one)."""
+async def note_refusal(
+    request: Request, status: int, reason: str, message: str, param: str | None = None, model: str | None = None
+) -> None:
+    """`count_refusal`, a line on the log saying what was wrong (the field, when one), and the
+    request's row, committed before the answer goes."""
     path = request.url.path
     count_refusal(request.app, path, reason)
     if path.startswith("/v1/"):
         who = request.client.host if request.client else "-"
         where = f" param={param}" if param else ""
         log.info("refused %s %d %s%s from %s: %s", path, status, reason, where, who, message)
+        await rows.committed([rows.refusal(request, status, reason, message, param, model)])
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         if exc.status < 500:
-            note_refusal(request, exc.status, exc.code or str(exc.status), exc.message, exc.param)
+            await note_refusal(request, exc.status, exc.code or str(exc.status), exc.message, exc.param, exc.model)
         return error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
-        note_refusal(request, 400, "invalid_value", message, param)
+        await note_refusal(request, 400, "invalid_value", message, param)
         return error_response(400, message, param=param, code="invalid_value", path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
-        note_refusal(request, exc.status_code, code or str(exc.status_code), str(exc.detail))
+        await note_refusal(request, exc.status_code, code or str(exc.status_code), str(exc.detail))
         return error_response(exc.status_code, str(exc.detail), code=code, path=request.url.path)
 
 

@@ -10,7 +10,8 @@ that hung up kept their work running and their user's share of --max-user-reques
 Each accepted request's end (metrics, its row) is recorded once by a RequestEnd
 (webui/request_end.py) hooked on the handle at submit, whether or not the client stays to
 read it; the row goes through the store's queued writer, so the engine thread that ends the
-request never waits for SQLite. Refusals get their row here too. How a reply is framed is
+request never waits for SQLite, and the answer's last event waits for its commit
+(webui/api/rows.py). A refusal's row is the error handler's. How a reply is framed is
 the caller's (a `Framing`: webui/api/chat.py, webui/api/responses_shapes.py). Everything
 here runs on the server's event loop. No MLX.
 """
@@ -20,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from fastapi import Request
@@ -31,6 +33,7 @@ from radixchat.core.engine.handle import RequestHandle
 from radixchat.core.engine.requests import SEED_MAX, Failed, Finished, RequestError, Sampling, TextDelta
 from radixchat.core.store import Store
 from radixchat.core.store.types import RequestRecord, User
+from radixchat.webui.api import rows
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.request_end import RequestEnd
@@ -43,15 +46,16 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 @dataclass(frozen=True)
 class Ledger:
     """Where one API request's outcome goes: metrics (through RequestEnd) and a row under
-    the key's user in the store (none without a store)."""
+    the key's user in the store (none without a store), committed before the answer ends."""
 
     metrics: Metrics
     store: Store | None
     model: str
     user: User | None
-    route: str = "api"  # which API, for the log line
+    route: str = "api"  # which API, for the log line and the row
+    ends: list[RequestEnd] = field(default_factory=list)  # one per submitted choice
 
-    def ended(self, final: Finished | Failed) -> None:
+    def ended(self, final: Finished | Failed) -> Future | None:
         u = final.usage
         # one line per request, as it ends (a refusal's is the error handler's)
         ttft = "-" if u.ttft_ms is None else f"{u.ttft_ms / 1e3:.3f}s"
@@ -67,7 +71,8 @@ class Ledger:
             ttft,
             u.total_ms / 1e3,
         )
-        self.row(
+        return self.row(
+            status=200 if isinstance(final, Finished) else 500,
             prompt_tokens=u.prompt_tokens,
             cached_tokens=u.cached_tokens,
             generated_tokens=u.generated_tokens,
@@ -79,15 +84,28 @@ class Ledger:
             error=getattr(final, "message", None),
         )
 
-    def row(self, **fields) -> None:
-        """Every API request, refused or served, gets a row under the key's user."""
+    def row(self, **fields) -> Future | None:
+        """A served request's row under the key's user (a refused one's is the error
+        handler's: webui/api/rows.py); its future says when it is committed."""
         if self.store is None:
-            return
+            return None
         user = self.user.id if self.user else None
         try:
-            self.store.record_request_async(RequestRecord(user=user, model=self.model, **fields))
+            record = RequestRecord(user=user, model=self.model, route=self.route, **fields)
+            return self.store.record_request_acked(record)
         except Exception:  # bookkeeping must never break a reply
             log.exception("could not record request metrics")
+            return None
+
+    async def committed(self) -> None:
+        """Wait until every submitted choice's row is committed: the answer's end waits for it."""
+        acks = []
+        for end in self.ends:
+            try:
+                acks.append(await end.wait())
+            except Exception:  # logged where it failed; the answer still goes
+                pass
+        await rows.committed(acks)
 
 
 Build = Callable[[], Awaitable[RequestHandle]]
@@ -100,7 +118,8 @@ async def submit(ledger: Ledger, build: Build) -> RequestHandle:
         handle = await build()
     except ValidationError as e:
         first = e.errors()[0]
-        err = ApiError(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+        field_ = ".".join(map(str, first["loc"])) or None
+        err = ApiError(400, f"{field_}: {first['msg']}", code="invalid_value", param=field_)
     except RequestError as e:
         headers = {"Retry-After": "2"} if e.status in (429, 503) else None
         # OpenAI's statuses and types, which clients map to their exceptions: an overflow
@@ -111,10 +130,12 @@ async def submit(ledger: Ledger, build: Build) -> RequestHandle:
     else:
         # hooked before anything is awaited: the end is recorded even if the client
         # leaves before its response starts
-        RequestEnd(handle, ledger.metrics, lambda final, _text: ledger.ended(final), model=ledger.model)
+        ledger.ends.append(
+            RequestEnd(handle, ledger.metrics, lambda final, _text: ledger.ended(final), model=ledger.model)
+        )
         return handle
-    ledger.row(error=f"{err.status}: {err.message}")
-    raise err  # counted on /metrics by the error handler, with the others refused
+    err.model = ledger.model
+    raise err  # counted on /metrics, logged and stored by the error handler, with the others refused
 
 
 async def submit_choices(
@@ -144,9 +165,10 @@ async def _last_event(handle: RequestHandle):
     return ev
 
 
-async def wait_for_ends(request: Request, handles: list[RequestHandle]) -> tuple[list[Finished], bool]:
+async def wait_for_ends(request: Request, handles: list[RequestHandle], ledger: Ledger) -> tuple[list[Finished], bool]:
     """(every handle's final event, whether the client left meanwhile: then the requests were
-    cancelled), for a reply sent whole at the end; a failed request is the reply's 500."""
+    cancelled), for a reply sent whole at the end, once their rows are committed; a failed
+    request is the reply's 500."""
     watcher = asyncio.create_task(_cancel_when_gone(request, handles))
     try:  # each final event carries its request's whole text
         finals = await asyncio.gather(*(_last_event(h) for h in handles))
@@ -154,6 +176,7 @@ async def wait_for_ends(request: Request, handles: list[RequestHandle]) -> tuple
         watcher.cancel()
         for h in handles:
             h.cancel()  # no-op once finished; frees the slot if this task was cancelled
+    await ledger.committed()
     failed = next((ev for ev in finals if isinstance(ev, Failed)), None)
     if failed is not None:
         raise ApiError(500, f"generation failed: {failed.message}", "server_error", "engine_error")
@@ -198,12 +221,13 @@ class Framing(Protocol):
         ...
 
 
-def stream(handles: list[RequestHandle], framing: Framing) -> StreamingResponse:
+def stream(handles: list[RequestHandle], framing: Framing, ledger: Ledger) -> StreamingResponse:
     """The choices' events as server-sent events, framed by `framing`."""
-    return StreamingResponse(_events(handles, framing), media_type="text/event-stream", headers=SSE_HEADERS)
+    events = _events(handles, framing, ledger)
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _events(handles: list[RequestHandle], framing: Framing) -> AsyncIterator[str]:
+async def _events(handles: list[RequestHandle], framing: Framing, ledger: Ledger) -> AsyncIterator[str]:
     finals: dict[int, Finished | Failed] = {}
     merged: asyncio.Queue = asyncio.Queue()
 
@@ -222,6 +246,8 @@ async def _events(handles: list[RequestHandle], framing: Framing) -> AsyncIterat
             else:
                 finals[i] = ev
                 out = framing.failed(i, ev) if isinstance(ev, Failed) else framing.finished(i, ev)
+                if len(finals) == len(handles):
+                    await ledger.committed()  # what ends the answer waits for its rows
             for message in out:
                 yield message
             if isinstance(ev, Failed):

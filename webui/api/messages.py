@@ -60,8 +60,9 @@ async def create_message(
     messages, tools, grammar, family = _prepared(body, engine)
     fields = {**body.sampling(engine.info.sampling_defaults), "lark": grammar}
     model = engine.info.model_id
+    ledger = Ledger(metrics, store, model, user, "messages")
     handle = await generation.submit(
-        Ledger(metrics, store, model, user, "messages"),
+        ledger,
         lambda: engine.asubmit(
             ChatRequest(
                 messages=messages, tools=tools, sampling=Sampling(**fields), owner=owner_of(user and user.cache_key)
@@ -70,8 +71,8 @@ async def create_message(
     )
     mid = new_id("msg")
     if body.stream:
-        return generation.stream([handle], MessageEvents(mid, model, handle.prompt_tokens, family))
-    (final,), gone = await generation.wait_for_ends(request, [handle])
+        return generation.stream([handle], MessageEvents(mid, model, handle.prompt_tokens, family), ledger)
+    (final,), gone = await generation.wait_for_ends(request, [handle], ledger)
     return Response(status_code=CLIENT_GONE) if gone else JSONResponse(message(mid, model, final, family))
 
 

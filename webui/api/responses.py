@@ -71,8 +71,9 @@ async def create_response(
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     fields = body.sampling(engine.info.sampling_defaults)
     model = engine.info.model_id
+    ledger = Ledger(metrics, store, model, user, "responses")
     handle = await generation.submit(
-        Ledger(metrics, store, model, user, "responses"),
+        ledger,
         lambda: engine.asubmit(
             ChatRequest(
                 messages=system + history + turn, sampling=Sampling(**fields), owner=owner_of(user and user.cache_key)
@@ -92,8 +93,8 @@ async def create_response(
             await asyncio.to_thread(store.append_message, user, conv, "assistant", text)
 
     if body.stream:
-        return generation.stream([handle], ResponseEvents(rid, model, previous, keep_reply, output_id(rid)))
-    (final,), gone = await generation.wait_for_ends(request, [handle])
+        return generation.stream([handle], ResponseEvents(rid, model, previous, keep_reply, output_id(rid)), ledger)
+    (final,), gone = await generation.wait_for_ends(request, [handle], ledger)
     await keep_reply(final.text)  # kept even when the client left: the page shows it
     if gone:
         return Response(status_code=CLIENT_GONE)
