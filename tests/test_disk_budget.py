@@ -9,6 +9,9 @@ disk only); the default of `serve` in real processes.
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -132,6 +135,57 @@ def test_the_tier_shrinks_when_another_program_fills_the_disk(tiny_model_dir, tm
             ask(eng, SYSTEMS[i] + " Later.", QUESTIONS[i])
             assert wait_disk_idle(eng)
             assert folder_bytes(tmp_path / "kv-cache") <= 300_000
+        eng.prefix.tree.check()
+    finally:
+        eng.stop()
+
+
+def test_a_full_disk_is_told_once_and_waits_for_room(tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """A disk that fills between two readings of its free space refuses a write (ENOSPC):
+    one warning, then no write is even tried (each counted refused) until a reading finds
+    room; then one line says the tier writes again, and it does."""
+    fake = FakeDisk(tmp_path / "kv-cache", room=4 * GiB)
+    monkeypatch.setattr(disk_budget, "statvfs", fake)
+    monkeypatch.setattr(disk_budget, "EVERY_S", 3600.0)  # the test reads the free space itself
+    write, tries = diskio.write_file, {"full": 0}
+
+    def filling(folder, seq, data):
+        if fake.taken:
+            tries["full"] += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(folder, seq, data)
+
+    monkeypatch.setattr(diskio, "write_file", filling)
+    caplog.set_level(logging.INFO, logger="radixchat.disk")
+    eng = forced_engine(tiny_model_dir, tmp_path, 1 * GiB)
+    try:
+        ask(eng, SYSTEMS[0], QUESTIONS[0])
+        assert wait_disk_idle(eng)
+        written = eng.stats().disk_cache.writes
+        assert written > 0
+        fake.taken = fake.base  # another program takes the whole disk
+        for i in range(12):
+            ask(eng, SYSTEMS[i % 4], f"{QUESTIONS[i % len(QUESTIONS)]} ({i})")
+        assert wait_disk_idle(eng)
+        full = eng.stats().disk_cache
+        room = eng.prefix.disk.room
+        room.read()  # the watcher's reading: still full
+        ask(eng, SYSTEMS[1], "And still full?")
+        assert wait_disk_idle(eng)
+        assert tries["full"] == 1, f"{tries['full']} writes tried on a full disk"
+        assert full.writes == written and full.refused > 0
+        warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warned) == 1 and "pauses writes" in warned[0].getMessage(), [r.getMessage() for r in warned]
+
+        fake.taken = 0  # room again
+        room.read()
+        for i in range(4):
+            ask(eng, SYSTEMS[i], f"Room again ({i})")
+        assert wait_disk_idle(eng)
+        assert eng.stats().disk_cache.writes > written
+        again = [r.getMessage() for r in caplog.records if "writing again" in r.getMessage()]
+        assert len(again) == 1, again
+        assert tries["full"] == 1 and len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
         eng.prefix.tree.check()
     finally:
         eng.stop()

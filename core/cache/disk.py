@@ -40,7 +40,7 @@ from radixchat.core.cache.disk_budget import DiskRoom
 from radixchat.core.cache.disk_files import DiskFile, DiskRef, DiskStats
 from radixchat.core.cache.disk_folder import cache_folder, disk_usage, prune_other_models, scan
 from radixchat.core.cache.disk_format import FORMAT, TAG_SHIFT, TOKEN_MASK, EntryFormat
-from radixchat.core.cache.diskio import Corrupt, Job, Reader, Writer, make_private_dir, parse_name
+from radixchat.core.cache.diskio import Corrupt, FullDisk, Job, Reader, Writer, make_private_dir, parse_name
 from radixchat.core.cache.kv import KVSegment, PrefixStore
 from radixchat.core.cache.radix import Node, RadixCache
 
@@ -80,9 +80,10 @@ class DiskTier:
             event.set()
             wake()
 
-        self.writer = Writer(folder, self._done, io_done)
+        full = FullDisk()  # the writer sets it, the room clears it
+        self.writer = Writer(folder, self._done, io_done, full)
         self.reader = Reader(self._done, io_done)
-        self.room = DiskRoom(folder, budget, self._on_disk, wake)  # the limit, owners' shares
+        self.room = DiskRoom(folder, budget, self._on_disk, wake, full)  # the limit, owners' shares, a full disk
         self._fitted = -1  # the limit owners were last brought under their share of
         # a clean stop lets the writer finish what it was given
         atexit.register(self.writer.close, 10.0)
@@ -230,7 +231,7 @@ class DiskTier:
         """Queue `node`'s file; its bytes, or None when it is not written (no room)."""
         key = prefix + list(node.key)
         owner = self._owner_of(key)
-        if owner is None:
+        if owner is None or self.room.paused():
             return None
         t0 = time.perf_counter()
         data = self.format.to_bytes(node, key, len(prefix), owner)
@@ -274,9 +275,10 @@ class DiskTier:
                 self.backlog -= f.nbytes
                 self.stats.write_s += job.seconds
                 if job.error:
-                    log.warning("disk cache: write failed: %s", job.error)
+                    self.room.write_failed(job)
                     self._lose(f)
                     continue
+                self.room.wrote()
                 f.data = None
                 f.path, f.dig = job.path, parse_name(job.path.name)[1]
                 self.stats.writes += 1

@@ -21,6 +21,14 @@ the limit divided by the number of owners with entries, between a half and a six
 it, so one user cannot fill the tier, nor, through it, the disk. --no-auth's one user and
 the server's own warm-up prompts are not capped.
 
+A full disk (a write refused with ENOSPC or EDQUOT, as when another program fills it between
+two readings, or a quota the free space does not show): the writer stops trying at once
+(core/cache/diskio.py `FullDisk`), one warning says so, and every write after it is refused
+(counted) before its entry is even made into bytes, until a reading of the free space taken
+since finds room for the entry (so it is looked at again at most every EVERY_S); one line
+says when the tier writes again. Any other failed write is logged once per errno until then
+(or, with no full disk, once per errno every QUIET_S), never once per entry.
+
 Left to others: the files, their bytes and the tier's counts (disk.py, disk_files.py), the
 tree's least-recently-used order and eviction (radix.py `fit_disk`), writing and deleting
 (diskio.py), the folders (disk_folder.py). Runs in the engine thread, but for the watcher
@@ -35,10 +43,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 
+from radixchat.core.cache.diskio import FULL, FullDisk
 from radixchat.core.cache.warm import WARM_OWNER
 from radixchat.core.config import DISK_AUTO
 
@@ -48,6 +58,7 @@ AUTO_SHARE = 0.25  # auto: a quarter of (the tier's own bytes + the free bytes)
 RESERVE_SHARE, RESERVE_MIN = 0.10, 1 << 30  # always left free: a tenth of the disk, at least 1 GiB
 EVERY_S = 5.0  # how often the free space is read again
 OWNERS_MIN, OWNERS_MAX = 2, 16  # one owner's share: limit / owners, between 1/2 and 1/16 of it
+QUIET_S = 60.0  # a failed write's errno is logged again at most this often
 UNCAPPED = ("", WARM_OWNER)  # --no-auth's one user, the server's warm-up prompts
 statvfs = os.statvfs  # (tests put a filesystem of their own here)
 
@@ -78,8 +89,20 @@ class DiskRoom:
     """The limit of one tier (all its folders: this model's and, as found at start-up,
     other models'), the bytes each owner's entries hold, and the choice before a write."""
 
-    def __init__(self, folder: Path, setting: int, on_disk: Callable[[], int], wake: Callable[[], None]):
+    def __init__(
+        self,
+        folder: Path,
+        setting: int,
+        on_disk: Callable[[], int],
+        wake: Callable[[], None],
+        full: FullDisk | None = None,
+    ):
         self.folder, self.setting = folder, setting
+        self.full = full or FullDisk()  # the writer's, which sets it
+        self.free = 0  # the filesystem's free bytes at the last reading
+        self.read_at = 0.0  # when that was (monotonic)
+        self._looked = 0.0  # the reading a full disk was last judged by
+        self._told: dict[int, float] = {}  # errnos of failed writes logged -> when
         self._on_disk = on_disk  # this model's bytes in files now (any thread may ask)
         self.others = 0  # bytes of other models' folders that start-up kept
         self.limit = 0  # this model's folder may hold this many bytes (whole tier's less `others`)
@@ -96,6 +119,7 @@ class DiskRoom:
         before = self._on_disk()
         try:
             st = statvfs(self.folder)
+            self.free, self.read_at = st.f_bavail * st.f_frsize, time.monotonic()
             # the smaller count of either side of the reading: a write or a delete between
             # them never makes the disk look roomier than it is
             used = min(before, self._on_disk()) + self.others if tier_on_disk is None else tier_on_disk
@@ -158,7 +182,7 @@ class DiskRoom:
         over their share; False when it cannot fit (what went while trying stays gone;
         an entry larger than the limit or the share costs nothing). `held`: the tier's
         bytes, written or queued for the writer."""
-        if size > self.limit:
+        if size > self.limit or (self.full.is_set() and not self._room_again(size)):
             return self._refuse()
         if owner is not None and owner not in UNCAPPED:
             share = self.share(owner)
@@ -186,6 +210,49 @@ class DiskRoom:
         if over():
             tree.fit_disk(over, pick=lambda n: n.disk.file.owner == owner)
         return not over()
+
+    # ---- a full disk -------------------------------------------------------------------
+
+    def paused(self) -> bool:
+        """Is the disk full, with no reading of its free space since it was last judged?
+        Then the write is refused (counted) before its entry is made into bytes."""
+        if not self.full.is_set() or self.read_at > max(self._looked, self.full.since):
+            return False
+        return self._refuse()
+
+    def _room_again(self, size: int) -> bool:
+        """With the disk full: does a reading since find room for `size` bytes? If so the
+        writer may try again (the next refusal sets it full again, without a new warning)."""
+        fresh = self.read_at > max(self._looked, self.full.since)
+        self._looked = max(self._looked, self.read_at)
+        if not fresh or self.free < size:
+            return False
+        self.full.clear()
+        return True
+
+    def write_failed(self, job) -> None:
+        """A write the writer could not do (diskio.Job): logged once per errno until the
+        tier writes again (QUIET_S at most for another error), never once per entry."""
+        if job.skipped:  # not tried: the disk was full
+            self._refuse()
+            return
+        if job.errno in self._told and (job.errno in FULL or time.monotonic() - self._told[job.errno] < QUIET_S):
+            return
+        self._told[job.errno] = time.monotonic()
+        if job.errno in FULL:
+            log.warning(
+                "disk cache: %s; the disk tier pauses writes until there is room for them (looked at every %.0f s)",
+                job.error,
+                EVERY_S,
+            )
+        else:
+            log.warning("disk cache: write failed: %s (told once while it lasts)", job.error)
+
+    def wrote(self) -> None:
+        """A write succeeded: after a full disk, say so once."""
+        if self._told and not FULL.isdisjoint(self._told):
+            log.info("disk cache: disk tier writing again in %s", self.folder)
+            self._told.clear()
 
     def _refuse(self) -> bool:
         self.refused += 1
