@@ -1,9 +1,16 @@
 """Server processes for tests, load tests and benchmarks: the `radixchat` command of this
-environment, a free loopback port, starting a command and waiting until it answers, and its
-peak memory."""
+environment, a free loopback port, starting a command and waiting until it answers, stopping
+it, and its peak memory.
+
+What is started here is stopped on every path: each process leads a process group of its own
+(`spawn`), a start that fails, times out or is interrupted ends that whole group and reaps it
+before it raises, and any still running when the interpreter exits is killed then. Waits
+scale with the machine's load (`scaled`): a loaded machine is slow, not broken."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import random
 import re
@@ -13,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -54,27 +62,104 @@ def free_port_block(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free loopback ports below {low}")
 
 
+LOAD_CAP = 4.0  # a wait stretches at most this much, so a hung start still ends
+
+
+def load_factor() -> float:
+    """How much slower than when idle this machine may run now: its load average over the
+    last minute per CPU, between 1 and LOAD_CAP."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not on this platform
+        return 1.0
+    return min(LOAD_CAP, max(1.0, load / (os.cpu_count() or 1)))
+
+
+def scaled(seconds: float) -> float:
+    """`seconds` on an idle machine, stretched by its load now."""
+    return seconds * load_factor()
+
+
+# every process started here and not yet reaped; the interpreter's exit kills what is left
+_running: set[subprocess.Popen] = set()
+_leaders: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()  # those that lead a group (`spawn`)
+
+
+def spawn(cmd: list[str], **popen) -> subprocess.Popen:
+    """`subprocess.Popen(cmd, **popen)` leading a process group of its own, which `kill_group`
+    and `stop_process` end as a whole (mlx.launch leaves its ranks running when it alone is
+    stopped; a server's helpers would outlive it)."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **popen)
+    _running.add(proc)
+    _leaders.add(proc)
+    return proc
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    # the group outlives its leader while any member lives, so its id is not reused meanwhile
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL `proc`'s whole group (`proc` alone if it leads none) and reap `proc`; never
+    raises for one already gone."""
+    if proc in _leaders:
+        _signal_group(proc, signal.SIGKILL)
+    elif proc.poll() is None:
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    _running.discard(proc)
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(_running):
+        if proc.returncode is None:  # not reaped: its group's id is still its own
+            kill_group(proc)
+
+
+def wait_ready(proc: subprocess.Popen, ready_url: str, timeout: float, failed) -> None:
+    """Until `ready_url` answers 200 (`timeout` seconds, `scaled`); `failed(why)` makes the
+    exception raised when `proc` exits first or the time runs out. On any way out but
+    success, `proc`'s group is killed and reaped first (an interrupt too)."""
+    deadline = time.monotonic() + scaled(timeout)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(ready_url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise failed("failed to start")
+            time.sleep(0.3)
+        raise failed(f"did not answer {ready_url} within {scaled(timeout):.0f} s")
+    except BaseException:
+        kill_group(proc)
+        raise
+
+
 def start_and_wait(
-    cmd: list[str], ready_url: str, log: Path, env=None, timeout: float = 300, cwd=None, group: bool = False
+    cmd: list[str], ready_url: str, log: Path, env=None, timeout: float = 300, cwd=None, group: bool = True
 ) -> subprocess.Popen:
-    """Start `cmd` (output to `log`); return once `ready_url` answers 200, else exit. With
-    `group` it leads a process group of its own, which `stop_process` ends as a whole (mlx.launch
-    leaves its ranks running when it alone is stopped)."""
-    proc = subprocess.Popen(
-        cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=group
-    )
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if httpx.get(ready_url, timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"{cmd[0]} failed to start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"{cmd[0]} did not answer {ready_url} within {timeout:.0f} s")
+    """Start `cmd` (output to `log`) leading a process group of its own (`spawn`); return once
+    `ready_url` answers 200, else exit, its group killed. `timeout` is for an idle machine
+    (`scaled`). `group`=False: it stays in this process's group instead (a terminal's Ctrl-C
+    reaches it too), and only it is killed."""
+    with log.open("w") as out:
+        if group:
+            proc = spawn(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        else:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+            _running.add(proc)
+
+    def failed(why: str) -> SystemExit:
+        return SystemExit(f"{cmd[0]} {why}:\n{log.read_text()[-3000:]}")
+
+    wait_ready(proc, ready_url, timeout, failed)
+    return proc
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -105,14 +190,25 @@ def start_radixchat(model: str, db: Path, port: int, log: Path, *flags: str, tim
     return start_and_wait(cmd, f"http://127.0.0.1:{port}/health", log, timeout=timeout)
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Ask a server to stop (SIGTERM; its whole group if it leads one), and kill it if it has
-    not within `timeout`."""
-    group = os.getpgid(proc.pid) == proc.pid if proc.poll() is None else False
-    signal_it = (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
-    signal_it(signal.SIGTERM)
+def stop_process(proc: subprocess.Popen, timeout: float = 60, sig: int = signal.SIGTERM) -> None:
+    """Ask a server to stop (`sig`, to its whole group if it leads one), and kill it if it has
+    not stopped within `timeout` (`scaled`); either way, an interrupt too, it is reaped and
+    what its group left behind is killed."""
+    group = proc in _leaders
+    if proc.poll() is None:
+        if group:
+            _signal_group(proc, sig)
+        else:
+            proc.send_signal(sig)
     try:
-        proc.wait(timeout=timeout)
+        proc.wait(timeout=scaled(timeout))
     except subprocess.TimeoutExpired:
-        signal_it(signal.SIGKILL)
-        proc.wait()
+        pass  # killed below
+    finally:
+        if group:
+            kill_group(proc)
+        else:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            _running.discard(proc)

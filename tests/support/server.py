@@ -1,5 +1,7 @@
 """Real `radixchat serve` processes for end-to-end tests: `Server` on a free loopback port
-(started, waited for, stopped with SIGINT, its /metrics read), one whose API wants keys
+(started in a process group of its own, waited for as long as the machine's load asks,
+stopped with SIGINT, its /metrics read; on every path out of a start or a stop that did not
+end it, an interrupt too, its group is killed and reaped: tests/support/procs.py), one whose API wants keys
 (`keyed_server`), one with the page's users in its store (`page_server`, PASSWORDS), and
 `Listener`, an HTTP server elsewhere on loopback that records what a page fetches from it."""
 
@@ -9,7 +11,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -20,20 +21,21 @@ from radixchat.core.store import Store
 from tests.support.browser import CHROMIUM
 from tests.support.cheap import cheap_scrypt
 from tests.support.metrics import metric_value
-from tests.support.procs import RADIXCHAT, free_port
+from tests.support.procs import RADIXCHAT, free_port, kill_group, scaled, spawn, wait_ready
 
 CHEAP = cheap_scrypt()
 PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}  # the page servers' users
 
 
 class Server:
-    """`radixchat serve --model model_dir --db db` on a free loopback port, once /health answers;
-    `stop` sends SIGINT and returns everything it printed."""
+    """`radixchat serve --model model_dir --db db` on a free loopback port, once /health answers
+    (within `timeout` seconds on an idle machine); `stop` sends SIGINT and returns everything
+    it printed."""
 
-    def __init__(self, model_dir, db, *extra, env=None):
+    def __init__(self, model_dir, db, *extra, env=None, timeout: float = 120):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [
                 RADIXCHAT,
                 "serve",
@@ -56,18 +58,12 @@ class Server:
         self._lines: list[str] = []
         self._reader = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True)
         self._reader.start()
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(self.output())
-            time.sleep(0.3)
-        self.proc.kill()  # never left running behind a failed test
-        raise TimeoutError(f"server did not start: {self.output()}")
+        wait_ready(self.proc, self.url + "/health", timeout, self._failed)
+
+    def _failed(self, why: str) -> Exception:
+        if self.proc.poll() is not None:
+            return RuntimeError(self.output())
+        return TimeoutError(f"server {why}: {''.join(self._lines)}")
 
     def output(self) -> str:
         """What it printed so far (all of it once it has exited)."""
@@ -76,8 +72,15 @@ class Server:
         return "".join(self._lines)
 
     def stop(self):
+        """SIGINT, and its group killed if it has not stopped within 30 s (`scaled`), or on an
+        interrupt; raises TimeoutError then, after reaping it."""
         self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(timeout=30)
+        try:
+            self.proc.wait(timeout=scaled(30))
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"server did not stop on SIGINT: {self.output()}") from None
+        finally:
+            kill_group(self.proc)  # what it left behind too; reaped either way
         return self.output()
 
     def metric(self, name: str, **labels: str) -> float:

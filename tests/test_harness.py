@@ -1,0 +1,105 @@
+"""The test harness itself (tests/support/procs.py, server.py): what it starts, it stops and
+reaps, whole process group and all, when a start times out, fails or is interrupted; its
+waits stretch with the machine's load, within a cap."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import procs, server
+from tests.support.procs import LOAD_CAP, free_port, start_and_wait
+
+# a "server" that never answers: it writes its pid and its child's, then waits on the child
+NEVER_READY = """#!/bin/sh
+sleep 600 &
+echo $$ $! > "$PIDS"
+wait
+"""
+
+
+def gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie (dead, its parent yet to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def never_ready(tmp_path: Path) -> tuple[Path, Path]:
+    script = tmp_path / "never-ready"
+    script.write_text(NEVER_READY)
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script, tmp_path / "pids"
+
+
+def pids_of(path: Path) -> list[int]:
+    deadline = time.monotonic() + 30
+    while not (path.exists() and len(path.read_text().split()) == 2):
+        assert time.monotonic() < deadline, "the script did not start"
+        time.sleep(0.05)
+    return [int(p) for p in path.read_text().split()]
+
+
+def assert_all_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + 10  # an orphan is reaped by init, a moment later
+    while not all(gone(p) for p in pids):
+        assert time.monotonic() < deadline, [p for p in pids if not gone(p)]
+        time.sleep(0.05)
+    leader = pids[0]
+    with pytest.raises(ProcessLookupError):  # ours: reaped, not a zombie
+        os.kill(leader, 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_start_that_times_out_kills_and_reaps_its_group(tmp_path, monkeypatch):
+    script, pids = never_ready(tmp_path)
+    monkeypatch.setenv("PIDS", str(pids))
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit, match="did not answer"):
+        start_and_wait([str(script)], f"http://127.0.0.1:{free_port()}/health", tmp_path / "log", timeout=1)
+    assert time.monotonic() - t0 < 1 * LOAD_CAP + 10
+    assert_all_gone(pids_of(pids))
+    assert not procs._running
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_server_that_never_answers_is_killed_and_reaped(tmp_path, monkeypatch):
+    script, pids = never_ready(tmp_path)
+    monkeypatch.setattr(server, "RADIXCHAT", str(script))
+    with pytest.raises(TimeoutError, match="did not answer"):
+        server.Server(tmp_path, tmp_path / "t.db", env={"PIDS": str(pids)}, timeout=1)
+    assert_all_gone(pids_of(pids))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_interrupted_start_is_killed_and_reaped(tmp_path, monkeypatch):
+    script, pids = never_ready(tmp_path)
+    monkeypatch.setattr(server, "RADIXCHAT", str(script))
+    real_get = httpx.get
+
+    def interrupted(*a, **kw):
+        pids_of(pids)  # once the script runs
+        raise KeyboardInterrupt  # Ctrl-C while the harness waits
+
+    monkeypatch.setattr(httpx, "get", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        server.Server(tmp_path, tmp_path / "t.db", env={"PIDS": str(pids)}, timeout=60)
+    monkeypatch.setattr(httpx, "get", real_get)
+    assert_all_gone(pids_of(pids))
+
+
+def test_waits_stretch_with_load_within_a_cap(monkeypatch):
+    cpus = os.cpu_count() or 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    assert procs.scaled(10) == 10
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0 * cpus, 0.0, 0.0))
+    assert procs.scaled(10) == pytest.approx(30)
+    monkeypatch.setattr(os, "getloadavg", lambda: (100.0 * cpus, 0.0, 0.0))
+    assert procs.scaled(10) == 10 * LOAD_CAP
