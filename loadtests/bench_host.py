@@ -1,0 +1,190 @@
+"""Where a short step's time goes: the engine thread's wall time per decode step, split into
+waiting on MLX and the engine's own (host) work by part, at several numbers of users.
+
+One in-process engine (no HTTP) on a fast model (default: the bundled tiny model; a random
+one with --random-dim), and for each --users value that many threads each holding one
+seed-scenario conversation (bench_profile's users: a system prompt, --turns questions,
+greedy, --max-tokens per reply, no think time). Every function below is wrapped in the
+engine thread with an exclusive clock (a part's time excludes the wrapped parts it calls),
+so the parts add up to the thread's wall time:
+
+- MLX wait: `mx.eval` (the thread blocked until the device has computed what it asked for);
+  mlx-lm's step launches step N+1 before it waits for step N, so this is what the device
+  takes beyond the host work it overlaps;
+- launch: `mx.async_eval` (handing a step's graph to the device). On this CPU it is device
+  time too: MLX's CPU backend lets only a few dozen ops be in flight, so launching a step's
+  graph of hundreds of ops runs most of them right there (a graph of 100 sorts: 0.4 s in
+  `async_eval`, then 0.06 s in `eval`); a Mac's GPU takes the graph and returns;
+- forward graph: the model's Python `__call__` (building the lazy graph of a forward);
+- step graph: the rest of mlx-lm's `GenerationBatch._step` (logits, sampling, launching);
+- step rows: the rest of `GenerationBatch.next` (per-row counts, stop matchers, responses);
+- prefill: the stepper's prefill chunks and joins, less their forward and waits;
+- tokens out: `Emit._on_token` less what is below (fair share, timing, events);
+- text: `TextStream.add` (detokenizing, stop strings);
+- finish: `Engine._finish` (leaving the batch, caching the K/V, the final event);
+- schedule: `Engine._schedule` (admission, prefix-cache lookups);
+- events: the outbox's flush (handing a step's events to the callers' loops);
+- commands: taking callers' commands, including the wait for one when nothing runs;
+- engine rest: everything else in the loop.
+
+The host share of a step is the wall less MLX wait, launch and the idle wait for commands,
+over the wall: the engine's own work. Prints one table per model with a column
+per --users value (ms per decode step, and the share of the wall). On Linux it first
+re-executes itself with OpenBLAS (core.platform.blas). Run it on a quiet machine.
+
+    python -m loadtests.bench_host [--model tiny] [--random-dim 256 --random-layers 8]
+        [--users 1,8,32,64] [--turns 2] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import threading
+import time
+from collections import defaultdict
+
+from loadtests.bench_profile import run_all, user
+from loadtests.benchmodel import add_model_args, resolve_model
+from radixchat.core.config import Settings
+from radixchat.core.platform.blas import active_blas, reexec_with_openblas
+
+PARTS = [
+    "MLX wait",
+    "launch",
+    "forward graph",
+    "step graph",
+    "step rows",
+    "prefill",
+    "tokens out",
+    "text",
+    "finish",
+    "schedule",
+    "events",
+    "commands (incl. idle)",
+]
+
+
+class ExclusiveClock:
+    """Wall seconds per part in one thread, each part's own (nested parts subtracted)."""
+
+    def __init__(self):
+        self.parts: dict[str, float] = defaultdict(float)
+        self.thread: int | None = None  # the engine thread's ident, once it is seen
+        self._stack: list[list[float]] = []  # [start, time in nested parts]
+
+    def wrap(self, owner, name: str, part: str) -> None:
+        real = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if threading.get_ident() != self.thread:
+                return real(*args, **kwargs)
+            frame = [time.perf_counter(), 0.0]
+            self._stack.append(frame)
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self._stack.pop()
+                spent = time.perf_counter() - frame[0]
+                self.parts[part] += spent - frame[1]
+                if self._stack:
+                    self._stack[-1][1] += spent
+
+        setattr(owner, name, timed)
+
+
+def instrument(clock: ExclusiveClock, engine) -> None:
+    """Wrap the parts (after the engine has loaded its model, whose class is then known)."""
+    import mlx.core as mx
+    from mlx_lm.generate import GenerationBatch
+
+    from radixchat.core.engine import engine as engine_module
+    from radixchat.core.engine.handle import Outbox
+    from radixchat.core.engine.stepper import BudgetedBatchGenerator
+    from radixchat.core.engine.textstream import TextStream
+
+    clock.wrap(mx, "eval", "MLX wait")
+    clock.wrap(mx, "async_eval", "launch")
+    clock.wrap(type(engine.loaded.model), "__call__", "forward graph")
+    clock.wrap(GenerationBatch, "_step", "step graph")
+    clock.wrap(GenerationBatch, "next", "step rows")
+    clock.wrap(BudgetedBatchGenerator, "_prefill_chunk", "prefill")
+    clock.wrap(BudgetedBatchGenerator, "_start_decoding", "prefill")
+    clock.wrap(engine_module.Engine, "_on_token", "tokens out")
+    clock.wrap(TextStream, "add", "text")
+    clock.wrap(engine_module.Engine, "_finish", "finish")
+    clock.wrap(engine_module.Engine, "_schedule", "schedule")
+    clock.wrap(Outbox, "flush", "events")
+    clock.wrap(engine_module.Engine, "_drain_commands", "commands (incl. idle)")
+
+
+def measure(engine, clock: ExclusiveClock, users: int, turns: int, max_tokens: int, seed: int) -> dict:
+    before, steps0 = dict(clock.parts), engine.steps
+    tokens: list[int] = []
+    rng = random.Random(seed)
+    threads = [
+        threading.Thread(target=user, args=(engine, random.Random(rng.random()), turns, max_tokens, tokens))
+        for _ in range(users)
+    ]
+    wall = run_all(threads)
+    parts = {k: clock.parts.get(k, 0.0) - before.get(k, 0.0) for k in PARTS}
+    parts["engine rest"] = wall - sum(parts.values())
+    return {"wall": wall, "steps": engine.steps - steps0, "tokens": sum(tokens), "parts": parts}
+
+
+def table(runs: dict[int, dict]) -> None:
+    cols = list(runs)
+    print("| part | " + " | ".join(f"{u} users: ms a step (share)" for u in cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for part in [*PARTS, "engine rest"]:
+        cells = []
+        for u in cols:
+            r = runs[u]
+            s = r["parts"][part]
+            cells.append(f"{1000 * s / max(r['steps'], 1):.2f} ({s / r['wall']:.0%})")
+        print(f"| {part} | " + " | ".join(cells) + " |")
+    cells = [f"{1000 * r['wall'] / max(r['steps'], 1):.2f}" for r in runs.values()]
+    print("| **step wall** | " + " | ".join(cells) + " |")
+    host = [f"{_host(r):.0%}" for r in runs.values()]
+    print("| **host share (wall less MLX wait, launch and idle)** | " + " | ".join(host) + " |")
+    out = [f"{r['tokens'] / r['wall']:.0f}" for r in runs.values()]
+    print("| output tok/s | " + " | ".join(out) + " |")
+
+
+def _host(r: dict) -> float:
+    # the commands part is mostly the wait for a command while nothing runs
+    device = r["parts"]["MLX wait"] + r["parts"]["launch"] + r["parts"]["commands (incl. idle)"]
+    return 1 - device / r["wall"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_args(p)
+    p.set_defaults(model="tiny")
+    p.add_argument("--users", default="1,8,32,64", help="comma-separated numbers of users")
+    p.add_argument("--turns", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="an engine setting (repeatable)")
+    args = p.parse_args()
+    reexec_with_openblas()
+    from radixchat.core.engine.engine import Engine
+
+    overrides = dict(kv.split("=", 1) for kv in args.set)
+    settings = Settings(model=resolve_model(args), **overrides)
+    engine = Engine(settings).start()
+    clock = ExclusiveClock()
+    clock.thread = engine._thread.ident
+    instrument(clock, engine)
+    print(f"model {settings.model}; BLAS {active_blas()}; {args.turns} turns of {args.max_tokens} tokens a user")
+    # a first round unmeasured: compiles, caches the system prompts
+    measure(engine, clock, 4, 1, 8, args.seed + 1)
+    runs = {
+        u: measure(engine, clock, u, args.turns, args.max_tokens, args.seed) for u in map(int, args.users.split(","))
+    }
+    engine.stop()
+    table(runs)
+
+
+if __name__ == "__main__":
+    main()
