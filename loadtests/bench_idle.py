@@ -4,8 +4,9 @@ Starts `radixchat serve` on a loopback port (a fresh SQLite file, the default fl
 --db and the port, plus any --flag given after `--`), waits until /health answers and then
 --settle seconds more (start-up work such as the disk tier's warm-up ends), then reads the
 process's CPU time (utime + stime of /proc/PID/stat, all its threads) before and after
---seconds of nobody calling it. Prints the share of one core it used, and each thread's
-(by name, the busiest first), so a thread that polls shows itself.
+--seconds of nobody calling it. Prints the share of one core it used, the main thread's
+(the event loop: uvicorn, Gradio's queue) and the other threads' (the engine, the disk
+tier, the store), so whichever polls shows itself.
 
 What this owns: the measurement; the server comes from the project's CLI (tests/support/procs.py
 starts and stops it). Linux only (/proc). No requests are sent but the /health probes of the
@@ -56,7 +57,9 @@ def measure(pid: int, seconds: float) -> tuple[float, list[tuple[str, float]]]:
     wall = t1 - t0
     by_name: dict[str, int] = defaultdict(int)
     for tid, (name, ticks) in per1.items():
-        by_name[name] += ticks - per0.get(tid, (name, 0))[1]
+        # Python names no thread for the OS (all are "python"): the main one runs the event loop
+        label = "main thread (event loop)" if tid == pid else f"other threads ({name})"
+        by_name[label] += ticks - per0.get(tid, (name, 0))[1]
     ranked = sorted(((n, 100 * t / TICK / wall) for n, t in by_name.items()), key=lambda x: -x[1])
     return 100 * (after - before) / TICK / wall, ranked
 
@@ -83,8 +86,7 @@ def main() -> None:
     print(f"idle server ({Path(model).name}, {' '.join(args.flags) or 'default flags'}), {args.seconds:.0f} s:")
     print(f"  CPU {total:.2f}% of one core")
     for name, share in ranked:
-        if share >= 0.05:
-            print(f"    {name:<24} {share:.2f}%")
+        print(f"    {name:<28} {share:.2f}%")
 
 
 if __name__ == "__main__":
