@@ -32,9 +32,13 @@ def gone(pid: int) -> bool:
         return True
 
 
-def never_ready(tmp_path: Path) -> tuple[Path, Path]:
+# the same, its child deaf to SIGTERM (a helper that does not stop when asked)
+STUBBORN = NEVER_READY.replace("sleep 600 &", "(trap '' TERM; exec sleep 600) &")
+
+
+def never_ready(tmp_path: Path, text: str = NEVER_READY) -> tuple[Path, Path]:
     script = tmp_path / "never-ready"
-    script.write_text(NEVER_READY)
+    script.write_text(text)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script, tmp_path / "pids"
 
@@ -103,3 +107,15 @@ def test_waits_stretch_with_load_within_a_cap(monkeypatch):
     assert procs.scaled(10) == pytest.approx(30)
     monkeypatch.setattr(os, "getloadavg", lambda: (100.0 * cpus, 0.0, 0.0))
     assert procs.scaled(10) == 10 * LOAD_CAP
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_stopping_ends_the_whole_group(tmp_path, monkeypatch):
+    script, pids = never_ready(tmp_path, STUBBORN)
+    monkeypatch.setenv("PIDS", str(pids))
+    proc = procs.spawn([str(script)])
+    leader, child = pids_of(pids)
+    assert proc.pid == leader and not gone(child)
+    procs.stop_process(proc, timeout=5)  # the shell ends on SIGTERM, its child does not
+    assert_all_gone([leader, child])
+    assert proc not in procs._running

@@ -101,10 +101,20 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
+def _leads_group(proc: subprocess.Popen) -> bool:
+    """Started by `spawn`, or by a caller's own Popen(start_new_session=True)."""
+    if proc in _leaders:
+        return True
+    try:
+        return proc.poll() is None and os.getpgid(proc.pid) == proc.pid
+    except ProcessLookupError:
+        return False
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL `proc`'s whole group (`proc` alone if it leads none) and reap `proc`; never
     raises for one already gone."""
-    if proc in _leaders:
+    if _leads_group(proc):
         _signal_group(proc, signal.SIGKILL)
     elif proc.poll() is None:
         proc.kill()
@@ -194,7 +204,7 @@ def stop_process(proc: subprocess.Popen, timeout: float = 60, sig: int = signal.
     """Ask a server to stop (`sig`, to its whole group if it leads one), and kill it if it has
     not stopped within `timeout` (`scaled`); either way, an interrupt too, it is reaped and
     what its group left behind is killed."""
-    group = proc in _leaders
+    group = _leads_group(proc)
     if proc.poll() is None:
         if group:
             _signal_group(proc, sig)
@@ -205,10 +215,10 @@ def stop_process(proc: subprocess.Popen, timeout: float = 60, sig: int = signal.
     except subprocess.TimeoutExpired:
         pass  # killed below
     finally:
-        if group:
-            kill_group(proc)
-        else:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            _running.discard(proc)
+        if group:  # what the group left behind too, or a leader that did not stop
+            _signal_group(proc, signal.SIGKILL)
+        elif proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        _running.discard(proc)
