@@ -24,7 +24,11 @@ and the background tasks have gone quiet. The checks read radixchat's SQLite sto
 requests are two distinct users, openwebui/<Open WebUI's user id> each. One PASS/FAIL line
 per check; the exit status is 1 if any failed.
 
-    python -m loadtests.check_openwebui [--venv /tmp/openwebui-venv] [--model default] [--keep]
+With `--lean`, Open WebUI runs with the settings for a small model instead of its defaults
+(no title, tags or follow-up requests; the model's built-in tools off), and a check says
+that only the chats themselves reached radixchat.
+
+    python -m loadtests.check_openwebui [--venv /tmp/openwebui-venv] [--model default] [--lean] [--keep]
 """
 
 from __future__ import annotations
@@ -53,11 +57,10 @@ FRONT = "openwebui"  # the radixchat user whose front-end key Open WebUI holds
 SHOWN_HEADERS = ("x-openwebui-user-id", "x-openwebui-user-name", "x-openwebui-user-role", "x-openwebui-chat-id")
 # the words Open WebUI's task prompts open with, to tell its background requests apart
 TASKS = {
-    "title": "Generate a concise",
+    "title": "Generate a concise title",
     "tags": "Generate 1-3 broad tags",
-    "follow-ups": "Suggest 3-5 relevant follow-up",
-    "query": "Analyze the chat history to determine the necessity of generating search queries",
-    "autocomplete": "You are an autocompletion system",
+    "follow-ups": "Predict 3-5 useful messages",
+    "task": "### Task:",  # another of its task prompts (queries, autocomplete, ...)
 }
 
 results: list[tuple[str, bool, str]] = []
@@ -153,6 +156,33 @@ def _json(body: bytes):
         return json.loads(body) if body else None
     except ValueError:
         return body.decode(errors="replace")
+
+
+def answer_of(entry: dict) -> str:
+    """What radixchat answered, in short: the reply's text and the tools it called, whole or
+    streamed (the SSE chunks joined)."""
+    if entry["status"] >= 400 or not entry["path"].endswith("/chat/completions"):
+        return ""
+    text, calls = "", []
+    try:
+        if entry["answer"].lstrip().startswith("{"):
+            msg = json.loads(entry["answer"])["choices"][0]["message"]
+            text = msg.get("content") or ""
+            calls = [c["function"]["name"] for c in msg.get("tool_calls") or []]
+        else:
+            for line in entry["answer"].splitlines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:]).get("choices", []):
+                        delta = choice.get("delta", {})
+                        text += delta.get("content") or ""
+                        calls += [
+                            c["function"]["name"]
+                            for c in delta.get("tool_calls") or []
+                            if c.get("function", {}).get("name")
+                        ]
+    except (ValueError, KeyError, IndexError) as e:
+        return f"(unread: {e})"
+    return f"tool calls {calls} " * bool(calls) + repr(text[:160])
 
 
 def task_of(body) -> str:
@@ -253,6 +283,11 @@ def main() -> int:
     ap.add_argument("--venv", type=Path, default=Path("/tmp/openwebui-venv"), help="Open WebUI's own venv")
     ap.add_argument("--model", default="default", help="radixchat's --model (default: SmolLM2-135M where installed)")
     ap.add_argument("--max-tokens", default="96", help="radixchat's --max-tokens: Open WebUI sends none")
+    ap.add_argument(
+        "--lean",
+        action="store_true",
+        help="the settings for a small model: no title, tags or follow-ups, no built-in tools",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, both stores)")
     args = ap.parse_args()
 
@@ -284,6 +319,9 @@ def main() -> int:
         ow = [str(exe), "serve", "--host", "127.0.0.1", "--port", str(ow_port)]
         ow_url = f"http://127.0.0.1:{ow_port}"
         env = owui_env(tmp / "openwebui", proxy.url, key)
+        if args.lean:
+            env.update(ENABLE_TITLE_GENERATION="false", ENABLE_TAGS_GENERATION="false")
+            env.update(ENABLE_FOLLOW_UP_GENERATION="false")
         procs.append(start_and_wait(ow, ow_url + "/health", ow_log, env=env, timeout=600, cwd=tmp))
         check("Open WebUI starts offline", True)
         http = httpx.Client(base_url=ow_url, timeout=600)
@@ -320,6 +358,11 @@ def main() -> int:
                 "access_grants": [{"principal_type": "user", "principal_id": "*", "permission": "read"}],
             },
         )
+        if args.lean:
+            # Admin Panel > Settings > Models > the model > Capabilities > Builtin Tools, off
+            lean = {"id": model, "name": model, "meta": {"capabilities": {"builtin_tools": False}}, "params": {}}
+            r = http.post("/api/v1/models/model/update", headers=signed(http, users["ada"]["token"]), json=lean)
+            check("the model's built-in tools turned off", r.status_code == 200, f"{r.status_code} {r.text[:200]}")
         listed = {name: models(u) for name, u in users.items()}
         if not check(
             "both users see radixchat's model once it is public", model in listed["bob"], f"{r.status_code} {listed}"
@@ -371,6 +414,9 @@ def main() -> int:
             ids == {u["id"] for u in users.values()},
             f"{len(forwarded)} POSTs, user ids {sorted(map(str, ids))}",
         )
+        if args.lean:
+            extra = [(task_of(e["body"]), bool(e["body"].get("tools"))) for e in forwarded]
+            check("lean: only the chats were sent, without tools", set(extra) == {("chat", False)}, str(extra))
         refused = [e for e in proxy.seen if e["status"] >= 400]
         check("radixchat answered everything Open WebUI sent without a 4xx/5xx", not refused, f"{len(refused)} refused")
 
@@ -386,6 +432,10 @@ def main() -> int:
             )
             if e["status"] >= 400:
                 print(f"    request: {json.dumps(b)[:3000]}\n    answer: {e['answer']}")
+            elif answer_of(e):
+                print(f"    prompt {len(json.dumps(b.get('messages')))} chars; answered {answer_of(e)}")
+        # everything, for a closer look (kept with --keep)
+        (tmp / "sent.json").write_text(json.dumps(proxy.seen, indent=1))
         return 0 if all(ok for _, ok, _ in results) else 1
     except Exception as e:  # a step that could not run is a failed check, with both logs
         check("the run completes", False, f"{type(e).__name__}: {e}")
