@@ -112,7 +112,23 @@ def build_page(
         )
         wire(page, parts, handlers, settings)
     page.queue(default_concurrency_limit=settings.max_batch)
+    slower_idle_poll(page)
     return page
+
+
+# Gradio's queue has no wake-up: it looks for new events every 1 ms while none waits (and its
+# progress loop every 10 ms), which kept an idle server at ~4% of a core
+# (loadtests/bench_idle.py). Every 10 ms (100 ms for progress) costs an event at most 10 ms
+# before it starts. Its attributes are not public: a Gradio without them keeps its own pace.
+IDLE_POLL_S = 0.01
+IDLE_PROGRESS_POLL_S = 0.1
+
+
+def slower_idle_poll(page: gr.Blocks) -> None:
+    queue = getattr(page, "_queue", None)
+    for name, pause in (("sleep_when_free", IDLE_POLL_S), ("progress_update_sleep_when_free", IDLE_PROGRESS_POLL_S)):
+        if isinstance(getattr(queue, name, None), float):
+            setattr(queue, name, max(getattr(queue, name), pause))
 
 
 def top_row(sign_in: bool) -> gr.Markdown:
