@@ -395,10 +395,12 @@ def address_allowed(addr: str | None, rule, *, loopback: bool) -> bool:
     return any(ip in net for net in rule)
 
 
-def settings_error_line(err: ValidationError) -> str:
-    """One line naming each bad setting, for start-up refusals (never a traceback)."""
+def settings_error_line(err: ValidationError, spell=str) -> str:
+    """One line naming each bad setting (as `spell` writes a setting's name: a flag, say), for
+    start-up refusals (never a traceback)."""
     parts = []
     for e in err.errors():
-        name = ".".join(str(p) for p in e["loc"]) or "settings"
+        loc = [str(p) for p in e["loc"]]
+        name = ".".join([spell(loc[0]), *loc[1:]]) if loc else "settings"
         parts.append(f"{name}: {e['msg']}")
     return "invalid setting: " + "; ".join(parts)

@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -50,14 +51,20 @@ def load_settings(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     if "model" in overrides:  # --model again and again: the first is the default, all are served
         if overrides.get("models"):
-            sys.exit("radixchat: --models names the models to serve: give it or --model, not both")
+            _refuse("--models names the models to serve: give it or --model, not both")
         overrides["model"], *more = overrides["model"]
         if more:
             overrides["extra_models"] = more
     try:
         return Settings(**overrides)
     except ValidationError as e:
-        sys.exit(f"radixchat: {settings_error_line(e)}")
+        _refuse(settings_error_line(e, spell=lambda n: f"--{n.replace('_', '-')} (RADIXCHAT_{n.upper()})"))
+
+
+def _refuse(line: str) -> NoReturn:
+    """A start-up refusal: one line on stderr and argparse's exit status for a usage error."""
+    print(f"radixchat: {line}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
