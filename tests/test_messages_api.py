@@ -166,3 +166,15 @@ def test_litellms_anthropic_route(served, monkeypatch):
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == sdk
     with pytest.raises(litellm.ContextWindowExceededError):
         litellm.completion(messages=[{"role": "user", "content": "lists " * 4000}], **route)
+
+
+def test_a_forced_call_cut_short_is_no_text(served):
+    """A call the request forced, cut by max_tokens before it closed, comes back as nothing
+    with stop_reason max_tokens, not as the call's raw markup in a text block."""
+    _, client, _ = served
+    ask = dict(model="plain", max_tokens=4, messages=ASK, tools=[WEATHER], tool_choice={"type": "any"})
+    cut = client.messages.create(**ask, extra_body=GREEDY)
+    assert cut.stop_reason == "max_tokens" and cut.content == [] and cut.usage.output_tokens == 4
+    with client.messages.stream(**ask, extra_body=GREEDY) as s:
+        streamed = s.get_final_message()
+    assert streamed.stop_reason == "max_tokens" and streamed.content == []

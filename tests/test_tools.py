@@ -228,3 +228,16 @@ def test_the_generic_format_rewrites_calls_and_results_for_a_plain_template():
     assert formats.parse("generic", fenced)[1][0]["function"]["name"] == "get_time"
     assert formats.parse("generic", "It is noon.") == ("It is noon.", [])
     assert formats.held_back("generic", " {") == 0 and formats.held_back("generic", "It") == 2
+
+
+def test_a_required_call_cut_short_is_no_content(tool_server):
+    """A forced call cut by max_tokens: finish_reason length, and neither content nor a call
+    (the call's raw markup is not the answer)."""
+    c = client(tool_server, "none")
+    msgs = [{"role": "user", "content": "What is the weather in Oslo for three days?"}]
+    whole = ask_weather(c, msgs, max_tokens=4).choices[0]
+    assert whole.finish_reason == "length" and whole.message.content is None and not whole.message.tool_calls
+    chunks = list(ask_weather(c, msgs, max_tokens=4, stream=True))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    calls = [ch for ch in chunks if ch.choices and ch.choices[0].delta.tool_calls]
+    assert text == "" and calls == [] and chunks[-1].choices[0].finish_reason == "length"

@@ -59,7 +59,9 @@ async def chat_completions(
             )
         ),
     )
-    frames = ChatFrames(engine.info.model_id, len(handles), _include_usage(body), family if tools else None)
+    frames = ChatFrames(
+        engine.info.model_id, len(handles), _include_usage(body), family if tools else None, forced=lark is not None
+    )
     if body.stream:
         return generation.stream(handles, frames, ledger)
     finals, gone = await generation.wait_for_ends(request, handles, ledger)
@@ -127,15 +129,15 @@ class ChatFrames(_Frames):
     """A chat completion's reply: whole, or chunk by chunk; with `tool_family`, calls in the
     text become tool_calls (held back while streaming until the call is whole)."""
 
-    def __init__(self, model: str, n: int, include_usage: bool, tool_family: str | None):
+    def __init__(self, model: str, n: int, include_usage: bool, tool_family: str | None, forced: bool = False):
         super().__init__(model, n, include_usage, "chatcmpl")
-        self.family = tool_family
-        self.streams = [toolcalls.Stream(tool_family) for _ in range(n)] if tool_family else None
+        self.family, self.forced = tool_family, forced
+        self.streams = [toolcalls.Stream(tool_family, forced) for _ in range(n)] if tool_family else None
 
     def whole(self, finals: list[Finished]) -> rp.ChatCompletion:
         choices = []
         for i, ev in enumerate(finals):
-            content, calls, called = toolcalls.reply(self.family, ev.text)
+            content, calls, called = toolcalls.reply(self.family, ev.text, self.forced)
             choices.append(
                 rp.ChatChoice(
                     index=i,

@@ -71,9 +71,15 @@ async def create_message(
     )
     mid = new_id("msg")
     if body.stream:
-        return generation.stream([handle], MessageEvents(mid, model, handle.prompt_tokens, family), ledger)
+        return generation.stream(
+            [handle], MessageEvents(mid, model, handle.prompt_tokens, family, grammar is not None), ledger
+        )
     (final,), gone = await generation.wait_for_ends(request, [handle], ledger)
-    return Response(status_code=CLIENT_GONE) if gone else JSONResponse(message(mid, model, final, family))
+    return (
+        Response(status_code=CLIENT_GONE)
+        if gone
+        else JSONResponse(message(mid, model, final, family, grammar is not None))
+    )
 
 
 @router.post("/messages/count_tokens")

@@ -243,9 +243,9 @@ def tool_use(call: dict) -> dict:
     return {"type": "tool_use", "id": new_id("toolu"), "name": call["function"]["name"], "input": args}
 
 
-def message(mid: str, model: str, final: Finished, family: str | None) -> dict:
-    """The whole reply as Anthropic's Message object."""
-    content, calls, called = toolcalls.reply(family, final.text)
+def message(mid: str, model: str, final: Finished, family: str | None, forced: bool = False) -> dict:
+    """The whole reply as Anthropic's Message object (`forced`: a call was required)."""
+    content, calls, called = toolcalls.reply(family, final.text, forced)
     blocks = [{"type": "text", "text": content}] if content else []
     blocks += [tool_use(c) for c in calls or []]
     reason, seq = stop_reason(final, called)
@@ -270,9 +270,9 @@ class MessageEvents:
     deltas and stop, any tool_use blocks (whole, as one input_json_delta each), then
     message_delta (stop reason, usage) and message_stop; a failure is an `error` event."""
 
-    def __init__(self, mid: str, model: str, prompt_tokens: int, family: str | None):
+    def __init__(self, mid: str, model: str, prompt_tokens: int, family: str | None, forced: bool = False):
         self.mid, self.model, self.prompt_tokens, self.family = mid, model, prompt_tokens, family
-        self.stream = toolcalls.Stream(family) if family else None
+        self.stream = toolcalls.Stream(family, forced) if family else None
         self.text_open = False
 
     def opening(self) -> list[str]:

@@ -32,21 +32,23 @@ def request_side(body, family: str | None) -> tuple[list[dict] | None, str | Non
     return tools, None
 
 
-def reply(family: str | None, text: str) -> tuple[str | None, list[dict] | None, bool]:
-    """(content, tool_calls, called) of a whole reply."""
+def reply(family: str | None, text: str, forced: bool = False) -> tuple[str | None, list[dict] | None, bool]:
+    """(content, tool_calls, called) of a whole reply. A `forced` call (its grammar made the
+    whole reply a call) that does not parse was cut short (max_tokens): no content, rather than
+    the call's raw markup as if it were the answer."""
     if family is None:
         return text, None, False
     content, calls = formats.parse(family, text)
     if not calls:
-        return text, None, False
+        return (None if forced else text), None, False
     return (content or None), calls, True
 
 
 class Stream:
     """One streamed choice's text, with what may be a call held back."""
 
-    def __init__(self, family: str):
-        self.family, self.text, self.shown = family, "", 0
+    def __init__(self, family: str, forced: bool = False):
+        self.family, self.forced, self.text, self.shown = family, forced, "", 0
 
     def feed(self, delta: str) -> str:
         """The text to send now."""
@@ -60,6 +62,6 @@ class Stream:
     def finish(self) -> tuple[str, list[dict] | None]:
         """(text still to send, the calls as a streamed delta's tool_calls, or None)."""
         _, calls = formats.parse(self.family, self.text)
-        if not calls:
-            return self.text[self.shown :], None
+        if not calls:  # a forced call cut short: nothing (see `reply`)
+            return ("" if self.forced else self.text[self.shown :]), None
         return "", [{"index": k, **call} for k, call in enumerate(calls)]
