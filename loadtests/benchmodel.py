@@ -1,5 +1,6 @@
 """Which model a benchmark runs on: --model (a folder, a .gguf file or a short name: default,
-smollm2, tiny), else the default model, or a random llama with --random-dim.
+smollm2, tiny), else the default model, or a random model with --random-dim (a llama unless
+--random-arch says otherwise).
 
 A GGUF (SmolLM2 by default) is benchmarked as a float32 mlx-lm folder written once from what
 radixchat loads (dequantized): that folder is what every server in a comparison is given, so
@@ -22,15 +23,20 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--random-dim", type=int, default=0, help="use a random model of this width")
     p.add_argument("--random-layers", type=int, default=8)
+    p.add_argument("--random-arch", default="llama", help="the random model's architecture: llama, qwen3, lfm2, gemma3")
+    p.add_argument("--random-vocab", type=int, default=2048, help="the random model's vocabulary")
 
 
 def resolve_model(args) -> str:
     if args.random_dim:
         from tests.support.randmodel import build_random_model
 
-        out = Path(tempfile.mkdtemp()) / f"random-{args.random_dim}x{args.random_layers}"
+        arch, vocab = getattr(args, "random_arch", "llama"), getattr(args, "random_vocab", 2048)
+        out = Path(tempfile.mkdtemp()) / f"random-{arch}-{args.random_dim}x{args.random_layers}-v{vocab}"
         return str(
-            build_random_model(out, dim=args.random_dim, layers=args.random_layers, context=4096, vocab_size=2048)
+            build_random_model(
+                out, dim=args.random_dim, layers=args.random_layers, context=4096, vocab_size=vocab, arch=arch
+            )
         )
     from radixchat.core.engine import catalog
 
