@@ -14,19 +14,10 @@ import httpx
 import pytest
 
 from radixchat.core.store import Store
+from tests.support.clients import ANTHROPIC_WEATHER as WEATHER
 from tests.support.randmodel import build_random_model
 from tests.support.server import Server
 
-WEATHER = {
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "input_schema": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["city"],
-        "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-    },
-}
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 GREEDY = {"temperature": 0}  # no longer a parameter of the SDK; older clients send it, and it is read
 

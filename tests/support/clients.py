@@ -1,5 +1,5 @@
 """Clients of a running server: the official OpenAI client with a key, the smallest good chat
-request, an httpx client signed in to the page as one of its users, and `PageClient`, a small
+request, a tool in Anthropic's shape (`ANTHROPIC_WEATHER`), an httpx client signed in to the page as one of its users, and `PageClient`, a small
 client of Gradio's queue protocol (sse_v3) that speaks for one browser's page session."""
 
 from __future__ import annotations
@@ -15,6 +15,17 @@ from tests.support.server import PASSWORDS
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
 
+# a tool for the Anthropic-shaped clients (the anthropic SDK, LangChain's ChatAnthropic)
+ANTHROPIC_WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["city"],
+        "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    },
+}
 API = "/gradio_api"
 GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -111,10 +111,10 @@ def _leads_group(proc: subprocess.Popen) -> bool:
         return False
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL `proc`'s whole group (`proc` alone if it leads none) and reap `proc`; never
-    raises for one already gone."""
-    if _leads_group(proc):
+def kill_group(proc: subprocess.Popen, group: bool | None = None) -> None:
+    """SIGKILL `proc`'s whole group (`proc` alone if it leads none; `group` says which when the
+    caller learnt it while `proc` still ran) and reap `proc`; never raises for one already gone."""
+    if _leads_group(proc) if group is None else group:
         _signal_group(proc, signal.SIGKILL)
     elif proc.poll() is None:
         proc.kill()
@@ -214,11 +214,5 @@ def stop_process(proc: subprocess.Popen, timeout: float = 60, sig: int = signal.
         proc.wait(timeout=scaled(timeout))
     except subprocess.TimeoutExpired:
         pass  # killed below
-    finally:
-        if group:  # what the group left behind too, or a leader that did not stop
-            _signal_group(proc, signal.SIGKILL)
-        elif proc.poll() is None:
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
-        _running.discard(proc)
+    finally:  # what the group left behind too, or a leader that did not stop
+        kill_group(proc, group)
