@@ -13,7 +13,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from tests.support.cheap import cheap_scrypt
+from tests.support.procs import scaled
 from tests.support.randmodel import build_random_model
+
+pytest_plugins = ["pytester"]  # tests/test_harness.py runs the suite's own hooks in a pytest of its own
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """Each test's timeout (pyproject's, or its own mark's) stretched by the machine's load as
+    the test starts, as the harness's waits are (tests/support/procs.py `scaled`): a loaded
+    machine is slow, not broken. pytest-timeout's own timer does the rest."""
+    import pytest_timeout
+
+    return pytest_timeout.pytest_timeout_set_timer(item, settings._replace(timeout=scaled(settings.timeout)))
 
 
 @pytest.fixture(scope="session")

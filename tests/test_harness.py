@@ -1,6 +1,7 @@
-"""The test harness itself (tests/support/procs.py, server.py): what it starts, it stops and
-reaps, whole process group and all, when a start times out, fails or is interrupted; its
-waits stretch with the machine's load, within a cap."""
+"""The test harness itself (tests/support/procs.py, server.py, the hooks of tests/conftest.py):
+what it starts, it stops and reaps, whole process group and all, when a start times out, fails
+or is interrupted; its waits, and each test's timeout, stretch with the machine's load, within
+a cap."""
 
 from __future__ import annotations
 
@@ -107,6 +108,25 @@ def test_waits_stretch_with_load_within_a_cap(monkeypatch):
     assert procs.scaled(10) == pytest.approx(30)
     monkeypatch.setattr(os, "getloadavg", lambda: (100.0 * cpus, 0.0, 0.0))
     assert procs.scaled(10) == 10 * LOAD_CAP
+
+
+@pytest.mark.parametrize(("load", "timeout"), [(0.1, 10.0), (3.0, 30.0), (100.0, 10 * LOAD_CAP)])
+def test_a_tests_timeout_stretches_with_load(pytester, monkeypatch, load, timeout):
+    # the suite's own hooks, in a pytest run of its own (in this process: the faked load holds)
+    pytester.makeconftest(Path(__file__).with_name("conftest.py").read_text())
+    pytester.makepyfile(
+        """
+        import threading
+
+        def test_timer(request):  # pytest-timeout's thread method names its timer after the test
+            (timer,) = [t for t in threading.enumerate() if t.name.endswith(" " + request.node.nodeid)]
+            print("TIMER", timer.interval)
+        """
+    )
+    monkeypatch.setattr(os, "getloadavg", lambda: (load * (os.cpu_count() or 1), 0.0, 0.0))
+    result = pytester.runpytest_inprocess("-s", "-o", "timeout=10", "-o", "timeout_method=thread")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"* TIMER {timeout}"])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
