@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from radixchat.core.store import Store
+from tests.support.randmodel import build_random_model
 from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
@@ -24,14 +25,19 @@ INTERNALS = ("Traceback", "incompatible function arguments", "mlx", 'File "', "E
 
 
 @pytest.fixture(scope="module")
-def strangers(tiny_model_dir, tmp_path_factory):
-    db = tmp_path_factory.mktemp("iso") / "iso.db"
+def strangers(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("iso")
+    db = folder / "iso.db"
+    # a context long enough that mallory's streams outlast the start of all twelve (on the
+    # tiny model, 400 tokens took ~1 s, and on a loaded machine the first ones ended before
+    # the last one had started)
+    model = build_random_model(folder / "model", context=4096)
     keys = {}
     with Store(db) as store:
         for name in ("alice", "bob", "carol", "mallory"):
             user = store.create_user(name, f"{name}-password-long")
             keys[name] = store.create_api_key(user, "tests")[1]
-    server = Server(tiny_model_dir, db, "--max-user-requests", "12", "--max-batch", "16")
+    server = Server(model, db, "--max-user-requests", "12", "--max-batch", "16")
     yield server, keys
     server.stop()
 
@@ -130,7 +136,7 @@ def test_one_users_flood_is_refused_for_that_user_only(strangers):
     streams, stop = [], threading.Event()
 
     def hold():
-        body = chat_body("a long story please", max_tokens=400, ignore_eos=True, stream=True)
+        body = chat_body("a long story please", max_tokens=3500, ignore_eos=True, stream=True)
         with httpx.stream(
             "POST",
             server.url + "/v1/chat/completions",
