@@ -11,6 +11,8 @@ commands (no MLX, no re-exec) are webui.cli_admin.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -160,11 +162,11 @@ def cmd_serve(args, settings: Settings) -> None:
         from radixchat.core.engine.follower import follow
 
         sys.exit(follow(settings))
-    import uvicorn
 
     from radixchat.core.engine.requests import owner_of
     from radixchat.core.store import Store
     from radixchat.webui.removals import RemovalWatch
+    from radixchat.webui.request_end import settle
     from radixchat.webui.server import build_app
 
     settings.db.parent.mkdir(parents=True, exist_ok=True)
@@ -185,13 +187,11 @@ def cmd_serve(args, settings: Settings) -> None:
     lines += [f"radixchat: note: {m.notice}"] if m.notice else []
     lines += serve_banner(settings, len(store.list_users()))
     try:
-        config = uvicorn.Config(build_app(models, settings, store), **uvicorn_options(settings))
-        try:
-            _announcing_server(config, lines).run()
-        except KeyboardInterrupt:  # Ctrl-C (SIGINT) is a clean stop, as in uvicorn.run
-            pass
+        app = build_app(models, settings, store)
+        _serving(app, models, uvicorn_options(settings), lines).run()
     finally:
         removals.stop()
+        settle(STOP_GRACE_S)  # replies cut short by the stop are written before the store closes
         models.stop()
         store.close()
     if engine.fatal:
@@ -209,19 +209,90 @@ def serve_disk(settings: Settings, sharded: bool) -> Settings:
     return settings
 
 
-def _announcing_server(config, lines: list[str]):
-    """uvicorn's Server, printing the start-up lines once its socket listens (not before: a
-    person or script that reads "open http://..." may connect at once)."""
+STOP_GRACE_S = 5.0  # a stop's waits: for the engines, the replies' writes, then open connections
+
+
+def _serving(app, models, options: dict, lines: list[str]):
+    """uvicorn's Server for `app`, printing the start-up lines once its socket listens (not
+    before: a person or script that reads "open http://..." may connect at once), and stopping
+    in a few seconds with pages and streams open.
+
+    uvicorn alone waits, on SIGTERM or the first Ctrl-C, for every open connection to close, and
+    an open page holds two for as long as it is open (Gradio's heartbeat and queue streams), an
+    API stream until its reply ends; a second Ctrl-C then cancels them all, each cancelled task
+    logged with its traceback. So a stop first ends the work those connections wait for (`_wind_down`),
+    then gives them STOP_GRACE_S to close; what is still open then is cut (`_Quiet`). The signal
+    is not raised again once uvicorn is done (as uvicorn does, which killed the process on SIGTERM
+    before the store was closed): `cmd_serve` cleans up and the exit status is 0."""
     import uvicorn
 
-    class Announcing(uvicorn.Server):
+    quiet = _Quiet(app)
+
+    class Serving(uvicorn.Server):
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
             if self.started:
                 for line in lines:
                     print(line, flush=True)
 
-    return Announcing(config)
+        async def shutdown(self, sockets=None) -> None:
+            from radixchat.webui.server import close_page_queue
+
+            quiet.stopping = True
+            for server in self.servers:  # no new connections while the requests end
+                server.close()
+            await _wind_down(self, models, app)
+            await super().shutdown(sockets)
+            close_page_queue(app)  # its loops end now that no page waits on them
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
+
+    return Serving(uvicorn.Config(quiet, **options, timeout_graceful_shutdown=STOP_GRACE_S))
+
+
+async def _wind_down(server, models, app) -> None:
+    """What a stop does before uvicorn waits for the open connections: the engines stop, every
+    request in flight ending as cancelled (a page's reply is stored as stopped, an API stream
+    gets its last event); the page's replies are written (their readers run on this loop);
+    then the pages' heartbeat streams end. Each wait is bounded, and a second Ctrl-C ends it."""
+    from radixchat.webui.request_end import settle
+    from radixchat.webui.server import end_page_streams
+
+    # in a thread of its own, never the loop's executor: asyncio.run would wait at exit for an
+    # engine thread that does not end (a sharded one whose peer hangs)
+    halted = threading.Event()
+
+    def halt() -> None:
+        try:
+            models.halt()
+        finally:
+            halted.set()
+
+    threading.Thread(target=halt, name="radixchat-stop", daemon=True).start()
+    deadline = time.monotonic() + STOP_GRACE_S
+    while not (halted.is_set() and settle(0)) and time.monotonic() < deadline and not server.force_exit:
+        await asyncio.sleep(0.05)
+    end_page_streams(app)
+
+
+class _Quiet:
+    """The app, whose requests a stop cuts short (past STOP_GRACE_S, or on a second Ctrl-C)
+    end without a traceback each: their engine requests ended and were stored already, and
+    uvicorn logs every cancelled request as an error of the app, with its traceback."""
+
+    def __init__(self, app):
+        self.app, self.stopping = app, False
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self.stopping:
+                raise
 
 
 def _stop_serving(reason: str) -> None:

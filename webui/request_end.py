@@ -11,7 +11,8 @@ Threads: `_ended` runs in the engine thread (or in the submitter's, if the reque
 before the hook was set); it only counts metrics and hands the write on, so the engine never
 waits for SQLite. The write runs on the executor it is given, or right there when it never
 blocks (the store's queued writer). `release` and `wait` are the reader's, usually the event
-loop's. No MLX here.
+loop's; `settle` is for whoever stops the server (webui/cli.py), before the store closes. No
+MLX here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from concurrent.futures import wait as wait_for_all
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from radixchat.core.engine.requests import Failed, Finished
@@ -32,6 +34,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("radixchat.requests")
 
 T = TypeVar("T")
+
+# every end not yet recorded, in this process: what a stopping server waits for (`settle`)
+_open: set[Future] = set()
+_open_lock = threading.Lock()
+
+
+def settle(timeout: float) -> bool:
+    """Wait up to `timeout` seconds until every RequestEnd made so far has recorded its end
+    (written it, or learned there is nothing to keep); False if some have not. Called once the
+    engines have stopped, when each request has its end and waits only for its reader and write."""
+    with _open_lock:
+        waiting = list(_open)
+    return not wait_for_all(waiting, timeout).not_done
 
 
 class RequestEnd(Generic[T]):
@@ -61,6 +76,9 @@ class RequestEnd(Generic[T]):
         self._started = False
         # ours alone, never an executor's: nobody can cancel a write by cancelling a waiter
         self._done: Future[T | None] = Future()
+        with _open_lock:
+            _open.add(self._done)
+        self._done.add_done_callback(_closed)
         handle.add_done_callback(self._ended)  # last: it may call back right here
 
     @property
@@ -113,3 +131,8 @@ class RequestEnd(Generic[T]):
         except Exception as e:  # a waiter, if any, gets it too; the log is for when none is left
             log.exception("could not record the end of a request")
             self._done.set_exception(e)
+
+
+def _closed(done: Future) -> None:
+    with _open_lock:
+        _open.discard(done)

@@ -139,7 +139,9 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
         ssr_mode=False,
         show_error=True,
     )
-    gradio_app = next(r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None)
+    gradio_app = app.state.gradio = next(
+        r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None
+    )
     # the sign-in form and the page's calls get no bigger bodies than an API request; the gate,
     # outside this limit, caps the bodies it reads itself and refuses uploads unread
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, prefixes=("/gradio_api/", "/login"))
@@ -147,3 +149,20 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
     app.add_middleware(
         PageGate, side=side, no_auth=settings.no_auth, max_body=settings.max_body_bytes
     )  # outermost: refusals cost nothing downstream
+
+
+def end_page_streams(app: FastAPI) -> None:
+    """The server is stopping: end every open page's heartbeat stream, which Gradio otherwise
+    keeps open for as long as the page is open (and uvicorn waits for). Call it on the event
+    loop, once the replies have ended: a page whose heartbeat ends is closed, its events too."""
+    gradio_app = getattr(app.state, "gradio", None)
+    if gradio_app is not None:
+        gradio_app.stop_event.set()
+
+
+def close_page_queue(app: FastAPI) -> None:
+    """Once no connection is left: Gradio's queue stops taking and processing events, so its
+    loops end on their own before the event loop closes."""
+    page = getattr(app.state, "page", None)
+    if page is not None and page._queue is not None:  # Gradio offers no public way to
+        page._queue.close()

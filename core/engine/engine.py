@@ -55,7 +55,7 @@ from radixchat.core.engine.recorder import Admit, AdmitRow, Fail, Finish, Op, Re
 from radixchat.core.engine.requests import Failed, Finished
 from radixchat.core.engine.seam import ModelInfo
 from radixchat.core.engine.textstream import TextStream
-from radixchat.core.platform.memory import give_back_memory
+from radixchat.core.platform.memory import MlxMemory, give_back_memory
 
 if TYPE_CHECKING:  # both import MLX, which only the engine thread may load
     from radixchat.core.cache.kv import PrefixStore
@@ -139,9 +139,10 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         return self
 
     def stop(self, release: bool = False) -> None:
-        """Fail whatever is queued or running, end the thread and free its MLX streams; with
-        `release`, the thread also lets go of the model and the cache's K/V and gives their
-        memory back (a model unloaded while the server runs: core.engine.models)."""
+        """End whatever is queued or running as cancelled (as Stop does: its text so far kept),
+        end the thread and free its MLX streams; with `release`, the thread also lets go of the
+        model and the cache's K/V and gives their memory back (a model unloaded while the server
+        runs: core.engine.models)."""
         atexit.unregister(self.stop)  # else the registry keeps a stopped engine's model and K/V alive
         if not self._thread.is_alive():
             return
@@ -189,6 +190,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 self.kv_budget = kv_budget(s)
                 if self.link is not None:  # memory may differ between machines: rank 0's counts
                     self.kv_budget = self.link.share(self.kv_budget)
+                self.memory = MlxMemory(mx, s, self.kv_budget, self.loaded.vocab_size)  # sets MLX's cache limit
                 self.kv_bytes_per_token = kv_bytes_per_token(self.loaded.model)
                 if s.prefix_cache:
                     self.prefix = PrefixStore(self.loaded.model, self.kv_budget)
@@ -242,6 +244,14 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 self._gen = self._new_generator()
             finally:
                 self._outbox.flush()
+        if self.fatal is None:  # a plain stop: what is in flight ends as if Stop were pressed, text kept
+            try:
+                self._drain_commands(block=False)  # submits already queued are cancelled too
+                for rid in list(self._active):
+                    self._cmds.put(Cancel(rid))
+                self._drain_commands(block=False)
+            except Exception:  # what is left fails below
+                log.exception("engine stop: cancelling the requests in flight failed")
         self._closed = True  # from here on a submitter fails what it queued itself
         self._fail_all(self.fatal or "the engine stopped")
         self._fail_queued(self.fatal or "the engine stopped")
@@ -346,24 +356,9 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         for a in ok:
             a.joined = self.steps
             self._fair.charge(a.owner, prompt_tokens=len(a.tokens) - a.hit)
-        self._record(
-            Admit(
-                [
-                    AdmitRow(
-                        a.uid,
-                        a.tokens,
-                        a.shared_len,
-                        a.owner,
-                        a.boundaries,
-                        a.hit,
-                        a.tokens_left,
-                        a.sampling.ignore_eos,
-                        a.hurry,
-                    )
-                    for a in ok
-                ]
-            )
-        )
+        # what a follower needs to insert the same rows (core.engine.recorder.AdmitRow's fields, in order)
+        rows = [(a.uid, a.tokens, a.shared_len, a.owner, a.boundaries, a.hit, a.tokens_left) for a in ok]
+        self._record(Admit([AdmitRow(*r, a.sampling.ignore_eos, a.hurry) for r, a in zip(rows, ok)]))
 
     def _insert(self, rows: list[Active], samplers: list) -> None:
         """Restore each request's cached prefix (its path locked) and give the generator the
@@ -405,6 +400,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self.steps += 1
         now = time.perf_counter()
         self._note_step(now - self._step_started, self._by_uid.values())
+        self.memory.sample()
         self._on_prompt(prompt_resps)  # the budgeted generator calls it inside its step
         for r in gen_resps:
             a = self._by_uid.get(r.uid)

@@ -124,6 +124,14 @@ class ModelSet:
             if engine is not None:
                 engine.stop()
 
+    def halt(self) -> None:
+        """The server is stopping: no model loads any more, and every loaded engine stops, what
+        it had in flight ending as cancelled. The stopped engines stay in their slots, so a call
+        that comes meanwhile gets the engine's own refusal, not a missing model; `stop` follows."""
+        self._stop.set()
+        for engine in self.serving():
+            engine.stop()
+
     # ---- what the web layer asks ---------------------------------------------------------
 
     @property
@@ -154,6 +162,8 @@ class ModelSet:
         if engine is not None:
             return engine
         with slot.loading:
+            if slot.engine is None and self._stop.is_set():  # `halt`: no model starts now
+                raise RequestError("the server is stopping", 503, "model_unavailable")
             if slot.engine is None:
                 with self._room:
                     self._make_room(slot)
