@@ -125,6 +125,12 @@ class Settings(BaseSettings):
         description="K/V byte budget shared by the running batch "
         "and the prefix cache (default: a fifth of this machine's memory)" + SIZES_HELP,
     )
+    mlx_cache_bytes: ByteSize | None = Field(
+        None,
+        ge=0,
+        description="Freed buffers MLX may keep for reuse (default: an eighth of the K/V budget, "
+        "between 32 MiB and 1 GiB; 0: none kept)" + SIZES_HELP,
+    )
     prefix_cache: bool = Field(True, description="Share a radix prefix KV cache across requests")
     cache_sharing: Literal["system", "all", "user"] = Field(
         "system",
@@ -330,6 +336,15 @@ def kv_budget(settings: Settings) -> int:
     if settings.cache_bytes is not None:
         return settings.cache_bytes
     return max(256 << 20, machine_memory() // 5)
+
+
+def mlx_cache_limit(settings: Settings, kv_bytes: int) -> int:
+    """What MLX's buffer cache may keep: --mlx-cache-bytes, else an eighth of the K/V budget
+    `kv_bytes`, between 32 MiB (MLX's own on a CPU) and 1 GiB. Its own default on a Mac is the
+    whole memory limit: the process would grow by every size of buffer it ever freed."""
+    if settings.mlx_cache_bytes is not None:
+        return settings.mlx_cache_bytes
+    return min(1 << 30, max(32 << 20, kv_bytes // 8))
 
 
 def memory_budget(settings: Settings) -> int:

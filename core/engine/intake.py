@@ -35,6 +35,7 @@ from radixchat.core.engine.requests import ChatRequest, Failed, PromptRequest, Q
 from radixchat.core.engine.seam import (
     DiskCacheStats,
     EngineStats,
+    MlxMemoryStats,
     ModelInfo,
     PrefixCacheStats,
     ShardStats,
@@ -45,6 +46,7 @@ from radixchat.core.engine.tools import family, generic_messages
 
 class Intake:
     _prep: prepare.FairPool | None = None  # the preparation pool, made at the first request
+    memory = None  # core.platform.memory.MlxMemory, set by the engine thread as it starts
 
     @property
     def info(self) -> ModelInfo:
@@ -109,6 +111,7 @@ class Intake:
             if link
             else None,
             speculation=SpeculationStats(**spec.summary()) if spec is not None else None,
+            memory=MlxMemoryStats(**memory.figures()) if (memory := self.memory) is not None else None,
         )
 
     def submit(self, request: ChatRequest | PromptRequest) -> RequestHandle:

@@ -132,6 +132,19 @@ class SpeculationStats:
 
 
 @dataclass(frozen=True)
+class MlxMemoryStats:
+    """MLX's allocator as the engine thread last read it, after a step (its counters are the
+    process's: the engines of several models read the same ones). Bytes."""
+
+    active: int  # arrays alive: weights, K/V, the step under way
+    cache: int  # freed buffers MLX keeps for reuse, at most `cache_limit`
+    peak: int  # the most `active` since start
+    step_peak: int  # the largest rise within one step over what stayed alive after it: activations, logits
+    step_bound: int  # what one step's activations may take, from the model and the settings
+    cache_limit: int  # --mlx-cache-bytes, set at start
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """One snapshot of an engine, for /health, /metrics and the Server tab."""
 
@@ -149,6 +162,7 @@ class EngineStats:
     disk_cache: DiskCacheStats | None = None
     shards: ShardStats | None = None
     speculation: SpeculationStats | None = None
+    memory: MlxMemoryStats | None = None  # once the engine thread has started
 
     @property
     def inflight(self) -> int:

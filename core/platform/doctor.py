@@ -2,7 +2,8 @@
 
 Reports platform, versions, MLX's device, which BLAS is mapped, float32 matmul GFLOP/s
 with the active BLAS and (on Linux) with the other one, measured in a child process since
-a preload only takes effect at exec. Then, unless told not to, loads the model and times a
+a preload only takes effect at exec. Then, unless told not to, loads the model, states what
+the whole server process will take in memory (core.platform.memory.process_bound) and times a
 short prefill and decode; a GGUF model is named with its file, its tensor types and the
 dtype it runs in, and one that cannot be loaded is a line, not a traceback. Runs in the
 CLI's thread; printing is the CLI's job.
@@ -102,7 +103,18 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     yield "context length", str(m.context_length)
     yield "eos tokens", str(sorted(m.tokenizer.eos_token_ids))
     yield from _batch_limit(m, settings)
+    yield "process memory", process_memory(m.weights_bytes, m.vocab_size, settings)
     yield from _speed(m)
+
+
+def process_memory(weights: int, vocab_size: int, settings: Settings) -> str:
+    """What the whole process `serve` starts with these settings will take (this one model)."""
+    from radixchat.core.config import kv_budget, mlx_cache_limit
+    from radixchat.core.platform.memory import bound_text, process_bound, step_activations
+
+    kv = kv_budget(settings)
+    step = step_activations(vocab_size, settings.step_tokens, settings.max_batch)
+    return bound_text(process_bound(weights, kv, mlx_cache_limit(settings, kv), step))
 
 
 def _group():

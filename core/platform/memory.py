@@ -1,12 +1,21 @@
-"""Giving freed memory back to the system: glibc keeps what Python and the tokenizers free
-in its arenas, so a process that let go of a model (core.engine.models unloads idle ones)
-would keep its size. `give_back_memory` asks glibc to return what it can (`malloc_trim`);
-elsewhere (macOS, musl) it does nothing, those allocators return large blocks themselves.
+"""The process's memory: what it holds now, what it may take in all, and giving freed memory
+back to the system.
+
+`process_rss` reads the process's resident memory now and at its highest (Linux's /proc;
+None elsewhere). `MlxMemory` holds MLX's allocator figures as the engine thread last read
+them: it sets MLX's buffer-cache limit (--mlx-cache-bytes) when the engine starts and reads
+the counters after every step; any thread reads its last `figures` (the seam's
+MlxMemoryStats). `process_bound` states what the whole process will take: the weights, the
+K/V budget, MLX's buffer cache at its limit, one step's activations and a measured allowance
+for the rest (Python, Gradio, the tokenizer, glibc's arenas). `give_back_memory` asks glibc
+to return what Python and the tokenizers freed (`malloc_trim`): a process that let go of a
+model (core.engine.models unloads idle ones) would keep its size otherwise; elsewhere (macOS,
+musl) it does nothing, those allocators return large blocks themselves.
 
 Measured here (SmolLM2-135M float32 loaded and unloaded beside the tiny model): 118 MB
 before, 736 MB loaded, 319 MB after the unload alone, 257 MB with MLX's buffer cache
-cleared too, 143 MB with the trim as well. Any thread; no MLX of its own (the engine thread
-passes MLX's cache clearing in).
+cleared too, 143 MB with the trim as well. No MLX of its own: the engine thread, which alone
+runs MLX, passes `mlx.core` in; everything else here runs in any thread.
 """
 
 from __future__ import annotations
@@ -15,6 +24,93 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import re
+from pathlib import Path
+
+from radixchat.core.config import Settings, mlx_cache_limit
+
+# What the process holds beyond MLX's arrays and buffer cache, under load: Python, FastAPI,
+# Gradio, the tokenizer, SQLite and glibc's arenas. Measured by loadtests/bench_memory.py
+# (SmolLM2-135M, 32 users, --cache-bytes 512MiB on a 2-core Linux machine): see
+# BENCHMARKS.md; a model with a larger tokenizer takes somewhat more.
+REST_BYTES = 400 << 20
+
+
+def process_rss() -> tuple[int, int] | None:
+    """(resident bytes now, the most since start) of this process; None off Linux."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", text, re.M))
+    if "VmRSS" not in found:
+        return None
+    return int(found["VmRSS"]) * 1024, int(found.get("VmHWM", found["VmRSS"])) * 1024
+
+
+def step_activations(vocab_size: int, step_tokens: int, max_batch: int) -> int:
+    """A bound on one step's transient arrays, before any step ran: its logits in float32
+    (each token the step computes, its share of --step-tokens or one per decoding stream),
+    taken twice (the logits and the softmax or sort the sampler makes of them)."""
+    return 2 * 4 * vocab_size * max(step_tokens, min(max_batch, 256), 1)
+
+
+def process_bound(weights: int, kv_budget: int, cache_limit: int, activations: int) -> list[tuple[str, int]]:
+    """What the whole process will take, part by part (bytes), its total last."""
+    parts = [
+        ("weights", weights),
+        ("K/V budget", kv_budget),
+        ("MLX buffer cache limit", cache_limit),
+        ("a step's activations", activations),
+        ("the rest (Python, Gradio, tokenizer: measured by loadtests/bench_memory.py)", REST_BYTES),
+    ]
+    return [*parts, ("total", sum(n for _, n in parts))]
+
+
+def size_text(n: int) -> str:
+    """Bytes as a person reads them: MiB below a GiB, GiB with two decimals above."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
+
+
+def bound_text(parts: list[tuple[str, int]]) -> str:
+    """`process_bound`'s parts in one line, its total first."""
+    *each, (_, total) = parts
+    return f"{size_text(total)} at most: " + " + ".join(f"{name} {size_text(n)}" for name, n in each)
+
+
+class MlxMemory:
+    """MLX's memory as the engine thread reads it. Made by that thread as it starts, which
+    sets the buffer-cache limit: by default MLX keeps freed buffers up to its memory limit on
+    a Mac (most of the machine) and 32 MiB on a CPU, beyond any budget the server states."""
+
+    def __init__(self, mx, settings: Settings, kv_bytes: int, vocab_size: int):
+        self._mx = mx
+        self.cache_limit = mlx_cache_limit(settings, kv_bytes)
+        self.step_bound = step_activations(vocab_size, settings.step_tokens, settings.max_batch)
+        mx.set_cache_limit(self.cache_limit)
+        self._figures = dict.fromkeys(("active", "cache", "peak", "step_peak"), 0)
+        self.sample()
+
+    def sample(self) -> None:
+        """Read MLX's counters (the engine thread, after a step). The peak is read and reset
+        each time, so the rise within the last step shows apart from what stays alive; the
+        most of either is kept. Several engines reset the one counter: each reads it first."""
+        mx = self._mx
+        active, cache, peak = mx.get_active_memory(), mx.get_cache_memory(), mx.get_peak_memory()
+        mx.reset_peak_memory()
+        last = self._figures
+        self._figures = {
+            "active": active,
+            "cache": cache,
+            "peak": max(last["peak"], peak, active),
+            "step_peak": max(last["step_peak"], peak - active),
+            "step_bound": self.step_bound,
+            "cache_limit": self.cache_limit,
+        }
+
+    def figures(self) -> dict[str, int]:
+        """The last sample (any thread: a dict replaced whole, never changed in place)."""
+        return self._figures
 
 
 @functools.cache

@@ -94,6 +94,13 @@ def _figures(s: EngineStats):
         yield counter("spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec.rows_drafting)
         yield counter("spec_decode_num_draft_tokens", "Draft tokens verified", spec.drafted)
         yield counter("spec_decode_num_accepted_tokens", "Draft tokens the model accepted", spec.accepted)
+    mem = s.memory  # MLX's allocator, the process's (each model's engine reads the same counters)
+    if mem is not None:
+        yield gauge("mlx_active_bytes", "Bytes in MLX arrays alive: weights, K/V, the step under way", mem.active)
+        yield gauge("mlx_cache_bytes", "Freed buffers MLX keeps for reuse", mem.cache)
+        yield gauge("mlx_cache_limit_bytes", "What MLX's buffer cache may keep (--mlx-cache-bytes)", mem.cache_limit)
+        yield gauge("mlx_peak_bytes", "The most bytes in MLX arrays since start", mem.peak)
+        yield gauge("mlx_step_peak_bytes", "The largest rise within one step over what stayed alive", mem.step_peak)
     cache = s.prefix_cache
     if cache is None:
         return

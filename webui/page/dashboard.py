@@ -18,6 +18,7 @@ import pandas as pd
 
 from radixchat.core.engine.models import as_engines
 from radixchat.core.engine.seam import DiskCacheStats
+from radixchat.core.platform.memory import bound_text, process_bound, process_rss, size_text
 
 SIGNED_IN_WINDOW_S = 300.0
 WINDOW_S, BUCKET_S = 3600.0, 60.0  # the plots' titles say "per minute (last hour)"
@@ -171,6 +172,8 @@ def summary_table(engine, store, presence: Presence) -> str:
             f"of running sequences ({_bytes(s.kv_bytes_per_token)} each) in the K/V budget of "
             f"{_bytes(s.kv_budget)}, at most {plural(s.max_batch, 'sequence')} |"
         )
+    if s.memory is not None:
+        lines.append(memory_line(engines, s.memory))
     if len(engines.served()) > 1:
         lines.append(models_line(engines))
     lines.extend(cache_lines(s.prefix_cache, totals))
@@ -192,6 +195,22 @@ def summary_table(engine, store, presence: Presence) -> str:
         f"{plural(totals['users'], 'user')}, {plural(totals['conversations'], 'conversation')} |"
     )
     return "\n".join(lines)
+
+
+def memory_line(engines, mem) -> str:
+    """The process's memory now and what it will take: every loaded model's weights and K/V
+    budget, MLX's buffer-cache limit, a step's activations (the largest seen, if above the
+    bound the settings give) and the measured rest (core.platform.memory.process_bound)."""
+    serving = engines.serving()
+    stats = [e.stats() for e in serving]
+    step = max(mem.step_peak, sum(s.memory.step_bound for s in stats if s.memory is not None))
+    weights, kv = sum(e.info.weights_bytes for e in serving), sum(s.kv_budget for s in stats)
+    rss = process_rss()
+    now = f"{size_text(rss[0])} resident now, {size_text(rss[1])} at most so far; " if rss else ""
+    return (
+        f"| Memory | {now}the process will take {bound_text(process_bound(weights, kv, mem.cache_limit, step))}; "
+        f"MLX holds {size_text(mem.active)} in arrays and {size_text(mem.cache)} of freed buffers |"
+    )
 
 
 def models_line(engines) -> str:

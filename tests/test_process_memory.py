@@ -1,0 +1,86 @@
+"""What the whole process takes in memory: MLX's buffer-cache limit set by the engine and its
+figures read after each step, the bound `doctor` and the Server tab state (its parts add up),
+and the Server tab's memory line."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from radixchat.core.config import Settings, mlx_cache_limit
+from radixchat.core.engine.engine import Engine
+from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.platform.doctor import process_memory
+from radixchat.core.platform.memory import REST_BYTES, process_bound, process_rss, step_activations
+from radixchat.webui.page.dashboard import Presence, summary_table
+
+MiB = 1 << 20
+
+
+def one_reply(engine: Engine) -> None:
+    req = ChatRequest(messages=[{"role": "user", "content": "Tell me about sets"}], sampling={"max_tokens": 8})
+    assert isinstance(engine.submit(req).result(), Finished)
+
+
+def sizes(text: str) -> list[float]:
+    """Every "N MiB" / "N GiB" in `text`, in MiB."""
+    return [
+        float(n.replace(",", "")) * (1024 if u == "GiB" else 1) for n, u in re.findall(r"([\d,.]+) (MiB|GiB)", text)
+    ]
+
+
+@pytest.mark.parametrize("limit", [0, 256 * MiB])
+def test_the_engine_sets_mlxs_cache_limit_and_reads_its_memory_after_each_step(tiny_model_dir, limit):
+    engine = Engine(Settings(model=str(tiny_model_dir), cache_bytes=64 * MiB, mlx_cache_bytes=limit)).start(120)
+    try:
+        one_reply(engine)
+        mem = engine.stats().memory
+    finally:
+        engine.stop()
+    assert mem.cache_limit == limit
+    # MLX keeps no freed buffer at 0; with room it keeps the steps' (its own CPU default, 32 MiB, would too)
+    assert (mem.cache == 0) if limit == 0 else (0 < mem.cache <= limit)
+    assert mem.active >= engine.info.weights_bytes and mem.peak >= mem.active
+    assert 0 < mem.step_peak < mem.peak  # a step's activations rose over what stayed alive
+    assert mem.step_bound == step_activations(engine.info.vocab_size, 256, 256)
+
+
+def test_the_cache_limit_is_a_share_of_the_kv_budget_unless_set():
+    assert mlx_cache_limit(Settings(), 512 * MiB) == 64 * MiB
+    assert mlx_cache_limit(Settings(), 64 * MiB) == 32 * MiB  # MLX's own on a CPU, at least
+    assert mlx_cache_limit(Settings(), 64 << 30) == 1 << 30
+    assert mlx_cache_limit(Settings(mlx_cache_bytes="0"), 512 * MiB) == 0
+    assert mlx_cache_limit(Settings(mlx_cache_bytes="128MiB"), 512 * MiB) == 128 * MiB
+
+
+def test_doctors_process_memory_names_each_part_and_they_add_up():
+    settings = Settings(cache_bytes="512MiB", mlx_cache_bytes="48MiB", step_tokens=128)
+    weights = 540 * MiB
+    line = process_memory(weights, 49152, settings)
+    parts = process_bound(weights, 512 * MiB, 48 * MiB, step_activations(49152, 128, 256))
+    assert [n for _, n in parts[:-1]] == [weights, 512 * MiB, 48 * MiB, 2 * 4 * 49152 * 256, REST_BYTES]
+    assert parts[-1] == ("total", sum(n for _, n in parts[:-1]))
+    for name in ("weights", "K/V budget", "MLX buffer cache limit", "a step's activations", "the rest"):
+        assert name in line
+    total, *each = sizes(line)
+    assert total == pytest.approx(sum(each), abs=0.02 * 1024)  # each rounded as printed
+    assert total == pytest.approx(parts[-1][1] / MiB, abs=0.01 * 1024)
+
+
+def test_the_server_tab_states_what_the_process_takes_and_holds(engine, store):
+    one_reply(engine)
+    [line] = [x for x in summary_table(engine, store, Presence()).splitlines() if x.startswith("| Memory |")]
+    s = engine.stats()
+    if sys.platform.startswith("linux"):
+        assert "resident now" in line and process_rss()[0] > s.memory.active
+    bound = line.split("the process will take ")[1].split(";")[0]
+    total, weights, kv, cache_limit, step, rest = sizes(bound)
+    assert (weights, rest) == (pytest.approx(engine.info.weights_bytes / MiB, abs=1), REST_BYTES / MiB)
+    assert kv == pytest.approx(s.kv_budget / MiB, rel=0.01) and cache_limit == pytest.approx(
+        s.memory.cache_limit / MiB, rel=0.01, abs=1
+    )
+    assert step >= s.memory.step_bound / MiB - 1
+    assert total == pytest.approx(weights + kv + cache_limit + step + rest, rel=0.01)
+    assert "MLX holds" in line and "freed buffers" in line
