@@ -187,8 +187,13 @@ def cmd_serve(args, settings: Settings) -> None:
     lines += [f"radixchat: note: {m.notice}"] if m.notice else []
     lines += serve_banner(settings, len(store.list_users()))
     try:
-        app = build_app(models, settings, store)
-        _serving(app, models, uvicorn_options(settings), lines).run()
+        server = _serving(build_app(models, settings, store), models, uvicorn_options(settings), lines)
+        # uvicorn catches both while it serves and puts these back when it is done, then raises
+        # what it caught again: ignored, so that the stop goes on here (each wait of it bounded)
+        # and a second Ctrl-C cannot cut the store's close short
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        server.run()
     finally:
         removals.stop()
         settle(STOP_GRACE_S)  # replies cut short by the stop are written before the store closes
@@ -218,12 +223,10 @@ def _serving(app, models, options: dict, lines: list[str]):
     in a few seconds with pages and streams open.
 
     uvicorn alone waits, on SIGTERM or the first Ctrl-C, for every open connection to close, and
-    an open page holds two for as long as it is open (Gradio's heartbeat and queue streams), an
-    API stream until its reply ends; a second Ctrl-C then cancels them all, each cancelled task
-    logged with its traceback. So a stop first ends the work those connections wait for (`_wind_down`),
-    then gives them STOP_GRACE_S to close; what is still open then is cut (`_Quiet`). The signal
-    is not raised again once uvicorn is done (as uvicorn does, which killed the process on SIGTERM
-    before the store was closed): `cmd_serve` cleans up and the exit status is 0."""
+    an open page holds one for as long as it is open (Gradio's heartbeat stream), an API stream
+    until its reply ends; a second Ctrl-C then cancels them all, each cancelled task logged with
+    its traceback. So a stop first ends what those connections wait for (`_wind_down`), then
+    gives them STOP_GRACE_S to close; what is still open then is cut (`_Quiet`)."""
     import uvicorn
 
     quiet = _Quiet(app)
@@ -243,13 +246,11 @@ def _serving(app, models, options: dict, lines: list[str]):
                 server.close()
             await _wind_down(self, models, app)
             await super().shutdown(sockets)
+            if self.force_exit:  # a second Ctrl-C: uvicorn skips the app's shutdown, whose task,
+                # cancelled as the loop closes, would print its traceback; it takes no time
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.lifespan.shutdown(), 1.0)
             close_page_queue(app)  # its loops end now that no page waits on them
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            with super().capture_signals():
-                yield
-                self._captured_signals.clear()
 
     return Serving(uvicorn.Config(quiet, **options, timeout_graceful_shutdown=STOP_GRACE_S))
 
@@ -280,19 +281,39 @@ async def _wind_down(server, models, app) -> None:
 
 
 class _Quiet:
-    """The app, whose requests a stop cuts short (past STOP_GRACE_S, or on a second Ctrl-C)
-    end without a traceback each: their engine requests ended and were stored already, and
-    uvicorn logs every cancelled request as an error of the app, with its traceback."""
+    """The app, whose requests a stop cuts short (past STOP_GRACE_S, or on a second Ctrl-C) end
+    without a traceback each, their responses closed: their engine requests ended and were
+    stored already, and uvicorn logs every cancelled request as an error of the app."""
 
     def __init__(self, app):
         self.app, self.stopping = app, False
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self._cut(scope, receive, send)
+            return
+        state = {"started": False, "done": False}
+
+        async def noted(message) -> None:
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["done"] = True
+            await send(message)
+
+        if await self._cut(scope, receive, noted) and state["started"] and not state["done"]:
+            with contextlib.suppress(Exception):  # the client may be gone too
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _cut(self, scope, receive, send) -> bool:
+        """The app on this request; True when a stop cut it short."""
         try:
             await self.app(scope, receive, send)
         except asyncio.CancelledError:
             if not self.stopping:
                 raise
+            return True
+        return False
 
 
 def _stop_serving(reason: str) -> None:
