@@ -692,3 +692,15 @@ def test_branch_calls_on_another_users_messages_are_notices_and_change_nothing(e
     with pytest.raises(PageError, match="nothing to change in a new chat"):
         page.show_version(alice, None, q.id)
     assert (store.history(alice, mine), store.history(bob, theirs), store.totals()["messages"]) == before
+
+
+def test_a_new_chats_title_is_its_first_message_cut_at_a_word():
+    from radixchat.webui.page.replies import TITLE_CHARS, title_from
+
+    long = "How do I reverse a list in Python without making a copy of it?"
+    title = title_from(long)
+    assert title == "How do I reverse a list in Python…" and len(title) <= TITLE_CHARS
+    assert long.startswith(title[:-1]) and long[len(title) - 1] == " "  # it ends where a word does
+    assert title_from("  two\nlines  ") == "two lines"
+    one_word = "x" * (2 * TITLE_CHARS)
+    assert title_from(one_word) == "x" * (TITLE_CHARS - 1) + "…"

@@ -74,8 +74,16 @@ def prompt_of(conv: Conversation, turns: list[Message]) -> list[dict]:
 
 
 def title_from(text: str) -> str:
+    """A new chat's name: its first message, cut at the last word boundary that fits (a word
+    longer than half the room is cut where the room ends)."""
     words = " ".join(text.split())
-    return words if len(words) <= TITLE_CHARS else words[: TITLE_CHARS - 1].rstrip() + "…"
+    if len(words) <= TITLE_CHARS:
+        return words
+    cut = words[: TITLE_CHARS - 1]
+    space = cut.rfind(" ", 0, TITLE_CHARS)
+    if words[TITLE_CHARS - 1] != " " and space >= TITLE_CHARS // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,.;:-") + "…"
 
 
 def prompt_for(
