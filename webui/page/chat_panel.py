@@ -48,7 +48,8 @@ def chat_area() -> ChatArea:
         # after "Edit" under a message: its text is in the box, Send makes a new version
         with gr.Row(visible=False, elem_id="edit-bar") as edit_bar:
             gr.Markdown(
-                "Editing a sent message: **Send** makes a new version of it (the old one stays, ‹ 1/2 ›).",
+                # short: on a phone it sits between the chat and the box
+                "Editing: **Send** makes a new version (the old stays, ‹ 1/2 ›).",
                 elem_id="edit-note",
             )
             cancel_edit = gr.Button("Cancel", size="sm", scale=0, min_width=80, elem_id="cancel-edit")

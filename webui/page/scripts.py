@@ -1,6 +1,7 @@
 """The few lines of JavaScript the page runs in the browser: the sidebar opened beside the chat
 on a wide screen and closed on a phone, a pick or "New chat" in view at once (a new chat with
-the first model picked), and an export saved as a file.
+the first model picked), an edited message's box brought into view, and an export saved as a
+file.
 
 webui/page/wiring.py attaches them to events (Gradio's `js=`); the controls inside a message
 have their own script (webui/page/versions.py). They run in the browser; this module only
@@ -35,6 +36,18 @@ _DRAWER = f"""const s = document.querySelector('#sidebar');
 # beside the chat on a wide screen; on a phone a drawer that starts closed
 OPEN_WIDE = f"() => {{ {_DRAWER} if (s && open !== want) s.querySelector('.toggle-button').click(); }}"
 _CLOSE_ON_PHONE = f"{{ {_DRAWER} if (open && !want) s.querySelector('.toggle-button').click(); }}"
+# after Edit under a message: its text is in the box, which comes into view with the caret at
+# its end (on a phone the box may be under the fold; the chat keeps its place)
+EDITING = """() => {
+  const box = document.querySelector('#message textarea');
+  if (!box || !document.querySelector('#edit-bar')) return [];
+  box.scrollIntoView({block: 'nearest'});
+  box.focus({preventScroll: true});
+  box.setSelectionRange(box.value.length, box.value.length);
+  return [];
+}"""
+# the header's words, also in the drawer, where a phone shows them in full
+ABOUT = "(words) => words"
 PICK = f"(picked, n) => {{ {_CLOSE_ON_PHONE} return [picked, (n || 0) + 1]; }}"
 
 

@@ -1,4 +1,5 @@
-"""The sidebar: "New chat", a search over one's chats, "Undo delete", and the list of chats.
+"""The sidebar: "New chat", a search over one's chats, "Undo delete", the list of chats, and on a
+phone the header's words in full (the header itself is one line there, webui/page/style.py).
 
 Gradio's `Sidebar`: beside the chat on a wide screen, a drawer over it at 768 px and less,
 closed there until its button opens it (webui/page/scripts.py). Components only: what they do
@@ -22,6 +23,7 @@ class Sidebar:
     undo: gr.Button  # shown for UNDO_S after a delete
     conv_list: gr.Radio  # one's chats newest first, or what the search found
     undo_timer: gr.Timer  # hides "Undo delete" again
+    about: gr.Markdown  # the header's words in full, shown on a phone only (its header is cut short)
 
 
 def sidebar() -> Sidebar:
@@ -34,4 +36,5 @@ def sidebar() -> Sidebar:
         undo = gr.Button("Undo delete", size="sm", visible=False, elem_id="undo")
         conv_list = gr.Radio(show_label=False, container=False, elem_id="conv-list")
         undo_timer = gr.Timer(UNDO_S, active=False)
-    return Sidebar(new, search, undo, conv_list, undo_timer)
+        about = gr.Markdown(elem_id="side-about")
+    return Sidebar(new, search, undo, conv_list, undo_timer, about)

@@ -37,11 +37,20 @@ CSS = """
 #edit-bar { align-items: center; flex-wrap: nowrap; }
 /* the Server tab's row names break between words, not inside them, on a phone */
 :is(#server-summary, #your-usage) :is(th, td) { overflow-wrap: normal; word-break: normal; }
-/* a phone: the message box and Send stay on screen under a shorter chat area, and room is
-   left on the left for the drawer's button */
+#side-about { display: none; }
+/* a phone: the header is one line (who and the model, cut short; all of it is in the drawer),
+   room is left on the left for the drawer's button, and the message box and Send stay on
+   screen under a shorter chat area, shorter still while an edit's bar is above the box */
 @media (max-width: 768px) {
-  #chat { height: max(200px, calc(100dvh - 330px)) !important; }
-  #top-row { padding-left: 28px; }
+  #top-row { padding-left: 28px; flex-wrap: nowrap; gap: 8px; }
+  #header { min-width: 0 !important; flex: 1 1 0; overflow: hidden !important; }
+  #header p { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; margin: 0; }
+  #header br, #header p > em, #header p > em ~ * { display: none; }
+  #header p { max-height: 1.6em; }
+  #side-about { display: block; font-size: 0.85em; }
+  #chat { height: max(160px, calc(100dvh - 310px)) !important; }
+  :has(#edit-bar) #chat { height: max(120px, calc(100dvh - 380px)) !important; }
+  #message textarea { max-height: 22dvh; }
 }
 """
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from radixchat.webui.page import versions
-from radixchat.webui.page.scripts import OPEN_WIDE, PICK, SAVE, new_chat
+from radixchat.webui.page.scripts import ABOUT, EDITING, OPEN_WIDE, PICK, SAVE, new_chat
 from radixchat.webui.page.sending import REPLYING
 from radixchat.webui.page.view import SHOWN
 
@@ -67,7 +67,9 @@ def wire(page: gr.Blocks, p: Parts, h: Handlers, config: Settings) -> None:
 
 
 def wire_load(page: gr.Blocks, p: Parts, h: Handlers) -> None:
-    page.load(h.on_load, [p.view], [p.header, *p.named(SHOWN)], **PRIVATE)
+    page.load(h.on_load, [p.view], [p.header, *p.named(SHOWN)], **PRIVATE).then(
+        None, [p.header], [p.side.about], js=ABOUT, **PRIVATE
+    )
     page.load(None, js=OPEN_WIDE, **PRIVATE)
     page.load(None, js=versions.LISTEN, **PRIVATE)
 
@@ -77,7 +79,7 @@ def wire_versions(p: Parts, h: Handlers) -> None:
     # ‹ › or Edit in a message: the browser hands over what was clicked, then the server acts
     area.versions_go.click(None, None, [area.asked], js=versions.ASKED, **PRIVATE).then(
         h.version_asked, [area.asked, p.current, p.view], [area.chatbot, area.message, area.edit_bar], **PRIVATE
-    )
+    ).then(None, js=EDITING, **PRIVATE)
     area.cancel_edit.click(h.edit_cancelled, [p.view], [area.message, area.edit_bar], **PRIVATE)
 
 
