@@ -10,9 +10,10 @@ buffers MLX keeps for reuse (its buffer cache), the highest active since start (
 largest rise within one step over what stayed alive after it (a step's activations and
 logits), and the prefix cache's K/V bytes.
 
-Prints, per run: peak RSS against weights + K/V budget, and the excess split into MLX's buffer
-cache, activations/logits, and the rest (RSS that is not MLX's: Python, Gradio, the tokenizer,
-glibc's arenas), each at the sample where RSS was highest; then output tok/s. With --variants
+Prints, per run: peak RSS against weights + K/V budget, and the excess split into MLX's arrays
+beyond weights + budget (of which a step's rise: activations, logits), MLX's buffer cache, and
+the rest (what peak RSS leaves: Python, Gradio, the tokenizer, glibc's arenas), each at its
+most; then output tok/s. With --variants
 "A;B" it runs once per variant, interleaved over --repeats rounds, and prints peak RSS and tok/s
 of each as a ratio to the first's. A variant is "default" or words: `serve` flags
 ("--mlx-cache-bytes 64GiB": no limit in effect) and NAME=VALUE variables for the server
@@ -29,6 +30,7 @@ starts and stops it), the load from loadtests/bench_vs_mlxlm.py. Linux only (/pr
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -44,6 +46,7 @@ from loadtests.bench_vs_mlxlm import drive_closed, plan
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat.core.config import parse_size
 from radixchat.core.engine.model_size import weights_bytes
+from radixchat.core.platform.memory import arrays_beyond, process_bound, step_activations
 from tests.support.procs import free_port, start_radixchat, stop_process
 
 MB = 1e6
@@ -144,7 +147,7 @@ def one_run(model: str, variant: str, args, tmp: Path, tag: str) -> dict:
     }
 
 
-def report(r: dict, weights: int, budget: int) -> None:
+def report(r: dict, weights: int, budget: int, vocab: int) -> None:
     top, last, idle = r["top"], r["last"], r["idle"]
     stated = weights + budget
     print(f"{r['variant']}: {r['requests']} requests ({r['errors']} failed), {r['tps']:.1f} output tok/s")
@@ -155,17 +158,26 @@ def report(r: dict, weights: int, budget: int) -> None:
     if "active" not in top:
         print("  (the server exposes no MLX figures: no split)")
         return
-    rss, active, cache = top["VmRSS"], top["active"], top.get("cache", 0)
-    print(f"  at the highest RSS sample   {rss / MB:8.0f} MB:")
-    print(f"    MLX arrays alive          {active / MB:8.0f} MB  (weights, K/V, a step's activations)")
-    print(f"      K/V in the prefix cache {top.get('kv', 0) / MB:8.0f} MB")
-    print(f"    MLX buffer cache          {cache / MB:8.0f} MB  (limit {top.get('limit', 0) / MB:.0f} MB)")
-    print(f"    the rest (not MLX's)      {(rss - active - cache) / MB:8.0f} MB  (Python, Gradio, tokenizer, glibc)")
-    print(f"  MLX peak arrays alive       {last.get('peak', 0) / MB:8.0f} MB")
-    print(f"  a step's activations, most {last.get('step', 0) / MB:8.0f} MB  (rise within a step over what stays)")
-    print(f"  MLX buffer cache, most      {r['max_cache'] / MB:8.0f} MB")
+    peak, step, hwm = last.get("peak", 0), last.get("step", 0), r["hwm"]
+    # the peaks, each as the process reached it: MLX's arrays at their most (the engine reads
+    # them around every step), its buffer cache at its most, and what peak RSS leaves
+    print(
+        f"  MLX arrays at most          {peak / MB:8.0f} MB  ({(peak - weights - budget) / MB:.0f} MB beyond weights + budget,"
+    )
+    print(f"                                           {(peak - weights) / budget:.1f} x the budget above the weights)")
+    print(f"    a step's rise, most       {step / MB:8.0f} MB  (activations, logits, re-laid K/V)")
+    print(f"  MLX buffer cache at most    {r['max_cache'] / MB:8.0f} MB  (limit {top.get('limit', 0) / MB:.0f} MB)")
+    print(
+        f"  the rest (peak RSS - both)  {(hwm - peak - r['max_cache']) / MB:8.0f} MB  (Python, Gradio, tokenizer, glibc)"
+    )
     rest_idle = idle["VmRSS"] - idle.get("active", 0) - idle.get("cache", 0)
-    print(f"  the rest when idle          {rest_idle / MB:8.0f} MB")
+    print(f"    of which when idle        {rest_idle / MB:8.0f} MB")
+    beyond = arrays_beyond(budget, step_activations(vocab, 256, 256))  # serve's defaults
+    bound = process_bound(weights, budget, beyond, int(top.get("limit", 0)))[-1][1]
+    print(f"  stated bound (doctor's)     {bound / MB:8.0f} MB  (peak RSS {100 * hwm / bound:.0f}% of it)")
+    rss, active, cache = top["VmRSS"], top["active"], top.get("cache", 0)
+    print(f"  at the highest RSS sample   {rss / MB:8.0f} MB: MLX arrays {active / MB:.0f} MB as of the last step")
+    print(f"    (the prefix cache's K/V {top.get('kv', 0) / MB:.0f} MB), buffer cache {cache / MB:.0f} MB")
 
 
 def main() -> None:
@@ -186,6 +198,7 @@ def main() -> None:
         raise SystemExit("bench_memory reads /proc: Linux only")
     model = resolve_model(args)
     weights, budget = weights_bytes(model), parse_size(args.cache_bytes)
+    vocab = json.loads((Path(model) / "config.json").read_text()).get("vocab_size", 0)
     tmp = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     limits = [v.strip() for v in args.variants.split(";")]
     runs: dict[str, list[dict]] = {v: [] for v in limits}
@@ -198,7 +211,7 @@ def main() -> None:
     )
     for v in limits:
         for r in runs[v]:
-            report(r, weights, budget)
+            report(r, weights, budget, vocab)
     if len(limits) > 1:
         first = runs[limits[0]]
         print(f"against {limits[0]} (medians of {args.repeats}; ratios within each round):")

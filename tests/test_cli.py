@@ -75,6 +75,10 @@ def test_doctor_reports_blas_and_model(tiny_model_dir):
     assert "matmul gflops" in out.stdout and "parameters" in out.stdout
     assert "BatchKVCache.offset          ok" in out.stdout
     assert "256 tokens (--step-tokens)" in out.stdout
+    # what the whole server process will take, part by part (tests/test_process_memory.py checks the sum)
+    [memory] = [x for x in out.stdout.splitlines() if x.startswith("process memory")]
+    parts = ("weights", "K/V budget", "activations beyond it", "MLX buffer cache limit", "the rest")
+    assert all(part in memory for part in parts) and "at most" in memory, memory
     if sys.platform.startswith("linux"):
         assert "blas" in out.stdout
         if find_openblas() and coretype_for_cpu():

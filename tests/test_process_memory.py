@@ -13,7 +13,14 @@ from radixchat.core.config import Settings, mlx_cache_limit
 from radixchat.core.engine.engine import Engine
 from radixchat.core.engine.requests import ChatRequest, Finished
 from radixchat.core.platform.doctor import process_memory
-from radixchat.core.platform.memory import REST_BYTES, process_bound, process_rss, step_activations
+from radixchat.core.platform.memory import (
+    ARRAYS_OVER_KV,
+    REST_BYTES,
+    arrays_beyond,
+    process_bound,
+    process_rss,
+    step_activations,
+)
 from radixchat.webui.page.dashboard import Presence, summary_table
 
 MiB = 1 << 20
@@ -59,10 +66,12 @@ def test_doctors_process_memory_names_each_part_and_they_add_up():
     settings = Settings(cache_bytes="512MiB", mlx_cache_bytes="48MiB", step_tokens=128)
     weights = 540 * MiB
     line = process_memory(weights, 49152, settings)
-    parts = process_bound(weights, 512 * MiB, 48 * MiB, step_activations(49152, 128, 256))
-    assert [n for _, n in parts[:-1]] == [weights, 512 * MiB, 48 * MiB, 2 * 4 * 49152 * 256, REST_BYTES]
+    beyond = arrays_beyond(512 * MiB, step_activations(49152, 128, 256))
+    assert beyond == int(ARRAYS_OVER_KV * 512 * MiB) + 2 * 4 * 49152 * 256
+    parts = process_bound(weights, 512 * MiB, beyond, 48 * MiB)
+    assert [n for _, n in parts[:-1]] == [weights, 512 * MiB, beyond, 48 * MiB, REST_BYTES]
     assert parts[-1] == ("total", sum(n for _, n in parts[:-1]))
-    for name in ("weights", "K/V budget", "MLX buffer cache limit", "a step's activations", "the rest"):
+    for name in ("weights", "K/V budget", "beyond it", "MLX buffer cache limit", "the rest", "bench_memory"):
         assert name in line
     total, *each = sizes(line)
     assert total == pytest.approx(sum(each), abs=0.02 * 1024)  # each rounded as printed
@@ -70,17 +79,17 @@ def test_doctors_process_memory_names_each_part_and_they_add_up():
 
 
 def test_the_server_tab_states_what_the_process_takes_and_holds(engine, store):
-    one_reply(engine)
+    # (no request here: the session's engine keeps its prefix cache for the other modules)
     [line] = [x for x in summary_table(engine, store, Presence()).splitlines() if x.startswith("| Memory |")]
     s = engine.stats()
     if sys.platform.startswith("linux"):
         assert "resident now" in line and process_rss()[0] > s.memory.active
     bound = line.split("the process will take ")[1].split(";")[0]
-    total, weights, kv, cache_limit, step, rest = sizes(bound)
-    assert (weights, rest) == (pytest.approx(engine.info.weights_bytes / MiB, abs=1), REST_BYTES / MiB)
-    assert kv == pytest.approx(s.kv_budget / MiB, rel=0.01) and cache_limit == pytest.approx(
-        s.memory.cache_limit / MiB, rel=0.01, abs=1
-    )
-    assert step >= s.memory.step_bound / MiB - 1
-    assert total == pytest.approx(weights + kv + cache_limit + step + rest, rel=0.01)
+    total, weights, kv, beyond, cache_limit, rest = sizes(bound)
+    assert weights == pytest.approx(engine.info.weights_bytes / MiB, abs=1)
+    assert rest == pytest.approx(REST_BYTES / MiB, rel=0.01)  # as printed: GiB, two decimals
+    assert kv == pytest.approx(s.kv_budget / MiB, rel=0.01)
+    assert cache_limit == pytest.approx(s.memory.cache_limit / MiB, rel=0.01, abs=1)
+    assert beyond == pytest.approx(arrays_beyond(s.kv_budget, s.memory.step_bound) / MiB, rel=0.01, abs=1)
+    assert total == pytest.approx(weights + kv + beyond + cache_limit + rest, rel=0.01)
     assert "MLX holds" in line and "freed buffers" in line

@@ -140,7 +140,7 @@ class MlxMemoryStats:
     cache: int  # freed buffers MLX keeps for reuse, at most `cache_limit`
     peak: int  # the most `active` since start
     step_peak: int  # the largest rise within one step over what stayed alive after it: activations, logits
-    step_bound: int  # what one step's activations may take, from the model and the settings
+    step_bound: int  # what one step's logits may take, from the model and the settings
     cache_limit: int  # --mlx-cache-bytes, set at start
 
 

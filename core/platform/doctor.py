@@ -110,11 +110,12 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
 def process_memory(weights: int, vocab_size: int, settings: Settings) -> str:
     """What the whole process `serve` starts with these settings will take (this one model)."""
     from radixchat.core.config import kv_budget, mlx_cache_limit
-    from radixchat.core.platform.memory import bound_text, process_bound, step_activations
+    from radixchat.core.platform.memory import arrays_beyond, bound_text, process_bound, step_activations
 
     kv = kv_budget(settings)
-    step = step_activations(vocab_size, settings.step_tokens, settings.max_batch)
-    return bound_text(process_bound(weights, kv, mlx_cache_limit(settings, kv), step))
+    beyond = arrays_beyond(kv, step_activations(vocab_size, settings.step_tokens, settings.max_batch))
+    parts = process_bound(weights, kv, beyond, mlx_cache_limit(settings, kv))
+    return bound_text(parts) + " (what goes beyond the budget and the rest: measured, loadtests/bench_memory.py)"
 
 
 def _group():

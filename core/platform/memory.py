@@ -6,8 +6,9 @@ None elsewhere). `MlxMemory` holds MLX's allocator figures as the engine thread 
 them: it sets MLX's buffer-cache limit (--mlx-cache-bytes) when the engine starts and reads
 the counters after every step; any thread reads its last `figures` (the seam's
 MlxMemoryStats). `process_bound` states what the whole process will take: the weights, the
-K/V budget, MLX's buffer cache at its limit, one step's activations and a measured allowance
-for the rest (Python, Gradio, the tokenizer, glibc's arenas). `give_back_memory` asks glibc
+K/V budget, MLX's arrays beyond it (the decoding batch's spare room, a step's activations: a
+measured share of the budget), MLX's buffer cache at its limit and a measured allowance for
+the rest (Python, Gradio, the tokenizer, glibc's arenas). `give_back_memory` asks glibc
 to return what Python and the tokenizers freed (`malloc_trim`): a process that let go of a
 model (core.engine.models unloads idle ones) would keep its size otherwise; elsewhere (macOS,
 musl) it does nothing, those allocators return large blocks themselves.
@@ -29,11 +30,15 @@ from pathlib import Path
 
 from radixchat.core.config import Settings, mlx_cache_limit
 
-# What the process holds beyond MLX's arrays and buffer cache, under load: Python, FastAPI,
-# Gradio, the tokenizer, SQLite and glibc's arenas. Measured by loadtests/bench_memory.py
-# (SmolLM2-135M, 32 users, --cache-bytes 512MiB on a 2-core Linux machine): see
-# BENCHMARKS.md; a model with a larger tokenizer takes somewhat more.
-REST_BYTES = 400 << 20
+# Measured by loadtests/bench_memory.py (SmolLM2-135M float32, 32 users, --cache-bytes 512MiB,
+# 2-core Linux; BENCHMARKS.md). MLX's arrays peaked 1.8-2.3 GB above the weights and the K/V
+# budget, up to 4.3 times the budget: the decoding batch's buffers hold every row padded to
+# the longest, with spare rows and columns and a copy while they are re-laid
+# (core/cache/slots.py), which the budget, counting each row's own tokens, does not see; and a
+# step's activations rose by up to 0.7 GB. Beyond MLX's arrays and buffer cache the process
+# held 0.4-1.2 GB at its peak: Python, Gradio, the tokenizer, OpenBLAS, glibc's arenas.
+ARRAYS_OVER_KV = 4.5  # times the K/V budget
+REST_BYTES = 1200 << 20
 
 
 def process_rss() -> tuple[int, int] | None:
@@ -49,20 +54,26 @@ def process_rss() -> tuple[int, int] | None:
 
 
 def step_activations(vocab_size: int, step_tokens: int, max_batch: int) -> int:
-    """A bound on one step's transient arrays, before any step ran: its logits in float32
-    (each token the step computes, its share of --step-tokens or one per decoding stream),
-    taken twice (the logits and the softmax or sort the sampler makes of them)."""
+    """A bound on one step's logits before any step ran: float32, one row per token the step
+    computes (its share of --step-tokens or one per decoding stream), taken twice (the logits
+    and the softmax or sort the sampler makes of them)."""
     return 2 * 4 * vocab_size * max(step_tokens, min(max_batch, 256), 1)
 
 
-def process_bound(weights: int, kv_budget: int, cache_limit: int, activations: int) -> list[tuple[str, int]]:
+def arrays_beyond(kv_budget: int, step_bound: int) -> int:
+    """MLX's arrays beyond the weights and the K/V budget, as measured (ARRAYS_OVER_KV), and
+    one step's logits."""
+    return int(ARRAYS_OVER_KV * kv_budget) + step_bound
+
+
+def process_bound(weights: int, kv_budget: int, beyond: int, cache_limit: int) -> list[tuple[str, int]]:
     """What the whole process will take, part by part (bytes), its total last."""
     parts = [
         ("weights", weights),
         ("K/V budget", kv_budget),
+        ("K/V and activations beyond it", beyond),
         ("MLX buffer cache limit", cache_limit),
-        ("a step's activations", activations),
-        ("the rest (Python, Gradio, tokenizer: measured by loadtests/bench_memory.py)", REST_BYTES),
+        ("the rest (Python, Gradio, tokenizer, glibc)", REST_BYTES),
     ]
     return [*parts, ("total", sum(n for _, n in parts))]
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from radixchat.core.engine.models import as_engines
 from radixchat.core.engine.seam import DiskCacheStats
-from radixchat.core.platform.memory import bound_text, process_bound, process_rss, size_text
+from radixchat.core.platform.memory import arrays_beyond, bound_text, process_bound, process_rss, size_text
 
 SIGNED_IN_WINDOW_S = 300.0
 WINDOW_S, BUCKET_S = 3600.0, 60.0  # the plots' titles say "per minute (last hour)"
@@ -199,17 +199,19 @@ def summary_table(engine, store, presence: Presence) -> str:
 
 def memory_line(engines, mem) -> str:
     """The process's memory now and what it will take: every loaded model's weights and K/V
-    budget, MLX's buffer-cache limit, a step's activations (the largest seen, if above the
-    bound the settings give) and the measured rest (core.platform.memory.process_bound)."""
+    budget, MLX's arrays beyond them (the measured allowance, or the most seen if above it),
+    MLX's buffer-cache limit and the measured rest (core.platform.memory.process_bound)."""
     serving = engines.serving()
     stats = [e.stats() for e in serving]
-    step = max(mem.step_peak, sum(s.memory.step_bound for s in stats if s.memory is not None))
     weights, kv = sum(e.info.weights_bytes for e in serving), sum(s.kv_budget for s in stats)
+    allowance = sum(arrays_beyond(s.kv_budget, s.memory.step_bound) for s in stats if s.memory is not None)
+    beyond = max(allowance, mem.peak - weights - kv)
     rss = process_rss()
     now = f"{size_text(rss[0])} resident now, {size_text(rss[1])} at most so far; " if rss else ""
     return (
-        f"| Memory | {now}the process will take {bound_text(process_bound(weights, kv, mem.cache_limit, step))}; "
-        f"MLX holds {size_text(mem.active)} in arrays and {size_text(mem.cache)} of freed buffers |"
+        f"| Memory | {now}the process will take {bound_text(process_bound(weights, kv, beyond, mem.cache_limit))}; "
+        f"MLX holds {size_text(mem.active)} in arrays (at most {size_text(mem.peak)} so far) and "
+        f"{size_text(mem.cache)} of freed buffers |"
     )
 
 
