@@ -13,8 +13,8 @@ to return what Python and the tokenizers freed (`malloc_trim`): a process that l
 model (core.engine.models unloads idle ones) would keep its size otherwise; elsewhere (macOS,
 musl) it does nothing, those allocators return large blocks themselves.
 
-Measured here (SmolLM2-135M float32 loaded and unloaded beside the tiny model): 118 MB
-before, 736 MB loaded, 319 MB after the unload alone, 257 MB with MLX's buffer cache
+What the trim gives back, measured here (SmolLM2-135M float32 loaded and unloaded beside the
+tiny model): 118 MB before, 736 MB loaded, 319 MB after the unload alone, 257 MB with MLX's buffer cache
 cleared too, 143 MB with the trim as well. No MLX of its own: the engine thread, which alone
 runs MLX, passes `mlx.core` in; everything else here runs in any thread.
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from radixchat.core.config import Settings, mlx_cache_limit
 
-# Measured by loadtests/bench_memory.py (SmolLM2-135M float32, 32 users, --cache-bytes 512MiB,
-# 2-core Linux; BENCHMARKS.md). MLX's arrays peaked 1.8-2.3 GB above the weights and the K/V
+# Measured by `python -m loadtests.bench_memory` (SmolLM2-135M float32, 32 users, --cache-bytes
+# 512MiB, 2-core Linux, four runs). MLX's arrays peaked 1.8-2.3 GB above the weights and the K/V
 # budget, up to 4.3 times the budget: the decoding batch's buffers hold every row padded to
 # the longest, with spare rows and columns and a copy while they are re-laid
 # (core/cache/slots.py), which the budget, counting each row's own tokens, does not see; and a

@@ -8,9 +8,9 @@ counters, times are histograms from 1 ms, and every series carries `model_name`.
 Request outcomes, token counts and latency histograms are observed once per request, in
 the engine thread as it ends, by the request's RequestEnd (webui/request_end.py), for the
 API and the page alike; refusals (4xx, 429, 503) are counted by reason by whoever refused:
-the API's error handlers (webui/api/errors.py) and the page. Running and waiting requests
-and the prefix cache's figures are read from the engine at scrape time, in the thread
-serving /metrics. No MLX here: only the seam's stats() and info.
+the API's error handlers (webui/api/errors.py) and the page. Running and waiting requests,
+MLX's memory (as the engine thread read it after its last step) and the prefix cache's
+figures are read from the engine at scrape time, in the thread serving /metrics. No MLX here: only the seam's stats() and info.
 """
 
 from __future__ import annotations

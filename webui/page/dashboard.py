@@ -1,4 +1,4 @@
-"""The Server tab's figures: model, prefix cache, load, and per-minute series from the store.
+"""The Server tab's figures: model, memory, prefix cache, load, and per-minute series from the store.
 
 Aggregates only: counts, token totals, latencies. Nothing here reads a message or a title,
 so no user ever sees another's text through it. Beside the server's totals, the one who
