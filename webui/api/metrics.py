@@ -10,7 +10,8 @@ the engine thread as it ends, by the request's RequestEnd (webui/request_end.py)
 API and the page alike; refusals (4xx, 429, 503) are counted by reason by whoever refused:
 the API's error handlers (webui/api/errors.py) and the page. Running and waiting requests,
 MLX's memory (as the engine thread read it after its last step) and the prefix cache's
-figures are read from the engine at scrape time, in the thread serving /metrics. No MLX here: only the seam's stats() and info.
+figures are read from the engine at scrape time, in the thread serving /metrics. No MLX
+here: only the seam's stats() and info.
 """
 
 from __future__ import annotations
