@@ -283,7 +283,9 @@ def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, u
     conv = page.new_chat(alice, "You are a terse Python tutor. Answer about lists and dicts.")
     shown = reply(page, alice, conv.id, "What does list.append do?", temperature=0, max_tokens=200)
     assert len(shown) >= 3  # at once, while streaming, at the end
-    assert shown[0][-1]["content"].endswith("▍") and shown[0][0]["content"] == "What does list.append do?"
+    assert shown[0][-1]["content"].endswith("▍") and shown[0][0]["content"].startswith(
+        "What does list.append do?\n\n<!--rc-src:"  # its text as typed, for its copy button
+    )
     partials = [s[-1]["content"] for s in shown[1:-1]]
     assert len(set(partials)) == len(partials) >= 1  # text grows between updates
     final = shown[-1][-1]["content"]

@@ -45,17 +45,17 @@ def row(
     nowhere else, for stored turns and a reply being written alike, so HTML in a message or
     a reply shows as typed and nothing in it is fetched. Under an answer: its figures, or a
     cursor while it is being written; under a stored message, its `controls` (versions.py:
-    made here, never from a message's text)."""
+    made here, never from a message's text) and its text as typed, for its copy button."""
     body = markup.shown(text)
     if role == "user":
-        return {"role": "user", "content": body + controls}
+        return {"role": "user", "content": body + controls + versions.source(text)}
     if not text.strip():
         body = "…" if streaming else "*(no text)*"
     if streaming:
-        body += " ▍"
-    elif figures is not None:
+        return {"role": "assistant", "content": body + " ▍" + controls}
+    if figures is not None:
         body += f'\n\n<span class="rc-stats">{html.escape(stats_line(figures))}</span>'
-    return {"role": "assistant", "content": body + controls}
+    return {"role": "assistant", "content": body + controls + versions.source(text)}
 
 
 def chat_rows(

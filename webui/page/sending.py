@@ -99,13 +99,17 @@ class Sending(PageView):
         again=False,
     ):
         """Stream a reply into the chat area while its chat is in view (outputs: `REPLYING`). A
-        refusal leaves the typed text in the box and shows a notice. A new chat (conv_id None)
+        refusal leaves the typed text in the box and shows a notice; an empty box does nothing. A new chat (conv_id None)
         is made by this message, with the model `picked` (the picker's, as the browser sent it;
         None: the one picked in this session, else the first), and shown with it unless the
         browser moved on meanwhile.
         After "Edit" in this chat the message is a new version of the one edited; the edit
         ends once it is stored (a refusal keeps it)."""
         skip = gr.skip()
+        if not again and not (text or "").strip():
+            # Enter or Send on an empty box: nothing happens (a notice each time stacked up)
+            yield tuple(skip for _ in REPLYING)
+            return
         try:
             user = await asyncio.to_thread(self.who, request)
             conv_id = None if conv_id is None else int(conv_id)

@@ -1,5 +1,6 @@
-"""The sidebar: "New chat", a search over one's chats, "Undo delete", the list of chats, and on a
-phone the header's words in full (the header itself is one line there, webui/page/style.py).
+"""The sidebar: "New chat", a search over one's chats (saying when nothing matched), "Undo
+delete", the list of chats, and on a phone the header's words in full (the header itself is
+one line there, webui/page/style.py).
 
 Gradio's `Sidebar`: beside the chat on a wide screen, a drawer over it at 768 px and less,
 closed there until its button opens it (webui/page/scripts.py). Components only: what they do
@@ -33,6 +34,8 @@ def sidebar() -> Sidebar:
         search = gr.Textbox(
             placeholder="Search your chats", show_label=False, container=False, max_lines=1, elem_id="search"
         )
+        # shown by the page's CSS (webui/page/style.py) while a search is typed and lists nothing
+        gr.Markdown("No chat matches this search.", elem_id="search-none")
         undo = gr.Button("Undo delete", size="sm", visible=False, elem_id="undo")
         conv_list = gr.Radio(show_label=False, container=False, elem_id="conv-list")
         undo_timer = gr.Timer(UNDO_S, active=False)

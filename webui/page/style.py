@@ -38,6 +38,10 @@ CSS = """
 /* the Server tab's row names break between words, not inside them, on a phone */
 :is(#server-summary, #your-usage) :is(th, td) { overflow-wrap: normal; word-break: normal; }
 #side-about { display: none; }
+/* a search that lists nothing says so: the box holds text and the list has no chat in it */
+#search-none { display: none; }
+#sidebar:has(#search :is(textarea, input):not(:placeholder-shown)):not(:has(#conv-list label)) #search-none
+  { display: block; opacity: 0.75; }
 /* a phone: the header is one line (who and the model, cut short; all of it is in the drawer),
    room is left on the left for the drawer's button, and the message box and Send stay on
    screen under a shorter chat area, shorter still while an edit's bar is above the box */
