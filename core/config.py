@@ -18,7 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -241,6 +241,16 @@ class Settings(BaseSettings):
         "auto", description="Linux CPU BLAS: auto preloads Debian's OpenBLAS when present"
     )
 
+    engines: list[str] = Field(
+        default_factory=list,
+        description="serve: the URL of a `radixchat worker` (or of a router in front of workers of "
+        "one model) to send engine work to instead of loading a model here; repeatable, one model each",
+    )
+    service_key: SecretStr | None = Field(
+        None,
+        description="The key a front end and its workers share (at least 16 characters): a worker "
+        "serves only requests that carry it, and a front end sends it",
+    )
     no_auth: bool = Field(False, description="Serve without sign-in or API keys")
     allow_open_lan: bool = Field(False, description="Permit --no-auth on a non-loopback host")
     max_body_bytes: ByteSize = Field(1 << 20, ge=1024, description="Largest accepted API request body" + SIZES_HELP)
@@ -289,6 +299,23 @@ class Settings(BaseSettings):
         if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
             return DISK_AUTO
         return v  # a size, read by parse_size
+
+    @field_validator("service_key")
+    @classmethod
+    def _long_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError(
+                "at least 16 characters (a random one: `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+            )
+        return v
+
+    @field_validator("engines")
+    @classmethod
+    def _engine_urls(cls, v: list[str]) -> list[str]:
+        bad = [u for u in v if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", u)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an http:// or https:// URL")
+        return [u.rstrip("/") for u in v]
 
     @field_validator("sampling_defaults")
     @classmethod

@@ -33,7 +33,9 @@ def _add_settings_flags(p: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         if name in ("extra_models", "sampling_defaults"):  # the later --model; a --models file's
             continue
-        if name == "model":
+        if name == "engines":  # --engine URL, again for another model's worker
+            p.add_argument("--engine", dest=name, action="append", default=argparse.SUPPRESS, help=field.description)
+        elif name == "model":
             p.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS, help=field.description)
         elif field.annotation is bool and name.startswith("no_"):  # argparse reads --no-x as x=False
             p.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=field.description)
@@ -81,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--seed", type=int, default=None)
     ask.add_argument("--max-new-tokens", type=int, default=None, help="reply length (default: --max-tokens)")
     _add_settings_flags(ask)
+    _add_settings_flags(sub.add_parser("worker", help="serve one engine over HTTP to a front end (serve --engine)"))
     doctor = sub.add_parser("doctor", help="platform, MLX device, BLAS speed, model info")
     doctor.add_argument("--no-model", action="store_true", help="skip loading the model")
     _add_settings_flags(doctor)
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if argv is None:  # only a real command line can be re-executed
         reexec_with_openblas(settings.blas)
-    {"serve": cmd_serve, "ask": cmd_ask, "doctor": cmd_doctor}[args.command](args, settings)
+    {"serve": cmd_serve, "ask": cmd_ask, "doctor": cmd_doctor, "worker": cmd_worker}[args.command](args, settings)
 
 
 def _make_engine(settings: Settings, on_fatal=None, cache_owners=None, owners=None):
@@ -131,6 +134,24 @@ def _start_models(settings: Settings, on_fatal, cache_owners):
         return models.start()
     except Exception as e:
         sys.exit(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}")
+
+
+def _remote(settings: Settings):
+    from radixchat.webui.remote_engine import StartError, connect_engines
+
+    try:
+        return connect_engines(settings.engines, settings.service_key and settings.service_key.get_secret_value())
+    except StartError as e:
+        _refuse(str(e))
+
+
+def cmd_worker(args, settings: Settings) -> None:
+    sys.setswitchinterval(0.0005)  # as `serve`: the engine thread wants the GIL back at once
+    _log_to_stderr()
+    from radixchat.webui.worker import serve_worker
+
+    settings = serve_disk(settings, sharded=False)
+    serve_worker(settings, lambda s: _start_engine(s, _stop_serving), uvicorn_options(settings))
 
 
 def _log_to_stderr() -> None:
@@ -173,7 +194,7 @@ def cmd_serve(args, settings: Settings) -> None:
     store = Store(settings.db)
     # the disk tier keeps the cached entries of today's users only: a removed user's go
     users = {owner_of(u.cache_key) for u in store.list_users() if u.cache_key}
-    models = _start_models(settings, _stop_serving, users.__contains__)
+    models = _remote(settings) if settings.engines else _start_models(settings, _stop_serving, users.__contains__)
     engine = models.default
     removals = RemovalWatch(store, models).start()  # `users remove` runs in another process
     m = engine.info
