@@ -57,7 +57,7 @@ def test_the_engine_sets_mlxs_cache_limit_and_reads_its_memory_after_each_step(t
 def test_the_cache_limit_is_a_share_of_the_kv_budget_unless_set():
     assert mlx_cache_limit(Settings(), 512 * MiB) == 64 * MiB
     assert mlx_cache_limit(Settings(), 64 * MiB) == 32 * MiB  # MLX's own on a CPU, at least
-    assert mlx_cache_limit(Settings(), 64 << 30) == 1 << 30
+    assert mlx_cache_limit(Settings(), 64 << 30) == 256 * MiB
     assert mlx_cache_limit(Settings(mlx_cache_bytes="0"), 512 * MiB) == 0
     assert mlx_cache_limit(Settings(mlx_cache_bytes="128MiB"), 512 * MiB) == 128 * MiB
 

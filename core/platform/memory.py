@@ -31,13 +31,13 @@ from pathlib import Path
 from radixchat.core.config import Settings, mlx_cache_limit
 
 # Measured by `python -m loadtests.bench_memory` (SmolLM2-135M float32, 32 users, --cache-bytes
-# 512MiB, 2-core Linux, four runs). MLX's arrays peaked 1.8-2.3 GB above the weights and the K/V
-# budget, up to 4.3 times the budget: the decoding batch's buffers hold every row padded to
+# 512MiB, 2-core Linux, nine runs). MLX's arrays peaked 1.8-2.3 GB above the weights and the
+# K/V budget, up to 4.3 times the budget: the decoding batch's buffers hold every row padded to
 # the longest, with spare rows and columns and a copy while they are re-laid
 # (core/cache/slots.py), which the budget, counting each row's own tokens, does not see; and a
 # step's activations rose by up to 0.7 GB. Beyond MLX's arrays and buffer cache the process
 # held 0.4-1.2 GB at its peak: Python, Gradio, the tokenizer, OpenBLAS, glibc's arenas.
-ARRAYS_OVER_KV = 4.5  # times the K/V budget
+ARRAYS_OVER_KV = 4.5  # times the K/V budget, beyond it
 REST_BYTES = 1200 << 20
 
 
