@@ -4,9 +4,10 @@ A real server and Debian's Chromium (the helpers of test_page_browser.py and
 test_page_safety.py). alice sends a message holding HTML, a script and a markdown image that
 point at a listener on another loopback port, and presses "Share": the page shows a link on
 the server's own host. bob, signed in in another browser, opens it and reads the title and the
-messages, the HTML as typed; nothing runs and the listener gets no request. A signed-out
-browser is sent to the sign-in page and sees none of it. A wrong token and, once alice pressed
-"Stop sharing", her old one are the same plain 404 "not found"; bob's reload shows it.
+messages, the HTML as typed and the image as a link; nothing runs and the listener gets no
+request. A signed-out browser is sent to the sign-in page and sees none of it. A wrong token
+and, once alice pressed "Stop sharing", her old one are the same plain 404 "not found"; bob's
+reload shows it.
 Screenshots at 1280 and 390 px go to test-output/page-share/.
 """
 
@@ -79,7 +80,9 @@ def test_share_read_only_link_for_signed_in_users_then_revoke(server, listener, 
         title = bob.locator("#shared-title").inner_text()
         body = bob.locator("#shared-messages").inner_text()
         assert title.startswith("Sharing-4410"), title
-        assert message in body, body
+        # rendered as the chat renders it: typed HTML as typed, the image as "!" and a link
+        assert message.replace(f"![x]({leak}/b)", "!x") in body, body
+        assert bob.locator(f"#shared-messages a[href='{leak}/b']").count() == 1
         assert bob.locator("#shared-messages [data-role=assistant]").count() == 1
         assert bob.locator("body :is(img, script:not([nonce]), iframe, b, svg, object, embed)").count() == 0
         assert bob.evaluate("window.__pwned") is None

@@ -6,7 +6,9 @@ streamed (queue/data), stop it without signing in (cancel) or end the session (h
 `PageGate`, an ASGI middleware in front of the page, binds each session to the caller who
 first used it (queue/join or heartbeat) and refuses every other caller that names it. It
 lets through only the /gradio_api routes the page uses; uploads, file downloads, deep links,
-direct API calls and the rest answer 404 before a byte of their body is read.
+direct API calls and the rest answer 404 before a byte of their body is read. A signed-in
+browser at `/?next=/shared/<token>` (Gradio's sign-in reloads the address it was on) is sent
+back to that shared link: `return_to` lets only such a path through, never another site.
 
 The caller is the signed-in user of Gradio's own sign-in cookie, looked up in Gradio's token
 table as Gradio's routes do. That table is a `SessionTokens`: each sign-in is bound to the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 from collections import OrderedDict
 from typing import Any
@@ -211,6 +214,10 @@ class PageGate:
                 raise Refused(404, "Not Found")
         except Refused as e:
             return await answer(send, e.status, e.detail, scope)
+        if path == "/" and scope["method"] == "GET" and "next" in query(scope):
+            back = return_to(query(scope).getlist("next"))
+            if back is not None and (self.no_auth or self.side.user(request_cookies(scope)) is not None):
+                return await see_other(send, scope.get("root_path", "") + back)
         if self.no_auth and path == "/":
             _, send = self._browser(scope, send)
         await self.app(scope, receive, send)
@@ -266,6 +273,34 @@ class PageGate:
             await send(message)
 
         return minted, send_with_cookie
+
+
+# the only place a signed-out visitor is sent to the sign-in page from, to come back to:
+# a shared conversation's link (webui/page/shared.py), a path on this server and nothing else
+_RETURN = re.compile(r"/shared/[A-Za-z0-9_-]{1,128}")
+
+
+def return_to(values: list[str]) -> str | None:
+    """Where `/?next=...` (given once) may send a signed-in browser: a shared link's path on
+    this server, or None. Never another site (`https://evil.example`, `//evil.example`,
+    `/\\evil.example`), so a link to this server's sign-in cannot forward a visitor anywhere else."""
+    return values[0] if len(values) == 1 and _RETURN.fullmatch(values[0]) else None
+
+
+async def see_other(send, path: str) -> None:
+    """303 to `path` on this server (a relative Location: the browser keeps the origin)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [
+                (b"location", path.encode("ascii")),
+                (b"cache-control", b"no-store"),
+                (b"content-length", b"0"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
 
 
 def route_path(scope) -> str:
