@@ -176,6 +176,7 @@ async def _events(handle):
 def serve_worker(settings: Settings, start: Callable[[Settings], EngineClient], options: dict) -> None:
     """Load the engine (`start`), serve it with uvicorn `options` until a signal, stop it.
     Refuses (SystemExit 2, one line) to serve without a service key unless --no-auth."""
+    import signal
     import sys
 
     import uvicorn
@@ -207,12 +208,14 @@ def serve_worker(settings: Settings, start: Callable[[Settings], EngineClient], 
             await asyncio.wait_for(asyncio.to_thread(_stop, engine), 10.0)
             await super().shutdown(sockets)
 
+    app = build_worker(engine, key, 4 * settings.max_body_bytes)
+    server = Serving(uvicorn.Config(app, **options, timeout_graceful_shutdown=5.0))
     try:
-        Serving(
-            uvicorn.Config(
-                build_worker(engine, key, 4 * settings.max_body_bytes), **options, timeout_graceful_shutdown=5.0
-            )
-        ).run()
+        # uvicorn catches both while it serves, puts these back when done and raises what it
+        # caught again: ignored, so that a stop ends here without a KeyboardInterrupt
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        server.run()
     finally:
         _stop(engine)
 
