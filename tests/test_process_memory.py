@@ -17,6 +17,7 @@ from radixchat.core.platform.memory import (
     ARRAYS_OVER_KV,
     REST_BYTES,
     arrays_beyond,
+    batch_geometry,
     process_bound,
     process_rss,
     step_activations,
@@ -65,8 +66,9 @@ def test_the_cache_limit_is_a_share_of_the_kv_budget_unless_set():
 def test_doctors_process_memory_names_each_part_and_they_add_up():
     settings = Settings(cache_bytes="512MiB", mlx_cache_bytes="48MiB", step_tokens=128)
     weights = 540 * MiB
-    line = process_memory(weights, 49152, settings)
-    beyond = arrays_beyond(512 * MiB, step_activations(49152, 128, 256))
+    # SmolLM2-135M's K/V in float32: 46,080 bytes a token; the batch could outgrow the measure
+    line = process_memory(weights, 49152, 8192, 46080, settings)
+    beyond = arrays_beyond(512 * MiB, step_activations(49152, 128, 256), batch_geometry(256, 8192, 46080))
     assert beyond == int(ARRAYS_OVER_KV * 512 * MiB) + 2 * 4 * 49152 * 256
     parts = process_bound(weights, 512 * MiB, beyond, 48 * MiB)
     assert [n for _, n in parts[:-1]] == [weights, 512 * MiB, beyond, 48 * MiB, REST_BYTES]
@@ -76,6 +78,16 @@ def test_doctors_process_memory_names_each_part_and_they_add_up():
     total, *each = sizes(line)
     assert total == pytest.approx(sum(each), abs=0.02 * 1024)  # each rounded as printed
     assert total == pytest.approx(parts[-1][1] / MiB, abs=0.01 * 1024)
+
+
+def test_a_small_models_batch_caps_what_is_stated_beyond_the_budget():
+    """A model whose whole batch at the whole context is smaller than the measured share of
+    the budget cannot take that share: the statement is capped by the batch's geometry."""
+    settings = Settings(cache_bytes="4GiB", max_batch=32)
+    tiny = batch_geometry(32, 2048, 4096)  # 512 MiB: far below 4.5 x 4 GiB
+    assert arrays_beyond(4 << 30, 0, tiny) == tiny < arrays_beyond(4 << 30, 0)
+    total = sizes(process_memory(20 * MiB, 4096, 2048, 4096, settings))[0]
+    assert total < 8 * 1024  # MiB: not the 20+ GB of the measured share alone
 
 
 def test_the_server_tab_states_what_the_process_takes_and_holds(engine, store):
@@ -90,6 +102,9 @@ def test_the_server_tab_states_what_the_process_takes_and_holds(engine, store):
     assert rest == pytest.approx(REST_BYTES / MiB, rel=0.01)  # as printed: GiB, two decimals
     assert kv == pytest.approx(s.kv_budget / MiB, rel=0.01)
     assert cache_limit == pytest.approx(s.memory.cache_limit / MiB, rel=0.01, abs=1)
-    assert beyond == pytest.approx(arrays_beyond(s.kv_budget, s.memory.step_bound) / MiB, rel=0.01, abs=1)
+    batch = batch_geometry(s.max_batch, engine.info.context_length, s.kv_bytes_per_token)
+    allowance = arrays_beyond(s.kv_budget, s.memory.step_bound, batch)
+    seen = s.memory.peak - engine.info.weights_bytes - s.kv_budget  # the most seen, if above
+    assert beyond == pytest.approx(max(allowance, seen) / MiB, rel=0.01, abs=1)
     assert total == pytest.approx(weights + kv + beyond + cache_limit + rest, rel=0.01)
     assert "MLX holds" in line and "freed buffers" in line

@@ -103,17 +103,27 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     yield "context length", str(m.context_length)
     yield "eos tokens", str(sorted(m.tokenizer.eos_token_ids))
     yield from _batch_limit(m, settings)
-    yield "process memory", process_memory(m.weights_bytes, m.vocab_size, settings)
+    from radixchat.core.cache.kv import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(m.model)
+    yield "process memory", process_memory(m.weights_bytes, m.vocab_size, m.context_length, per_token, settings)
     yield from _speed(m)
 
 
-def process_memory(weights: int, vocab_size: int, settings: Settings) -> str:
+def process_memory(weights: int, vocab_size: int, context_length: int, kv_per_token: int, settings: Settings) -> str:
     """What the whole process `serve` starts with these settings will take (this one model)."""
     from radixchat.core.config import kv_budget, mlx_cache_limit
-    from radixchat.core.platform.memory import arrays_beyond, bound_text, process_bound, step_activations
+    from radixchat.core.platform.memory import (
+        arrays_beyond,
+        batch_geometry,
+        bound_text,
+        process_bound,
+        step_activations,
+    )
 
     kv = kv_budget(settings)
-    beyond = arrays_beyond(kv, step_activations(vocab_size, settings.step_tokens, settings.max_batch))
+    step = step_activations(vocab_size, settings.step_tokens, settings.max_batch)
+    beyond = arrays_beyond(kv, step, batch_geometry(settings.max_batch, context_length, kv_per_token))
     parts = process_bound(weights, kv, beyond, mlx_cache_limit(settings, kv))
     return bound_text(parts) + " (what goes beyond the budget and the rest: measured, loadtests/bench_memory.py)"
 

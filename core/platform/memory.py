@@ -60,10 +60,18 @@ def step_activations(vocab_size: int, step_tokens: int, max_batch: int) -> int:
     return 2 * 4 * vocab_size * max(step_tokens, min(max_batch, 256), 1)
 
 
-def arrays_beyond(kv_budget: int, step_bound: int) -> int:
+def arrays_beyond(kv_budget: int, step_bound: int, batch_bytes: int | None = None) -> int:
     """MLX's arrays beyond the weights and the K/V budget, as measured (ARRAYS_OVER_KV), and
-    one step's logits."""
-    return int(ARRAYS_OVER_KV * kv_budget) + step_bound
+    one step's logits. `batch_bytes` (`batch_geometry`) caps the first: the decoding batch's
+    buffers cannot outgrow every row at the whole context, twice (a copy while re-laid)."""
+    measured = int(ARRAYS_OVER_KV * kv_budget)
+    return (measured if batch_bytes is None else min(measured, batch_bytes)) + step_bound
+
+
+def batch_geometry(max_batch: int, context_length: int, kv_bytes_per_token: int) -> int:
+    """The most the decoding batch's K/V buffers can take: every row at the whole context,
+    and a copy of them while the batch is re-laid."""
+    return 2 * max_batch * context_length * kv_bytes_per_token
 
 
 def process_bound(weights: int, kv_budget: int, beyond: int, cache_limit: int) -> list[tuple[str, int]]:
