@@ -4,7 +4,8 @@ A real server and Debian's Chromium. A message's copy button copies its text as 
 (Markdown), an answer's without the figures under it, never the page's markup; a message's
 label for screen readers is its words. Enter or Send on an empty box does nothing: no notice,
 no message. A search that finds nothing says so, and the note goes once it finds something or
-is cleared. Screenshots go to test-output/page-small/.
+is cleared. Max tokens and temperature survive a reload, each user's their own. Screenshots go
+to test-output/page-small/.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from radixchat.core.store import Store
 from tests.support.browser import PHONE, WIDE, Shots
-from tests.support.page import ready, say, sign_in
+from tests.support.page import ready, say, set_number, sign_in
 from tests.support.server import CHEAP, page_server, stop_clean
 
 pytestmark = pytest.mark.slow
@@ -123,3 +124,22 @@ def test_a_search_that_finds_nothing_says_so(page, shots):
     search(page, "")
     page.wait_for_function("document.querySelectorAll('#conv-list label').length >= 1")
     assert not page.locator("#search-none").is_visible()
+
+
+def test_settings_are_kept_per_user_across_a_reload(server, browser, page, shots):
+    """Max tokens and temperature survive a reload, each user's their own (one browser, both)."""
+    max_tokens, temperature = (33, 0.7) if page.width == "390" else (44, 1.1)
+    set_number(page, "max-tokens", max_tokens)
+    set_number(page, "temperature", temperature)
+    page.wait_for_timeout(500)  # kept on input
+    page.reload()
+    ready(page)
+    numbers = "[...['#max-tokens', '#temperature']].map(s => document.querySelector(s + ' input[type=number]').value)"
+    page.wait_for_function(f"({numbers}).join() === '{max_tokens},{temperature}'", timeout=10_000)
+    shots(page, f"settings-kept-{page.width}")
+    # another user in the same browser has their own (the page's defaults here)
+    page.goto(server.url + "/logout")
+    sign_in(page, server.url, "bob" if WHO[page.width] == "alice" else "alice")
+    ready(page)
+    page.wait_for_timeout(1000)
+    assert page.evaluate(numbers) != [str(max_tokens), str(temperature)]

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from radixchat.webui.page import versions
-from radixchat.webui.page.scripts import ABOUT, EDITING, OPEN_WIDE, PICK, SAVE, new_chat
+from radixchat.webui.page.scripts import (
+    ABOUT,
+    EDITING,
+    KEEP_SETTINGS,
+    OPEN_WIDE,
+    PICK,
+    RESTORE_SETTINGS,
+    SAVE,
+    new_chat,
+)
 from radixchat.webui.page.sending import REPLYING
 from radixchat.webui.page.view import SHOWN
 
@@ -67,9 +76,14 @@ def wire(page: gr.Blocks, p: Parts, h: Handlers, config: Settings) -> None:
 
 
 def wire_load(page: gr.Blocks, p: Parts, h: Handlers) -> None:
+    panel = p.settings
+    numbers = [panel.temperature, panel.max_tokens]
     page.load(h.on_load, [p.view], [p.header, *p.named(SHOWN)], **PRIVATE).then(
         None, [p.header], [p.side.about], js=ABOUT, **PRIVATE
-    )
+    ).then(None, [p.header, *numbers], numbers, js=RESTORE_SETTINGS, **PRIVATE)
+    # `input`: set by the person (a restore sets them too, and needs no keeping)
+    for number in numbers:
+        number.input(None, [p.header, *numbers], None, js=KEEP_SETTINGS, **PRIVATE)
     page.load(None, js=OPEN_WIDE, **PRIVATE)
     page.load(None, js=versions.LISTEN, **PRIVATE)
 
