@@ -6,74 +6,18 @@ stream with a clear message, and the front end answers 503 with a message while 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import threading
 import time
 
 import httpx
 import pytest
 
-from radixchat.core.store import Store
-from tests.support.procs import RADIXCHAT, free_port, kill_group, scaled, spawn, wait_ready
+from tests.support.procs import RADIXCHAT, free_port, kill_group, scaled
 from tests.support.randmodel import build_random_model
 from tests.support.server import Server
-
-KEY = "worker-test-key-0123456789"
-QUESTION = [{"role": "user", "content": "Tell me about the weather in Lisbon in spring."}]
-
-
-class Worker:
-    """`radixchat worker` on a free loopback port, once /health answers."""
-
-    def __init__(self, model_dir, folder, *extra, key: str | None = KEY):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        flags = ["--service-key", key] if key else []
-        cmd = [RADIXCHAT, "worker", "--model", str(model_dir), "--port", str(self.port), "--db", str(folder / "w.db")]
-        cmd += ["--max-tokens", "16", "--cache-disk-bytes", "0", *flags, *extra]
-        self.proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self._lines: list[str] = []
-        threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True).start()
-        wait_ready(self.proc, self.url + "/health", 120, lambda why: RuntimeError(f"worker {why}: {self.output()}"))
-
-    def output(self) -> str:
-        return "".join(self._lines)
-
-    def stop(self) -> str:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=scaled(30))
-        finally:
-            kill_group(self.proc)
-        time.sleep(0.2)  # the reader's last lines
-        return self.output()
-
-
-def keyed_db(folder, name: str) -> tuple:
-    """A store with one user and their API key."""
-    db = folder / f"{name}.db"
-    with Store(db) as store:
-        _, key = store.create_api_key(store.create_user("alice", "correct horse battery"), "tests")
-    return db, key
-
-
-def chat(server, key: str, messages, **fields) -> httpx.Response:
-    body = {"model": "default", "messages": messages, "temperature": 0, "max_tokens": 12, **fields}
-    return httpx.post(
-        server.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=60
-    )
-
-
-def streamed_text(response: httpx.Response) -> str:
-    text = ""
-    for line in response.text.splitlines():
-        if line.startswith("data: {"):
-            chunk = json.loads(line[6:])
-            text += "".join(c["delta"].get("content") or "" for c in chunk.get("choices", []))
-    return text
+from tests.support.workers import KEY, QUESTION, Worker, chat, keyed_db, streamed_text
 
 
 @pytest.fixture(scope="module")

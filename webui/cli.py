@@ -137,7 +137,7 @@ def _start_models(settings: Settings, on_fatal, cache_owners):
 
 
 def _remote(settings: Settings):
-    from radixchat.webui.remote_engine import StartError, connect_engines
+    from radixchat.webui.remote_engines import StartError, connect_engines
 
     try:
         return connect_engines(settings.engines, settings.service_key and settings.service_key.get_secret_value())

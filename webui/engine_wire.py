@@ -8,6 +8,13 @@ lines, then one `finished` or `failed`; `ping` lines keep a quiet stream provabl
 `ModelInfo` and `EngineStats` go as their dataclasses' fields (`info_of`, `stats_of`
 rebuild them, ignoring fields a newer worker may add).
 
+Through a router (SGLang's smg, which forwards only OpenAI's and SGLang's own routes) a
+submission goes as POST ROUTED_PATH, SGLang's native /generate: `routed_body` wraps the
+request under `radixchat` beside the `model` smg routes by and `stream`, which makes smg pass
+the answer through as it comes (smg keeps fields it does not know, and adds some of its own,
+which `routed_request_of` ignores). smg drops the X-Radixchat-User header it hashes on, so
+the owner travels in the request itself, trusted by a worker only with the service key.
+
 Left to others: the HTTP on either side, who may call. No threads or state here: plain
 functions, safe from any thread. No MLX.
 """
@@ -38,6 +45,8 @@ from radixchat.core.engine.seam import (
 )
 
 SERVICE_USER_HEADER = "x-radixchat-user"  # a request's owner, for a router that hashes on it
+ROUTED_PATH = "/generate"  # a route smg forwards to its workers (it answers 404 for /engine/*)
+ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer: the worker it chose (its URL)
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,18 @@ def request_of(body: dict) -> ChatRequest | PromptRequest:
         raise ValueError("kind: 'chat' or 'prompt'")
     cls = PromptRequest if kind == "prompt" else ChatRequest
     return cls.model_validate(body.get("request"))
+
+
+def routed_body(request: ChatRequest | PromptRequest, model: str) -> dict:
+    return {"model": model, "stream": True, "radixchat": request_body(request)}
+
+
+def routed_request_of(body: dict) -> ChatRequest | PromptRequest:
+    """The request a routed body carries; ValueError when it carries none."""
+    inner = body.get("radixchat") if isinstance(body, dict) else None
+    if not isinstance(inner, dict):
+        raise ValueError("radixchat: the engine request (this route serves radixchat front ends)")
+    return request_of(inner)
 
 
 def _logprobs(items) -> list[TokenLogprob] | None:

@@ -4,8 +4,7 @@
 (webui/worker.py), in webui/engine_wire.py's JSON: `asubmit` returns a real RequestHandle
 fed from the worker's NDJSON stream by a task on the caller's event loop (`submit`, for
 threads, by a thread), so routes and the page read it exactly as an in-process engine's;
-`cancel` asks the worker. `RemoteEngines` is the seam's Engines over one engine per URL,
-each serving the model its worker names. Every call sends the service key.
+`cancel` asks the worker. Every call sends the service key.
 
 Faults: an engine that does not answer at start-up, answers with a refusal of the key, or is
 not a worker is a one-line start-up error (`StartError`); a worker that dies or goes silent
@@ -14,8 +13,8 @@ not a worker is a one-line start-up error (`StartError`); a worker that dies or 
 and `stats` says it is not alive. A removed user's `forget` that could not be delivered is
 retried until it is.
 
-Left to others: routing between workers of one model (a router such as SGLang's smg in
-front of them: one URL here), the workers' engines. Threads: the caller's event loop reads
+Left to others: the engines by URL (webui/remote_engines.py), several workers of one model
+behind a router (webui/routed_engine.py, which builds on this class), the workers' engines. Threads: the caller's event loop reads
 async streams; a thread per sync `submit`; one poller thread per engine (`radixchat-remote`)
 reads its stats every POLL_S and retries undelivered forgets. No MLX here.
 """
@@ -30,9 +29,8 @@ import threading
 import httpx
 
 from radixchat.core.engine.handle import Outbox, RequestHandle
-from radixchat.core.engine.models import ALIASES
 from radixchat.core.engine.requests import ChatRequest, Failed, PromptRequest, RequestError, TextDelta
-from radixchat.core.engine.seam import EngineStats, ModelInfo, ServedModel
+from radixchat.core.engine.seam import EngineStats, ModelInfo
 from radixchat.webui.engine_wire import SERVICE_USER_HEADER, event_of, info_of, request_body, stats_of
 
 log = logging.getLogger("radixchat.remote")
@@ -44,7 +42,12 @@ DOWN = EngineStats(alive=False, running=0, waiting=0)
 
 
 class StartError(ValueError):
-    """An engine URL that cannot serve: one line for the start-up refusal."""
+    """An engine URL that cannot serve: one line for the start-up refusal. `status`: what
+    GET /engine/info answered when it answered but not as a worker (a router answers 404)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 class RemoteEngine:
@@ -87,7 +90,9 @@ class RemoteEngine:
         except (ValueError, TypeError):
             info = None
         if info is None:
-            raise StartError(f"{url} is not a radixchat worker (GET /engine/info answered {r.status_code})")
+            raise StartError(
+                f"{url} is not a radixchat worker (GET /engine/info answered {r.status_code})", r.status_code
+            )
         engine = cls(url, key, info)
         engine._stats = engine._read_stats()
         engine._poller.start()
@@ -105,7 +110,8 @@ class RemoteEngine:
     async def asubmit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
         loop = asyncio.get_running_loop()
         client = self._aclient(loop)
-        send = client.build_request("POST", self.url + "/engine/submit", **self._submit_args(request))
+        method, url, args = self._submission(request)
+        send = client.build_request(method, url, **args)
         try:
             resp = await client.send(send, stream=True)
         except httpx.HTTPError:
@@ -114,7 +120,7 @@ class RemoteEngine:
             if resp.status_code != 200:
                 raise self._refused(resp.status_code, await resp.aread())
             lines = resp.aiter_lines()
-            handle = self._accepted(await anext(lines, ""), loop)
+            handle = self._accepted(await anext(lines, ""), loop, resp)
         except BaseException as e:
             await resp.aclose()
             if isinstance(e, httpx.HTTPError):
@@ -126,7 +132,8 @@ class RemoteEngine:
         return handle
 
     def submit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
-        send = self._client.build_request("POST", self.url + "/engine/submit", **self._submit_args(request))
+        method, url, args = self._submission(request)
+        send = self._client.build_request(method, url, **args)
         try:
             resp = self._client.send(send, stream=True)
         except httpx.HTTPError:
@@ -135,7 +142,7 @@ class RemoteEngine:
             if resp.status_code != 200:
                 raise self._refused(resp.status_code, resp.read())
             lines = resp.iter_lines()
-            handle = self._accepted(next(lines, ""), None)
+            handle = self._accepted(next(lines, ""), None, resp)
         except BaseException as e:
             resp.close()
             if isinstance(e, httpx.HTTPError):
@@ -144,15 +151,24 @@ class RemoteEngine:
         threading.Thread(target=self._read_sync, args=(resp, lines, handle), daemon=True).start()
         return handle
 
-    def _submit_args(self, request) -> dict:
+    def _submission(self, request) -> tuple[str, str, dict]:
+        """The method, URL and httpx arguments that submit `request` (a router's differ)."""
         # the owner as a header too, for a router that keeps a user's turns on one worker
         headers = {SERVICE_USER_HEADER: request.owner} if request.owner else {}
-        return {"json": request_body(request), "headers": headers}
+        return "POST", self.url + "/engine/submit", {"json": request_body(request), "headers": headers}
 
-    def _accepted(self, line: str, loop) -> RequestHandle:
+    def _handle_id(self, worker_id: str, resp: httpx.Response) -> str:
+        """The id the front end knows a request by: the worker's own (a router's names the worker)."""
+        return worker_id
+
+    def _where(self, request_id: str) -> str:
+        """The engine's URL a request runs on, for messages (a router's worker)."""
+        return self.url
+
+    def _accepted(self, line: str, loop, resp: httpx.Response) -> RequestHandle:
         try:
             first = json.loads(line)
-            rid, prompt_tokens = first["id"], int(first["prompt_tokens"])
+            rid, prompt_tokens = self._handle_id(str(first["id"]), resp), int(first["prompt_tokens"])
         except (ValueError, KeyError, TypeError):
             raise RequestError(f"the engine at {self.url} answered out of turn", 502, "engine_unavailable") from None
         handle = RequestHandle(rid, prompt_tokens, self.cancel, loop, self._outbox)
@@ -179,9 +195,10 @@ class RemoteEngine:
 
     def _stopped(self, handle: RequestHandle) -> None:
         if handle.final is None:
-            log.warning("the engine at %s stopped answering: request %s failed", self.url, handle.id)
+            where = self._where(handle.id)
+            log.warning("the engine at %s stopped answering: request %s failed", where, handle.id)
             self._stats = DOWN
-            handle._push(Failed(f"the engine at {self.url} stopped answering"))
+            handle._push(Failed(f"the engine at {where} stopped answering"))
             self._outbox.flush()
 
     async def _read(self, resp: httpx.Response, lines, handle: RequestHandle) -> None:
@@ -323,77 +340,3 @@ class RemoteEngine:
         self._stop.set()
         self.halt()
         self._client.close()
-
-
-class RemoteEngines:
-    """The seam's Engines over remote engines, one model each (the first the default)."""
-
-    def __init__(self, engines: list[RemoteEngine]):
-        self._engines = engines
-
-    @property
-    def default(self) -> RemoteEngine:
-        return self._engines[0]
-
-    def _names(self, i: int, engine: RemoteEngine) -> tuple[str, ...]:
-        return ALIASES if i == 0 else ()
-
-    def served(self) -> list[ServedModel]:
-        return [ServedModel(e.info.model_id, self._names(i, e), True, True) for i, e in enumerate(self._engines)]
-
-    def _find(self, name: str) -> RemoteEngine:
-        for i, e in enumerate(self._engines):
-            if name == e.info.model_id or name in self._names(i, e):
-                return e
-        ids = ", ".join(repr(e.info.model_id) for e in self._engines)
-        raise RequestError(f"model {name!r} not found; this server serves {ids}", 404, "model_not_found")
-
-    def find(self, name: str) -> ServedModel:
-        e = self._find(name)
-        return ServedModel(e.info.model_id, self._names(self._engines.index(e), e), True, True)
-
-    def serving(self) -> list[RemoteEngine]:
-        return list(self._engines)
-
-    def engine(self, name: str) -> RemoteEngine:
-        return self._find(name)
-
-    async def aengine(self, name: str) -> RemoteEngine:
-        return self._find(name)
-
-    def forget(self, owner: str) -> None:
-        for e in self._engines:
-            e.forget(owner)
-
-    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
-        for e in self._engines:
-            e.forget_conversation(owner, messages)
-
-    def halt(self) -> None:
-        for e in self._engines:
-            e.halt()
-
-    def stop(self) -> None:
-        for e in self._engines:
-            e.stop()
-
-
-def connect_engines(urls: list[str], key: str | None) -> RemoteEngines:
-    """The engines at `urls`, each asked what it serves; StartError (one line) for one that
-    cannot serve, or two that serve the same model (put a router in front of those)."""
-    engines: list[RemoteEngine] = []
-    try:
-        for url in urls:
-            e = RemoteEngine.connect(url, key)
-            engines.append(e)
-            twin = next((o for o in engines[:-1] if o.info.model_id == e.info.model_id), None)
-            if twin is not None:
-                raise StartError(
-                    f"{twin.url} and {e.url} both serve {e.info.model_id!r}: put a router in front of "
-                    "workers of one model (smg: see the README) and give its URL once"
-                )
-    except StartError:
-        for e in engines:
-            e.stop()
-        raise
-    return RemoteEngines(engines)

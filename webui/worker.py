@@ -5,8 +5,10 @@ webui/remote_engine.py) keeps those and sends engine work here through the seam'
 under /engine/ (info, stats, submit, cancel, tokenize, count_tokens, forget,
 forget_conversation), as webui/engine_wire.py writes them. `submit` answers with the
 request's events as newline-delimited JSON; a client that disconnects cancels its request.
-The owner a request carries (its cache namespace and fair share) is the front end's word,
-so every /engine/ call needs the service key (`--service-key` or RADIXCHAT_SERVICE_KEY,
+`POST /generate` is `submit` again for a front end behind a router (SGLang's smg forwards
+that route, SGLang's own, and not /engine/*): the same request under `radixchat` in the body,
+the same stream. The owner a request carries (its cache namespace and fair share) is the
+front end's word, so every /engine/ call and /generate need the service key (`--service-key` or RADIXCHAT_SERVICE_KEY,
 compared in constant time; a 401 in OpenAI's shape without it): without it nobody can
 claim an owner. `GET /health` and `GET /v1/models` stay open, for a router (SGLang's smg)
 that registers and probes workers; they say only the model's name and whether it serves.
@@ -32,7 +34,7 @@ from radixchat.core.config import Settings
 from radixchat.core.engine.requests import ChatRequest, RequestError, TextDelta
 from radixchat.core.engine.seam import EngineClient
 from radixchat.webui.api.errors import ApiError, BodyLimit, error_response, install_error_handlers
-from radixchat.webui.engine_wire import control_line, event_line, request_of
+from radixchat.webui.engine_wire import ROUTED_PATH, control_line, event_line, request_of, routed_request_of
 
 PING_S = 2.0  # a quiet stream says it is alive this often: the front end tells a hung worker by silence
 
@@ -51,7 +53,7 @@ def build_worker(engine: EngineClient, key: str | None, max_body: int = 4 << 20)
     """The worker's app over `engine`; `key` None only for --no-auth on loopback."""
     app = FastAPI(title="radixchat worker", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=max_body, prefixes=("/engine/",))
+    app.add_middleware(BodyLimit, limit=max_body, prefixes=("/engine/", ROUTED_PATH))
 
     def authorized(request: Request) -> None:
         given = presented_key(request)
@@ -73,6 +75,11 @@ def build_worker(engine: EngineClient, key: str | None, max_body: int = 4 << 20)
             "data": [{"id": m.model_id, "object": "model", "created": m.created, "owned_by": "radixchat"}],
         }
 
+    @app.post(ROUTED_PATH, dependencies=[Depends(authorized)])
+    async def routed_submit(request: Request):
+        # what a router forwards: smg keeps the body's fields and adds its own beside them
+        return await _submit(engine, request, routed_request_of)
+
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, dependencies=[Depends(authorized)])
     _engine_routes(api, engine)
     install_error_handlers(api)
@@ -82,6 +89,17 @@ def build_worker(engine: EngineClient, key: str | None, max_body: int = 4 << 20)
 
 def _refusal(e: RequestError) -> JSONResponse:
     return error_response(e.status, e.message, code=e.code)
+
+
+async def _submit(engine: EngineClient, request: Request, parse) -> JSONResponse | StreamingResponse:
+    try:
+        req = parse(await request.json())
+        handle = await engine.asubmit(req)
+    except RequestError as e:
+        return _refusal(e)
+    except ValueError as e:  # a body that is not a request (pydantic's errors are ValueErrors)
+        return error_response(400, f"not an engine request: {e}", code="invalid_value")
+    return StreamingResponse(_events(handle), media_type="application/x-ndjson")
 
 
 def _engine_routes(api: FastAPI, engine: EngineClient) -> None:
@@ -95,14 +113,7 @@ def _engine_routes(api: FastAPI, engine: EngineClient) -> None:
 
     @api.post("/submit")
     async def submit(request: Request):
-        try:
-            req = request_of(await request.json())
-            handle = await engine.asubmit(req)
-        except RequestError as e:
-            return _refusal(e)
-        except ValueError as e:  # a body that is not a request (pydantic's errors are ValueErrors)
-            return error_response(400, f"not an engine request: {e}", code="invalid_value")
-        return StreamingResponse(_events(handle), media_type="application/x-ndjson")
+        return await _submit(engine, request, request_of)
 
     @api.post("/cancel/{request_id}")
     def cancel(request_id: str):
