@@ -17,7 +17,11 @@ class Req:
     tag: str = field(default="")
 
 
-def run(waiting, running=(), *, max_batch=4, max_prefill=8, room=1000, blocked=lambda a, p: False):
+def total(rows):
+    return sum(a.size for a in rows)
+
+
+def run(waiting, running=(), *, max_batch=4, max_prefill=8, room=1000, blocked=lambda a, p: False, cost=total):
     fair = FairQueue()
     for r in running:
         fair.push(r)
@@ -30,7 +34,7 @@ def run(waiting, running=(), *, max_batch=4, max_prefill=8, room=1000, blocked=l
         max_batch=max_batch,
         max_prefill_batch=max_prefill,
         room=room,
-        need=lambda a: a.size,
+        cost=cost,
         blocked=blocked,
     ), fair
 
@@ -82,3 +86,15 @@ def test_blocked_requests_stay_queued():
     a, b = Req("alice", tag="a"), Req("bob", tag="b")
     picked, fair = run([a, b], blocked=lambda r, p: r.tag == "a")
     assert picked == [b] and len(fair) == 1
+
+
+def test_room_is_what_the_whole_batch_costs_so_a_row_pays_for_its_padding():
+    def padded(rows):  # every row as long as the longest, as the decoding batch lays them out
+        return len(rows) * max(a.size for a in rows)
+
+    running = [Req("alice", size=400)]
+    waiting = [Req("bob", size=10, tag="b1"), Req("carol", size=10, tag="c1"), Req("dave", size=10, tag="d1")]
+    picked, _ = run(waiting, running, room=1000, cost=padded)
+    assert [p.tag for p in picked] == ["b1"]  # 2 x 400 fits; a third row of 400 would not
+    picked, _ = run(waiting, running, room=1000)
+    assert len(picked) == 3  # by the rows' own sizes all three fit

@@ -14,6 +14,7 @@ from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from radixchat.core.cache import offset_guard
+from radixchat.core.cache.layout import layout_tokens, spare_bound
 from radixchat.core.cache.slots import SlotKVCache, swap_order
 from radixchat.core.engine.stepper import BudgetedBatchGenerator
 
@@ -97,6 +98,23 @@ def test_a_join_and_a_leave_write_only_the_rows_that_move():
     slot.filter(swap_order([0, 1, 3, 4, 5, 6, 7, 8, 9]))
     changed = mx.any(slot._k != before, axis=(1, 2, 3)).tolist()
     assert changed == [i == 2 for i in range(cap)]
+
+
+def test_rows_that_leave_give_their_memory_back_and_attention_is_unchanged():
+    rng = random.Random(1)
+    first = [single(rng, 600) for _ in range(8)] + [single(rng, 2000)]
+    lib, slot = BatchKVCache.merge(first), SlotKVCache.merge(first)
+    peak = slot._k.shape[0] * slot._k.shape[2]
+    for keep in ([0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2], [0]):  # the long row leaves, then most others
+        order = swap_order(keep)
+        lib.filter(mx.array(order))
+        slot.filter(order)
+        held = slot._k.shape[0] * slot._k.shape[2]  # token slots of the buffers, spare room and all
+        assert held <= spare_bound(layout_tokens(len(keep), slot._idx), len(keep)), (keep, held)
+        assert rows(lib) == rows(slot)
+        k = mx.array([[[[rng.random() for _ in range(D)]] for _ in range(H)] for _ in range(len(keep))])
+        assert mx.allclose(decode(lib, k * 2 - 1, k), decode(slot, k * 2 - 1, k), atol=1e-6).item()
+    assert held * 8 < peak  # one row of 600 holds a fraction of what nine rows of 2000 did
 
 
 def test_a_captured_offset_keeps_its_value():

@@ -114,6 +114,35 @@ def test_a_newcomer_is_not_held_behind_long_replies_that_fill_the_batch(tiny_mod
         eng.stop()
 
 
+def test_a_long_row_among_short_ones_pays_for_its_padding(roomy, tiny_model_dir):
+    """The decoding batch pads every row to the longest: its room counts that, not only each
+    row's own tokens, and greedy text is the same as alone."""
+    long = list(range(40, 190))  # 150 tokens beside short rows of 20
+    prompts = [long, *PROMPTS[:4]]
+    alone = [texts(roomy, [p])[0] for p in prompts]
+    eng = tight(tiny_model_dir, 3.0)  # by their own tokens the long one and two short ones fit
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            held = [len(a.prompt) + a.generated for a in list(eng._by_uid.values())]
+            peak[0] = max(peak[0], len(held) * max(held, default=0))
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        together = texts(eng, prompts)
+    finally:
+        done.set()
+        watcher.join()
+        room = eng.stats().batch_tokens
+        eng.stop()
+    assert together == alone
+    # every row as long as the longest stayed within the room, but for one step's growth
+    assert 0 < peak[0] <= room + len(prompts), (peak[0], room)
+
+
 def test_a_preempted_request_cancelled_while_it_waits_ends_with_its_text_so_far(tiny_model_dir):
     eng = tight(tiny_model_dir, 2.0, max_tokens=4096)
     try:

@@ -84,7 +84,7 @@ def test_a_small_models_batch_caps_what_is_stated_beyond_the_budget():
     """A model whose whole batch at the whole context is smaller than the measured share of
     the budget cannot take that share: the statement is capped by the batch's geometry."""
     settings = Settings(cache_bytes="4GiB", max_batch=32)
-    tiny = batch_geometry(32, 2048, 4096)  # 512 MiB: far below 4.5 x 4 GiB
+    tiny = batch_geometry(32, 2048, 4096)  # 1.5 GiB: far below the measured share of 4 GiB
     assert arrays_beyond(4 << 30, 0, tiny) == tiny < arrays_beyond(4 << 30, 0)
     total = sizes(process_memory(20 * MiB, 4096, 2048, 4096, settings))[0]
     assert total < 8 * 1024  # MiB: not the 20+ GB of the measured share alone

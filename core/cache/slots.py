@@ -17,8 +17,15 @@ the survivors. On SmolLM2 at 32 rows of ~400 tokens that is ~0.11 s each way aga
 - a leaving row is replaced by the last row (the generator is told to order its own lists
   the same way: `swap_order`), and the window's common left padding is dropped by moving
   `t0`, never by copying;
-- buffers grow by half again in rows or by `step` columns, copying once, as the library
-  grows, and give rows back when a re-lay finds them three-quarters empty.
+- buffers grow by half again in rows, and in columns by a quarter of the window (a
+  `GRAIN` at least, the library's `step` of 256 at most: core.cache.layout.growth), copying
+  once, so a batch of short rows does not carry 256 spare columns each; they give the room back when rows leave: a re-lay when half the rows are empty or
+  the dead columns before the window outgrow it (`_spare_room`).
+
+What the buffers hold follows the live rows, not the batch's history: under twice the rows
+and 2.25 times the columns the live rows take, each padded to the longest (core.cache.layout,
+whose arithmetic the engine admits and preempts by, so a row pays for the padding it is
+given, not only for its own tokens).
 
 What a row's padding covers can be another request's stale K/V or zeros; the mask hides it
 (the same boolean mask as the library's), and `extend` writes zeros there for a new row.
@@ -39,6 +46,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from radixchat.core.cache.layout import GRAIN, growth
 
 
 def swap_order(keep: list[int]) -> list[int]:
@@ -94,16 +103,16 @@ class SlotKVCache(BatchKVCache):
 
     def _relay(self, rows: int, left: int, extra: int, src=None) -> None:
         """New buffers with room for `rows` rows, `left` dead columns before the window and
-        `extra` after it, rounded up to `step`; the live window is copied across."""
+        `extra` after it, rounded up to `GRAIN`; the live window is copied across."""
         k, v = src if src is not None else (self.keys, self.values)
         b, h, _, dk = k.shape
         dv = v.shape[3]
         cap_rows = self._k.shape[0] if src is None else b
         if rows > cap_rows:  # half again: a batch filling up re-lays its rows a few times only
-            cap_rows = max(rows, cap_rows * 3 // 2, 4)
-        elif 4 * rows <= cap_rows:  # mostly empty after a burst: give the memory back
-            cap_rows = max(2 * rows, 4)
-        width = -(-(left + self._idx + extra) // self.step) * self.step
+            cap_rows = max(rows, cap_rows * 3 // 2, 2)
+        elif 2 * rows <= cap_rows:  # half empty after a burst: give the memory back
+            cap_rows = max(rows * 3 // 2, 2)
+        width = -(-(left + self._idx + extra) // GRAIN) * GRAIN
         nk = mx.zeros((cap_rows, h, width, dk), k.dtype)
         nv = mx.zeros((cap_rows, h, width, dv), v.dtype)
         self._k, self._v = nk, nv
@@ -125,7 +134,7 @@ class SlotKVCache(BatchKVCache):
             self._rows = b
             self._views()
         if self._end + n > self._k.shape[2]:
-            self._relay(rows=self._rows, left=0, extra=n + self.step)
+            self._relay(rows=self._rows, left=0, extra=n + growth(self._idx + n))
         self.keys = self.values = None  # see _write; keys and values are the model's, not views of ours
         self._k[: self._rows, :, self._end : self._end + n, :] = keys
         self._v[: self._rows, :, self._end : self._end + n, :] = values
@@ -181,6 +190,18 @@ class SlotKVCache(BatchKVCache):
                 self.left_padding = self.left_padding - drop
         if self._k is not None:
             self._views()
+            self._spare_room()
+
+    def _spare_room(self) -> None:
+        """Give memory back once the rows that left make the buffers mostly spare: a re-lay
+        when half the rows or less are live, or when more dead columns lie before the window
+        than it holds. Both need a third of the rows or half the window gone since the last
+        re-lay, so the copies stay a constant share of the work, as the growth's do."""
+        if not self._rows:
+            return
+        cap = self._k.shape[0]
+        if (cap > 2 and 2 * self._rows <= cap) or self.t0 > self._idx + GRAIN:
+            self._relay(rows=self._rows, left=0, extra=growth(self._idx))
 
     def extend(self, other):
         """Append `other`'s rows (a library cache or another slot cache), right-aligned at
@@ -202,7 +223,7 @@ class SlotKVCache(BatchKVCache):
         grow = max(0, other._idx - self._idx)
         if grow:
             if self.t0 < grow or self._rows + b > self._k.shape[0]:
-                self._relay(rows=self._rows + b, left=grow, extra=self.step)
+                self._relay(rows=self._rows + b, left=grow, extra=growth(self._idx + grow))
             self.t0 -= grow
             self._idx += grow
             self.left_padding = self.left_padding + grow

@@ -8,8 +8,9 @@ writes the engine, the generator or the cache, so the policy is tested on plain 
 (least-served owner first, core.engine.fairness) decides whose turn it is; this module
 decides how many fit.
 
-The batch is sized by memory: a request is admitted by the K/V it holds now and a few steps'
-growth (`need`, core.engine.preempt), within `BATCH_SHARE` of the K/V budget; when the
+The batch is sized by memory: a request is admitted by the K/V the batch's buffers would
+take with it (`cost`, core.engine.preempt: every row padded to the longest, with a few
+steps' growth), within `BATCH_SHARE` of the K/V budget; when the
 batch outgrows it, the engine preempts (core.engine.preempt). Prefill is shared by owner:
 the generator prefills what it is handed together, so each owner may have only a share of
 the prompts in prefill, and an owner with none there always gets one in at once (the engine
@@ -46,13 +47,14 @@ def choose(
     max_batch: int,
     max_prefill_batch: int,
     room: int,
-    need: Callable[[Active], int],
+    cost: Callable[[list[Active]], int],
     blocked: Callable[[Active, list[Active]], bool],
     prefer: Callable[[Active], int] | None = None,
 ) -> list[Active]:
     """Take from `fair` the requests to admit now (least-served owner first).
 
-    `room` is the K/V bytes the batch may hold, `need(a)` what `a` sets aside, `blocked(a,
+    `room` is the K/V bytes the batch may hold, `cost(rows)` what a batch of `rows` sets
+    aside (not a sum over rows: a row pays for its padding to the longest), `blocked(a,
     picked)` whether `a` must wait (for a shared prefix being prefilled, or read back from
     disk) beside the already `picked`, `prefer(a)` its rank among one owner's requests
     (cache-aware: the longest cached prefix first).
@@ -73,11 +75,10 @@ def choose(
     prefill_share = max(1, max_prefill_batch // max(1, len(fair.load)))
     if prefilling.total() >= max_prefill_batch and all(prefilling[o] for o in fair.owners()):
         return []  # the common turn under a flood: nothing can go in, asked at no cost
-    room -= sum(need(a) for a in running)
 
     def no_room(a: Active, picked: list[Active]) -> bool:
         # one request alone always runs, however long
-        return need(a) + sum(need(p) for p in picked) > room and bool(running or picked)
+        return cost([*running, *picked, a]) > room and bool(running or picked)
 
     def no_prefill(a: Active, picked: list[Active]) -> bool:
         mine = prefilling[a.owner] + sum(p.owner == a.owner for p in picked)

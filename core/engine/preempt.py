@@ -1,9 +1,12 @@
 """Room in the running batch by what it holds, and preemption when it runs out.
 
-The batch is admitted by the K/V its requests hold now (`_need`: prompt, tokens generated so
-far and a few steps' growth), not by what a whole reply could take, so eleven requests asking
-for 7,000 tokens each no longer set aside a batch that their replies may never fill. Growth
-is paid for by preemption, as vLLM's scheduler does, in two cases:
+The batch is admitted by the K/V its requests hold now (prompt, tokens generated so far and a
+few steps' growth), not by what a whole reply could take, so eleven requests asking for 7,000
+tokens each no longer set aside a batch that their replies may never fill. What a row holds
+is what the decoding batch's buffers give it: every row is padded to the longest
+(`_batch_tokens`, core.cache.layout), so one long conversation among short ones
+costs as many rows of its length, and the batch's real buffers, not only its tokens, stay
+within the room. Growth is paid for by preemption, as vLLM's scheduler does, in two cases:
 
 - the batch would outgrow its room in the next step (`_make_room`, before every step);
 - a waiting request cannot fit while it is owed room: its owner holds less than a fair
@@ -29,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+from radixchat.core.cache.layout import layout_tokens
 from radixchat.core.engine import admission
 from radixchat.core.engine.active import Active
 
@@ -47,8 +51,13 @@ class Preempt:
         """Tokens of K/V `a` holds in the batch (or will, once admitted)."""
         return len(a.prompt) + a.generated
 
-    def _need(self, a: Active) -> int:
-        return (self._held(a) + HEADROOM) * self.kv_bytes_per_token
+    def _batch_tokens(self, rows: list[Active], growth: int) -> int:
+        """Token slots the decoding batch's buffers take for `rows`, each `growth` tokens on."""
+        return layout_tokens(len(rows), max((self._held(a) for a in rows), default=0) + growth)
+
+    def _cost(self, rows: list[Active]) -> int:
+        """K/V bytes the batch sets aside for `rows` (admission's measure)."""
+        return self._batch_tokens(rows, HEADROOM) * self.kv_bytes_per_token
 
     def _growth(self) -> int:
         """Tokens one step adds to a row: one, or one and its drafts."""
@@ -62,12 +71,11 @@ class Preempt:
             return
         room = self.batch_room() // bpt
         rows = list(self._by_uid.values())
-        used = sum(self._held(a) for a in rows) + len(rows) * self._growth()
-        while used > room and len(rows) > 1:
+        growth = self._growth()
+        while self._batch_tokens(rows, growth) > room and len(rows) > 1:
             victim = self._victim(rows)
             if victim is None:
                 return
-            used -= self._held(victim) + self._growth()
             rows.remove(victim)
             self._preempt(victim)
 
@@ -87,7 +95,7 @@ class Preempt:
         want = self._held(head) + HEADROOM
         if held[head.owner] + want > share:
             return  # at their share: they wait for room like anyone
-        while sum(held.values()) + want > room:
+        while self._batch_tokens([*rows, head], HEADROOM) > room:
             over = [a for a in rows if a.owner != head.owner and held[a.owner] > share]
             victim = self._victim(over)
             if victim is None:

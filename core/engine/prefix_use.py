@@ -59,10 +59,10 @@ class PrefixUse:
         sharded rank 0 sends the others: they count theirs at another moment)."""
         if self.prefix is None or a.owner in self._forgotten:  # a removed user's: never again
             return None
-        # the running batch shares the budget with the tree; requests still waiting in the
-        # fair queue hold no K/V yet
+        # the running batch shares the budget with the tree, as its buffers lay it out (each
+        # row padded to the longest); requests still waiting in the fair queue hold no K/V yet
         if live is None:
-            live = sum(len(b.prompt) + b.generated for b in self._by_uid.values())
+            live = self._batch_tokens(list(self._by_uid.values()), 0)
         self.prefix.reserve(live * self.prefix.bytes_per_token)
         if self.prefix.disk is not None:  # its files name the owner, not this process's number
             self.prefix.disk.note_owner(self.scope.tag(a.owner), a.owner)

@@ -28,7 +28,9 @@ import gc
 import re
 from pathlib import Path
 
+from radixchat.core.cache.layout import layout_tokens, spare_bound
 from radixchat.core.config import Settings, mlx_cache_limit
+from radixchat.core.engine.admission import over_cap
 
 # Measured by `python -m loadtests.bench_memory` (SmolLM2-135M float32, 32 users, --cache-bytes
 # 512MiB, 2-core Linux, nine runs). MLX's arrays peaked 1.8-2.3 GB above the weights and the
@@ -63,15 +65,17 @@ def step_activations(vocab_size: int, step_tokens: int, max_batch: int) -> int:
 def arrays_beyond(kv_budget: int, step_bound: int, batch_bytes: int | None = None) -> int:
     """MLX's arrays beyond the weights and the K/V budget, as measured (ARRAYS_OVER_KV), and
     one step's logits. `batch_bytes` (`batch_geometry`) caps the first: the decoding batch's
-    buffers cannot outgrow every row at the whole context, twice (a copy while re-laid)."""
+    buffers cannot outgrow every row at the whole context with their spare room."""
     measured = int(ARRAYS_OVER_KV * kv_budget)
     return (measured if batch_bytes is None else min(measured, batch_bytes)) + step_bound
 
 
 def batch_geometry(max_batch: int, context_length: int, kv_bytes_per_token: int) -> int:
-    """The most the decoding batch's K/V buffers can take: every row at the whole context,
-    and a copy of them while the batch is re-laid."""
-    return 2 * max_batch * context_length * kv_bytes_per_token
+    """The most the decoding batch's K/V buffers can take: as many rows as admission lets in
+    (over the cap for owners below their share), every one at the whole context, with the
+    spare room the buffers keep (core.cache.layout.spare_bound)."""
+    rows = over_cap(max_batch)
+    return spare_bound(layout_tokens(rows, context_length), rows) * kv_bytes_per_token
 
 
 def process_bound(weights: int, kv_budget: int, beyond: int, cache_limit: int) -> list[tuple[str, int]]:
