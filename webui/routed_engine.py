@@ -142,7 +142,7 @@ class RoutedEngine(RemoteEngine):
             message, code = str(err["message"]), err.get("code")
         except (ValueError, KeyError, TypeError):
             message, code = "", None
-        if status == 503 or code in NO_WORKER_CODES:
+        if status >= 500 or code in NO_WORKER_CODES:  # smg's: none left, or the one it chose is gone
             return RequestError(
                 f"no worker behind the router at {self.url} is serving now ({message or status}); retry shortly",
                 503,
