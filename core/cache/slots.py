@@ -120,6 +120,9 @@ class SlotKVCache(BatchKVCache):
         self._holes = {r: [c + shift for c in cols] for r, cols in self._holes.items()}
         if self._idx:
             self._write((slice(0, b), slice(None), slice(left, left + self._idx)), k, v)
+            # copied now, so this layer's old buffers go before the next layer's are re-laid:
+            # left to the step's eval, every layer's old and new buffers were alive at once
+            mx.eval(self._k, self._v)
         self.t0, self._end = left, left + self._idx
         self._views()
 
