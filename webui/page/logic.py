@@ -26,8 +26,9 @@ from radixchat.core.engine.models import as_engines
 from radixchat.core.store import Store
 from radixchat.webui.page.chats import LOCAL_USER, Chats
 from radixchat.webui.page.errors import PageError
+from radixchat.webui.page.live import LiveReply
 from radixchat.webui.page.model_pick import ModelPick
-from radixchat.webui.page.replies import Replies, Running, title_from
+from radixchat.webui.page.replies import Replies, title_from
 from radixchat.webui.page.rows import chat_rows, row, visible_turns
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class ChatPage(Chats, Replies, ModelPick):
         self.engine, self.store, self.metrics = self.engines.default, store, metrics  # engine: the first model's
         self.signed_in = signed_in  # False with --no-auth: everyone is the one local user
         self.default_max_tokens = default_max_tokens
-        self.running: dict[int, Running] = {}  # conversation id -> its reply being written
+        self.running: dict[int, LiveReply] = {}  # conversation id -> its reply being written
         self._claiming = threading.Lock()  # a new chat's conversation is picked and taken at once
         # the page's writes: a write handed here finishes even if the page (or its event
         # loop) is gone by then, and a RequestEnd can hand one over from the engine thread

@@ -6,27 +6,33 @@ threads; the chats it writes in are webui/page/chats.py's. A reply streams from 
 its chat's model (webui/page/model_pick.py: the chat's own while served, else the first; a new
 chat's is the one picked for it), sampled with the top-p that model's card recommends;
 it is stored with its request metrics when it ends, finished, stopped or failed, exactly
-once, also when the page goes away mid-stream or while it is being stored: the page hands
-that to a RequestEnd (webui/request_end.py) the moment the engine takes the request. Per
+once. A reply is the server's, not a tab's: its writing runs as a task of its own
+(webui/page/live.py), from the request to its stored end, and the tab that sent it only
+watches it, as a tab that opens its chat meanwhile does (`live`); a tab that goes away (a
+reload, a closed tab) leaves it running to its end or to Stop, which any tab of its user may
+press. Its end is handed to a RequestEnd (webui/request_end.py) the moment the engine takes
+the request, so it is stored once even if the event loop closes mid-stream. Per
 message the page reads the store once, before the reply, and writes the message and the
 reply; what the chat area shows meanwhile and afterwards is built from what it already holds
 (webui/page/rows.py). Stop cancels the request in the engine. Regenerate writes another
 answer to the last message, and a message edited and sent again is a new version of it
 (`reply(edit=)`); either way the new version is shown, and the older ones stay.
 
-Threads: `reply` runs on the event loop and sends reads and writes to worker threads; the
-page's writes run on its own two threads, so they finish even if the page is gone by then;
-`stop` and `writing` run where the page calls them. No MLX, no Gradio.
+Threads: a reply's writing and its watchers run on the event loop and send reads and writes
+to worker threads; the page's writes run on its own two threads, so they finish even if the
+page is gone by then; `stop`, `writing` and `live` run where the page calls them. No MLX, no
+Gradio.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -44,6 +50,7 @@ from radixchat.core.store import (
     User,
 )
 from radixchat.webui.page.errors import PageError, check_text, guard, refusal
+from radixchat.webui.page.live import LiveReply, start
 from radixchat.webui.page.rows import chat_rows, row, visible_turns
 from radixchat.webui.request_end import RequestEnd
 
@@ -51,21 +58,24 @@ if TYPE_CHECKING:
     from radixchat.core.engine.handle import RequestHandle
     from radixchat.core.engine.seam import EngineClient
 
+log = logging.getLogger("radixchat.page")
+
 TITLE_CHARS = 40  # a new chat is named after the start of its first message
 STREAM_EVERY_S = 0.05  # at most this often a streaming reply is sent to the browser
 
 
-@dataclass
-class Running:
-    """A reply being written in a chat: who asked, its engine handle, the text so far.
-    Registered before anything is awaited, so a chat writes one reply at a time."""
+@dataclass(frozen=True)
+class Asked:
+    """What a send asked for (`reply`'s arguments), handed to the reply's writing."""
 
-    user_id: int
-    handle: RequestHandle | None = None  # set once the engine took the request
-    live: bool = False  # the user's message is stored: the chat shows this reply
-    stopping: bool = False  # Stop was pressed (maybe before the engine had the request)
-    text: str = ""
-    started: float = field(default_factory=time.time)
+    text: str | None
+    temperature: float
+    max_tokens: int | None
+    regenerate: bool
+    edit: int | None
+    system_prompt: str
+    started: Callable[[int], None] | None
+    model: str | None
 
 
 def prompt_of(conv: Conversation, turns: list[Message]) -> list[dict]:
@@ -151,25 +161,42 @@ class Replies:
     ) -> AsyncIterator[list[dict]]:
         """Send `text` (or, with regenerate, answer the last message again) and stream the
         reply: yields what the chat area shows, first at once, then as text arrives, last
-        with the figures. Raises PageError when refused (nothing is stored then). The
-        reply is stored when it ends, once, also when the page goes away mid-stream.
+        with the figures. Raises PageError when refused (nothing is stored then).
+        The reply is the server's (`_write`, started here): leaving this stream (the page
+        went away) leaves it running; it is stored when it ends, once, watched or not.
         With `edit` (one of the user's messages in view), `text` is a new version of it: the
         model sees the turns before it, then `text`; what followed the old version stays with it.
 
         `conv_id` None is a new chat: the message starts a conversation (`new_chat`, with
         `system_prompt` and `model`), whose id `started` is told before anything else happens
         there. The reply is written by the chat's model (`model_of`), loaded now if it is not."""
-        conv_id, run = await self._take(user, conv_id, text, regenerate, edit, system_prompt, model, started)
+        run = LiveReply(user.id)
+        ask = Asked(text, temperature, max_tokens, regenerate, edit, system_prompt, started, model)
+        start(self._write(run, user, conv_id, ask))
+        async for rows in run.watch():
+            yield rows
+
+    def live(self, user: User, conv_id: int | None) -> LiveReply | None:
+        """The reply being written in this chat of the user's, for another tab to watch; None
+        when there is none, or the chat is someone else's."""
+        run = self.running.get(conv_id) if conv_id is not None else None
+        return run if run is not None and run.user_id == user.id else None
+
+    async def _write(self, run: LiveReply, user: User, conv_id: int | None, ask: Asked) -> None:
+        """A reply's whole life, as a task no tab owns (live.py's `start`): the chat taken, the
+        request, the user's message stored, the stream, the end stored; what the chat area
+        shows on the way, and the end, go to `run`'s watchers. A refusal ends `run` with it."""
         end: RequestEnd[tuple[Message, RequestFigures]] | None = None
         question: Future[Message] | None = None  # the user's message, being stored
         try:
+            conv_id = await self._take(user, conv_id, ask, run)
             conv, branch, figures = await asyncio.to_thread(guard, self._tab, user, conv_id)
-            turns, messages, answered = prompt_for(conv, branch, text, regenerate=regenerate, edit=edit)
+            turns, messages, answered = prompt_for(conv, branch, ask.text, regenerate=ask.regenerate, edit=ask.edit)
             engine = await self.engine_for(self.model_of(conv))
-            handle = run.handle = await self._submit(user, engine, messages, temperature, max_tokens)
+            handle = run.handle = await self._submit(user, engine, messages, ask.temperature, ask.max_tokens)
             # the reply answers the message the model saw last; a question's id is known once
             # it is stored, which is before the reply is (RequestEnd keeps a reply only then)
-            answers = (lambda: answered) if regenerate else (lambda: question.result().id)
+            answers = (lambda: answered) if ask.regenerate else (lambda: question.result().id)
             served_by = engine.info.model_id
             end = RequestEnd(
                 handle,
@@ -181,48 +208,53 @@ class Replies:
             )
             if run.stopping:
                 handle.cancel()
-            if not regenerate:
-                question = self._ask(user, conv, branch, turns, text, edit)
+            if not ask.regenerate:
+                question = self._ask(user, conv, branch, turns, ask.text, ask.edit)
                 branch = branch.grow(await stored(question))
             run.live = True
             shown = chat_rows(branch, figures, streaming="")
-            yield shown
-            final, last = None, time.monotonic()
-            async for ev in handle:
-                if isinstance(ev, TextDelta):
-                    run.text += ev.text
-                    if time.monotonic() - last >= STREAM_EVERY_S:
-                        last = time.monotonic()
-                        yield shown[:-1] + [row("assistant", run.text, streaming=True)]
-                else:
-                    final = ev
+            run.show(shown)
+            final = await self._stream(run, handle, shown)
             branch = await self._ended(end, question, run, conv_id, branch, figures)
-            yield chat_rows(branch, figures)
-            if isinstance(final, Failed):
-                raise PageError(f"The reply failed: {final.message}. What it wrote so far is kept.")
+            failed = isinstance(final, Failed)
+            why = PageError(f"The reply failed: {final.message}. What it wrote so far is kept.") if failed else None
+            run.end(chat_rows(branch, figures), why)
+        except PageError as e:
+            run.end(error=e)
+        except asyncio.CancelledError:  # the event loop is closing: what was written is stored
+            run.end(error=PageError("The server stopped this reply. What it wrote so far is kept."))
+            raise
+        except Exception as e:
+            log.exception("a reply of the page failed")
+            run.end(error=e)
         finally:
+            run.end()  # never leaves a watcher waiting
             if self.running.get(conv_id) is run:
                 del self.running[conv_id]
-            if end is not None and not end.released:  # the page went away (or failed) mid-reply
+            if end is not None and not end.released:  # failed (or cancelled) mid-reply
                 run.handle.cancel()
                 self._let_go(end, question, run.text)
 
-    async def _take(
-        self,
-        user: User,
-        conv_id: int | None,
-        text: str | None,
-        regenerate: bool,
-        edit: int | None,
-        system_prompt: str,
-        model: str | None,
-        started: Callable[[int], None] | None,
-    ) -> tuple[int, Running]:
-        """The chat the reply is written in, its `Running` registered there before anything
-        is awaited in a chat the page named; a new chat is claimed (with `system_prompt` and
-        `model`), and `started` told."""
-        check_text(text, "message")
-        check_text(system_prompt, "system prompt")
+    @staticmethod
+    async def _stream(run: LiveReply, handle: RequestHandle, shown: list[dict]) -> Finished | Failed | None:
+        """The engine's events into `run`'s text, shown at most every STREAM_EVERY_S; the last event."""
+        final, last = None, time.monotonic()
+        async for ev in handle:
+            if isinstance(ev, TextDelta):
+                run.text += ev.text
+                if time.monotonic() - last >= STREAM_EVERY_S:
+                    last = time.monotonic()
+                    run.show(shown[:-1] + [row("assistant", run.text, streaming=True)])
+            else:
+                final = ev
+        return final
+
+    async def _take(self, user: User, conv_id: int | None, ask: Asked, run: LiveReply) -> int:
+        """The chat the reply is written in, `run` registered there before anything is
+        awaited in a chat the page named; a new chat is claimed (with the system prompt and
+        model asked for), and `started` told."""
+        check_text(ask.text, "message")
+        check_text(ask.system_prompt, "system prompt")
         if conv_id is not None:
             busy = self.running.get(conv_id)
             if busy is not None:  # someone else's chat is "not found", busy or not
@@ -231,19 +263,18 @@ class Replies:
                     if busy.user_id == user.id
                     else refusal(NotFound(""))
                 )
-            run = self.running[conv_id] = Running(user.id)
-            return conv_id, run
-        if regenerate:
+            self.running[conv_id] = run
+            return conv_id
+        if ask.regenerate:
             raise PageError("There is no message to answer again yet.")
-        if edit is not None:
+        if ask.edit is not None:
             raise PageError("There is no message to edit in a new chat.")
-        if not (text or "").strip():
+        if not (ask.text or "").strip():
             raise PageError("Type a message first.")
-        run = Running(user.id)
-        claim = asyncio.ensure_future(asyncio.to_thread(self._claim_new, user, system_prompt, model, run))
+        claim = asyncio.ensure_future(asyncio.to_thread(self._claim_new, user, ask.system_prompt, ask.model, run))
         try:
             conv_id = await asyncio.shield(claim)
-        except asyncio.CancelledError:  # the page went away: let go of what the claim takes
+        except asyncio.CancelledError:  # the event loop is closing: let go of what the claim takes
             claim.add_done_callback(
                 lambda f: (
                     f.cancelled()
@@ -253,11 +284,11 @@ class Replies:
                 )
             )
             raise
-        if started is not None:
-            started(conv_id)
-        return conv_id, run
+        if ask.started is not None:
+            ask.started(conv_id)
+        return conv_id
 
-    def _claim_new(self, user: User, system_prompt: str, model: str | None, run: Running) -> int:
+    def _claim_new(self, user: User, system_prompt: str, model: str | None, run: LiveReply) -> int:
         """`new_chat`, registering `run` there in the same step: two sends to new chats at once
         never share one."""
         model = self.served_name(model)  # one not served: the first model's, as for no pick
@@ -298,7 +329,7 @@ class Replies:
         self,
         end: RequestEnd,
         question: Future[Message] | None,
-        run: Running,
+        run: LiveReply,
         conv_id: int,
         branch: Branch,
         figures: dict[int, RequestFigures],

@@ -1,14 +1,17 @@
-"""Sending from the page: a message (Enter or Send), Regenerate, Stop, and the two events
-scripted clients send (`new_tab`, `respond`).
+"""Sending from the page: a message (Enter or Send), Regenerate, Stop, following a reply
+sent before (`follow_reply`), and the two events scripted clients send (`new_tab`, `respond`).
 
 A reply streams into the chat area while its chat is in view; it keeps streaming when its
-chat is left, and the chat area shows the one in view meanwhile. A message to a new chat
-carries the model picked in the browser, which the chat it makes takes. The one button reads
-Stop while a reply is being written in the chat in view. A part of the page's handlers
-(webui/page/handlers.py); which components a send's values go to is webui/page/wiring.py's
-(`replying`, in the order of `REPLYING`), the reply itself ChatPage's (webui/page/replies.py).
-Runs on the server's event loop (the sends) and Gradio's worker threads (Stop, `new_tab`).
-No MLX.
+chat is left, and the chat area shows the one in view meanwhile. The reply is the server's
+(webui/page/live.py): a send only watches it, and so does a tab whose chat comes into view
+while it is being written (a reload, a second tab, another device of the same user), which
+reads Stop until it ends; leaving stops no reply, Stop in any of them does. A message to a
+new chat carries the model picked in the browser, which the chat it makes takes. The one
+button reads Stop while a reply is being written in the chat in view. A part of the page's
+handlers (webui/page/handlers.py); which components a send's values go to is
+webui/page/wiring.py's (`replying`, in the order of `REPLYING`; `FOLLOWING`), the reply
+itself ChatPage's (webui/page/replies.py). Runs on the server's event loop (the sends,
+following) and Gradio's worker threads (Stop, `new_tab`). No MLX.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from radixchat.webui.page.view import SHOWN, STOP, PageView, View, notice, notic
 
 # what a send yields, in this order (wiring.py's `replying`)
 REPLYING = ("chatbot", "message", "conv_list", "title", "send", "current", "edit_bar")
+# what following a reply yields, in this order (wiring.py's `follow`)
+FOLLOWING = ("chatbot", "send")
 
 
 class Send:
@@ -173,6 +178,39 @@ class Sending(PageView):
         if conv_id is None or not self.chat.stop(self.who(request), int(conv_id)):
             return self.action(False)  # it ended meanwhile
         return gr.skip()
+
+    async def follow_reply(self, conv_id, stamp, label, view: View, request: gr.Request):
+        """A chat came into view (the page loaded, a chat was picked) while a reply of its user's
+        is being written there, sent from this tab or another: it streams on here to its end,
+        when the button reads Send again (outputs: `FOLLOWING`); Stop, pressed here, stops it.
+        Another user's chat shows nothing of it. A reply that ended before it was found
+        (`label`: the button read Stop for it) is shown as stored."""
+        skip = gr.skip()
+        yield skip, skip  # first: an event that yields nothing would empty its outputs
+        try:
+            user = await asyncio.to_thread(self.who, request)
+        except PageError:
+            return
+        conv_id, epoch = None if conv_id is None else int(conv_id), int(stamp or 0)
+        in_view = lambda: view.conv == conv_id and view.epoch == epoch  # noqa: E731
+        run = self.chat.live(user, conv_id)
+        if run is None:
+            if label == STOP and in_view():  # it ended between the chat's rows and now
+                yield await Send(self, user, view, epoch, "", again=True).in_view(), self.action(False)
+            return
+        reads_stop, why = None, None
+        try:
+            async for rows in run.watch():
+                if not in_view():  # another chat (or this one again, followed anew) is in view
+                    return
+                yield rows, skip if reads_stop else self.action(True)
+                reads_stop = True
+        except PageError as e:
+            why = e
+        if in_view():
+            if why is not None and reads_stop:  # a reply that failed midway, as its sender sees it
+                notice(why)
+            yield skip, self.action(self.chat.writing(user, conv_id))
 
     # Scripted clients of the page's queue (loadtests/page_user.py, tests) speak an older, shorter
     # form: `new_tab` makes a chat with a system prompt (its id is the value of the first output),

@@ -6,7 +6,9 @@ outputs, in which queue, and the browser's part of an event (Gradio's `js=`).
 webui/page/handlers.py's. Events are registered in one fixed order, the order of the page's
 API: scripted clients find an event by its handler's name. Every event is private to the
 page (no public API); the sends share one queue (`generating`) sized for the engine's batch
-and queue, and Stop stays outside it. Runs once, when the page is built; no MLX.
+and queue, and Stop stays outside it, as does following the reply being written in a chat
+that came into view (`following`: only a watcher of the server's reply). Runs once, when the
+page is built; no MLX.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from radixchat.webui.page.scripts import (
     SAVE,
     new_chat,
 )
-from radixchat.webui.page.sending import REPLYING
+from radixchat.webui.page.sending import FOLLOWING, REPLYING
 from radixchat.webui.page.view import SHOWN
 
 if TYPE_CHECKING:
@@ -39,6 +41,21 @@ if TYPE_CHECKING:
     from radixchat.webui.page.sidebar import Sidebar
 
 PRIVATE = {"api_visibility": "private"}
+
+
+def following(p: Parts, h: Handlers) -> dict:
+    """A chat that came into view follows the reply being written there, if any, to its end:
+    outside the sends' queue (it only watches), and once per view change, however many run."""
+    return {
+        "fn": h.follow_reply,
+        "inputs": [p.current, p.epoch, p.area.send, p.view],
+        "outputs": p.named(FOLLOWING),
+        "concurrency_id": "follow",
+        "concurrency_limit": None,
+        "show_progress": "hidden",
+        "trigger_mode": "multiple",
+        **PRIVATE,
+    }
 
 
 @dataclass
@@ -78,9 +95,11 @@ def wire(page: gr.Blocks, p: Parts, h: Handlers, config: Settings) -> None:
 def wire_load(page: gr.Blocks, p: Parts, h: Handlers) -> None:
     panel = p.settings
     numbers = [panel.temperature, panel.max_tokens]
-    page.load(h.on_load, [p.view], [p.header, *p.named(SHOWN)], **PRIVATE).then(
-        None, [p.header], [p.side.about], js=ABOUT, **PRIVATE
-    ).then(None, [p.header, *numbers], numbers, js=RESTORE_SETTINGS, **PRIVATE)
+    loaded = page.load(h.on_load, [p.view], [p.header, *p.named(SHOWN)], **PRIVATE)
+    loaded.then(None, [p.header], [p.side.about], js=ABOUT, **PRIVATE).then(
+        None, [p.header, *numbers], numbers, js=RESTORE_SETTINGS, **PRIVATE
+    )
+    loaded.then(**following(p, h))  # a reply being written in the chat opened streams on
     # `input`: set by the person (a restore sets them too, and needs no keeping)
     for number in numbers:
         number.input(None, [p.header, *numbers], None, js=KEEP_SETTINGS, **PRIVATE)
@@ -102,7 +121,7 @@ def wire_chats(p: Parts, h: Handlers) -> None:
     # a chat picked or "New chat": the browser changes its view at once, then the server follows
     side.conv_list.input(None, [side.conv_list, p.epoch], [p.current, p.epoch], js=PICK, **PRIVATE).then(
         h.switch, [p.current, p.epoch, side.search, p.view], view_outputs, **PRIVATE
-    )
+    ).then(**following(p, h))
     side.new.click(
         None,
         [p.epoch],
