@@ -2,7 +2,7 @@
 of them with consistent hashing on the user (X-Radixchat-User), one front end `radixchat serve
 --engine <smg URL>`, all on loopback. Greedy answers through the two hops equal a plain
 server's; each of four users' second turn finds their first cached on the worker smg sends
-them to; a worker killed mid-stream fails only the streams it had, with a message naming it
+them to; a client that leaves stops its request on the worker that ran it; a worker killed mid-stream fails only the streams it had, with a message naming it
 and stored with the request, while the other worker's finish and the next requests succeed,
 and the worker, started again, gets its users back; nobody without the service key can claim
 an owner, at the worker or through the router; a router with no healthy worker is a one-line
@@ -132,6 +132,37 @@ def test_the_owner_counts_only_with_the_service_key(routed):
         bare.stop()
     good = httpx.post(worker.url + "/generate", json=body, headers=AUTH, timeout=60)
     assert good.status_code == 200 and good.text.splitlines()[-1].startswith('{"type":"finished"'), good.text
+
+
+def test_a_client_that_leaves_stops_its_request_on_its_worker(routed):
+    """The stream goes through smg; the cancel goes to the worker smg chose, by its URL."""
+    front, key = routed["front"], routed["keys"][2]
+    body = {"model": "default", "messages": QUESTION, "max_tokens": 1900, "stream": True, "temperature": 0}
+    body["ignore_eos"] = True
+    seen, before = 0, _last_request(routed["db"])
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.stream("POST", front.url + "/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+        for line in r.iter_lines():
+            seen += line.startswith("data: {")
+            if seen == 5:
+                break  # leaves: the front end cancels the request
+    deadline = time.monotonic() + scaled(20)
+    while time.monotonic() < deadline:
+        with sqlite3.connect(f"file:{routed['db']}?mode=ro", uri=True) as con:
+            rows = con.execute(
+                "SELECT finish_reason, generated_tokens FROM requests WHERE id > ? ORDER BY id", (before,)
+            ).fetchall()
+        if rows:
+            break
+        time.sleep(0.2)
+    assert rows and rows[0][0] == "cancelled" and rows[0][1] < 1900, rows
+    for w in routed["workers"]:  # and nothing of it runs on either worker
+        assert httpx.get(w.url + "/engine/stats", headers=AUTH).json()["running"] == 0
+
+
+def _last_request(db) -> int:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        return con.execute("SELECT coalesce(max(id), 0) FROM requests").fetchone()[0]
 
 
 def _stream(front, key: str, out: dict, name: str, started: threading.Event | None = None) -> None:
