@@ -28,11 +28,13 @@ sign-out, in a worker thread, only deletes tokens: one dict operation at a time)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 import secrets
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 from starlette.datastructures import QueryParams
@@ -135,7 +137,12 @@ class SessionTokens(dict):
     the password was checked. `get`, which every Gradio route uses to find a cookie's user,
     answers only while that key is the user's current one (`store.session_current`: one
     indexed read), and forgets the token for good otherwise: a password change, a removal
-    (by the admin command, another process) or a new user of the same name signs it out."""
+    (by the admin command, another process) or a new user of the same name signs it out.
+
+    Each sign-in is kept in the store too (core.store.page_sessions), so a token this process
+    never saw, a sign-in from before a restart, is found there (`get`, once, then in memory).
+    Gradio's /logout deletes every token of the user it finds here: that ends the user's
+    kept sign-ins as well, those of other processes' days included."""
 
     def __init__(self, store, tokens: dict | None = None):
         super().__init__()
@@ -145,15 +152,35 @@ class SessionTokens(dict):
             self[token] = name
 
     def __setitem__(self, token: str, name: str) -> None:
-        key = self._store.session_key(name)
+        try:
+            key = self._store.open_page_session(name, token)
+        except StoreError:  # not kept: this sign-in lasts as long as the process
+            key = self._store.session_key(name)
         super().__setitem__(token, name)
         if key is None:  # removed since the check: never valid
             self._keys.pop(token, None)
         else:
             self._keys[token] = key
 
+    def _kept(self, token) -> str | None:
+        """The user a sign-in kept in the store names (from before a restart), now in memory."""
+        if not isinstance(token, str) or not token:
+            return None
+        found = self._store.page_session(token)
+        if found is None:
+            return None
+        name, key = found
+        super().__setitem__(token, name)
+        self._keys[token] = key
+        return name
+
     def get(self, token, default=None):
         name = super().get(token)
+        if name is None:
+            try:
+                name = self._kept(token)
+            except StoreError:  # the store cannot answer now: not signed in for this request only
+                return default
         if name is None:
             return default
         key = self._keys.get(token)
@@ -167,11 +194,21 @@ class SessionTokens(dict):
         return name
 
     def __delitem__(self, token: str) -> None:
+        """Gradio's /logout, for each of the user's tokens: every sign-in of theirs ends."""
+        name = super().get(token)
         super().__delitem__(token)
         self._keys.pop(token, None)
+        if name is not None:
+            self._store.end_page_sessions(name)
 
     def pop(self, token, *default):
+        """A sign-in found no longer valid: it alone ends."""
         self._keys.pop(token, None)
+        if isinstance(token, str):
+            try:
+                self._store.end_page_session(token)
+            except StoreError:  # it is invalid in the store as well: only its row stays
+                pass
         return super().pop(token, *default)
 
 
@@ -184,6 +221,11 @@ class GradioSide:
         self._app, self._blocks = gradio_app, blocks
         if store is not None:
             gradio_app.tokens = SessionTokens(store, gradio_app.tokens)
+            # Gradio names its sign-in cookie with a random id per process, so a cookie from
+            # before a restart would not even be read: one id per database instead (a name,
+            # not a secret; two servers of one host with their own databases still differ)
+            where = str(Path(store.path).resolve()).encode("utf-8", "surrogateescape")
+            gradio_app.cookie_id = hashlib.sha256(b"radixchat page cookie\0" + where).hexdigest()[:32]
 
     def user(self, cookies: dict[str, str]) -> str | None:
         cid = self._app.cookie_id

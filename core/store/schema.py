@@ -217,6 +217,20 @@ ALTER TABLE requests ADD COLUMN reason TEXT;
 ALTER TABLE requests ADD COLUMN param TEXT;
 """
 
+# page sign-ins that outlive the process: Gradio's token table was only in memory, so a restart
+# signed everyone out. A row names a sign-in by a hash of its cookie's token (the token itself
+# is never stored), and holds the user's session key when it was opened: a password change or a
+# removal ends it as it ends the sign-ins in memory (core.store.page_sessions).
+_V12_PAGE_SESSIONS = """
+CREATE TABLE page_sessions (
+    token_hash TEXT PRIMARY KEY,
+    user INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    session_key TEXT NOT NULL,
+    expires REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX page_sessions_by_user ON page_sessions(user);
+"""
+
 MIGRATIONS: list[str] = [
     _V1_CHAT,
     _V2_KEYS_AND_METRICS,
@@ -229,6 +243,7 @@ MIGRATIONS: list[str] = [
     _V9_CONVERSATION_MODEL,
     _V10_FRONT_END_KEYS,
     _V11_REFUSAL_ROWS,
+    _V12_PAGE_SESSIONS,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -8,7 +8,8 @@ its own module, over the connection base they share:
 - core.store.accounts: users, passwords, API keys, signing in;
 - core.store.conversations: conversations, messages and branches, links, search, deletion;
 - core.store.response_ids: the Responses API's random names of kept turns;
-- core.store.metrics: request rows, the queued metrics writer thread, `flush`, the dashboard's reads.
+- core.store.metrics: request rows, the queued metrics writer thread, `flush`, the dashboard's reads;
+- core.store.page_sessions: page sign-ins kept across restarts.
 
 Mixins rather than a Store holding parts and delegating: the topics meet inside one transaction
 (a reply and its request row are written together, a request row checks its conversation's
@@ -21,8 +22,7 @@ This module only puts them together: opening (the writer's state first, since a 
 closes the store, then the file, then removing what was deleted while no server ran) and closing
 (queued metrics written before the connections go). Not here: the schema and migrations
 (core.store.schema), hashing (core.store.auth), export and dashboard formatting
-(core.store.report), the SQL of branches (core.store.branches), sessions, cookies and HTTP
-(webui). No MLX. Called from any thread; `close` from whoever owns the store, or at exit.
+(core.store.report), the SQL of branches (core.store.branches), cookies and HTTP (webui). No MLX. Called from any thread; `close` from whoever owns the store, or at exit.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from radixchat.core.store import auth
 from radixchat.core.store.accounts import AccountsMixin
 from radixchat.core.store.conversations import ConversationsMixin
 from radixchat.core.store.metrics import MetricsMixin
+from radixchat.core.store.page_sessions import PageSessionsMixin
 from radixchat.core.store.response_ids import ResponseIdsMixin
 from radixchat.core.store.types import StoreError
 
 
-class Store(AccountsMixin, ConversationsMixin, ResponseIdsMixin, MetricsMixin):
+class Store(AccountsMixin, ConversationsMixin, ResponseIdsMixin, MetricsMixin, PageSessionsMixin):
     def __init__(
         self,
         path: str | Path,
