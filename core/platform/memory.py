@@ -7,7 +7,7 @@ them: it sets MLX's buffer-cache limit (--mlx-cache-bytes) when the engine start
 the counters after every step; any thread reads its last `figures` (the seam's
 MlxMemoryStats). `process_bound` states what the whole process will take: the weights, the
 K/V budget, MLX's arrays beyond it (the decoding batch's spare room, a step's activations: a
-measured share of the budget), MLX's buffer cache at its limit and a measured allowance for
+measured share of the budget, capped by the batch's geometry), MLX's buffer cache at its limit and a measured allowance for
 the rest (Python, Gradio, the tokenizer, glibc's arenas). `give_back_memory` asks glibc
 to return what Python and the tokenizers freed (`malloc_trim`): a process that let go of a
 model (core.engine.models unloads idle ones) would keep its size otherwise; elsewhere (macOS,
@@ -33,13 +33,13 @@ from radixchat.core.config import Settings, mlx_cache_limit
 from radixchat.core.engine.admission import over_cap
 
 # Measured by `python -m loadtests.bench_memory` (SmolLM2-135M float32, 32 users, --cache-bytes
-# 512MiB, 2-core Linux, nine runs). MLX's arrays peaked 1.8-2.3 GB above the weights and the
-# K/V budget, up to 4.3 times the budget: the decoding batch's buffers hold every row padded to
-# the longest, with spare rows and columns and a copy while they are re-laid
-# (core/cache/slots.py), which the budget, counting each row's own tokens, does not see; and a
-# step's activations rose by up to 0.7 GB. Beyond MLX's arrays and buffer cache the process
-# held 0.4-1.2 GB at its peak: Python, Gradio, the tokenizer, OpenBLAS, glibc's arenas.
-ARRAYS_OVER_KV = 4.5  # times the K/V budget, beyond it
+# 512MiB, 2-core Linux). MLX's arrays peaked 0.9-1.15 GB above the weights and the K/V budget in
+# three runs, up to 3.1 times the budget: the decoding batch's spare rows and columns (core.cache.
+# layout: the rows padded to the longest are within the budget) and a step's activations, which
+# rose by up to 0.8 GB. Before the batch was admitted by its padded rows, nine runs peaked at
+# 1.8-2.3 GB (4.3 times). Beyond MLX's arrays and buffer cache the process held 0.3-1.2 GB at
+# its peak: Python, Gradio, the tokenizer, OpenBLAS, glibc's arenas.
+ARRAYS_OVER_KV = 3.5  # times the K/V budget, beyond it
 REST_BYTES = 1200 << 20
 
 
