@@ -25,7 +25,7 @@ from radixchat.webui.page.view import SHOWN, STOP, PageView, View, notice, notic
 
 # what a send yields, in this order (wiring.py's `replying`)
 REPLYING = ("chatbot", "message", "conv_list", "title", "send", "current", "edit_bar")
-# what following a reply yields, in this order (wiring.py's `follow`)
+# what following a reply yields, in this order (wiring.py's `following`)
 FOLLOWING = ("chatbot", "send")
 
 
