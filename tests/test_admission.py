@@ -98,3 +98,15 @@ def test_room_is_what_the_whole_batch_costs_so_a_row_pays_for_its_padding():
     assert [p.tag for p in picked] == ["b1"]  # 2 x 400 fits; a third row of 400 would not
     picked, _ = run(waiting, running, room=1000)
     assert len(picked) == 3  # by the rows' own sizes all three fit
+
+
+def test_a_request_the_room_turns_away_is_not_passed_by_later_ones():
+    def padded(rows):
+        return len(rows) * max(a.size for a in rows)
+
+    running = [Req("bob", size=100)]
+    waiting = [Req("alice", size=600, tag="long"), Req("carol", size=100, tag="short")]
+    picked, fair = run(waiting, running, room=1000, cost=padded)
+    assert picked == [] and len(fair) == 2  # carol would fit, but alice's turn comes first
+    picked, _ = run(waiting, [], room=1000, cost=padded)
+    assert [p.tag for p in picked] == ["long"]  # once the batch drained, alice goes in

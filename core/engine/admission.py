@@ -75,10 +75,18 @@ def choose(
     prefill_share = max(1, max_prefill_batch // max(1, len(fair.load)))
     if prefilling.total() >= max_prefill_batch and all(prefilling[o] for o in fair.owners()):
         return []  # the common turn under a flood: nothing can go in, asked at no cost
+    full = []  # a request the room turned away this turn: nobody after it in the fair order goes in
 
     def no_room(a: Active, picked: list[Active]) -> bool:
-        # one request alone always runs, however long
-        return cost([*running, *picked, a]) > room and bool(running or picked)
+        # One request alone always runs, however long. And none is passed by the later ones
+        # for room: a long conversation, which the padding makes cost as many rows of its
+        # length, would otherwise wait for as long as short ones keep the batch busy. The
+        # batch drains until it fits, as a first-come scheduler's head of line does; those
+        # ahead of it in the fair order (the less served) still go first.
+        if full or (cost([*running, *picked, a]) > room and bool(running or picked)):
+            full.append(a)
+            return True
+        return False
 
     def no_prefill(a: Active, picked: list[Active]) -> bool:
         mine = prefilling[a.owner] + sum(p.owner == a.owner for p in picked)
