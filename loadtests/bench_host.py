@@ -145,7 +145,7 @@ def table(runs: dict[int, dict]) -> None:
         print(f"| {part} | " + " | ".join(cells) + " |")
     cells = [f"{1000 * r['wall'] / max(r['steps'], 1):.2f}" for r in runs.values()]
     print("| **step wall** | " + " | ".join(cells) + " |")
-    host = [f"{_host(r):.0%}" for r in runs.values()]
+    host = [f"{_host(r):.1%}" for r in runs.values()]
     print("| **host share (wall less MLX wait, launch and idle)** | " + " | ".join(host) + " |")
     out = [f"{r['tokens'] / r['wall']:.0f}" for r in runs.values()]
     print("| output tok/s | " + " | ".join(out) + " |")
