@@ -227,6 +227,46 @@ def test_a_killed_worker_fails_only_its_streams_and_comes_back(routed):
     assert r.status_code == 200, r.text
 
 
+def test_a_hung_worker_fails_only_its_streams_and_carries_on_when_it_wakes(routed):
+    front, router, workers = routed["front"], routed["router"], routed["workers"]
+    where = {i: worker_of(router, o) for i, o in enumerate(routed["owners"])}
+    victim = workers[1]
+    doomed = [i for i in where if where[i] == victim.url]
+    spared = [i for i in where if where[i] == workers[0].url]
+    assert doomed and spared, f"smg sent all {len(USERS)} users to one worker: {where}"
+    a, b = doomed[0], spared[0]
+    out: dict[str, str] = {}
+    started = threading.Event()
+    threads = [
+        threading.Thread(target=_stream, args=(front, routed["keys"][a], out, "doomed", started)),
+        threading.Thread(target=_stream, args=(front, routed["keys"][b], out, "spared")),
+    ]
+    for t in threads:
+        t.start()
+    assert started.wait(scaled(60)), out
+    os.killpg(victim.proc.pid, signal.SIGSTOP)  # alive, silent: a hung machine, not a dead one
+    tic = time.monotonic()
+    try:
+        for t in threads:
+            t.join(scaled(120))
+        assert not any(t.is_alive() for t in threads), "a stream hung with its worker"
+        assert time.monotonic() - tic < scaled(60)
+        assert f"the engine at {victim.url} stopped answering" in out["doomed"], out["doomed"][-2000:]
+        assert "[DONE]" in out["spared"] and '"error":' not in out["spared"], out["spared"][-2000:]
+        _stored_failure(routed["db"], victim.url)
+        r = chat(front, routed["keys"][b], QUESTION)  # the other worker's users carry on meanwhile
+        assert r.status_code == 200, r.text
+    finally:
+        os.killpg(victim.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + scaled(60)
+    while time.monotonic() < deadline:  # awake again, it serves its users as before
+        r = chat(front, routed["keys"][a], QUESTION)
+        if r.status_code == 200:
+            break
+        time.sleep(1)
+    assert r.status_code == 200, r.text
+
+
 def _stored_failure(db, url: str) -> None:
     deadline = time.monotonic() + scaled(20)
     while True:
