@@ -49,24 +49,30 @@ def texts(eng: Engine, prompts, **sampling) -> list[str]:
     return [f.text for f in finals]
 
 
-def watch_held(eng: Engine, peak: list[int], done: threading.Event) -> None:
-    while not done.is_set():
-        rows = list(eng._by_uid.values())
-        peak[0] = max(peak[0], sum(len(a.prompt) + a.generated for a in rows))
-        time.sleep(0.0005)
+def texts_watched(eng: Engine, prompts, measure=sum) -> tuple[list[str], int]:
+    """`texts` of the prompts, and the most `measure` (of the tokens each running row holds)
+    came to while they ran."""
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            held = [len(a.prompt) + a.generated for a in list(eng._by_uid.values())]
+            peak[0] = max(peak[0], measure(held))
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        return texts(eng, prompts), peak[0]
+    finally:
+        done.set()
+        watcher.join()
 
 
 def test_greedy_text_through_preemption_is_the_text_alone(roomy, two_fit):
     alone = [texts(roomy, [p])[0] for p in PROMPTS]
     before = two_fit.stats().preemptions
-    peak, done = [0], threading.Event()
-    watcher = threading.Thread(target=watch_held, args=(two_fit, peak, done))
-    watcher.start()
-    try:
-        together = texts(two_fit, PROMPTS)
-    finally:
-        done.set()
-        watcher.join()
+    together, peak = texts_watched(two_fit, PROMPTS)
     s = two_fit.stats()
     assert s.preemptions > before  # six were admitted by what they held, then outgrew the room
     scraped = Metrics(two_fit).render().decode()
@@ -74,7 +80,7 @@ def test_greedy_text_through_preemption_is_the_text_alone(roomy, two_fit):
     assert metric_value(scraped, "radixchat:num_preempted_tokens_total") == s.preempted_tokens > 0
     assert together == alone
     # what the batch held stayed within its room, but for one step's growth of each row
-    assert peak[0] <= s.batch_tokens + len(PROMPTS), (peak[0], s.batch_tokens)
+    assert peak <= s.batch_tokens + len(PROMPTS), (peak, s.batch_tokens)
 
 
 def test_a_seeded_sample_through_preemption_is_the_sample_alone(roomy, two_fit):
@@ -121,26 +127,14 @@ def test_a_long_row_among_short_ones_pays_for_its_padding(roomy, tiny_model_dir)
     prompts = [long, *PROMPTS[:4]]
     alone = [texts(roomy, [p])[0] for p in prompts]
     eng = tight(tiny_model_dir, 3.0)  # by their own tokens the long one and two short ones fit
-    peak, done = [0], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            held = [len(a.prompt) + a.generated for a in list(eng._by_uid.values())]
-            peak[0] = max(peak[0], len(held) * max(held, default=0))
-            time.sleep(0.0005)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
     try:
-        together = texts(eng, prompts)
-    finally:
-        done.set()
-        watcher.join()
+        together, peak = texts_watched(eng, prompts, lambda held: len(held) * max(held, default=0))
         room = eng.stats().batch_tokens
+    finally:
         eng.stop()
     assert together == alone
     # every row as long as the longest stayed within the room, but for one step's growth
-    assert 0 < peak[0] <= room + len(prompts), (peak[0], room)
+    assert 0 < peak <= room + len(prompts), (peak, room)
 
 
 def test_a_preempted_request_cancelled_while_it_waits_ends_with_its_text_so_far(tiny_model_dir):

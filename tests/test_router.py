@@ -185,20 +185,28 @@ def _stream(front, key: str, out: dict, name: str, started: threading.Event | No
     out[name] = got
 
 
-def test_a_killed_worker_fails_only_its_streams_and_comes_back(routed):
-    front, router, workers = routed["front"], routed["router"], routed["workers"]
-    where = {i: worker_of(router, o) for i, o in enumerate(routed["owners"])}
-    victim = workers[0]
+def _two_streams(routed, victim, other):
+    """Two users' streams, not started: one on `victim` ("doomed"), one on `other` ("spared");
+    their indexes, the dict their output goes to, the event set once the first is under way."""
+    where = {i: worker_of(routed["router"], o) for i, o in enumerate(routed["owners"])}
     doomed = [i for i in where if where[i] == victim.url]
-    spared = [i for i in where if where[i] == workers[1].url]
+    spared = [i for i in where if where[i] == other.url]
     assert doomed and spared, f"smg sent all {len(USERS)} users to one worker: {where}"
     a, b = doomed[0], spared[0]
     out: dict[str, str] = {}
     started = threading.Event()
+    front = routed["front"]
     threads = [
         threading.Thread(target=_stream, args=(front, routed["keys"][a], out, "doomed", started)),
         threading.Thread(target=_stream, args=(front, routed["keys"][b], out, "spared")),
     ]
+    return a, b, out, started, threads
+
+
+def test_a_killed_worker_fails_only_its_streams_and_comes_back(routed):
+    front, router, workers = routed["front"], routed["router"], routed["workers"]
+    victim = workers[0]
+    a, b, out, started, threads = _two_streams(routed, victim, workers[1])
     tic = time.monotonic()
     for t in threads:
         t.start()
@@ -228,19 +236,9 @@ def test_a_killed_worker_fails_only_its_streams_and_comes_back(routed):
 
 
 def test_a_hung_worker_fails_only_its_streams_and_carries_on_when_it_wakes(routed):
-    front, router, workers = routed["front"], routed["router"], routed["workers"]
-    where = {i: worker_of(router, o) for i, o in enumerate(routed["owners"])}
+    front, workers = routed["front"], routed["workers"]
     victim = workers[1]
-    doomed = [i for i in where if where[i] == victim.url]
-    spared = [i for i in where if where[i] == workers[0].url]
-    assert doomed and spared, f"smg sent all {len(USERS)} users to one worker: {where}"
-    a, b = doomed[0], spared[0]
-    out: dict[str, str] = {}
-    started = threading.Event()
-    threads = [
-        threading.Thread(target=_stream, args=(front, routed["keys"][a], out, "doomed", started)),
-        threading.Thread(target=_stream, args=(front, routed["keys"][b], out, "spared")),
-    ]
+    a, b, out, started, threads = _two_streams(routed, victim, workers[0])
     for t in threads:
         t.start()
     assert started.wait(scaled(60)), out
