@@ -45,7 +45,7 @@ def pwfile(tmp_path):
 
 def test_users_keys_lifecycle(db, pwfile):
     out = run("users", "add", "alice", "--password-file", pwfile, "--db", db)
-    assert out.returncode == 0 and out.stdout.strip() == "added user alice", out.stderr
+    assert out.returncode == 0 and out.stdout.strip() == "added user alice (admin)", out.stderr  # the first
     assert refused(run("users", "add", "alice", "--password-file", pwfile, "--db", db), "already exists")
     out = run("users", "list", "--db", db)
     assert out.returncode == 0 and out.stdout.split()[0] == "alice"
@@ -73,6 +73,18 @@ def test_users_keys_lifecycle(db, pwfile):
     assert out.returncode == 0 and "removed user alice" in out.stdout
     assert run("users", "list", "--db", db).stdout.strip() == ""
     assert refused(run("users", "remove", "alice", "--db", db), "user 'alice' not found")
+
+
+def test_users_add_admin_makes_an_admin(db, pwfile):
+    assert run("users", "add", "alice", "--password-file", pwfile, "--db", db).returncode == 0
+    out = run("users", "add", "bob", "--password-file", pwfile, "--db", db)
+    assert out.returncode == 0 and out.stdout.strip() == "added user bob", out.stderr
+    out = run("users", "add", "carol", "--admin", "--password-file", pwfile, "--db", db)
+    assert out.returncode == 0 and out.stdout.strip() == "added user carol (admin)", out.stderr
+    with Store(db, scrypt=CHEAP) as store:
+        assert [(a.name, a.admin) for a in store.accounts()] == [("alice", True), ("bob", False), ("carol", True)]
+    listed = {line.split()[0]: line for line in run("users", "list", "--db", db).stdout.splitlines()}
+    assert "admin" in listed["carol"] and "admin" not in listed["bob"]
 
 
 def test_export_json_and_markdown(db):

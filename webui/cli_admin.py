@@ -1,6 +1,6 @@
 """The admin commands of `radixchat`: users, keys and export, straight on the SQLite store.
 
-    radixchat users add NAME [--password-file F]   # else asks twice, without echo
+    radixchat users add NAME [--password-file F] [--admin]  # else asks twice, without echo
     radixchat users list | users remove NAME | users passwd NAME [--password-file F]
     radixchat keys create NAME [--label L] [--front-end]  # prints the key, once
     radixchat keys list [NAME] | keys revoke KEY    # KEY: the whole key or its listed start
@@ -38,6 +38,12 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     users = sub.add_parser("users", help="add, list or remove users").add_subparsers(dest="action", required=True)
     p = users.add_parser("add", parents=[db, pw], help="add a user")
     p.add_argument("name")
+    p.add_argument(
+        "--admin",
+        action="store_true",
+        dest="make_admin",  # `admin` is the handler's name on the parsed arguments
+        help="an admin: manages users in the page's Admin tab (the first user is one)",
+    )
     p.set_defaults(admin=cmd_users_add)
     users.add_parser("list", parents=[db], help="list users").set_defaults(admin=cmd_users_list)
     p = users.add_parser("remove", parents=[db], help="remove a user with their conversations and keys")
@@ -139,16 +145,18 @@ def cmd_users_add(args) -> int:
     password = _read_password(args)
     check_password(password)
     with _open(args) as store:
-        user = store.create_user(args.name, password)
-    print(f"added user {user.name}")
+        user = store.create_user(args.name, password, admin=args.make_admin)
+        admin = store.is_admin(user.name)
+    print(f"added user {user.name}{' (admin)' * admin}")
     return 0
 
 
 def cmd_users_list(args) -> int:
     with _open(args) as store:
-        users = store.list_users()
+        users = store.accounts()
     for u in users:
-        print(f"{u.name:<24} created {_when(u.created)}")
+        notes = "  admin" * u.admin + f"  disabled {_when(u.disabled)}" * (u.disabled is not None)
+        print(f"{u.name:<24} created {_when(u.created)}{notes}")
     if not users:
         print("no users yet: add one with `radixchat users add NAME`", file=sys.stderr)
     return 0

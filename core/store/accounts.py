@@ -6,7 +6,11 @@ request metrics stay, unlinked), making, listing and revoking keys, and checking
 a key. And a user's two random identities (schema V7): the cache key that names their prefix
 cache namespace (`User.cache_key`; a removed user's is noted in `removed_users` for the running
 server to forget, `removed_cache_keys`), and the session key a page sign-in is bound to (a new
-one on each password change: `session_key`, `session_current`). Hashing itself is
+one on each password change: `session_key`, `session_current`). And what the page's Admin tab
+manages (schema V13): who is an admin (the first user made is), who is disabled (kept out of
+the page and the API, their rows kept), a per-user request limit (`request_limit`: stored here;
+the engine's count of requests in flight does not read it yet), and each user's usage
+(`accounts`, read from the request rows). Hashing itself is
 core.store.auth; sign-in throttling, sessions and reading keys from HTTP headers are webui's. A key's "last used" is noted through the metrics
 writer thread (`_touch_api_key`, core.store.metrics), so checking a key never waits for the
 write lock. Called from HTTP handlers, the page's workers and the admin command, each thread on
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from radixchat.core.store import auth
 from radixchat.core.store.connection import StoreBase
@@ -40,6 +44,7 @@ from radixchat.core.store.types import (
     user_id,
 )
 
+MAX_REQUEST_LIMIT = 10_000  # a per-user override of --max-user-requests, at most
 _TOUCH_EVERY_S = 60.0  # how stale a key's last_used may get: saves a write per API call
 
 # a user without a cache key (one an older program added) reads as "", which owner_of refuses:
@@ -51,6 +56,19 @@ _KEY_COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class Account:
+    """A user as an admin sees them: their role, state, limit and how much they used."""
+
+    name: str
+    created: float
+    admin: bool
+    disabled: float | None  # when; None: enabled
+    request_limit: int | None  # None: the server's --max-user-requests
+    requests: int  # request rows ever recorded for them (the page's and the API's)
+    tokens: int  # prompt and generated tokens of those requests
+
+
 class AccountsMixin(StoreBase):
     """Users, passwords and API keys (see the module docstring)."""
 
@@ -58,7 +76,8 @@ class AccountsMixin(StoreBase):
 
     # ---- users ----
 
-    def create_user(self, name: str, password: str) -> User:
+    def create_user(self, name: str, password: str, *, admin: bool = False) -> User:
+        """A new user; an admin if `admin`, and the first user made always (someone must be)."""
         check_name(name)
         check_password(password)
         taken = "SELECT 1 FROM users WHERE name = ?"
@@ -71,8 +90,10 @@ class AccountsMixin(StoreBase):
         with self._tx(write=True) as db:
             if db.execute(taken, [name]).fetchone():  # again: someone may have been quicker
                 raise AlreadyExists(f"user {name!r} already exists")
+            first = db.execute("SELECT 1 FROM users LIMIT 1").fetchone() is None
             row = {"name": name, "password_hash": hashed, "created": now, "cache_key": cache_key}
-            uid = db["users"].insert({**row, "session_key": _new_key()}).last_pk
+            row |= {"session_key": _new_key(), "admin": int(admin or first)}
+            uid = db["users"].insert(row).last_pk
         return User(uid, name, now, cache_key)
 
     def authenticate(self, name: str, password: str) -> User:
@@ -82,13 +103,14 @@ class AccountsMixin(StoreBase):
         if is_valid_name(name):
             with self._tx(write=False) as db:
                 row = db.execute(
-                    "SELECT id, name, created, coalesce(cache_key, ''), password_hash FROM users WHERE name = ?", [name]
+                    "SELECT id, name, created, coalesce(cache_key, ''), password_hash, disabled FROM users WHERE name = ?",
+                    [name],
                 ).fetchone()
         if not isinstance(password, str) or len(password) > MAX_PASSWORD_CHARS:
             password = ""
         if row is None:
             auth.burn_password_check(password, self._scrypt)
-        elif auth.verify_password(password, row[4]):
+        elif auth.verify_password(password, row[4]) and row[5] is None:  # a disabled user: as a wrong password
             return User(*row[:4])
         raise AuthFailed("wrong user name or password")
 
@@ -106,14 +128,16 @@ class AccountsMixin(StoreBase):
         """The key a page sign-in of `name` is bound to now (None: no such user). A session
         holds on to it and is valid while `session_current` says so."""
         with self._tx(write=False) as db:
-            row = db.execute("SELECT session_key FROM users WHERE name = ?", [name]).fetchone()
+            row = db.execute("SELECT session_key FROM users WHERE name = ? AND disabled IS NULL", [name]).fetchone()
         return row[0] if row else None
 
     def session_current(self, name: str, key: str) -> bool:
         """Is a page session of `name` bound to `key` still valid? Not once the password
-        changed, nor once the user was removed (a new user of the same name has another key)."""
+        changed, nor once the user was removed (a new user of the same name has another key),
+        nor while the user is disabled."""
         with self._tx(write=False) as db:
-            row = db.execute("SELECT 1 FROM users WHERE name = ? AND session_key = ?", [name, key]).fetchone()
+            sql = "SELECT 1 FROM users WHERE name = ? AND session_key = ? AND disabled IS NULL"
+            row = db.execute(sql, [name, key]).fetchone()
         return row is not None
 
     def get_user(self, name: str) -> User:
@@ -146,6 +170,59 @@ class AccountsMixin(StoreBase):
             if row[1] is not None:  # for the running server (another process) to drop their cache entries
                 db["removed_users"].insert({"cache_key": row[1], "removed": time.time()})
         return n
+
+    def change_own_password(self, name: str, current: str, new: str) -> None:
+        """A user's own change: AuthFailed unless `current` is their password; then as
+        `set_password` (every page session of theirs ends, the one asking too)."""
+        check_password(new)  # before the slow check of the current one
+        self.authenticate(name, current)
+        self.set_password(name, new)
+
+    def is_admin(self, name: str) -> bool:
+        """Whether `name` is an enabled admin (False for anyone else, or no such user)."""
+        with self._tx(write=False) as db:
+            sql = "SELECT 1 FROM users WHERE name = ? AND admin = 1 AND disabled IS NULL"
+            return db.execute(sql, [name]).fetchone() is not None
+
+    def accounts(self) -> list[Account]:
+        """Every user with their role, state, limit and usage, by name."""
+        sql = (
+            "SELECT u.name, u.created, u.admin = 1, u.disabled, u.request_limit, count(r.id),"
+            " coalesce(sum(r.prompt_tokens + r.generated_tokens), 0)"
+            " FROM users u LEFT JOIN requests r ON r.user = u.id GROUP BY u.id ORDER BY u.name"
+        )
+        with self._tx(write=False) as db:
+            return [Account(*r) for r in db.execute(sql)]
+
+    def set_disabled(self, name: str, disabled: bool) -> None:
+        """Disable or re-enable a user. Disabling ends their page sessions at once (a new
+        session key, and no session answers while disabled) and their API keys answer
+        nothing until they are enabled again; their chats and keys stay."""
+        with self._tx(write=True) as db:
+            if disabled:
+                sql = "UPDATE users SET disabled = coalesce(disabled, ?), session_key = ? WHERE name = ?"
+                args = [time.time(), _new_key(), name]
+            else:
+                sql, args = "UPDATE users SET disabled = NULL WHERE name = ?", [name]
+            if not db.execute(sql, args).rowcount:
+                raise NotFound(f"user {name!r} not found")
+
+    def set_request_limit(self, name: str, limit: int | None) -> None:
+        """How many requests `name` may have waiting or running at once (None: the server's
+        --max-user-requests)."""
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_REQUEST_LIMIT
+        ):
+            raise Invalid(f"a request limit is a whole number from 1 to {MAX_REQUEST_LIMIT}")
+        with self._tx(write=True) as db:
+            if not db.execute("UPDATE users SET request_limit = ? WHERE name = ?", [limit, name]).rowcount:
+                raise NotFound(f"user {name!r} not found")
+
+    def request_limit(self, name: str) -> int | None:
+        """`name`'s own request limit (None: the server's, or no such user)."""
+        with self._tx(write=False) as db:
+            row = db.execute("SELECT request_limit FROM users WHERE name = ?", [name]).fetchone()
+        return row[0] if row else None
 
     def removed_cache_keys(self, after: int = 0) -> list[tuple[int, str]]:
         """(row id, cache key) of the users removed since row `after`, oldest first: a server
@@ -227,15 +304,17 @@ class AccountsMixin(StoreBase):
             raise AuthFailed("invalid API key")
         with self._tx(write=False) as db:
             row = db.execute(
-                "SELECT k.id, k.revoked, k.last_used, k.front_end = 1, u.id, u.name, u.created, "
+                "SELECT k.id, k.revoked, k.last_used, k.front_end = 1, u.disabled, u.id, u.name, u.created, "
                 "coalesce(u.cache_key, '') FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.key_hash = ?",
                 [auth.api_key_hash(key)],
             ).fetchone()
         if row is None:
             raise AuthFailed("invalid API key")
-        kid, revoked, last_used, front_end, *owner = row
+        kid, revoked, last_used, front_end, disabled, *owner = row
         if revoked is not None:
             raise AuthFailed(f"API key {auth.api_key_visible(key)}... was revoked")
+        if disabled is not None:  # its keys stay listed, and work again once re-enabled
+            raise AuthFailed(f"API key {auth.api_key_visible(key)}... belongs to a disabled user")
         now = time.time()
         if last_used is None or now - last_used > _TOUCH_EVERY_S:
             self._touch_api_key(kid, now)
@@ -258,6 +337,11 @@ class AccountsMixin(StoreBase):
             return self.create_user(full, secrets.token_urlsafe(24))
         except AlreadyExists:  # another request of theirs made it first
             return self.get_user(full)
+
+
+def new_password() -> str:
+    """A password made for someone (an admin's new user, a reset): 96 random bits, typeable."""
+    return secrets.token_urlsafe(12)
 
 
 def _new_key() -> str:

@@ -231,6 +231,17 @@ CREATE TABLE page_sessions (
 CREATE INDEX page_sessions_by_user ON page_sessions(user);
 """
 
+# accounts run from the page: `admin` may manage the others there (the first user made is one;
+# in a database that had users, the earliest made becomes one, so somebody can); `disabled`
+# (when, NULL: enabled) keeps a user out of the page and the API without removing what is
+# theirs; `request_limit` is a per-user override of --max-user-requests (NULL: the server's).
+_V13_ACCOUNT_ROLES = """
+ALTER TABLE users ADD COLUMN admin INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE users ADD COLUMN disabled REAL;
+ALTER TABLE users ADD COLUMN request_limit INTEGER;
+UPDATE users SET admin = 1 WHERE id = (SELECT id FROM users ORDER BY created, id LIMIT 1);
+"""
+
 MIGRATIONS: list[str] = [
     _V1_CHAT,
     _V2_KEYS_AND_METRICS,
@@ -244,6 +255,7 @@ MIGRATIONS: list[str] = [
     _V10_FRONT_END_KEYS,
     _V11_REFUSAL_ROWS,
     _V12_PAGE_SESSIONS,
+    _V13_ACCOUNT_ROLES,
 ]
 LATEST = len(MIGRATIONS)
 

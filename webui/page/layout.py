@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from radixchat import assets
+from radixchat.webui.page import account_tab, admin_tab
+from radixchat.webui.page.accounts_handlers import AccountHandlers
 from radixchat.webui.page.chat_panel import chat_area
 from radixchat.webui.page.chat_settings import chat_settings
 from radixchat.webui.page.dashboard import Presence
@@ -107,6 +109,10 @@ def build_page(
                 this, settings_panel = chat_settings(presets, model, settings.max_tokens, chat.model_ids())
             with gr.Tab("Server", id="server") as server_section:
                 server = server_tab()
+            if sign_in:  # accounts to manage only when people sign in
+                accounts = AccountHandlers(store)
+                account_tab.build(accounts)
+                admin_tab.build(page, accounts)
         parts = Parts(
             view, current, epoch, header, side, area, this, settings_panel, chat_section, server_section, server
         )

@@ -1,0 +1,289 @@
+"""Accounts in the page: one's own password and API keys (the Account tab), an admin's users
+(the Admin tab), every admin action refused on the server for a non-admin; the store's roles,
+disabled users and request limits underneath; `radixchat users add --admin`.
+
+Handler tests call the tabs' handlers with a request signed in as alice (the first user, an
+admin) or bob, against a real store; one browser test drives the Account tab at 1280 and 390 px.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from types import SimpleNamespace
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from radixchat.core.config import Settings
+from radixchat.core.engine.models import as_engines
+from radixchat.core.store import AuthFailed, Store
+from radixchat.core.store import schema as store_schema
+from radixchat.webui.api.errors import install_error_handlers
+from radixchat.webui.api.metrics import Metrics
+from radixchat.webui.api.routes import include_api
+from radixchat.webui.page import view as page_view
+from radixchat.webui.page.accounts_handlers import NOT_ADMIN, AccountHandlers
+from tests.support.cheap import cheap_scrypt
+from tests.support.fake_engine import FakeEngine
+
+CHEAP = cheap_scrypt()
+
+
+def signed_in(name: str):
+    """What Gradio hands a handler for a request whose cookie signs `name` in."""
+    return SimpleNamespace(username=name, headers={})
+
+
+@pytest.fixture
+def users(store):
+    return store.create_user("alice", "alice-password"), store.create_user("bob", "bob-password")
+
+
+@pytest.fixture
+def said(monkeypatch) -> list[str]:
+    """The notices the page showed."""
+    shown: list[str] = []
+    monkeypatch.setattr(page_view, "notice", lambda e: shown.append(e.message))
+    return shown
+
+
+@pytest.fixture
+def tabs(store, users) -> AccountHandlers:
+    return AccountHandlers(store)
+
+
+def value(update):
+    return update.get("value") if isinstance(update, dict) else getattr(update, "value", update)
+
+
+def visible(update):
+    return update.get("visible") if isinstance(update, dict) else getattr(update, "visible", None)
+
+
+def api_client(store) -> TestClient:
+    app = FastAPI()
+    app.state.engines, app.state.settings, app.state.store = as_engines(FakeEngine()), Settings(), store
+    app.state.metrics = Metrics(FakeEngine())
+    install_error_handlers(app)
+    include_api(app)
+    return TestClient(app)
+
+
+def models_status(http: TestClient, key: str) -> int:
+    return http.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code
+
+
+# ---- the store ----
+
+
+def test_the_first_user_is_an_admin_and_others_only_when_asked(store):
+    store.create_user("alice", "alice-password")
+    store.create_user("bob", "bob-password")
+    store.create_user("carol", "carol-password", admin=True)
+    assert [(a.name, a.admin) for a in store.accounts()] == [("alice", True), ("bob", False), ("carol", True)]
+    assert store.is_admin("alice") and not store.is_admin("bob") and not store.is_admin("nobody")
+
+
+def test_a_v12_database_makes_its_earliest_user_an_admin(tmp_path):
+    path = tmp_path / "v12.db"
+    c = sqlite3.connect(path, isolation_level=None)
+    store_schema.migrate(c, target=12)
+    for name, created in (("zed", 100.0), ("amy", 200.0)):  # zed was made first, though listed last
+        c.execute("INSERT INTO users(name, password_hash, created) VALUES (?, 'x', ?)", [name, created])
+    c.close()
+    store = Store(path, scrypt=CHEAP)
+    try:
+        assert store.migrated_from == 12
+        assert [(a.name, a.admin, a.disabled, a.request_limit) for a in store.accounts()] == [
+            ("amy", False, None, None),
+            ("zed", True, None, None),
+        ]
+    finally:
+        store.close()
+
+
+def test_a_disabled_user_is_kept_out_everywhere_until_re_enabled(store, users):
+    key_before = store.session_key("bob")
+    _, key = store.create_api_key(users[1], "laptop")
+    store.set_disabled("bob", True)
+    assert not store.session_current("bob", key_before)  # the open page session ends
+    assert store.session_key("bob") is None  # no new one, no device cookie
+    with pytest.raises(AuthFailed):
+        store.authenticate("bob", "bob-password")
+    with pytest.raises(AuthFailed):
+        store.api_key_holder(key)
+    store.set_disabled("bob", False)
+    assert store.authenticate("bob", "bob-password") == users[1]
+    assert store.verify_api_key(key) == users[1]
+    assert not store.session_current("bob", key_before)  # the old sign-in stays ended
+
+
+# ---- one's own password ----
+
+
+def test_changing_ones_password_ends_the_sign_in_and_says_to_sign_in_again(store, tabs, said):
+    old_key = store.session_key("bob")
+    out = tabs.change_password("bob-password", "a-new-password", "a-new-password", signed_in("bob"))
+    assert out[:3] == ("", "", "") and "sign in again" in out[3] and visible(out[4]) is True
+    assert said == []
+    assert store.authenticate("bob", "a-new-password").name == "bob"
+    assert not store.session_current("bob", old_key)
+    with pytest.raises(AuthFailed):
+        store.authenticate("bob", "bob-password")
+
+
+@pytest.mark.parametrize(
+    ("current", "new", "again", "words"),
+    [
+        ("wrong-password", "a-new-password", "a-new-password", "current password is wrong"),
+        ("bob-password", "a-new-password", "another-password", "differ"),
+        ("bob-password", "short", "short", "too short"),
+        ("bob-password", "bad\ud800text", "bad\ud800text", "not valid text"),
+    ],
+)
+def test_a_refused_password_change_is_a_notice_and_changes_nothing(store, tabs, said, current, new, again, words):
+    key = store.session_key("bob")
+    tabs.change_password(current, new, again, signed_in("bob"))
+    assert len(said) == 1 and words in said[0], said
+    assert store.session_current("bob", key) and store.authenticate("bob", "bob-password")
+
+
+def test_wrong_current_passwords_are_limited(store, tabs, said):
+    for _ in range(5):
+        tabs.change_password("guess", "a-new-password", "a-new-password", signed_in("bob"))
+    tabs.change_password("bob-password", "a-new-password", "a-new-password", signed_in("bob"))
+    assert "Too many wrong passwords" in said[-1]
+    assert store.authenticate("bob", "bob-password")
+
+
+# ---- one's own API keys ----
+
+
+def test_a_key_is_made_named_shown_once_listed_and_revoked_at_once(store, tabs, said):
+    http = api_client(store)
+    shown, rows, pick, cleared = tabs.create_key("laptop", signed_in("bob"))
+    secret = value(shown)
+    assert secret.startswith("rc-") and visible(shown) is True and cleared == ""
+    assert models_status(http, secret) == 200
+    [row] = rows
+    assert row[0] == "laptop" and row[1] == secret[:10] + "..." and row[4] == "active"
+    again_rows, _ = tabs.account_shown(signed_in("bob"))
+    assert secret not in repr(again_rows)  # never shown again
+    choices = [c[1] for c in pick.choices]
+    assert choices == [secret[:10]]
+
+    rows, pick, hidden = tabs.revoke_key(choices[0], signed_in("bob"))
+    assert rows[0][4].startswith("revoked") and pick.choices == [] and visible(hidden) is False
+    assert models_status(http, secret) == 401
+    assert said == []
+
+
+def test_nobody_lists_or_revokes_anyone_elses_keys(store, users, tabs, said):
+    _, alices = store.create_api_key(users[0], "alice's")
+    rows, pick = tabs.account_shown(signed_in("bob"))
+    assert rows == [] and pick.choices == []
+    tabs.revoke_key(alices[:10], signed_in("bob"))
+    assert len(said) == 1 and "not found" in said[0]
+    assert store.verify_api_key(alices) == users[0]
+
+
+def test_revoking_with_nothing_picked_is_a_notice(tabs, said):
+    tabs.revoke_key(None, signed_in("bob"))
+    assert said == ["Pick the key to revoke first."]
+
+
+# ---- an admin's users ----
+
+
+def test_the_admin_tab_shows_only_to_admins(store, tabs, said):
+    tab, rows, pick = tabs.admin_shown(signed_in("alice"))
+    assert visible(tab) is True and [r[0] for r in rows] == ["alice", "bob"] and pick.choices
+    assert rows[0][1] == "admin" and rows[1][1:3] == ["user", "active"] and rows[1][4:6] == [0, 0]
+    tab, rows, pick = tabs.admin_shown(signed_in("bob"))
+    assert visible(tab) is False and rows == [] and pick.choices == []
+
+
+def test_an_admin_adds_a_user_with_a_password_shown_once(store, tabs, said, caplog):
+    caplog.set_level(logging.INFO, "radixchat.admin")
+    shown, rows, pick, name, admin = tabs.add_user("carol", False, signed_in("alice"))
+    assert "carol" in pick.choices[-1]
+    assert said == [] and name == "" and admin is False and "carol" in [r[0] for r in rows]
+    assert store.authenticate("carol", value(shown)).name == "carol" and not store.is_admin("carol")
+    assert "admin alice added user carol" in caplog.text
+    tabs.add_user("carol", False, signed_in("alice"))
+    assert "already exists" in said[-1]
+    tabs.add_user("bad name!", False, signed_in("alice"))
+    assert len(said) == 2 and "name" in said[-1].lower(), said
+
+
+def test_an_admin_disables_and_re_enables_a_user(store, users, tabs, said, caplog):
+    caplog.set_level(logging.INFO, "radixchat.admin")
+    http = api_client(store)
+    _, key = store.create_api_key(users[1], "laptop")
+    page_key = store.session_key("bob")
+    rows, _, _ = tabs.disable("bob", signed_in("alice"))
+    assert rows[1][2].startswith("disabled")
+    assert not store.session_current("bob", page_key) and models_status(http, key) == 401
+    assert "admin alice disabled user bob" in caplog.text
+    rows, _, _ = tabs.enable("bob", signed_in("alice"))
+    assert rows[1][2] == "active" and models_status(http, key) == 200
+    assert "admin alice re-enabled user bob" in caplog.text
+    tabs.disable("alice", signed_in("alice"))
+    assert said == ["You cannot disable yourself."] and store.is_admin("alice")
+
+
+def test_an_admin_resets_a_password_and_sets_a_request_limit(store, tabs, said, caplog):
+    caplog.set_level(logging.INFO, "radixchat.admin")
+    page_key = store.session_key("bob")
+    _, _, shown = tabs.reset_password("bob", signed_in("alice"))
+    assert store.authenticate("bob", value(shown)).name == "bob" and not store.session_current("bob", page_key)
+    assert "admin alice reset the password of user bob" in caplog.text
+    rows, _, _ = tabs.set_limit("bob", 3, signed_in("alice"))
+    assert store.request_limit("bob") == 3 and rows[1][6] == 3
+    assert "admin alice set the request limit of user bob to 3" in caplog.text
+    tabs.set_limit("bob", 0, signed_in("alice"))
+    assert store.request_limit("bob") is None
+    for bad in (2.5, -1, 10**9):
+        tabs.set_limit("bob", bad, signed_in("alice"))
+    assert len(said) == 3 and all("whole number" in s for s in said) and store.request_limit("bob") is None
+    tabs.disable(None, signed_in("alice"))
+    assert said[-1] == "Pick a user first."
+
+
+def admin_actions(tabs: AccountHandlers, target: str):
+    """Every admin handler, called by whoever `request` signs in, aimed at `target`."""
+    return {
+        "add user": lambda r: tabs.add_user("mallory", True, r),
+        "disable": lambda r: tabs.disable(target, r),
+        "enable": lambda r: tabs.enable(target, r),
+        "reset password": lambda r: tabs.reset_password(target, r),
+        "set limit": lambda r: tabs.set_limit(target, 100, r),
+    }
+
+
+@pytest.mark.parametrize("action", list(admin_actions(None, "")))
+def test_every_admin_action_is_refused_to_a_non_admin(store, users, tabs, said, caplog, action):
+    store.set_disabled("alice", True)  # even "enable" would change something
+    before = store.accounts()
+    keys = store.session_key("bob")
+    admin_actions(tabs, "alice")[action](signed_in("bob"))
+    assert said == [NOT_ADMIN]
+    assert store.accounts() == before and store.session_key("bob") == keys
+    assert "bob (not an admin) was refused" in caplog.text
+
+
+def test_a_disabled_admin_is_no_admin(store, users, tabs, said):
+    store.create_user("carol", "carol-password", admin=True)
+    store.set_disabled("alice", True)
+    tabs.disable("bob", signed_in("alice"))
+    assert said == [NOT_ADMIN] and store.session_key("bob") is not None
+
+
+def test_usage_counts_a_users_requests_and_tokens(store, users, tabs):
+    from radixchat.core.store import RequestRecord
+
+    store.record_request(RequestRecord(user=users[1].id, prompt_tokens=7, generated_tokens=5))
+    _, rows, _ = tabs.admin_shown(signed_in("alice"))
+    assert rows[1][:1] + rows[1][4:6] == ["bob", 1, 12]

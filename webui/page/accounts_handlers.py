@@ -1,0 +1,256 @@
+"""What the Account and Admin tabs do: one's own password and API keys; an admin's users.
+
+`AccountHandlers` holds every handler of both tabs (webui/page/account_tab.py and
+admin_tab.py make the components and hook these to them). Each takes the signed-in user from
+the request (`request.username`, which Gradio read from the sign-in cookie through the gate's
+`SessionTokens`, webui/gate.py), never from a value the browser sent: an admin handler asks the
+store whether that user is an admin before it reads or changes anything, refuses everyone else
+with a notice, and logs every action it takes (who did what to whom) on `radixchat.admin`.
+What is stored is core.store's (accounts.py); a refusal is a notice (webui/page/view.py's
+`notices`), never a traceback or the store's internal text. A secret made here (an API key, a
+generated password) is returned once, to the one output that shows it, and kept nowhere.
+
+Runs in Gradio's worker threads (password hashing too: a change is rare, and a signed-in
+user's failures are limited here). No MLX.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime
+
+import gradio as gr
+
+from radixchat.core.store import AlreadyExists, AuthFailed, Invalid, NotFound, StoreError
+from radixchat.core.store.accounts import new_password
+from radixchat.webui.page.errors import PageError, check_text
+from radixchat.webui.page.view import notices
+
+log = logging.getLogger("radixchat.admin")
+
+KEY_HEADERS = ["Name", "Key", "Created", "Last used", "State"]
+USER_HEADERS = ["User", "Role", "State", "Created", "Requests", "Tokens", "Request limit"]
+NOT_ADMIN = "Only an admin can do this."
+# wrong current passwords before a user must wait: the page is no way round sign-in's lockout
+MAX_WRONG, WRONG_WAIT_S = 5, 300.0
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def _sentence(e: StoreError) -> str:
+    """The store's refusal of what the person typed, as a sentence (its text names only that)."""
+    text = str(e)
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def _whole(limit) -> int | None:
+    """A request limit as typed: None for empty or 0 (the server's), else a whole number."""
+    if limit is None or limit == "":
+        return None
+    try:
+        number = float(limit)
+    except (TypeError, ValueError, OverflowError):
+        number = 0.5
+    if not number.is_integer():
+        raise PageError("A request limit is a whole number (empty or 0: the server's limit).")
+    return int(number) or None
+
+
+class AccountHandlers:
+    """The Account and Admin tabs' handlers (see the module docstring)."""
+
+    def __init__(self, store):
+        self.store = store
+        self._wrong: dict[str, list[float]] = {}  # name -> times of their wrong current passwords
+        self._lock = threading.Lock()
+
+    # ---- who is asking ----
+
+    def who(self, request: gr.Request) -> str:
+        name = getattr(request, "username", None)
+        if not isinstance(name, str) or not name:
+            raise PageError("You are signed out: reload the page and sign in again.")
+        return name
+
+    def admin(self, request: gr.Request, action: str, target: str = "") -> str:
+        """The signed-in user if they are an admin; else PageError, the attempt logged."""
+        name = self.who(request)
+        if not self.store.is_admin(name):
+            log.warning("%s (not an admin) was refused: %s %s", name, action, target)
+            raise PageError(NOT_ADMIN)
+        return name
+
+    # ---- one's own account ----
+
+    def keys(self, name: str):
+        """One's keys as the table shows them, and the revoke picker's choices (active keys)."""
+        keys = self.store.list_api_keys(self.store.get_user(name))
+        rows = [
+            [
+                k.label or "-",
+                f"{k.visible}...",
+                _when(k.created),
+                _when(k.last_used),
+                "active" if k.revoked is None else f"revoked {_when(k.revoked)}",
+            ]
+            for k in keys
+        ]
+        active = [(f"{k.label or '(no name)'} · {k.visible}...", k.visible) for k in keys if k.revoked is None]
+        return rows, gr.Dropdown(choices=active, value=None)
+
+    @notices(2)
+    def account_shown(self, request: gr.Request):
+        return self.keys(self.who(request))
+
+    @notices(5)
+    def change_password(self, current: str, new: str, again: str, request: gr.Request):
+        """One's own password, the current one first. Every page sign-in of the user ends, this
+        one too, so the page says to sign in again and shows the button that does."""
+        name = self.who(request)
+        for text in (current, new, again):
+            check_text(text, "password")
+        if (new or "") != (again or ""):
+            raise PageError("The two new passwords differ; nothing changed.")
+        self._wait_if_wrong(name)
+        try:
+            self.store.change_own_password(name, current or "", new or "")
+        except AuthFailed:
+            self._note_wrong(name)
+            raise PageError("The current password is wrong; nothing changed.") from None
+        except (Invalid, NotFound) as e:
+            raise PageError(_sentence(e)) from None
+        log.info("%s changed their password", name)
+        done = (
+            "**Password changed.** Every sign-in of yours has ended, this one too: sign in again with the new password."
+        )
+        return "", "", "", done, gr.Button(visible=True)
+
+    def _wait_if_wrong(self, name: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            recent = [t for t in self._wrong.get(name, []) if now - t < WRONG_WAIT_S]
+            self._wrong[name] = recent
+        if len(recent) >= MAX_WRONG:
+            wait = int(WRONG_WAIT_S - (now - recent[0])) // 60 + 1
+            raise PageError(f"Too many wrong passwords: try again in {wait} minute{'s' * (wait != 1)}.")
+
+    def _note_wrong(self, name: str) -> None:
+        with self._lock:
+            self._wrong.setdefault(name, []).append(time.monotonic())
+
+    @notices(4)
+    def create_key(self, label: str, request: gr.Request):
+        """A new key of one's own: shown this once (the store keeps only its hash)."""
+        name = self.who(request)
+        check_text(label, "key name")
+        try:
+            key, secret = self.store.create_api_key(self.store.get_user(name), label or "")
+        except (Invalid, NotFound) as e:
+            raise PageError(_sentence(e)) from None
+        log.info("%s created API key %s...", name, key.visible)
+        return gr.Textbox(value=secret, visible=True), *self.keys(name), ""
+
+    @notices(3)
+    def revoke_key(self, visible: str | None, request: gr.Request):
+        """One of one's own keys revoked: the API refuses it from now on (401)."""
+        name = self.who(request)
+        if not visible:
+            raise PageError("Pick the key to revoke first.")
+        try:
+            key = self.store.revoke_api_key(visible, user=self.store.get_user(name))
+        except (Invalid, NotFound) as e:
+            raise PageError(_sentence(e)) from None
+        log.info("%s revoked API key %s...", name, key.visible)
+        return *self.keys(name), gr.Textbox(value="", visible=False)
+
+    # ---- an admin's users ----
+
+    def users(self):
+        """Every user as the admin table shows them, and the user picker's choices."""
+        accounts = self.store.accounts()
+        rows = [
+            [
+                a.name,
+                "admin" if a.admin else "user",
+                "active" if a.disabled is None else f"disabled {_when(a.disabled)}",
+                _when(a.created),
+                a.requests,
+                a.tokens,
+                "server's" if a.request_limit is None else a.request_limit,
+            ]
+            for a in accounts
+        ]
+        return rows, gr.Dropdown(choices=[a.name for a in accounts])
+
+    @notices(3)
+    def admin_shown(self, request: gr.Request):
+        """The Admin tab, shown to admins only, with its table (nothing for anyone else)."""
+        name = self.who(request)
+        if not self.store.is_admin(name):
+            return gr.Tab(visible=False), [], gr.Dropdown(choices=[])
+        return gr.Tab(visible=True), *self.users()
+
+    @notices(5)
+    def add_user(self, name: str, make_admin: bool, request: gr.Request):
+        """A new user with a generated password, shown to the admin this once."""
+        who = self.admin(request, "add user", repr(name))
+        check_text(name, "user name")
+        name = (name or "").strip()
+        password = new_password()
+        try:
+            self.store.create_user(name, password, admin=bool(make_admin))
+        except (Invalid, AlreadyExists) as e:
+            raise PageError(_sentence(e)) from None
+        log.info("admin %s added user %s%s", who, name, " (admin)" * bool(make_admin))
+        shown = f"New user **{name}**: give them this password (shown this once; they can change it under Account)."
+        return gr.Textbox(value=password, visible=True, label=shown.replace("**", "")), *self.users(), "", False
+
+    @notices(3)
+    def disable(self, name: str | None, request: gr.Request):
+        who = self.admin(request, "disable", repr(name))
+        if name == who:
+            raise PageError("You cannot disable yourself.")
+        self._change(name, self.store.set_disabled, True)
+        log.info("admin %s disabled user %s", who, name)
+        return *self.users(), gr.Textbox(value="", visible=False)
+
+    @notices(3)
+    def enable(self, name: str | None, request: gr.Request):
+        who = self.admin(request, "enable", repr(name))
+        self._change(name, self.store.set_disabled, False)
+        log.info("admin %s re-enabled user %s", who, name)
+        return *self.users(), gr.Textbox(value="", visible=False)
+
+    @notices(3)
+    def reset_password(self, name: str | None, request: gr.Request):
+        """A user's password replaced by a generated one, shown to the admin this once; every
+        page sign-in of that user ends."""
+        who = self.admin(request, "reset password", repr(name))
+        if name == who:
+            raise PageError("Change your own password under Account.")
+        password = new_password()
+        self._change(name, self.store.set_password, password)
+        log.info("admin %s reset the password of user %s", who, name)
+        label = f"New password of {name} (shown this once; their sign-ins have ended)"
+        return *self.users(), gr.Textbox(value=password, visible=True, label=label)
+
+    @notices(3)
+    def set_limit(self, name: str | None, limit, request: gr.Request):
+        """A user's own request limit; empty (or 0): the server's --max-user-requests."""
+        who = self.admin(request, "set request limit", repr(name))
+        value = _whole(limit)
+        self._change(name, self.store.set_request_limit, value)
+        log.info("admin %s set the request limit of user %s to %s", who, name, value or "the server's")
+        return *self.users(), gr.Textbox(value="", visible=False)
+
+    def _change(self, name: str | None, change, value) -> None:
+        if not name:
+            raise PageError("Pick a user first.")
+        try:
+            change(name, value)
+        except (Invalid, NotFound) as e:
+            raise PageError(_sentence(e)) from None
