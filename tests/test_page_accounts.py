@@ -120,6 +120,17 @@ def test_a_disabled_user_is_kept_out_everywhere_until_re_enabled(store, users):
     assert not store.session_current("bob", key_before)  # the old sign-in stays ended
 
 
+def test_a_front_ends_disabled_end_user_is_refused(store, users):
+    http = api_client(store)
+    _, front = store.create_api_key(users[1], "Open WebUI", front_end=True)
+    as_dave = {"Authorization": f"Bearer {front}", "X-Radixchat-User": "dave"}
+    assert http.get("/v1/models", headers=as_dave).status_code == 200
+    store.set_disabled("bob/dave", True)
+    r = http.get("/v1/models", headers=as_dave)
+    assert r.status_code == 400 and "disabled" in r.json()["error"]["message"]
+    assert models_status(http, front) == 200  # the front end's own key still works
+
+
 # ---- one's own password ----
 
 
@@ -168,14 +179,14 @@ def test_a_key_is_made_named_shown_once_listed_and_revoked_at_once(store, tabs, 
     assert secret.startswith("rc-") and visible(shown) is True and cleared == ""
     assert models_status(http, secret) == 200
     [row] = rows
-    assert row[0] == "laptop" and row[1] == secret[:10] + "..." and row[4] == "active"
+    assert row[0] == "laptop" and row[1] == secret[:10] + "..." and row[2] == "active"
     again_rows, _ = tabs.account_shown(signed_in("bob"))
     assert secret not in repr(again_rows)  # never shown again
     choices = [c[1] for c in pick.choices]
     assert choices == [secret[:10]]
 
     rows, pick, hidden = tabs.revoke_key(choices[0], signed_in("bob"))
-    assert rows[0][4].startswith("revoked") and pick.choices == [] and visible(hidden) is False
+    assert rows[0][2].startswith("revoked") and pick.choices == [] and visible(hidden) is False
     assert models_status(http, secret) == 401
     assert said == []
 
@@ -287,3 +298,87 @@ def test_usage_counts_a_users_requests_and_tokens(store, users, tabs):
     store.record_request(RequestRecord(user=users[1].id, prompt_tokens=7, generated_tokens=5))
     _, rows, _ = tabs.admin_shown(signed_in("alice"))
     assert rows[1][:1] + rows[1][4:6] == ["bob", 1, 12]
+
+
+# ---- in the browser ----
+
+OPEN_TAB = """([name]) => { const tab = [...document.querySelectorAll('button[role=tab]')]
+    .find(b => b.innerText.trim() == name); if (tab) { tab.click(); return true; } return false; }"""
+
+
+def open_tab(page, name: str) -> None:
+    """A tab opened by its name (on a phone Gradio may fold tabs into its "..." menu)."""
+    if not page.evaluate(OPEN_TAB, [name]):
+        page.locator(".overflow-menu button, button.overflow-menu").first.click()
+        page.get_by_role("tab", name=name).click()
+
+
+def pick(page, elem_id: str, text: str) -> None:
+    page.locator(f"#{elem_id} input").click()
+    page.locator("[data-testid=dropdown-option]", has_text=text).first.click()
+
+
+@pytest.fixture(scope="module")
+def accounts_server(page_model, tmp_path_factory):
+    from tests.support.server import page_server, stop_clean
+
+    srv = page_server(page_model, tmp_path_factory.mktemp("accounts-db"), "--max-tokens", "20")
+    yield srv
+    stop_clean(srv)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "size"), [("alice", "wide"), ("bob", "phone")])
+def test_in_the_browser_a_password_is_changed_and_a_key_made_and_revoked(accounts_server, browser, name, size):
+    import httpx
+
+    from tests.support.browser import OUTPUT, PHONE, WIDE, Shots
+    from tests.support.page import ready, sign_in
+
+    server, viewport = accounts_server, {"wide": WIDE, "phone": PHONE}[size]
+    shot = Shots(OUTPUT / f"page-accounts-{viewport['width']}")
+    page = browser.new_context(viewport=viewport).new_page()
+    sign_in(page, server.url, name)
+    ready(page)
+    # alice, the first user, is an admin; bob is not, and has no Admin tab
+    has_admin = OPEN_TAB.replace("tab.click(); ", "")
+    if name == "alice":
+        page.wait_for_function(f"({has_admin})(['Admin'])")
+        open_tab(page, "Admin")
+        page.wait_for_function("document.querySelector('#user-list').innerText.includes('bob')")
+        shot(page, "alice-admin-tab")
+    else:
+        page.wait_for_timeout(1000)  # the page's load has shown what it shows
+        assert not page.evaluate(has_admin, ["Admin"])
+    open_tab(page, "Account")
+    page.locator("#key-name input, #key-name textarea").first.fill("laptop")
+    page.locator("#create-key").click()
+    page.wait_for_function("(document.querySelector('#new-key textarea, #new-key input')?.value || '').length > 10")
+    secret = page.locator("#new-key textarea, #new-key input").first.input_value()
+    page.wait_for_function("document.querySelector('#key-list').innerText.includes('laptop')")
+    table = page.locator("#key-list").inner_text()
+    assert secret[:10] in table and "active" in table and secret not in table
+    shot(page, f"{name}-key-made")
+    models = f"{server.url}/v1/models"
+    assert httpx.get(models, headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+
+    pick(page, "key-pick", "laptop")
+    page.locator("#revoke-key").click()
+    page.wait_for_function("document.querySelector('#key-list').innerText.includes('revoked')")
+    assert httpx.get(models, headers={"Authorization": f"Bearer {secret}"}).status_code == 401
+    shot(page, f"{name}-key-revoked")
+
+    page.locator("#current-password input").fill(f"{name}-password")
+    page.locator("#new-password input").fill(f"{name}-new-password")
+    page.locator("#new-password-again input").fill(f"{name}-new-password")
+    page.locator("#change-password").click()
+    page.wait_for_function("document.querySelector('#password-changed').innerText.includes('sign in again')")
+    shot(page, f"{name}-password-changed")
+    page.locator("#sign-in-again").click()
+    page.wait_for_selector("input[type=password]")
+    page.locator("input[type=text]").fill(name)
+    page.locator("input[type=password]").fill(f"{name}-new-password")
+    page.get_by_role("button", name="Login").click()
+    ready(page)
+    shot(page, f"{name}-signed-in-again")
+    page.context.close()

@@ -323,12 +323,17 @@ class AccountsMixin(StoreBase):
     def end_user(self, front: User, name: str) -> User:
         """The user FRONT/NAME that a front end's request names, made on first sight with a
         password nobody knows (they never sign in here: the front end vouches for them).
-        Invalid for a name that is not one part of letters, digits, '.', '_', '-'."""
+        Invalid for a name that is not one part of letters, digits, '.', '_', '-', and for
+        an end user an admin disabled (the front end vouches for them, but not past that)."""
         if "/" in front.name:
             raise Invalid("an end user cannot vouch for others")
         if not is_valid_part(name):
             raise Invalid(f"bad end user name {name[:80]!r}: use {NAME_RULE.split(' (')[0]}")
         full = f"{front.name}/{name}"
+        with self._tx(write=False) as db:
+            found = db.execute("SELECT disabled FROM users WHERE name = ?", [full]).fetchone()
+        if found is not None and found[0] is not None:
+            raise Invalid(f"user {full!r} is disabled")
         try:
             return self.get_user(full)
         except NotFound:

@@ -30,7 +30,7 @@ from radixchat.webui.page.view import notices
 
 log = logging.getLogger("radixchat.admin")
 
-KEY_HEADERS = ["Name", "Key", "Created", "Last used", "State"]
+KEY_HEADERS = ["Name", "Key", "State", "Created", "Last used"]  # what matters most first, for a phone
 USER_HEADERS = ["User", "Role", "State", "Created", "Requests", "Tokens", "Request limit"]
 NOT_ADMIN = "Only an admin can do this."
 # wrong current passwords before a user must wait: the page is no way round sign-in's lockout
@@ -93,9 +93,9 @@ class AccountHandlers:
             [
                 k.label or "-",
                 f"{k.visible}...",
+                "active" if k.revoked is None else f"revoked {_when(k.revoked)}",
                 _when(k.created),
                 _when(k.last_used),
-                "active" if k.revoked is None else f"revoked {_when(k.revoked)}",
             ]
             for k in keys
         ]
