@@ -351,13 +351,14 @@ def test_in_the_browser_a_password_is_changed_and_a_key_made_and_revoked(account
         page.wait_for_timeout(1000)  # the page's load has shown what it shows
         assert not page.evaluate(has_admin, ["Admin"])
     open_tab(page, "Account")
-    page.locator("#key-name input, #key-name textarea").first.fill("laptop")
+    page.locator("#key-name input, #key-name textarea").first.fill("laptop <b>bold</b>")
     page.locator("#create-key").click()
     page.wait_for_function("(document.querySelector('#new-key textarea, #new-key input')?.value || '').length > 10")
     secret = page.locator("#new-key textarea, #new-key input").first.input_value()
     page.wait_for_function("document.querySelector('#key-list').innerText.includes('laptop')")
     table = page.locator("#key-list").inner_text()
     assert secret[:10] in table and "active" in table and secret not in table
+    assert "laptop <b>bold</b>" in table and page.locator("#key-list b").count() == 0  # a name is text
     shot(page, f"{name}-key-made")
     models = f"{server.url}/v1/models"
     assert httpx.get(models, headers={"Authorization": f"Bearer {secret}"}).status_code == 200
