@@ -12,6 +12,7 @@ import logging
 import sqlite3
 from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -253,6 +254,7 @@ def test_an_admin_resets_a_password_and_sets_a_request_limit(store, tabs, said, 
     assert "admin alice reset the password of user bob" in caplog.text
     rows, _, _ = tabs.set_limit("bob", 3, signed_in("alice"))
     assert store.request_limit("bob") == 3 and rows[1][6] == 3
+    assert tabs.user_picked("bob", signed_in("alice")) == 3 and tabs.user_picked("alice", signed_in("alice")) == 0
     assert "admin alice set the request limit of user bob to 3" in caplog.text
     tabs.set_limit("bob", 0, signed_in("alice"))
     assert store.request_limit("bob") is None
@@ -271,6 +273,7 @@ def admin_actions(tabs: AccountHandlers, target: str):
         "enable": lambda r: tabs.enable(target, r),
         "reset password": lambda r: tabs.reset_password(target, r),
         "set limit": lambda r: tabs.set_limit(target, 100, r),
+        "read limit": lambda r: tabs.user_picked(target, r),
     }
 
 
@@ -279,8 +282,9 @@ def test_every_admin_action_is_refused_to_a_non_admin(store, users, tabs, said, 
     store.set_disabled("alice", True)  # even "enable" would change something
     before = store.accounts()
     keys = store.session_key("bob")
-    admin_actions(tabs, "alice")[action](signed_in("bob"))
+    out = admin_actions(tabs, "alice")[action](signed_in("bob"))
     assert said == [NOT_ADMIN]
+    assert all(o == gr.skip() for o in (out if isinstance(out, tuple) else [out]))  # nothing shown
     assert store.accounts() == before and store.session_key("bob") == keys
     assert "bob (not an admin) was refused" in caplog.text
 

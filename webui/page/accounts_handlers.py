@@ -238,6 +238,12 @@ class AccountHandlers:
         label = f"New password of {name} (shown this once; their sign-ins have ended)"
         return *self.users(), gr.Textbox(value=password, visible=True, label=label)
 
+    @notices(1)
+    def user_picked(self, name: str | None, request: gr.Request):
+        """The picked user's own request limit into its box (0: the server's)."""
+        self.admin(request, "read the request limit of", repr(name))
+        return (self.store.request_limit(name) or 0) if name else 0
+
     @notices(3)
     def set_limit(self, name: str | None, limit, request: gr.Request):
         """A user's own request limit; empty (or 0): the server's --max-user-requests."""

@@ -52,5 +52,6 @@ def build(page: gr.Blocks, handlers: AccountHandlers) -> gr.Tab:
     add.click(handlers.add_user, inputs=[name, make_admin], outputs=[secret, table, who, name, make_admin])
     for button, handler in ((disable, handlers.disable), (enable, handlers.enable), (reset, handlers.reset_password)):
         button.click(handler, inputs=[who], outputs=[table, who, secret])
+    who.input(handlers.user_picked, inputs=[who], outputs=[limit])
     set_limit.click(handlers.set_limit, inputs=[who, limit], outputs=[table, who, secret])
     return tab
