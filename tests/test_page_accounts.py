@@ -341,12 +341,15 @@ def accounts_server(page_model, tmp_path_factory):
 def test_in_the_browser_a_password_is_changed_and_a_key_made_and_revoked(accounts_server, browser, name, size):
     import httpx
 
-    from tests.support.browser import OUTPUT, PHONE, WIDE, Shots
+    from tests.support.browser import OUTPUT, PHONE, VIOLATIONS, WIDE, Shots
     from tests.support.page import ready, sign_in
 
     server, viewport = accounts_server, {"wide": WIDE, "phone": PHONE}[size]
     shot = Shots(OUTPUT / f"page-accounts-{viewport['width']}")
-    page = browser.new_context(viewport=viewport).new_page()
+    ctx, outside = browser.new_context(viewport=viewport), []
+    ctx.on("request", lambda r: r.url.startswith((server.url, "data:", "blob:")) or outside.append(r.url))
+    ctx.add_init_script(VIOLATIONS)  # what the page's content policy blocked, in window.__csp
+    page = ctx.new_page()
     sign_in(page, server.url, name)
     ready(page)
     # alice, the first user, is an admin; bob is not, and has no Admin tab
@@ -386,6 +389,7 @@ def test_in_the_browser_a_password_is_changed_and_a_key_made_and_revoked(account
     page.wait_for_function("document.querySelector('#key-list').innerText.includes('revoked')")
     assert httpx.get(models, headers={"Authorization": f"Bearer {secret}"}).status_code == 401
     shot(page, f"{name}-key-revoked")
+    assert page.evaluate("window.__csp || []") == [] and outside == []
 
     page.locator("#current-password input").fill(f"{name}-password")
     page.locator("#new-password input").fill(f"{name}-new-password")
