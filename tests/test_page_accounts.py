@@ -206,6 +206,14 @@ def test_revoking_with_nothing_picked_is_a_notice(tabs, said):
     assert said == ["Pick the key to revoke first."]
 
 
+def test_a_removed_users_open_tab_gets_a_notice(store, tabs, said):
+    store.remove_user("bob")
+    assert tabs.account_shown(signed_in("bob")) == (gr.skip(), gr.skip())
+    tabs.create_key("laptop", signed_in("bob"))
+    tabs.revoke_key("rc-AbCdEfG", signed_in("bob"))
+    assert len(said) == 3 and all("signed out" in s for s in said), said
+
+
 # ---- an admin's users ----
 
 

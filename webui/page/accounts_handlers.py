@@ -76,6 +76,12 @@ class AccountHandlers:
             raise PageError("You are signed out: reload the page and sign in again.")
         return name
 
+    def _user(self, name: str):
+        try:
+            return self.store.get_user(name)
+        except NotFound:  # removed meanwhile: their sign-in ends at its next request
+            raise PageError("You are signed out: reload the page and sign in again.") from None
+
     def admin(self, request: gr.Request, action: str, target: str = "") -> str:
         """The signed-in user if they are an admin; else PageError, the attempt logged."""
         name = self.who(request)
@@ -88,7 +94,7 @@ class AccountHandlers:
 
     def keys(self, name: str):
         """One's keys as the table shows them, and the revoke picker's choices (active keys)."""
-        keys = self.store.list_api_keys(self.store.get_user(name))
+        keys = self.store.list_api_keys(self._user(name))
         rows = [
             [
                 k.label or "-",
@@ -147,8 +153,9 @@ class AccountHandlers:
         """A new key of one's own: shown this once (the store keeps only its hash)."""
         name = self.who(request)
         check_text(label, "key name")
+        user = self._user(name)
         try:
-            key, secret = self.store.create_api_key(self.store.get_user(name), label or "")
+            key, secret = self.store.create_api_key(user, label or "")
         except (Invalid, NotFound) as e:
             raise PageError(_sentence(e)) from None
         log.info("%s created API key %s...", name, key.visible)
@@ -160,8 +167,9 @@ class AccountHandlers:
         name = self.who(request)
         if not visible:
             raise PageError("Pick the key to revoke first.")
+        user = self._user(name)
         try:
-            key = self.store.revoke_api_key(visible, user=self.store.get_user(name))
+            key = self.store.revoke_api_key(visible, user=user)
         except (Invalid, NotFound) as e:
             raise PageError(_sentence(e)) from None
         log.info("%s revoked API key %s...", name, key.visible)
