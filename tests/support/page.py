@@ -66,3 +66,17 @@ def say(page, text: str, timeout: float = 60_000) -> str:
     """Send a message in the chat in view and wait for its answer to finish; its text."""
     send(page, text)
     return answered(page, text.split()[0], timeout)
+
+
+def restarted(srv, model, *flags: str):
+    """`srv` stopped cleanly and a new server started on the same port and database (the same
+    origin, so the browser's storage and cookies apply to it); the new server."""
+    from unittest import mock
+
+    from tests.support import server as servers
+
+    servers.stop_clean(srv)
+    with mock.patch.object(servers, "free_port", return_value=srv.port):
+        again = servers.Server(model, srv.db, *flags)
+    again.db = srv.db
+    return again

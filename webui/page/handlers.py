@@ -5,8 +5,9 @@ the model picked, export and share.
 Each handler takes what its event's inputs hold and returns what goes to its outputs (which
 components, webui/page/wiring.py says); what it does to the chats is ChatPage's
 (webui/page/logic.py). A refusal is a notice and changes nothing on the page. `Handlers` is
-every handler of the page: these, sending (webui/page/sending.py) and the Server tab's
-refresh (webui/page/server_tab.py). Runs in Gradio's worker threads. No MLX.
+every handler of the page: these, sending (webui/page/sending.py), a tab's sync with its
+user's other tabs (webui/page/sync.py) and the Server tab's refresh
+(webui/page/server_tab.py). Runs in Gradio's worker threads. No MLX.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from radixchat.webui.page.model_card import header
 from radixchat.webui.page.sending import Sending
 from radixchat.webui.page.server_tab import ServerTabHandlers
 from radixchat.webui.page.sidebar import UNDO_S
+from radixchat.webui.page.sync import Syncing
 from radixchat.webui.page.view import CUSTOM, SHOWN, PageView, View, notice, notices
 
 MEDIA_TYPES = {"md": "text/markdown", "json": "application/json"}
@@ -172,5 +174,5 @@ class ChatHandlers(PageView):
         return ""
 
 
-class Handlers(ChatHandlers, Sending, ServerTabHandlers):
+class Handlers(ChatHandlers, Sending, Syncing, ServerTabHandlers):
     """Every handler of the page, over one ChatPage."""

@@ -70,13 +70,19 @@ class Send:
             self.view.editing, ended = None, gr.Row(visible=False)
         return (
             msgs if here else skip,
-            skip if self.again else "",
+            "" if here and not self.again else skip,  # elsewhere the box holds that chat's draft
             self.page.listed(user, self.query, self.view.conv, found),
             title_now if here else skip,
             self.button(),
             conv_id if here and self.made else skip,
             ended,
         )
+
+    def watch(self, conv_id: int) -> None:
+        """This tab watches the reply it sent: a sync (webui/page/sync.py) follows it no more."""
+        run = self.page.chat.live(self.user, conv_id)
+        if run is not None:
+            self.view.watching = (conv_id, run.started)
 
     async def in_view(self):
         """What the chat area shows of the chat in view, now that the reply's chat was left."""
@@ -137,6 +143,7 @@ class Sending(PageView):
                 conv_id = send.made[0] if send.made else conv_id
                 here = view.conv == conv_id
                 if not send.opened:
+                    send.watch(conv_id)
                     yield await send.opening(msgs, conv_id, here, edit)
                     send.visible, send.opened = here, True
                 elif here:
@@ -180,8 +187,9 @@ class Sending(PageView):
         return gr.skip()
 
     async def follow_reply(self, conv_id, stamp, label, view: View, request: gr.Request):
-        """A chat came into view (the page loaded, a chat was picked) while a reply of its user's
-        is being written there, sent from this tab or another: it streams on here to its end,
+        """A chat came into view (the page loaded, a chat was picked), or a sync found a reply
+        begun in the chat in view (webui/page/sync.py), while a reply of its user's is being
+        written there, sent from this tab or another: it streams on here to its end,
         when the button reads Send again (outputs: `FOLLOWING`); Stop, pressed here, stops it.
         Another user's chat shows nothing of it. A reply that ended before it was found
         (`label`: the button read Stop for it) is shown as stored."""
@@ -198,6 +206,7 @@ class Sending(PageView):
             if label == STOP and in_view():  # it ended between the chat's rows and now
                 yield await Send(self, user, view, epoch, "", again=True).in_view(), self.action(False)
             return
+        view.watching = (conv_id, run.started)  # a sync need not follow it again
         reads_stop, why = None, None
         try:
             async for rows in run.watch():

@@ -25,6 +25,8 @@ class Sidebar:
     conv_list: gr.Radio  # one's chats newest first, or what the search found
     undo_timer: gr.Timer  # hides "Undo delete" again
     about: gr.Markdown  # the header's words in full, shown on a phone only (its header is cut short)
+    sync_go: gr.Button  # pressed by the browser while the tab is visible (shortcuts.SYNC)
+    follow_go: gr.Number  # bumped by a sync that found a reply begun in the chat in view
 
 
 def sidebar() -> Sidebar:
@@ -40,4 +42,7 @@ def sidebar() -> Sidebar:
         conv_list = gr.Radio(show_label=False, container=False, elem_id="conv-list")
         undo_timer = gr.Timer(UNDO_S, active=False)
         about = gr.Markdown(elem_id="side-about")
-    return Sidebar(new, search, undo, conv_list, undo_timer, about)
+        # rendered but not shown: the browser presses the one, and the other's change is an event
+        sync_go = gr.Button(visible="hidden", elem_id="sync-go")
+        follow_go = gr.Number(0, precision=0, visible="hidden", elem_id="follow-go")
+    return Sidebar(new, search, undo, conv_list, undo_timer, about, sync_go, follow_go)

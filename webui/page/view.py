@@ -54,13 +54,17 @@ class View:
     browser's count of view changes it follows (`epoch`), the chat "Undo delete" brings back,
     the message being edited (its "Edit" was pressed: the next Send makes a new version of
     it), as (conversation, message), and the model picked while a new chat is in view (None:
-    the first), which its first message's conversation takes; any change of view ends both."""
+    the first), which its first message's conversation takes; any change of view ends both.
+    For catching up with other tabs (webui/page/sync.py): the sidebar's list as last synced,
+    and the reply this tab watches, as (conversation, when it began)."""
 
     conv: int | None = None
     epoch: int = 0
     deleted: int | None = None
     editing: tuple[int, int] | None = None
     model: str | None = None
+    listed: list[tuple[str, int]] | None = None
+    watching: tuple[int, float] | None = None
 
     def follow(self, conv: int | None, epoch: int | float | None, *, change: bool = False) -> bool:
         """Show `conv` unless the browser has changed its view since (a later epoch). A view

@@ -7,8 +7,10 @@ webui/page/handlers.py's. Events are registered in one fixed order, the order of
 API: scripted clients find an event by its handler's name. Every event is private to the
 page (no public API); the sends share one queue (`generating`) sized for the engine's batch
 and queue, and Stop stays outside it, as does following the reply being written in a chat
-that came into view (`following`: only a watcher of the server's reply). Runs once, when the
-page is built; no MLX.
+that came into view (`following`: only a watcher of the server's reply), and a tab's sync with
+its user's other tabs (`sync`, webui/page/sync.py), which the browser asks for every few
+seconds. Drafts, keys and the sync's pace are the browser's (webui/page/shortcuts.py). Runs
+once, when the page is built; no MLX.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from radixchat.webui.page.scripts import (
     new_chat,
 )
 from radixchat.webui.page.sending import FOLLOWING, REPLYING
+from radixchat.webui.page.shortcuts import KEEP_DRAFT, KEYS, SYNC, show_draft
 from radixchat.webui.page.view import SHOWN
 
 if TYPE_CHECKING:
@@ -90,6 +93,13 @@ def wire(page: gr.Blocks, p: Parts, h: Handlers, config: Settings) -> None:
     wire_sends(p, h, config)
     wire_export_and_share(p, h)
     wire_server_tab(p, h)
+    wire_sync(p, h)
+
+
+def drafted(p: Parts, *, replace: bool) -> dict:
+    """The browser's step that puts the draft of the chat now in view in the message box."""
+    typed = [p.header, p.current, p.area.message]
+    return {"fn": None, "inputs": typed, "outputs": [p.area.message], "js": show_draft(replace=replace), **PRIVATE}
 
 
 def wire_load(page: gr.Blocks, p: Parts, h: Handlers) -> None:
@@ -100,11 +110,14 @@ def wire_load(page: gr.Blocks, p: Parts, h: Handlers) -> None:
         None, [p.header, *numbers], numbers, js=RESTORE_SETTINGS, **PRIVATE
     )
     loaded.then(**following(p, h))  # a reply being written in the chat opened streams on
+    loaded.then(**drafted(p, replace=False))
     # `input`: set by the person (a restore sets them too, and needs no keeping)
     for number in numbers:
         number.input(None, [p.header, *numbers], None, js=KEEP_SETTINGS, **PRIVATE)
     page.load(None, js=OPEN_WIDE, **PRIVATE)
     page.load(None, js=versions.LISTEN, **PRIVATE)
+    page.load(None, js=KEYS, **PRIVATE)
+    page.load(None, js=SYNC, **PRIVATE)
 
 
 def wire_versions(p: Parts, h: Handlers) -> None:
@@ -120,8 +133,8 @@ def wire_chats(p: Parts, h: Handlers) -> None:
     side, this, view_outputs = p.side, p.this, p.named(SHOWN)
     # a chat picked or "New chat": the browser changes its view at once, then the server follows
     side.conv_list.input(None, [side.conv_list, p.epoch], [p.current, p.epoch], js=PICK, **PRIVATE).then(
-        h.switch, [p.current, p.epoch, side.search, p.view], view_outputs, **PRIVATE
-    ).then(**following(p, h))
+        **drafted(p, replace=True)
+    ).then(h.switch, [p.current, p.epoch, side.search, p.view], view_outputs, **PRIVATE).then(**following(p, h))
     side.new.click(
         None,
         [p.epoch],
@@ -138,7 +151,9 @@ def wire_chats(p: Parts, h: Handlers) -> None:
         ],
         js=new_chat(h.chat.first_model()),
         **PRIVATE,
-    ).then(h.new_chat_opened, [p.epoch, p.view], [p.area.send, p.area.edit_bar, p.settings.model_note], **PRIVATE)
+    ).then(**drafted(p, replace=True)).then(
+        h.new_chat_opened, [p.epoch, p.view], [p.area.send, p.area.edit_bar, p.settings.model_note], **PRIVATE
+    )
     side.search.change(h.find, [side.search, p.current], [side.conv_list], show_progress="hidden", **PRIVATE)
     gr.on(
         [this.rename.click, this.title.submit],
@@ -148,8 +163,12 @@ def wire_chats(p: Parts, h: Handlers) -> None:
         **PRIVATE,
     )
     undoing = [side.undo, side.undo_timer]
-    this.delete.click(h.delete_chat, [p.current, side.search, p.view], [*view_outputs, *undoing], **PRIVATE)
-    side.undo.click(h.undo_delete, [side.search, p.view], [*view_outputs, *undoing], **PRIVATE)
+    this.delete.click(h.delete_chat, [p.current, side.search, p.view], [*view_outputs, *undoing], **PRIVATE).then(
+        **drafted(p, replace=True)
+    )
+    side.undo.click(h.undo_delete, [side.search, p.view], [*view_outputs, *undoing], **PRIVATE).then(
+        **drafted(p, replace=True)
+    )
     side.undo_timer.tick(h.undo_expired, [p.view], undoing, show_progress="hidden", **PRIVATE)
 
 
@@ -213,3 +232,22 @@ def wire_server_tab(p: Parts, h: Handlers) -> None:
     )
     p.chat_section.select(lambda: gr.Timer(active=False), None, timer, **PRIVATE)
     timer.tick(refresh, None, figures, show_progress="hidden", **PRIVATE)
+
+
+def wire_sync(p: Parts, h: Handlers) -> None:
+    side, box = p.side, p.area.message
+    # the draft: kept as the box changes, and dropped once a send empties it (shortcuts.py)
+    box.change(None, [p.header, p.current, box], None, js=KEEP_DRAFT, **PRIVATE)
+    # pressed by the browser every few seconds while the tab is visible (shortcuts.SYNC): only
+    # the last of those waiting runs; cheap, and outside the sends' queue
+    side.sync_go.click(
+        h.synced,
+        [side.search, p.current, side.follow_go, p.view],
+        [side.conv_list, side.follow_go],
+        concurrency_id="sync",
+        concurrency_limit=None,
+        show_progress="hidden",
+        trigger_mode="always_last",
+        **PRIVATE,
+    )
+    side.follow_go.change(**following(p, h))  # a reply begun elsewhere in the chat in view

@@ -1,0 +1,353 @@
+"""Typing on the page: drafts kept in the browser, the keyboard's shortcuts, and a tab that
+follows what its user does in another.
+
+A real server and Debian's Chromium, at 1280 and 390 px. A draft typed in a chat, and one in a
+new chat, come back after a reload and after a server restart (the same port and database),
+each in its own chat; another user signing in to the same browser sees neither; a sent
+message's draft is gone. Esc stops a reply (stored as stopped in SQLite), but not from the
+search box; Ctrl+Shift+O opens a new chat (and the button's title says so); Up in the empty
+message box edits one's last message, and does nothing in a box with text. A chat made,
+renamed or deleted in one tab shows so in another tab's sidebar without a reload, which keeps
+its pick and its typed text; a reply begun in one tab streams in another that had its chat
+open. Screenshots go to test-output/page-drafts-keys/.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.browser import OUTPUT, PHONE, WIDE, Shots
+from tests.support.page import LAST_BOT, new_chat, ready, restarted, say, send, set_number, sign_in
+from tests.support.procs import scaled
+from tests.support.randmodel import build_random_model
+from tests.support.server import page_server, stop_clean
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = "600"  # a reply of many seconds on this model: it can be stopped and followed
+BOX = "document.querySelector('#message textarea').value"
+BUTTON = "document.querySelector('#send').innerText.trim()"
+STREAMING = f"(({LAST_BOT})()).includes('▍')"
+CHATS = "[...document.querySelectorAll('#conv-list label')].map(l => l.innerText.trim())"
+PICKED = "document.querySelector('#conv-list label.selected')?.innerText.trim() || ''"
+DRAFTS = "Object.keys(localStorage).filter(k => k.startsWith('radixchat.draft.')).sort()"
+USERS = {"1280": ("alice", WIDE), "390": ("bob", PHONE)}
+
+
+class Running:
+    """The module's server, which a test may restart on the same port and database."""
+
+    def __init__(self, model: Path, folder: Path):
+        self.model = model
+        self.srv = page_server(model, folder, "--max-tokens", MAX_TOKENS)
+
+    @property
+    def url(self) -> str:
+        return self.srv.url
+
+    @property
+    def db(self) -> Path:
+        return self.srv.db
+
+    def restart(self) -> None:
+        self.srv = restarted(self.srv, self.model, "--max-tokens", MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # as the reply-outlives-tab tests': a reply of MAX_TOKENS runs for many seconds
+    model = build_random_model(tmp_path_factory.mktemp("drafts") / "model", dim=512, layers=8, context=4096)
+    running = Running(model, tmp_path_factory.mktemp("drafts-db"))
+    yield running
+    stop_clean(running.srv)
+
+
+@pytest.fixture(scope="module")
+def shots():
+    return Shots(OUTPUT / "page-drafts-keys")
+
+
+def opened(browser, server, name: str, size: dict):
+    """`name`'s tab, signed in, at `size`, in a browser context of its own."""
+    page = browser.new_context(viewport=size).new_page()
+    sign_in(page, server.url, name)
+    ready(page)
+    return page
+
+
+def box_reads(page, text: str, timeout: float = 10) -> None:
+    page.wait_for_function(f"{BOX} === {text!r}", timeout=scaled(timeout) * 1e3)
+
+
+def type_draft(page, text: str) -> None:
+    """Type in the message box (not sent), and wait until the browser kept it."""
+    box = page.locator("#message textarea")
+    box.fill(text)
+    page.wait_for_function(f"Object.values(localStorage).includes({text!r})", timeout=scaled(10) * 1e3)
+
+
+def drawer_open(page) -> None:
+    """On a phone, the sidebar's drawer opened (beside the chat on a wide screen it is open)."""
+    if not page.evaluate("document.querySelector('#sidebar').classList.contains('open')"):
+        page.locator("#sidebar .toggle-button").click()
+        page.wait_for_function("document.querySelector('#sidebar').classList.contains('open')")
+        page.wait_for_timeout(400)  # it slides
+
+
+def pick(page, mark: str) -> None:
+    """Open the chat whose title holds `mark`, and wait until it is in view."""
+    drawer_open(page)
+    page.locator("#conv-list label", has_text=mark).first.click()
+    page.wait_for_function(
+        f"({PICKED}).includes({mark!r}) && document.querySelector('#chat').innerText.includes({mark!r})",
+        timeout=scaled(10) * 1e3,
+    )
+
+
+def short_replies(page) -> None:
+    set_number(page, "max-tokens", 8)
+
+
+def stored(db: Path, mark: str, timeout: float = 30) -> tuple[str, str]:
+    """(text, finish reason) of the last reply stored in the chat of the message holding `mark`."""
+    deadline = time.monotonic() + scaled(timeout)
+    while True:
+        with sqlite3.connect(db) as con:
+            rows = con.execute(
+                "SELECT m.content, r.finish_reason FROM messages m JOIN requests r ON r.id = m.request"
+                " WHERE m.role = 'assistant' AND m.conversation ="
+                " (SELECT conversation FROM messages WHERE role = 'user' AND content LIKE ?) ORDER BY m.id",
+                (f"%{mark}%",),
+            ).fetchall()
+        if rows or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert rows, mark
+    return rows[-1]
+
+
+def streams(page, timeout: float = 30) -> None:
+    """The page shows a reply being written, and the button reads Stop."""
+    page.wait_for_function(f"{STREAMING} && (({LAST_BOT})()).length > 5", timeout=scaled(timeout) * 1e3)
+    page.wait_for_function(f"{BUTTON} === 'Stop'", timeout=scaled(10) * 1e3)
+
+
+def stopped(page, timeout: float = 30) -> None:
+    page.wait_for_function(f"(({LAST_BOT})()).includes('stopped')", timeout=scaled(timeout) * 1e3)
+    page.wait_for_function(f"{BUTTON} === 'Send'", timeout=scaled(10) * 1e3)
+
+
+# ---- drafts ----
+
+
+@pytest.mark.parametrize("width", sorted(USERS), ids=lambda w: f"{w}px")
+def test_drafts_survive_a_reload_and_a_restart_each_users_own_and_go_when_sent(browser, server, shots, width):
+    name, size = USERS[width]
+    other = "bob" if name == "alice" else "alice"
+    mark = f"Draftchat-{width}"
+    in_chat, in_new = f"half typed in the chat {width}", f"a new chat's first words {width}"
+    page = opened(browser, server, name, size)
+    try:
+        short_replies(page)
+        new_chat(page)
+        say(page, f"{mark} what is a list?")
+        type_draft(page, in_chat)
+        page.reload()
+        ready(page)
+        box_reads(page, in_chat)  # the chat opens again, with its draft
+        shots(page, f"draft-after-reload-{width}")
+
+        new_chat(page)
+        box_reads(page, "")  # a new chat's box: the other chat's draft is that chat's
+        type_draft(page, in_new)
+        pick(page, mark)
+        box_reads(page, in_chat)
+        new_chat(page)
+        box_reads(page, in_new)
+        pick(page, mark)
+
+        server.restart()
+        page.reload()
+        ready(page)
+        box_reads(page, in_chat)
+        new_chat(page)
+        box_reads(page, in_new)
+        shots(page, f"draft-after-restart-{width}")
+
+        # another user in the same browser: none of it
+        page.goto(server.url + "/logout")
+        sign_in(page, server.url, other)
+        ready(page)
+        page.wait_for_timeout(1000)
+        assert page.evaluate(BOX) == ""
+        new_chat(page)
+        page.wait_for_timeout(500)
+        assert page.evaluate(BOX) == ""
+        shots(page, f"other-user-no-draft-{width}")
+        page.goto(server.url + "/logout")
+        sign_in(page, server.url, name)
+        ready(page)
+        box_reads(page, in_chat)
+
+        # sent: its draft goes, the other chat's stays
+        new_chat(page)
+        box_reads(page, in_new)
+        page.locator("#message textarea").press("Enter")
+        page.wait_for_function(f"document.querySelector('#chat').innerText.includes({in_new!r})")
+        page.wait_for_function(f"!Object.values(localStorage).includes({in_new!r})", timeout=scaled(30) * 1e3)
+        page.reload()
+        ready(page)
+        box_reads(page, "")  # the sent message's chat is open: nothing kept for it
+        pick(page, mark)
+        box_reads(page, in_chat)
+        assert f"radixchat.draft.{name}.new" not in page.evaluate(DRAFTS)
+    finally:
+        page.context.close()
+
+
+# ---- keys ----
+
+
+def test_esc_stops_a_reply_but_not_from_the_search_box(browser, server, shots):
+    mark = "Escape-7213"
+    page = opened(browser, server, "alice", WIDE)
+    try:
+        set_number(page, "max-tokens", int(MAX_TOKENS))
+        new_chat(page)
+        send(page, f"{mark} tell me everything about generators")
+        streams(page)
+        page.locator("#search input, #search textarea").first.press("Escape")  # another field
+        page.wait_for_timeout(1500)
+        assert page.evaluate(STREAMING) and page.evaluate(BUTTON) == "Stop"
+        page.locator("#message textarea").press("Escape")
+        stopped(page)
+        text, finish = stored(server.db, mark)
+        assert finish == "cancelled" and text, (finish, text)
+        shots(page, "esc-stopped-1280")
+    finally:
+        page.context.close()
+
+
+@pytest.mark.parametrize("width", sorted(USERS), ids=lambda w: f"{w}px")
+def test_ctrl_shift_o_opens_a_new_chat(browser, server, shots, width):
+    name, size = USERS[width]
+    mark = f"Shortcut-{width}"
+    page = opened(browser, server, name, size)
+    try:
+        short_replies(page)
+        new_chat(page)
+        say(page, f"{mark} what is a set?")
+        assert "Ctrl+Shift+O" in page.locator("#new-chat").get_attribute("title")
+        page.locator("#message textarea").press("Control+Shift+O")
+        page.wait_for_function("!document.querySelector('#chat [data-testid=user]')", timeout=scaled(10) * 1e3)
+        page.wait_for_function("document.querySelector('#title textarea, #title input').value === ''")
+        if size is PHONE:  # the drawer stays closed: the new chat is in view
+            assert not page.evaluate("document.querySelector('#sidebar').classList.contains('open')")
+        shots(page, f"new-chat-shortcut-{width}")
+        say(page, f"{mark}-second what is a dict?")  # a message goes to a chat of its own
+        drawer_open(page)
+        page.wait_for_function(f"({CHATS}).filter(t => t.includes({mark!r})).length === 2")
+    finally:
+        page.context.close()
+
+
+@pytest.mark.parametrize("width", sorted(USERS), ids=lambda w: f"{w}px")
+def test_up_in_the_empty_box_edits_the_last_message(browser, server, shots, width):
+    name, size = USERS[width]
+    last = f"Uparrow-{width}-b and what is a tuple?"  # its own first word: `say` waits for its answer
+    page = opened(browser, server, name, size)
+    try:
+        short_replies(page)
+        new_chat(page)
+        say(page, f"Uparrow-{width}-a what is a list?")
+        say(page, last)
+        box = page.locator("#message textarea")
+        box.fill("not empty")
+        box.press("ArrowUp")
+        page.wait_for_timeout(1000)
+        assert page.evaluate(BOX) == "not empty" and not page.locator("#edit-bar").is_visible()
+        box.fill("")
+        box.press("ArrowUp")
+        box_reads(page, last)
+        page.wait_for_function("!!document.querySelector('#edit-bar')?.offsetParent")
+        shots(page, f"up-edits-{width}")
+        page.locator("#message textarea").fill(f"Uparrow-{width}-c and what is a set?")
+        page.locator("#message textarea").press("Enter")
+        page.wait_for_function(
+            "document.querySelector('#chat').innerText.includes('2/2')", timeout=scaled(60) * 1e3
+        )  # a new version of the last message
+    finally:
+        page.context.close()
+
+
+# ---- another tab ----
+
+
+def test_the_sidebar_follows_chats_made_renamed_and_deleted_in_another_tab(browser, server, shots):
+    page = opened(browser, server, "alice", WIDE)
+    try:
+        short_replies(page)
+        new_chat(page)
+        say(page, "Stays-3391 what is a list?")
+        other = page.context.new_page()  # a second tab of hers, at a phone's width
+        other.set_viewport_size(PHONE)
+        other.goto(server.url)
+        ready(other)
+        other.wait_for_function(f"({PICKED}).includes('Stays-3391')")
+        other.locator("#message textarea").fill("typing in the second tab")
+
+        new_chat(page)
+        say(page, "Madeelsewhere-4402 what is a dict?")
+        other.wait_for_function(f"({CHATS}).some(t => t.includes('Madeelsewhere-4402'))", timeout=scaled(20) * 1e3)
+        assert "Stays-3391" in other.evaluate(PICKED)  # its pick and its typing stay
+        assert other.evaluate(BOX) == "typing in the second tab"
+        drawer_open(other)
+        shots(other, "made-elsewhere-390")
+
+        page.locator("#title textarea, #title input").first.fill("Renamed-5513")
+        page.locator("#rename").click()
+        other.wait_for_function(f"({CHATS}).includes('Renamed-5513')", timeout=scaled(20) * 1e3)
+        page.locator("#delete").click()
+        other.wait_for_function(f"!({CHATS}).includes('Renamed-5513')", timeout=scaled(20) * 1e3)
+        assert "Stays-3391" in other.evaluate(PICKED)
+        assert other.evaluate(BOX) == "typing in the second tab"
+        shots(other, "deleted-elsewhere-390")
+        shots(page, "first-tab-1280")
+    finally:
+        page.context.close()
+
+
+def test_a_reply_begun_in_another_tab_streams_where_its_chat_is_open(browser, server, shots):
+    mark = "Followed-6624"
+    page = opened(browser, server, "alice", WIDE)
+    try:
+        short_replies(page)
+        new_chat(page)
+        say(page, f"{mark} what is a list?")
+        other = page.context.new_page()
+        other.goto(server.url)
+        ready(other)
+        other.wait_for_function(f"document.querySelector('#chat').innerText.includes({mark!r})")
+        assert other.evaluate(BUTTON) == "Send"
+
+        set_number(page, "max-tokens", int(MAX_TOKENS))
+        send(page, f"{mark} now tell me everything about generators")
+        streams(page)
+        streams(other, timeout=30)  # without opening the chat again
+        first = len(other.evaluate(LAST_BOT))
+        other.wait_for_function(f"!({STREAMING}) || (({LAST_BOT})()).length > {first + 20}", timeout=scaled(30) * 1e3)
+        assert other.evaluate(STREAMING), "the reply ended before it was seen growing"
+        shots(other, "followed-elsewhere-1280")
+        other.set_viewport_size(PHONE)
+        shots(other, "followed-elsewhere-390")
+        other.locator("#message textarea").press("Escape")  # and Esc there stops it
+        for tab in (other, page):
+            stopped(tab)
+        text, finish = stored(server.db, "now tell me everything")
+        assert finish == "cancelled" and text, (finish, text)
+    finally:
+        page.context.close()

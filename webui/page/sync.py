@@ -1,0 +1,41 @@
+"""A tab catching up with what its user did elsewhere: chats made, renamed or deleted in
+another tab or on another device, and a reply that began in the chat in view.
+
+The browser asks every few seconds while the tab is visible (webui/page/shortcuts.py's
+`SYNC`); `synced` answers with the sidebar's list only when it differs from the last one this
+tab was sent, and only its choices: the chat picked stays the browser's, so a pick made while
+an answer was on its way is never undone, and the message box is not touched. When a reply of
+the user's is being written in the chat in view and this tab watches none, it bumps the
+hidden `follow_go`, whose change starts following it (webui/page/sending.py's
+`follow_reply`, wired by webui/page/wiring.py). A part of the page's handlers
+(webui/page/handlers.py). Runs in Gradio's worker threads. No MLX.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from radixchat.webui.page.errors import PageError
+from radixchat.webui.page.view import PageView, View
+
+
+class Syncing(PageView):
+    """The handler of a tab's periodic question."""
+
+    def synced(self, query, conv_id, follows, view: View, request: gr.Request):
+        """(the sidebar's choices, or skip; `follow_go` bumped, or skip)."""
+        skip = gr.skip()
+        try:
+            user = self.who(request)
+            found = self.chat.find(user, query or "")
+        except PageError:  # signed out elsewhere (the tab's next action says so), or a search refused
+            return skip, skip
+        choices = skip
+        if found != view.listed:
+            view.listed = found
+            choices = gr.Radio(choices=found)
+        conv_id = None if conv_id is None else int(conv_id)
+        run = self.chat.live(user, conv_id) if conv_id == view.conv else None
+        if run is None or not run.live or view.watching == (conv_id, run.started):
+            return choices, skip
+        return choices, int(follows or 0) + 1
