@@ -9,7 +9,9 @@ search box; Ctrl+Shift+O opens a new chat (and the button's title says so); Up i
 message box edits one's last message, and does nothing in a box with text. A chat made,
 renamed or deleted in one tab shows so in another tab's sidebar without a reload, which keeps
 its pick and its typed text; a reply begun in one tab streams in another that had its chat
-open. Screenshots go to test-output/page-drafts-keys/.
+open. Screenshots go to test-output/page-drafts-keys/. Through the sync's handler, as the page
+calls it: a tab is sent nothing when nothing changed, only its list when it did (never the
+other user's), and is told once to follow a reply begun in its chat elsewhere.
 """
 
 from __future__ import annotations
@@ -351,3 +353,58 @@ def test_a_reply_begun_in_another_tab_streams_where_its_chat_is_open(browser, se
         assert finish == "cancelled" and text, (finish, text)
     finally:
         page.context.close()
+
+
+# ---- the sync's handler, as the page calls it ----
+
+
+def test_a_sync_answers_only_what_changed(tmp_path):
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from radixchat.core.store import Store
+    from radixchat.webui.page.dashboard import Presence
+    from radixchat.webui.page.handlers import Handlers
+    from radixchat.webui.page.logic import ChatPage
+    from radixchat.webui.page.view import View
+    from tests.support.cheap import cheap_scrypt
+    from tests.support.fake_engine import FakeEngine
+
+    store = Store(tmp_path / "page.db", scrypt=cheap_scrypt())
+    for who in ("alice", "bob"):
+        store.create_user(who, f"{who}-password")
+    engine = FakeEngine("a fake reply")
+    h = Handlers(ChatPage(engine, store), Presence(), {}, engine.info, sign_in=True)
+    alice, skip = SimpleNamespace(username="alice", headers={}), gr.skip()
+    conv = h.chat.new_chat(store.get_user("alice"))
+    here, elsewhere = View(conv=conv.id), View(conv=conv.id)
+
+    listed, bumped = h.synced("", conv.id, 0, here, alice)
+    assert listed.choices and bumped == skip  # the first answer: the list, whose pick is the browser's
+    assert listed.value is None or listed.value == conv.id
+    assert h.synced("", conv.id, 0, here, alice) == (skip, skip)  # nothing changed: nothing sent
+    bobs = h.synced("", conv.id, 0, View(conv=conv.id), SimpleNamespace(username="bob", headers={}))
+    assert bobs[0].choices == [] and bobs[1] == skip  # nothing of alice's for bob
+
+    async def elsewhere_sends():
+        engine.hold = True
+        sender = h.send_message("Hi-7 there", conv.id, "", 0, "", 0, 16, None, elsewhere, alice)
+        await sender.__anext__()  # its first rows: the reply is being written
+        assert h.synced("", conv.id, 3, here, alice)[1] == 4  # the tab with the chat open follows it
+        assert h.synced("", conv.id, 0, elsewhere, alice)[1] == skip  # the sender watches it already
+        follower = h.follow_reply(conv.id, 0, "Send", here, alice)
+        await follower.__anext__()
+        await follower.__anext__()  # streaming here
+        assert h.synced("", conv.id, 4, here, alice) == (skip, skip)  # followed: nothing more
+        engine.release()
+        [_ async for _ in follower]
+        [_ async for _ in sender]
+
+    try:
+        with ThreadPoolExecutor(1) as pool:  # Playwright's sync API may hold this thread's loop
+            pool.submit(asyncio.run, elsewhere_sends()).result()
+    finally:
+        store.close()

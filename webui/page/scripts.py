@@ -2,7 +2,7 @@
 on a wide screen and closed on a phone, a pick or "New chat" in view at once (a new chat with
 the first model picked), an edited message's box brought into view, the temperature and max
 tokens kept per user in the browser (localStorage) across reloads, and an export saved as a
-file.
+file. Drafts, the keyboard's shortcuts and a tab's sync are webui/page/shortcuts.py's.
 
 webui/page/wiring.py attaches them to events (Gradio's `js=`); the controls inside a message
 have their own script (webui/page/versions.py). They run in the browser; this module only
