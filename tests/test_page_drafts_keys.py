@@ -100,6 +100,14 @@ def drawer_open(page) -> None:
         page.wait_for_timeout(400)  # it slides
 
 
+def drawer_closed(page) -> None:
+    """On a phone, the drawer closed, for a screenshot of the chat under it."""
+    page.wait_for_timeout(400)  # it may be sliding
+    if page.evaluate("document.querySelector('#sidebar').classList.contains('open')"):
+        page.locator("#sidebar .toggle-button").click()
+        page.wait_for_timeout(400)
+
+
 def pick(page, mark: str) -> None:
     """Open the chat whose title holds `mark`, and wait until it is in view."""
     drawer_open(page)
@@ -161,6 +169,8 @@ def test_drafts_survive_a_reload_and_a_restart_each_users_own_and_go_when_sent(b
         page.reload()
         ready(page)
         box_reads(page, in_chat)  # the chat opens again, with its draft
+        if size is PHONE:
+            drawer_closed(page)
         shots(page, f"draft-after-reload-{width}")
 
         new_chat(page)
@@ -178,6 +188,8 @@ def test_drafts_survive_a_reload_and_a_restart_each_users_own_and_go_when_sent(b
         box_reads(page, in_chat)
         new_chat(page)
         box_reads(page, in_new)
+        if size is PHONE:
+            drawer_closed(page)
         shots(page, f"draft-after-restart-{width}")
 
         # another user in the same browser: none of it
@@ -345,6 +357,7 @@ def test_a_reply_begun_in_another_tab_streams_where_its_chat_is_open(browser, se
         assert other.evaluate(STREAMING), "the reply ended before it was seen growing"
         shots(other, "followed-elsewhere-1280")
         other.set_viewport_size(PHONE)
+        drawer_closed(other)
         shots(other, "followed-elsewhere-390")
         other.locator("#message textarea").press("Escape")  # and Esc there stops it
         for tab in (other, page):
