@@ -119,7 +119,7 @@ class Intake:
         request. Raises RequestError when refused. The caller's thread waits while the
         preparation pool does the work, in turn with other users' (core.engine.prepare)."""
         self._check_bounds(request)
-        self._take_slot(request.owner)
+        self._take_slot(request.owner, request.owner_limit)
         try:
             return self._queue_prepared(request, *prepare.wait(self._prepare(request)))
         except BaseException:
@@ -130,7 +130,7 @@ class Intake:
         """`submit` for asyncio callers: the loop is free while the request is prepared, and
         the handle delivers its events to the calling loop."""
         self._check_bounds(request)
-        self._take_slot(request.owner)  # a flood's refusals cost no templating
+        self._take_slot(request.owner, request.owner_limit)  # a flood's refusals cost no templating
         try:
             return self._queue_prepared(request, *await prepare.await_all(self._prepare(request)))
         except BaseException:
@@ -328,17 +328,18 @@ class Intake:
                 f"{'response_format' if lark is None else 'tools'}: {e}", code="invalid_schema"
             ) from None
 
-    def _take_slot(self, owner: str | None) -> None:
+    def _take_slot(self, owner: str | None, limit: int | None = None) -> None:
         """Count a request against the queue and its owner before any work is done for it
         (templating, compiling): a flood is refused at the limit, never after costing the
-        cores the batch needs, and what one owner has counted is all it can have in flight.
+        cores the batch needs, and what one owner has counted is all it can have in flight:
+        `limit` (the user's own, set by an admin) or --max-user-requests.
         Whoever refuses the request later gives the slot back (`_give_slot`); once it is
         queued, the engine thread does, when it ends."""
         with self._lock:
             if self._inflight >= self.settings.max_queue:
                 raise QueueFull(self._inflight)
             if owner is not None:  # counted with the owner's requests on every model
-                self.owners.take(owner, self.settings.max_user_requests)
+                self.owners.take(owner, self.settings.max_user_requests if limit is None else limit)
             self._inflight += 1
 
     def _give_slot(self, owner: str | None) -> None:

@@ -143,6 +143,9 @@ class ChatRequest(BaseModel):
     # who sends it: after the system message, the prefix cache keeps this request's tokens
     # where only the same owner's requests find them (None: the one user of --no-auth)
     owner: str | None = None
+    # how many requests the owner may have waiting or running at once, their own limit where an
+    # admin set one (None: the server's --max-user-requests)
+    owner_limit: int | None = Field(default=None, ge=1)
 
     @field_validator("messages")
     @classmethod
@@ -160,6 +163,7 @@ class PromptRequest(BaseModel):
     prompt: str = Field(min_length=1)
     sampling: Sampling = Field(default_factory=Sampling)
     owner: str | None = None
+    owner_limit: int | None = Field(default=None, ge=1)  # (as ChatRequest's)
 
 
 @dataclass

@@ -8,8 +8,8 @@ cache namespace (`User.cache_key`; a removed user's is noted in `removed_users` 
 server to forget, `removed_cache_keys`), and the session key a page sign-in is bound to (a new
 one on each password change: `session_key`, `session_current`). And what the page's Admin tab
 manages (schema V13): who is an admin (the first user made is), who is disabled (kept out of
-the page and the API, their rows kept), a per-user request limit (`request_limit`: stored here;
-the engine's count of requests in flight does not read it yet), and each user's usage
+the page and the API, their rows kept), a per-user request limit (`request_limit`: stored here,
+carried by each request of theirs to the engine's count of requests in flight), and each user's usage
 (`accounts`, read from the request rows). Hashing itself is
 core.store.auth; sign-in throttling, sessions and reading keys from HTTP headers are webui's. A key's "last used" is noted through the metrics
 writer thread (`_touch_api_key`, core.store.metrics), so checking a key never waits for the
@@ -49,7 +49,7 @@ _TOUCH_EVERY_S = 60.0  # how stale a key's last_used may get: saves a write per 
 
 # a user without a cache key (one an older program added) reads as "", which owner_of refuses:
 # their requests fail rather than share one namespace with every such user
-_USER_COLUMNS = "SELECT id, name, created, coalesce(cache_key, '') FROM users"
+_USER_COLUMNS = "SELECT id, name, created, coalesce(cache_key, ''), request_limit FROM users"
 _KEY_COLUMNS = (
     "SELECT k.id, k.owner, u.name, k.visible, k.label, k.created, k.last_used, k.revoked, k.front_end = 1 "
     "FROM api_keys k JOIN users u ON u.id = k.owner"
@@ -103,15 +103,16 @@ class AccountsMixin(StoreBase):
         if is_valid_name(name):
             with self._tx(write=False) as db:
                 row = db.execute(
-                    "SELECT id, name, created, coalesce(cache_key, ''), password_hash, disabled FROM users WHERE name = ?",
+                    "SELECT id, name, created, coalesce(cache_key, ''), request_limit, password_hash, disabled"
+                    " FROM users WHERE name = ?",
                     [name],
                 ).fetchone()
         if not isinstance(password, str) or len(password) > MAX_PASSWORD_CHARS:
             password = ""
         if row is None:
             auth.burn_password_check(password, self._scrypt)
-        elif auth.verify_password(password, row[4]) and row[5] is None:  # a disabled user: as a wrong password
-            return User(*row[:4])
+        elif auth.verify_password(password, row[5]) and row[6] is None:  # a disabled user: as a wrong password
+            return User(*row[:5])
         raise AuthFailed("wrong user name or password")
 
     def set_password(self, name: str, password: str) -> None:
@@ -305,7 +306,7 @@ class AccountsMixin(StoreBase):
         with self._tx(write=False) as db:
             row = db.execute(
                 "SELECT k.id, k.revoked, k.last_used, k.front_end = 1, u.disabled, u.id, u.name, u.created, "
-                "coalesce(u.cache_key, '') FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.key_hash = ?",
+                "coalesce(u.cache_key, ''), u.request_limit FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.key_hash = ?",
                 [auth.api_key_hash(key)],
             ).fetchone()
         if row is None:

@@ -62,6 +62,9 @@ class User:
     # names the user's namespace in the engine's prefix cache (core.engine.requests.owner_of):
     # random and never reused, unlike `id`; for the server's own use, never shown to a client
     cache_key: str = field(default="", repr=False)
+    # how many requests the user may have waiting or running at once (None: the server's
+    # --max-user-requests); an admin sets it in the page (core.store.accounts)
+    request_limit: int | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

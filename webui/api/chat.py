@@ -55,6 +55,7 @@ async def chat_completions(
                 tools=tools,
                 sampling=sampling.model_copy(update={"lark": lark}),
                 owner=owner,
+                owner_limit=user and user.request_limit,
                 thinking=thinking,
             )
         ),
@@ -86,7 +87,9 @@ async def completions(
         ledger,
         body.n,
         body.sampling(engine.info.sampling_defaults),
-        lambda sampling: engine.asubmit(PromptRequest(prompt=body.prompt, sampling=sampling, owner=owner)),
+        lambda sampling: engine.asubmit(
+            PromptRequest(prompt=body.prompt, sampling=sampling, owner=owner, owner_limit=user and user.request_limit)
+        ),
     )
     frames = CompletionFrames(
         engine.info.model_id, len(handles), _include_usage(body), body.prompt if body.echo else ""

@@ -65,7 +65,11 @@ async def create_message(
         ledger,
         lambda: engine.asubmit(
             ChatRequest(
-                messages=messages, tools=tools, sampling=Sampling(**fields), owner=owner_of(user and user.cache_key)
+                messages=messages,
+                tools=tools,
+                sampling=Sampling(**fields),
+                owner=owner_of(user and user.cache_key),
+                owner_limit=user and user.request_limit,
             )
         ),
     )

@@ -76,7 +76,10 @@ async def create_response(
         ledger,
         lambda: engine.asubmit(
             ChatRequest(
-                messages=system + history + turn, sampling=Sampling(**fields), owner=owner_of(user and user.cache_key)
+                messages=system + history + turn,
+                sampling=Sampling(**fields),
+                owner=owner_of(user and user.cache_key),
+                owner_limit=user and user.request_limit,
             )
         ),
     )

@@ -38,8 +38,7 @@ def build(page: gr.Blocks, handlers: AccountHandlers) -> gr.Tab:
             reset = gr.Button("Reset password", elem_id="reset-password")
         with gr.Row(equal_height=True):
             limit = gr.Number(
-                label="Requests at once (empty or 0: the server's --max-user-requests; stored, "
-                "not yet enforced by the engine)",
+                label="Requests at once, waiting or running (empty or 0: the server's --max-user-requests)",
                 precision=0,
                 minimum=0,
                 elem_id="user-limit",

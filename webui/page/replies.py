@@ -310,7 +310,10 @@ class Replies:
             )
             # templated in a worker thread; the owner keeps this conversation in the user's
             # own part of the prefix cache and counts it against the user's share
-            return await engine.asubmit(ChatRequest(messages=messages, sampling=sampling, owner=self.owner(user)))
+            request = ChatRequest(
+                messages=messages, sampling=sampling, owner=self.owner(user), owner_limit=user.request_limit
+            )
+            return await engine.asubmit(request)
         except (RequestError, ValidationError) as e:
             if self.metrics is not None:
                 self.metrics.rejected()
