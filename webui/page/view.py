@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import html
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ import gradio as gr
 from radixchat.webui.page.errors import PageError
 from radixchat.webui.page.model_card import pick_note
 from radixchat.webui.page.shared import link as shared_link
+
+log = logging.getLogger("radixchat.page")
 
 if TYPE_CHECKING:
     from radixchat.core.engine.seam import ModelInfo
@@ -112,8 +115,9 @@ class PageView:
         name = getattr(request, "username", None) if self.sign_in else None
         try:
             user = self.chat.user(name)
-        except Exception as e:
-            raise PageError(f"Signed-in user {name!r} is unknown now; sign in again ({e}).") from None
+        except Exception:  # (what failed is the server's to log, not the page's to show)
+            log.warning("page: signed-in user %r not found", name, exc_info=True)
+            raise PageError("You are signed out now (your account changed or was removed): sign in again.") from None
         self.presence.seen(user.name)
         return user
 
