@@ -16,14 +16,12 @@ other user's), and is told once to follow a reply begun in its chat elsewhere.
 
 from __future__ import annotations
 
-import sqlite3
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.browser import OUTPUT, PHONE, WIDE, Shots
-from tests.support.page import LAST_BOT, new_chat, ready, restarted, say, send, set_number, sign_in
+from tests.support.page import LAST_BOT, new_chat, ready, restarted, say, send, set_number, sign_in, stored_replies
 from tests.support.procs import scaled
 from tests.support.randmodel import build_random_model
 from tests.support.server import page_server, stop_clean
@@ -124,20 +122,7 @@ def short_replies(page) -> None:
 
 def stored(db: Path, mark: str, timeout: float = 30) -> tuple[str, str]:
     """(text, finish reason) of the last reply stored in the chat of the message holding `mark`."""
-    deadline = time.monotonic() + scaled(timeout)
-    while True:
-        with sqlite3.connect(db) as con:
-            rows = con.execute(
-                "SELECT m.content, r.finish_reason FROM messages m JOIN requests r ON r.id = m.request"
-                " WHERE m.role = 'assistant' AND m.conversation ="
-                " (SELECT conversation FROM messages WHERE role = 'user' AND content LIKE ?) ORDER BY m.id",
-                (f"%{mark}%",),
-            ).fetchall()
-        if rows or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert rows, mark
-    return rows[-1]
+    return stored_replies(db, mark, timeout)[-1]
 
 
 def streams(page, timeout: float = 30) -> None:

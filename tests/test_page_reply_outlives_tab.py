@@ -15,7 +15,6 @@ test-output/page-reply-outlives-tab/.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +26,7 @@ from radixchat.core.store import Store
 from tests.support.browser import OUTPUT, PHONE, WIDE, Shots
 from tests.support.cheap import cheap_scrypt
 from tests.support.fake_engine import FakeEngine
-from tests.support.page import DONE, LAST_BOT, new_chat, ready, send, sign_in
+from tests.support.page import DONE, LAST_BOT, new_chat, ready, send, sign_in, stored_replies
 from tests.support.procs import scaled
 from tests.support.randmodel import build_random_model
 from tests.support.server import page_server, stop_clean
@@ -64,18 +63,7 @@ def shots():
 
 def stored(db: Path, mark: str, timeout: float = 30) -> tuple[str, str]:
     """(text, finish reason) of the reply stored after the message holding `mark`."""
-    deadline = time.monotonic() + scaled(timeout)
-    while True:
-        with sqlite3.connect(db) as con:
-            rows = con.execute(
-                "SELECT m.content, r.finish_reason FROM messages m JOIN requests r ON r.id = m.request"
-                " WHERE m.role = 'assistant' AND m.conversation ="
-                " (SELECT conversation FROM messages WHERE role = 'user' AND content LIKE ?)",
-                (f"%{mark}%",),
-            ).fetchall()
-        if rows or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    rows = stored_replies(db, mark, timeout)
     assert len(rows) == 1, rows
     return rows[0]
 

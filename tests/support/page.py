@@ -1,9 +1,15 @@
 """The chat page as a user drives it in the browser (a Playwright page): sign in, wait for the
 page, set a number, send, start a new chat, wait for an answer to finish; and the scripts that
-read the last answer and the figures line under a finished one."""
+read the last answer and the figures line under a finished one; and the replies the store
+kept for a chat (`stored_replies`)."""
 
 from __future__ import annotations
 
+import sqlite3
+import time
+from pathlib import Path
+
+from tests.support.procs import scaled
 from tests.support.server import PASSWORDS
 
 LAST_BOT = """() => { const b = [...document.querySelectorAll('#chat [data-testid=bot]')];
@@ -80,3 +86,22 @@ def restarted(srv, model, *flags: str):
         again = servers.Server(model, srv.db, *flags)
     again.db = srv.db
     return again
+
+
+def stored_replies(db: Path, mark: str, timeout: float = 30) -> list[tuple[str, str]]:
+    """(text, finish reason) of each reply stored, oldest first, in the chat of the message
+    holding `mark`, once there is one (at most `timeout` seconds, scaled to the machine's load)."""
+    deadline = time.monotonic() + scaled(timeout)
+    while True:
+        with sqlite3.connect(db) as con:
+            rows = con.execute(
+                "SELECT m.content, r.finish_reason FROM messages m JOIN requests r ON r.id = m.request"
+                " WHERE m.role = 'assistant' AND m.conversation ="
+                " (SELECT conversation FROM messages WHERE role = 'user' AND content LIKE ?) ORDER BY m.id",
+                (f"%{mark}%",),
+            ).fetchall()
+        if rows or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert rows, mark
+    return rows
