@@ -2,7 +2,7 @@
 engine or the store said, and `check_text` for text that is not valid Unicode.
 
 The page's logic (webui/page/chats.py, webui/page/replies.py) raises PageError; the layout's
-handlers show it as a notice (webui/page/events.py). Runs wherever it is called; no MLX, no
+handlers show it as a notice (webui/page/handlers.py, sending.py). Runs wherever it is called; no MLX, no
 Gradio.
 """
 
