@@ -19,8 +19,9 @@ the survivors. On SmolLM2 at 32 rows of ~400 tokens that is ~0.11 s each way aga
   `t0`, never by copying;
 - buffers grow by half again in rows, and in columns by a quarter of the window (a
   `GRAIN` at least, the library's `step` of 256 at most: core.cache.layout.growth), copying
-  once, so a batch of short rows does not carry 256 spare columns each; they give the room back when rows leave: a re-lay when half the rows are empty or
-  the dead columns before the window outgrow it (`_spare_room`).
+  once, so a batch of short rows does not carry 256 spare columns each; they give the room
+  back when rows leave: a re-lay when half the rows are empty or the dead columns before the
+  window outgrow it (`_spare_room`).
 
 What the buffers hold follows the live rows, not the batch's history: under twice the rows
 and 2.25 times the columns the live rows take, each padded to the longest (core.cache.layout,

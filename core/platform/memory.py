@@ -7,11 +7,12 @@ them: it sets MLX's buffer-cache limit (--mlx-cache-bytes) when the engine start
 the counters after every step; any thread reads its last `figures` (the seam's
 MlxMemoryStats). `process_bound` states what the whole process will take: the weights, the
 K/V budget, MLX's arrays beyond it (the decoding batch's spare room, a step's activations: a
-measured share of the budget, capped by the batch's geometry), MLX's buffer cache at its limit and a measured allowance for
-the rest (Python, Gradio, the tokenizer, glibc's arenas). `give_back_memory` asks glibc
-to return what Python and the tokenizers freed (`malloc_trim`): a process that let go of a
-model (core.engine.models unloads idle ones) would keep its size otherwise; elsewhere (macOS,
-musl) it does nothing, those allocators return large blocks themselves.
+measured share of the budget, capped by the batch's geometry), MLX's buffer cache at its
+limit and a measured allowance for the rest (Python, Gradio, the tokenizer, glibc's
+arenas). `give_back_memory` asks glibc to return what Python and the tokenizers freed
+(`malloc_trim`): a process that let go of a model (core.engine.models unloads idle ones) would
+keep its size otherwise; elsewhere (macOS, musl) it does nothing, those allocators return
+large blocks themselves.
 
 What the trim gives back, measured here (SmolLM2-135M float32 loaded and unloaded beside the
 tiny model): 118 MB before, 736 MB loaded, 319 MB after the unload alone, 257 MB with MLX's buffer cache

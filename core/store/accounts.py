@@ -8,9 +8,9 @@ cache namespace (`User.cache_key`; a removed user's is noted in `removed_users` 
 server to forget, `removed_cache_keys`), and the session key a page sign-in is bound to (a new
 one on each password change: `session_key`, `session_current`). And what the page's Admin tab
 manages (schema V13): who is an admin (the first user made is), who is disabled (kept out of
-the page and the API, their rows kept), a per-user request limit (`request_limit`: stored here,
-carried by each request of theirs to the engine's count of requests in flight), and each user's usage
-(`accounts`, read from the request rows). Hashing itself is
+the page and the API, their rows kept), a per-user request limit (`request_limit`: stored
+here, carried by each request of theirs to the engine's count of requests in flight), and
+each user's usage (`accounts`, read from the request rows). Hashing itself is
 core.store.auth; sign-in throttling, sessions and reading keys from HTTP headers are webui's. A key's "last used" is noted through the metrics
 writer thread (`_touch_api_key`, core.store.metrics), so checking a key never waits for the
 write lock. Called from HTTP handlers, the page's workers and the admin command, each thread on
