@@ -32,10 +32,12 @@ class PageSessionsMixin(StoreBase):
 
     def open_page_session(self, name: str, token: str, days: float = SESSION_DAYS) -> str | None:
         """Keep `token` as a sign-in of `name` for `days`; the user's session key it is bound
-        to (None: no such user, nothing kept). Expired rows go at the same time."""
+        to (None: no such user, or a disabled one: nothing kept). Expired rows go at the same time."""
         now = time.time()
         with self._tx(write=True) as db:
-            row = db.execute("SELECT id, session_key FROM users WHERE name = ?", [name]).fetchone()
+            # read as `session_key` reads it: a disabled user has none to bind a sign-in to
+            sql = "SELECT id, session_key FROM users WHERE name = ? AND disabled IS NULL"
+            row = db.execute(sql, [name]).fetchone()
             if row is None:
                 return None
             db.execute("DELETE FROM page_sessions WHERE expires < ?", [now])
