@@ -24,6 +24,8 @@ from radixchat.core.store import schema as store_schema
 from radixchat.webui.api.errors import install_error_handlers
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.api.routes import include_api
+from radixchat.webui.device_cookie import DeviceCookies
+from radixchat.webui.gate import SessionTokens, page_cookie_id
 from radixchat.webui.page import view as page_view
 from radixchat.webui.page.accounts_handlers import NOT_ADMIN, AccountHandlers
 from tests.support.cheap import cheap_scrypt
@@ -32,9 +34,14 @@ from tests.support.fake_engine import FakeEngine
 CHEAP = cheap_scrypt()
 
 
-def signed_in(name: str):
+def signed_in(name: str, cookies: dict | None = None):
     """What Gradio hands a handler for a request whose cookie signs `name` in."""
-    return SimpleNamespace(username=name, headers={})
+    return SimpleNamespace(username=name, headers={}, cookies=cookies or {})
+
+
+def from_tab(store, name: str, token: str):
+    """A request of `name` from the tab whose sign-in cookie holds `token`."""
+    return signed_in(name, {f"access-token-{page_cookie_id(store.path)}": token})
 
 
 @pytest.fixture
@@ -135,9 +142,30 @@ def test_a_front_ends_disabled_end_user_is_refused(store, users):
 # ---- one's own password ----
 
 
-def test_changing_ones_password_ends_the_sign_in_and_says_to_sign_in_again(store, tabs, said):
+def test_changing_ones_password_ends_the_other_sign_ins_and_keeps_this_one(store, users, tabs, said):
+    tokens = SessionTokens(store)  # the server's sign-ins in memory, kept in the store too
+    tokens["this-tab"], tokens["another-browser"] = "bob", "bob"
+    store.open_page_session("bob", "before-a-restart")  # in the store only
+    devices = DeviceCookies(store.session_key)
+    device = dict([devices.issue("bob", secure=False).split(";")[0].split("=", 1)])
+    _, key = store.create_api_key(users[1], "laptop")
+    out = tabs.change_password("bob-password", "a-new-password", "a-new-password", from_tab(store, "bob", "this-tab"))
+    assert said == [] and out[:3] == ("", "", "") and visible(out[4]) is False
+    assert "other sign-ins" in out[3] and "this one goes on" in out[3] and "API keys still work" in out[3]
+    assert tokens.get("this-tab") == "bob" and tokens.get("this-tab") == "bob"  # again: bound to the new key
+    assert SessionTokens(store).get("this-tab") == "bob"  # after a restart too
+    assert tokens.get("another-browser") is None and SessionTokens(store).get("before-a-restart") is None
+    assert SessionTokens(store).get("another-browser") is None
+    assert devices.trusted("bob", device) is None  # a browser that signed in before is no longer known
+    assert store.verify_api_key(key) == users[1]  # keys stay, as the notice says
+    assert store.authenticate("bob", "a-new-password").name == "bob"
+    with pytest.raises(AuthFailed):
+        store.authenticate("bob", "bob-password")
+
+
+def test_a_password_changed_from_a_sign_in_the_store_lacks_says_to_sign_in_again(store, tabs, said):
     old_key = store.session_key("bob")
-    out = tabs.change_password("bob-password", "a-new-password", "a-new-password", signed_in("bob"))
+    out = tabs.change_password("bob-password", "a-new-password", "a-new-password", from_tab(store, "bob", "unknown"))
     assert out[:3] == ("", "", "") and "sign in again" in out[3] and visible(out[4]) is True
     assert said == []
     assert store.authenticate("bob", "a-new-password").name == "bob"
@@ -346,7 +374,7 @@ def accounts_server(page_model, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "size"), [("alice", "wide"), ("bob", "phone")])
-def test_in_the_browser_a_password_is_changed_and_a_key_made_and_revoked(accounts_server, browser, name, size):
+def test_in_the_browser_a_key_is_made_and_revoked_and_a_password_change_ends_only_other_sign_ins(accounts_server, browser, name, size):
     import httpx
 
     from tests.support.browser import OUTPUT, PHONE, VIOLATIONS, WIDE, Shots
@@ -399,17 +427,28 @@ def test_in_the_browser_a_password_is_changed_and_a_key_made_and_revoked(account
     shot(page, f"{name}-key-revoked")
     assert page.evaluate("window.__csp || []") == [] and outside == []
 
+    # another browser signed in as the same user: the change ends it, and keeps this tab's
+    other = browser.new_context(viewport=viewport).new_page()
+    sign_in(other, server.url, name)
+    ready(other)
     page.locator("#current-password input").fill(f"{name}-password")
     page.locator("#new-password input").fill(f"{name}-new-password")
     page.locator("#new-password-again input").fill(f"{name}-new-password")
     page.locator("#change-password").click()
-    page.wait_for_function("document.querySelector('#password-changed').innerText.includes('sign in again')")
+    page.wait_for_function("document.querySelector('#password-changed').innerText.includes('this one goes on')")
+    assert not page.locator("#sign-in-again").is_visible()
     shot(page, f"{name}-password-changed")
-    page.locator("#sign-in-again").click()
-    page.wait_for_selector("input[type=password]")
-    page.locator("input[type=text]").fill(name)
-    page.locator("input[type=password]").fill(f"{name}-new-password")
-    page.get_by_role("button", name="Login").click()
-    ready(page)
-    shot(page, f"{name}-signed-in-again")
+    page.locator("#key-name input, #key-name textarea").first.fill("after the change")
+    page.locator("#create-key").click()  # this tab acts as before
+    page.wait_for_function("document.querySelector('#key-list').innerText.includes('after the change')")
+    page.reload()
+    ready(page)  # and is still signed in after a reload
+    other.reload()
+    other.wait_for_selector("input[type=password]")  # the other browser is at the sign-in page
+    other.locator("input[type=text]").fill(name)
+    other.locator("input[type=password]").fill(f"{name}-new-password")
+    other.get_by_role("button", name="Login").click()
+    ready(other)
+    shot(page, f"{name}-still-signed-in")
+    other.context.close()
     page.context.close()

@@ -14,7 +14,8 @@ The caller is the signed-in user of Gradio's own sign-in cookie, looked up in Gr
 table as Gradio's routes do. That table is a `SessionTokens`: each sign-in is bound to the
 user's session key at that moment (core.store), and a cookie whose user has since changed
 their password or been removed (a new user of the same name has another key) is signed out
-at its next request, in every Gradio route and here. With --no-auth everyone is the one
+at its next request, in every Gradio route and here (all but the sign-in a password was
+changed from, which goes on). With --no-auth everyone is the one
 local user (on loopback unless --allow-open-lan), so there is no user to tell apart;
 sessions are bound instead to a per-browser cookie this module sets, so one browser still
 cannot stop another's reply. A client that keeps no cookies can start a session there but
@@ -34,6 +35,7 @@ import math
 import re
 import secrets
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +139,8 @@ class SessionTokens(dict):
     the password was checked. `get`, which every Gradio route uses to find a cookie's user,
     answers only while that key is the user's current one (`store.session_current`: one
     indexed read), and forgets the token for good otherwise: a password change, a removal
-    (by the admin command, another process) or a new user of the same name signs it out.
+    (by the admin command, another process) or a new user of the same name signs it out, but a
+    password changed from this very sign-in, which the store keeps bound to the new key.
 
     Each sign-in is kept in the store too (core.store.page_sessions), so a token this process
     never saw, a sign-in from before a restart, is found there (`get`, once, then in memory).
@@ -175,23 +178,31 @@ class SessionTokens(dict):
         return name
 
     def get(self, token, default=None):
-        name = super().get(token)
-        if name is None:
-            try:
-                name = self._kept(token)
-            except StoreError:  # the store cannot answer now: not signed in for this request only
-                return default
-        if name is None:
-            return default
-        key = self._keys.get(token)
         try:
-            current = key is not None and self._store.session_current(name, key)
+            name = self._signed_in(token)
         except StoreError:  # the store cannot answer now: not signed in for this request only
             return default
-        if not current:
-            self.pop(token, None)
-            return default
-        return name
+        return default if name is None else name
+
+    def _signed_in(self, token) -> str | None:
+        name = super().get(token)
+        known = name is not None
+        if not known:
+            name = self._kept(token)
+        if name is None:
+            return None
+        if self._current(token, name):
+            return name
+        # the user's key moved on. A password changed from this very sign-in bound its row in
+        # the store to the new key (core.store's `keep_only`): read it once more before ending it
+        if known and (again := self._kept(token)) is not None and self._current(token, again):
+            return again
+        self.pop(token, None)
+        return None
+
+    def _current(self, token: str, name: str) -> bool:
+        key = self._keys.get(token)
+        return key is not None and self._store.session_current(name, key)
 
     def __delitem__(self, token: str) -> None:
         """Gradio's /logout, for each of the user's tokens: every sign-in of theirs ends."""
@@ -224,18 +235,27 @@ class GradioSide:
             # Gradio names its sign-in cookie with a random id per process, so a cookie from
             # before a restart would not even be read: one id per database instead (a name,
             # not a secret; two servers of one host with their own databases still differ)
-            where = str(Path(store.path).resolve()).encode("utf-8", "surrogateescape")
-            gradio_app.cookie_id = hashlib.sha256(b"radixchat page cookie\0" + where).hexdigest()[:32]
+            gradio_app.cookie_id = page_cookie_id(store.path)
 
     def user(self, cookies: dict[str, str]) -> str | None:
-        cid = self._app.cookie_id
-        token = cookies.get(f"access-token-{cid}") or cookies.get(f"access-token-unsecure-{cid}")
+        token = sign_in_token(cookies, self._app.cookie_id)
         return self._app.tokens.get(token) if token else None
 
     def event_session(self, event_id: str) -> str | None:
         """The session of a queued or running event; None once it is done (or never was)."""
         event = self._blocks._queue.event_ids_to_events.get(event_id)
         return getattr(event, "session_hash", None)
+
+
+def page_cookie_id(store_path) -> str:
+    """The id in the name of the page's sign-in cookie for the database at `store_path`."""
+    where = str(Path(store_path).resolve()).encode("utf-8", "surrogateescape")
+    return hashlib.sha256(b"radixchat page cookie\0" + where).hexdigest()[:32]
+
+
+def sign_in_token(cookies: Mapping[str, str], cookie_id: str) -> str | None:
+    """The token of Gradio's sign-in cookie among `cookies` (None: none)."""
+    return cookies.get(f"access-token-{cookie_id}") or cookies.get(f"access-token-unsecure-{cookie_id}") or None
 
 
 class PageGate:

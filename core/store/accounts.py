@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from radixchat.core.store import auth
 from radixchat.core.store.connection import StoreBase
+from radixchat.core.store.page_sessions import keep_only
 from radixchat.core.store.types import (
     MAX_LABEL_CHARS,
     MAX_PASSWORD_CHARS,
@@ -115,15 +116,21 @@ class AccountsMixin(StoreBase):
             return User(*row[:5])
         raise AuthFailed("wrong user name or password")
 
-    def set_password(self, name: str, password: str) -> None:
-        """Set a user's password; every page session they opened before ends (a new session key)."""
+    def set_password(self, name: str, password: str, *, keep: str | None = None) -> bool:
+        """Set a user's password; every page session they opened before ends (a new session
+        key, so their device cookies stop counting too), except the kept page sign-in whose
+        cookie token is `keep` (the one the change was made from), which goes on under the new
+        key. Whether that one was kept."""
         check_password(password)
         hashed = auth.hash_password(password, self._scrypt)
+        key = _new_key()
         with self._tx(write=True) as db:
             # by name (case aside, as the column collates), not by id: one statement finds and sets
-            sql = "UPDATE users SET password_hash = ?, session_key = ? WHERE name = ?"
-            if not db.execute(sql, [hashed, _new_key(), name]).rowcount:
+            sql = "UPDATE users SET password_hash = ?, session_key = ? WHERE name = ? RETURNING id"
+            row = db.execute(sql, [hashed, key, name]).fetchone()
+            if row is None:
                 raise NotFound(f"user {name!r} not found")
+            return keep is not None and keep_only(db, row[0], keep, key)
 
     def session_key(self, name: str) -> str | None:
         """The key a page sign-in of `name` is bound to now (None: no such user). A session
@@ -172,12 +179,13 @@ class AccountsMixin(StoreBase):
                 db["removed_users"].insert({"cache_key": row[1], "removed": time.time()})
         return n
 
-    def change_own_password(self, name: str, current: str, new: str) -> None:
+    def change_own_password(self, name: str, current: str, new: str, *, keep: str | None = None) -> bool:
         """A user's own change: AuthFailed unless `current` is their password; then as
-        `set_password` (every page session of theirs ends, the one asking too)."""
+        `set_password` (every page session of theirs ends but the one `keep` names, the one
+        asking). Whether that one was kept."""
         check_password(new)  # before the slow check of the current one
         self.authenticate(name, current)
-        self.set_password(name, new)
+        return self.set_password(name, new, keep=keep)
 
     def is_admin(self, name: str) -> bool:
         """Whether `name` is an enabled admin (False for anyone else, or no such user)."""

@@ -6,7 +6,9 @@ sign-in is also a row here: a SHA-256 of the token (whoever reads the database c
 with it), the user, the user's session key when it was opened (core.store.accounts: a password
 change or a removal gives the user a new one, which ends every older sign-in here as in
 memory) and an expiry, `SESSION_DAYS` after it was opened. Signing out ends every sign-in of the
-user (`end_page_sessions`), as Gradio's /logout does in memory.
+user (`end_page_sessions`), as Gradio's /logout does in memory. A password changed from a page
+sign-in keeps that one sign-in (`keep_only`, in the change's transaction): its row is bound to
+the new session key and the user's other rows go.
 
 Leaves to others: the cookie and its token (Gradio), when a row is looked up (webui/gate.py),
 the table (core.store.schema). Called from the event loop and Gradio's worker threads, each
@@ -25,6 +27,18 @@ SESSION_DAYS = 30
 
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def keep_only(db, user: int, token: str, key: str) -> bool:
+    """Inside the transaction that gave `user` the new session `key`: the kept sign-in of
+    `token` (if it is theirs and not expired) is bound to `key`, and every other of theirs
+    ends. Whether there was one to keep."""
+    kept = db.execute(
+        "UPDATE page_sessions SET session_key = ? WHERE token_hash = ? AND user = ? AND expires > ?",
+        [key, _hash(token), user, time.time()],
+    ).rowcount
+    db.execute("DELETE FROM page_sessions WHERE user = ? AND token_hash != ?", [user, _hash(token)])
+    return bool(kept)
 
 
 class PageSessionsMixin(StoreBase):

@@ -8,7 +8,9 @@ store whether that user is an admin before it reads or changes anything, refuses
 with a notice, and logs every action it takes (who did what to whom) on `radixchat.admin`.
 What is stored is core.store's (accounts.py); a refusal is a notice (webui/page/view.py's
 `notices`), never a traceback or the store's internal text. A secret made here (an API key, a
-generated password) is returned once, to the one output that shows it, and kept nowhere.
+generated password) is returned once, to the one output that shows it, and kept nowhere. A
+password change keeps the sign-in it was made from: its cookie's token (named as
+webui/gate.py names it) goes to the store, which binds that one to the new session key.
 
 Runs in Gradio's worker threads (password hashing too: a change is rare, and a signed-in
 user's failures are limited here). No MLX.
@@ -25,6 +27,7 @@ import gradio as gr
 
 from radixchat.core.store import AlreadyExists, AuthFailed, Invalid, NotFound, StoreError
 from radixchat.core.store.accounts import new_password
+from radixchat.webui.gate import page_cookie_id, sign_in_token
 from radixchat.webui.page.errors import PageError, check_text
 from radixchat.webui.page.view import notices
 
@@ -63,8 +66,10 @@ def _whole(limit) -> int | None:
 class AccountHandlers:
     """The Account and Admin tabs' handlers (see the module docstring)."""
 
-    def __init__(self, store):
+    def __init__(self, store, *, sign_in: bool = True):
         self.store = store
+        self.sign_in = sign_in  # False with --no-auth: no accounts, so no admin either
+        self._cookie_id = page_cookie_id(store.path)
         self._wrong: dict[str, list[float]] = {}  # name -> times of their wrong current passwords
         self._lock = threading.Lock()
 
@@ -114,8 +119,10 @@ class AccountHandlers:
 
     @notices(5)
     def change_password(self, current: str, new: str, again: str, request: gr.Request):
-        """One's own password, the current one first. Every page sign-in of the user ends, this
-        one too, so the page says to sign in again and shows the button that does."""
+        """One's own password, the current one first. Every other sign-in of the user ends
+        (other tabs, browsers and devices: whoever may have learnt the old password), this one
+        goes on; API keys are left as they are, which the page says. Should this sign-in not be
+        kept (one the store could not keep), the page says to sign in again, with the button."""
         name = self.who(request)
         for text in (current, new, again):
             check_text(text, "password")
@@ -123,17 +130,29 @@ class AccountHandlers:
             raise PageError("The two new passwords differ; nothing changed.")
         self._wait_if_wrong(name)
         try:
-            self.store.change_own_password(name, current or "", new or "")
+            kept = self.store.change_own_password(name, current or "", new or "", keep=self._token(request))
         except AuthFailed:
             self._note_wrong(name)
             raise PageError("The current password is wrong; nothing changed.") from None
         except (Invalid, NotFound) as e:
             raise PageError(_sentence(e)) from None
-        log.info("%s changed their password", name)
+        log.info("%s changed their password; their other sign-ins ended", name)
+        if not kept:
+            done = "**Password changed.** Every sign-in of yours has ended, this one too: sign in again with the new password."
+            return "", "", "", done, gr.Button(visible=True)
         done = (
-            "**Password changed.** Every sign-in of yours has ended, this one too: sign in again with the new password."
+            "**Password changed.** Your other sign-ins (other tabs, browsers and devices) have ended; this one goes on. "
+            "Your API keys still work: revoke below any you no longer trust."
         )
-        return "", "", "", done, gr.Button(visible=True)
+        return "", "", "", done, gr.Button(visible=False)
+
+    def _token(self, request: gr.Request) -> str | None:
+        """The token of this tab's sign-in cookie (None: none found)."""
+        try:
+            cookies = dict(getattr(request, "cookies", None) or {})
+        except (TypeError, ValueError):
+            return None
+        return sign_in_token(cookies, self._cookie_id)
 
     def _wait_if_wrong(self, name: str) -> None:
         with self._lock:
