@@ -2,9 +2,12 @@
 waiting on MLX and the engine's own (host) work by part, at several numbers of users.
 
 One in-process engine (no HTTP) on a fast model (default: the bundled tiny model; a random
-one with --random-dim), and for each --users value that many threads each holding one
+one with --random-dim), and for each --users value that many users each holding one
 seed-scenario conversation (bench_profile's users: a system prompt, --turns questions,
-greedy, --max-tokens per reply, no think time). Every function below is wrapped in the
+--max-tokens per reply, greedy unless --temperature, no think time). The users are tasks of
+one event loop reading streamed events, as the HTTP server holds its clients (one wake-up of
+that loop a step); `--threads` gives each a blocking thread instead, whose wake-up at every
+token contends for the GIL with the engine thread. Every function below is wrapped in the
 engine thread with an exclusive clock (a part's time excludes the wrapped parts it calls),
 so the parts add up to the thread's wall time:
 
@@ -33,20 +36,22 @@ per --users value (ms per decode step, and the share of the wall). On Linux it f
 re-executes itself with OpenBLAS (core.platform.blas). Run it on a quiet machine.
 
     python -m loadtests.bench_host [--model tiny] [--random-dim 256 --random-layers 8]
-        [--users 1,8,32,64] [--turns 2] [--max-tokens 64]
+        [--users 1,8,32,64] [--turns 2] [--max-tokens 64] [--temperature 0.7 --top-p 0.9] [--threads]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import threading
 import time
 from collections import defaultdict
 
-from loadtests.bench_profile import run_all, user
+from loadtests.bench_profile import PROMPTS, run_all, user
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat.core.config import Settings
+from radixchat.core.engine.requests import ChatRequest, Finished
 from radixchat.core.platform.blas import active_blas, reexec_with_openblas
 
 PARTS = [
@@ -118,15 +123,41 @@ def instrument(clock: ExclusiveClock, engine) -> None:
     clock.wrap(engine_module.Engine, "_drain_commands", "commands (incl. idle)")
 
 
-def measure(engine, clock: ExclusiveClock, users: int, turns: int, max_tokens: int, seed: int) -> dict:
+async def streaming_user(engine, rng: random.Random, turns: int, sampling: dict, out: list) -> None:
+    """bench_profile's user as the HTTP server holds one: a task in the one event loop,
+    `asubmit`, and the events read as a streaming reply reads them (`batched`)."""
+    messages = [{"role": "system", "content": rng.choice(PROMPTS["system_prompts"])["text"]}]
+    for _ in range(turns):
+        messages.append({"role": "user", "content": rng.choice(PROMPTS["questions"])})
+        handle = await engine.asubmit(ChatRequest(messages=list(messages), sampling=sampling))
+        final = None
+        async for final in handle.batched():  # noqa: B007 (the last event is the end)
+            pass
+        if not isinstance(final, Finished):
+            raise SystemExit(f"a request failed: {final}")
+        out.append(final.usage.generated_tokens)
+        messages.append({"role": "assistant", "content": final.text})
+
+
+def callers(engine, users: int, turns: int, sampling: dict, seed: int, threads: bool, tokens: list) -> float:
+    """Run `users` conversations to their end; the wall seconds. By default as the server
+    runs them (one event loop); with `threads`, one blocking thread each (bench_profile's
+    way), whose per-token wake-ups contend for the GIL with the engine thread."""
+    rng = random.Random(seed)
+    rngs = [random.Random(rng.random()) for _ in range(users)]
+    if threads:
+        return run_all([threading.Thread(target=user, args=(engine, r, turns, sampling, tokens)) for r in rngs])
+
+    async def everyone():
+        await asyncio.gather(*(streaming_user(engine, r, turns, sampling, tokens) for r in rngs))
+
+    return run_all([threading.Thread(target=asyncio.run, args=(everyone(),))])
+
+
+def measure(engine, clock: ExclusiveClock, users: int, turns: int, sampling: dict, seed: int, threads: bool) -> dict:
     before, steps0 = dict(clock.parts), engine.steps
     tokens: list[int] = []
-    rng = random.Random(seed)
-    threads = [
-        threading.Thread(target=user, args=(engine, random.Random(rng.random()), turns, max_tokens, tokens))
-        for _ in range(users)
-    ]
-    wall = run_all(threads)
+    wall = callers(engine, users, turns, sampling, seed, threads, tokens)
     parts = {k: clock.parts.get(k, 0.0) - before.get(k, 0.0) for k in PARTS}
     parts["engine rest"] = wall - sum(parts.values())
     return {"wall": wall, "steps": engine.steps - steps0, "tokens": sum(tokens), "parts": parts}
@@ -165,6 +196,9 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="the users' sampling (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--threads", action="store_true", help="one blocking thread a user, not the server's one event loop")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="an engine setting (repeatable)")
     args = p.parse_args()
     reexec_with_openblas()
@@ -176,11 +210,17 @@ def main() -> None:
     clock = ExclusiveClock()
     clock.thread = engine._thread.ident
     instrument(clock, engine)
-    print(f"model {settings.model}; BLAS {active_blas()}; {args.turns} turns of {args.max_tokens} tokens a user")
+    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    callers_are = "a thread each" if args.threads else "tasks of one event loop"
+    print(
+        f"model {settings.model}; BLAS {active_blas()}; {args.turns} turns of {args.max_tokens} tokens a user, "
+        f"temperature {args.temperature:g}, top_p {args.top_p:g}; users are {callers_are}"
+    )
     # a first round unmeasured: compiles, caches the system prompts
-    measure(engine, clock, 4, 1, 8, args.seed + 1)
+    measure(engine, clock, 4, 1, {**sampling, "max_tokens": 8}, args.seed + 1, args.threads)
     runs = {
-        u: measure(engine, clock, u, args.turns, args.max_tokens, args.seed) for u in map(int, args.users.split(","))
+        u: measure(engine, clock, u, args.turns, sampling, args.seed, args.threads)
+        for u in map(int, args.users.split(","))
     }
     engine.stop()
     table(runs)

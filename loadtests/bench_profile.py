@@ -68,11 +68,13 @@ def run_all(threads: list[threading.Thread]) -> float:
     return time.perf_counter() - t0
 
 
-def user(engine, rng: random.Random, turns: int, max_tokens: int, out: list) -> None:
+def user(engine, rng: random.Random, turns: int, max_tokens: int | dict, out: list) -> None:
+    """One conversation, blocking; `max_tokens` a reply's length or the whole sampling."""
+    sampling = max_tokens if isinstance(max_tokens, dict) else {"max_tokens": max_tokens}
     messages = [{"role": "system", "content": rng.choice(PROMPTS["system_prompts"])["text"]}]
     for _ in range(turns):
         messages.append({"role": "user", "content": rng.choice(PROMPTS["questions"])})
-        final = engine.submit(ChatRequest(messages=list(messages), sampling={"max_tokens": max_tokens})).result()
+        final = engine.submit(ChatRequest(messages=list(messages), sampling=sampling)).result()
         if not isinstance(final, Finished):
             raise SystemExit(f"a request failed: {final}")
         out.append(final.usage.generated_tokens)

@@ -276,7 +276,10 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._no_stops = StopSequences()
         # the ranks of a sharded server would have to agree on drafts too: not built
         speculate = 0 if self._sharded else self.settings.speculate
-        return make_generator(self.loaded.model, self.settings, self._mx_stream, self._on_prompt, speculate)
+        gen = make_generator(self.loaded.model, self.settings, self._mx_stream, self._on_prompt, speculate)
+        if getattr(gen, "batch_sampler", None) is not None:  # a row's sampler: its request's (None: greedy)
+            gen.batch_sampler.spec = lambda uid: getattr(self._by_uid.get(uid), "sampler", None)
+        return gen
 
     def _drain_commands(self, block: bool) -> None:
         try:  # a sharded rank 0 wakes up to check on the others now and then
@@ -379,6 +382,8 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             prefixes.append(tokens[: a.hit])
         # segments make the generator pause at message ends, so snapshots can be taken there
         stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in rows]
+        if getattr(self._gen, "batch_sampler", None) is not None:
+            samplers = [None] * len(rows)  # it asks for each row's (_new_generator)
         uids = self._gen.insert_segments(
             prompts,
             max_tokens=[a.tokens_left for a in rows],

@@ -1,9 +1,11 @@
 """Per-request samplers with their own PRNG stream (so a seed survives batching).
 
 mlx-lm's `make_sampler` draws from MLX's global random state, which every request in a
-batch shares; here each request carries its own key, split once per step. The top-p, top-k
-and min-p filters are mlx-lm's. Greedy requests get `None`, so BatchGenerator samples a
-batch of them in one call with its own argmax sampler.
+batch shares; here each request carries its own. A plain sampled request gets a `Draw`
+(core.engine.batch_sampler), which the decoding batch draws with its other sampled rows in
+one call; a grammar or a logit_bias wraps it (or an argmax) in a function of the request's
+own row. The top-p, top-k and min-p filters are mlx-lm's. Greedy requests get `None`, so a
+batch of them is one argmax.
 
 A sampler takes a row's logits up to a constant (core.engine.unnormalized: the batched step
 does not normalize them), so whatever needs probabilities normalizes the row itself.
@@ -11,16 +13,13 @@ does not normalize them), so whatever needs probabilities normalizes the row its
 
 from __future__ import annotations
 
-import random
-from collections import deque
-
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+from mlx_lm.sample_utils import make_logits_processors
 
+from radixchat.core.engine.batch_sampler import Draw
 from radixchat.core.engine.requests import Sampling
 from radixchat.core.engine.unnormalized import normalized
 
-REWIND = 16  # samples a sampler can draw again (a preemption throws away one, or a step's drafts)
 # the tokens penalties look back on: the sequence's last ones, its prompt's end included,
 # as mlx-lm's own processors do (their default is 20); a reply's loops are shorter than this
 PENALTY_CONTEXT = 64
@@ -76,43 +75,23 @@ def make_request_sampler(s: Sampling, constraint=None):
         if bias is None:
             return None
         return lambda logprobs: mx.argmax(bias(logprobs), axis=-1)
-    state = {"key": mx.random.key(s.key_seed if s.seed is not None else random.getrandbits(63)), "calls": 0}
-    past = deque(maxlen=REWIND)  # (call number, the key it started from)
-    inv_temp = 1.0 / s.temperature
+    # drawn with the batch's other sampled rows, in one call (core.engine.batch_sampler)
+    d = Draw(s.temperature, s.top_p, s.top_k, s.min_p, s.key_seed)
+    if bias is None:
+        return d
 
-    def sample(logprobs: mx.array) -> mx.array:
-        if bias is not None:
-            logprobs = bias(logprobs)
-        if 0 < s.top_p < 1.0:  # it exponentiates the row: raw logits could overflow
-            logprobs = apply_top_p(normalized(logprobs), s.top_p)
-        if 0 < s.top_k < logprobs.shape[-1]:  # k = the whole vocabulary filters nothing
-            logprobs = apply_top_k(logprobs, s.top_k)
-        if s.min_p > 0:  # relative to the most likely token: needs the row normalized too
-            logprobs = apply_min_p(normalized(logprobs), s.min_p)
-        past.append((state["calls"], state["key"]))
-        keys = mx.random.split(state["key"])
-        state["key"] = keys[0]
-        state["calls"] += 1
-        return mx.random.categorical(logprobs * inv_temp, key=keys[1])
+    def biased(logprobs: mx.array) -> mx.array:
+        return d(bias(logprobs))
 
-    def rewind(delivered: int) -> None:
-        """Draw the samples after the first `delivered` again with the same keys: those
-        were made ahead (the batch samples a step before it returns) and thrown away when
-        the request was preempted, so a seeded reply goes on as it would have."""
-        for n, key in past:
-            if n == delivered:
-                state["key"], state["calls"] = key, n
-                return
-
-    sample.rewind = rewind
-    return sample
+    biased.rewind = d.rewind
+    return biased
 
 
 def guarded(a, sampler):
     """Wrap request `a`'s sampler so its failure ends that request (noted in `a.error`),
     not the batch: the step goes on with the argmax for that row."""
-    if sampler is None:
-        return None
+    if sampler is None or isinstance(sampler, Draw):
+        return sampler  # (a Draw runs no code of its own that could fail for one request)
 
     def guarded_sampler(logprobs):
         try:

@@ -34,6 +34,7 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
 from radixchat.core.cache.slots import SlotKVCache
+from radixchat.core.engine.batch_sampler import BatchSampler
 
 NGRAMS = (3, 2)  # the lookup's n, longest first: a 1-token match guesses too often to pay
 COMPACT_AT = 32  # holes in a row before the batch's caches are re-laid without them
@@ -113,8 +114,10 @@ class Speculator:
             del self.rows[uid]
         out = []
         for i, uid in enumerate(gen.uids):
-            # the library gives a request without a sampler its argmax one
-            greedy = (not gen.samplers or gen.samplers[i] in (None, greedy_sampler)) and not gen.logits_processors[i]
+            # the library gives a request without a sampler its argmax one, or the batch's
+            sampler = gen.samplers[i] if gen.samplers else None
+            greedy = sampler in (None, greedy_sampler) or (isinstance(sampler, BatchSampler) and sampler.greedy(uid))
+            greedy = greedy and not gen.logits_processors[i]
             if not greedy or uid in skip:
                 out.append(None)
                 continue

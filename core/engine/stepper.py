@@ -44,6 +44,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch, StopSequences, TokenBuffer
@@ -51,6 +52,7 @@ from mlx_lm.models.cache import BatchKVCache
 
 from radixchat.core.cache.slots import SlotKVCache, swap_order
 from radixchat.core.engine.admission import over_cap
+from radixchat.core.engine.batch_sampler import BatchSampler
 from radixchat.core.engine.speculate import Speculator, usable, verify_step
 
 _LAYOUT = (
@@ -123,6 +125,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._hurried: set[int] = set()  # waiting prompts that join the prefill at the next step
         self._quiet = 0  # steps left that run no prefill but a newcomer's (`_prefill_alone`)
         self._shared_steps = 0  # steps that ran the shared prefill since the last quiet ones
+        self.batch_sampler = None  # every row's sampler, once make_generator has set it
         if slots:
             # rows leave in the order that moves fewest slot rows; the batch's lists follow it
             gen = self._generation_batch
@@ -206,7 +209,11 @@ class BudgetedBatchGenerator(BatchGenerator):
         prompts = self._prompt_batch.split(split)
         # a one-token prompt has no K/V before its last token: it runs as mlx-lm runs it
         folded = min(totals) > 1
-        batch = self._unstepped(prompts, last) if folded else prompts.generate(last)
+        if folded:
+            batch = self._unstepped(prompts, last)
+        else:
+            with self.batch_sampler.sampling(prompts.uids) if self.batch_sampler else nullcontext():
+                batch = prompts.generate(last)
         if self.slots and not self._generation_batch.prompt_cache:
             # the first rows of a decoding batch: from here on, joins write into their slots
             batch.prompt_cache = [SlotKVCache.adopt(c) if type(c) is BatchKVCache else c for c in batch.prompt_cache]
@@ -346,7 +353,9 @@ class BudgetedBatchGenerator(BatchGenerator):
 
 def make_generator(model, settings, stream, on_prompt, speculate: int):
     """The engine's batch generator: this module's budgeted one (--step-tokens), or mlx-lm's
-    own where the installed BatchGenerator is not the one it reorders."""
+    own where the installed BatchGenerator is not the one it reorders. The budgeted one has a
+    `batch_sampler`: rows go in without samplers of their own, and it asks the engine for each
+    row's (`BatchSampler.spec`); mlx-lm's own takes each row's sampler as it always did."""
     s = settings
     kwargs = dict(
         max_tokens=s.max_tokens,
@@ -356,10 +365,19 @@ def make_generator(model, settings, stream, on_prompt, speculate: int):
         stream=stream,
     )
     if s.step_tokens:
+        sampler = BatchSampler()  # every row's, so a step samples in one call (core.engine.batch_sampler)
         gen = BudgetedBatchGenerator(
-            model, step_tokens=s.step_tokens, on_prompt=on_prompt, slots=s.kv_slots, speculate=speculate, **kwargs
+            model,
+            step_tokens=s.step_tokens,
+            on_prompt=on_prompt,
+            slots=s.kv_slots,
+            speculate=speculate,
+            sampler=sampler,
+            **kwargs,
         )
         if check_layout(gen):
+            sampler.rows = lambda: gen._generation_batch.uids  # the one batch a step samples
+            gen.batch_sampler = sampler
             return gen
         gen.close()
         logging.getLogger("radixchat.engine").warning(

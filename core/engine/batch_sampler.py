@@ -1,0 +1,138 @@
+"""One sampling call for the whole decoding batch, each row with its own parameters and seed.
+
+mlx-lm's `GenerationBatch._step` samples a batch in one call only when every row has the same
+sampler; otherwise it slices the logits row by row and calls each row's sampler on its own
+slice. Every sampled request had its own sampler (its PRNG stream makes a seed survive
+batching), so at 32 chat users with a temperature that was 32 calls a step, each a handful of
+ops and, with top-p, a sort of the whole vocabulary: on the bundled model on this CPU it cut
+output from ~820 to ~570 tokens/s against greedy (loadtests/bench_host --temperature).
+
+Here every row's sampler is one `BatchSampler` (the generator's fallback sampler, which mlx-lm
+gives every row inserted without one), so the step calls it once with the batch's logits. It
+reads the rows' order from the decoding batch and each row's `Draw` from the engine:
+
+- greedy rows: one argmax over the batch;
+- sampled rows (a `Draw`): grouped by their filters (top-p, top-k, min-p: mlx-lm's, which
+  work on a batch), the temperature a per-row column, and the draw one vmapped
+  `mx.random.categorical` over per-row keys;
+- anything else a row was given (a grammar's constrained sampler, logit_bias): that row's
+  own function on its own row, as the library would have called it.
+
+A row's key for its n-th token is a fixed mix of its seed (or a random 64-bit base) and n,
+built on the host, so a seeded reply is the same alone or in any batch, and rewinding after a
+preemption is setting n back (`Draw.rewind`). Runs in the engine thread only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+from radixchat.core.engine.unnormalized import normalized
+
+_MASK64 = 2**64 - 1
+# one categorical draw per row, each from its own key (checked equal to drawing row by row)
+_categorical = mx.vmap(lambda logits, key: mx.random.categorical(logits, key=key))
+
+
+def _mix(base: int, n: int) -> int:
+    """splitmix64 of (base, n): well spread 64-bit keys from a seed and a counter."""
+    z = (base + (n + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class Draw:
+    """A sampled request's parameters and its place in its random stream."""
+
+    __slots__ = ("base", "calls", "filters", "inv_temp")
+
+    def __init__(self, temperature: float, top_p: float, top_k: int, min_p: float, seed: int | None):
+        self.inv_temp = 1.0 / temperature
+        self.filters = (top_p if 0 < top_p < 1.0 else 0.0, max(top_k, 0), min_p if min_p > 0 else 0.0)
+        self.base = seed if seed is not None else random.getrandbits(64)
+        self.calls = 0  # tokens drawn so far: the next one's key is _mix(base, calls)
+
+    def key(self) -> tuple[int, int]:
+        """The next token's key, as `mx.random.key` lays one out (high word, low word)."""
+        z = _mix(self.base, self.calls)
+        self.calls += 1
+        return z >> 32, z & 0xFFFFFFFF
+
+    def rewind(self, delivered: int) -> None:
+        """Draw the tokens after the first `delivered` again, with the same keys: the batch
+        samples a step ahead, and a preempted request's sample ahead was thrown away."""
+        self.calls = delivered
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        """This row alone (a grammar's or a bias's sampler calls it on its row)."""
+        return draw(logits, [self])
+
+
+def draw(logits: mx.array, rows: list[Draw]) -> mx.array:
+    """One token for each row of `logits` (n, V), rows sharing their filters; logits may be
+    shifted by a per-row constant (core.engine.unnormalized), which only top-p and min-p mind."""
+    top_p, top_k, min_p = rows[0].filters
+    if top_p:
+        logits = apply_top_p(normalized(logits), top_p)
+    if 0 < top_k < logits.shape[-1]:  # k = the whole vocabulary filters nothing
+        logits = apply_top_k(logits, top_k)
+    if min_p:
+        logits = apply_min_p(normalized(logits), min_p)
+    temps = {r.inv_temp for r in rows}
+    scale = next(iter(temps)) if len(temps) == 1 else mx.array([r.inv_temp for r in rows])[:, None]
+    keys = mx.array([r.key() for r in rows], dtype=mx.uint32)
+    return _categorical(logits * scale, keys)
+
+
+class BatchSampler:
+    """The decoding batch's one sampler. `rows` gives the batch's uids in row order at the
+    moment the step samples; `spec` a uid's sampling: None (greedy), a `Draw`, or a function
+    of its row's logits (1, V) -> token (1,)."""
+
+    def __init__(self):
+        self.rows: Callable[[], list[int]] = list
+        self.spec: Callable[[int], object] = lambda uid: None
+
+    def greedy(self, uid: int) -> bool:
+        return self.spec(uid) is None
+
+    @contextmanager
+    def sampling(self, uids: list[int]) -> Iterator[None]:
+        """Rows other than the decoding batch's sample meanwhile (mlx-lm's one-token prompts
+        take their first token in a batch of their own)."""
+        rows, self.rows = self.rows, lambda: uids
+        try:
+            yield
+        finally:
+            self.rows = rows
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        uids = self.rows()
+        if len(uids) != logits.shape[0]:
+            raise RuntimeError(f"the batch sampler got {logits.shape[0]} rows for a batch of {len(uids)}")
+        specs = [self.spec(u) for u in uids]
+        if all(s is None for s in specs):
+            return mx.argmax(logits, axis=-1)
+        groups: dict[tuple, list[int]] = {}
+        custom = []
+        for i, s in enumerate(specs):
+            if isinstance(s, Draw):
+                groups.setdefault(s.filters, []).append(i)
+            elif s is not None:
+                custom.append(i)
+        b = len(uids)
+        if len(groups) == 1 and not custom and len(next(iter(groups.values()))) == b:
+            return draw(logits, specs)  # every row samples alike: the common case
+        tokens = mx.argmax(logits, axis=-1)
+        for rows in groups.values():
+            idx = mx.array(rows)
+            tokens[idx] = draw(logits[idx], [specs[i] for i in rows])
+        for i in custom:
+            tokens[i : i + 1] = specs[i](logits[i : i + 1]).astype(tokens.dtype)
+        return tokens

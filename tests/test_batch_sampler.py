@@ -1,0 +1,103 @@
+"""The decoding batch samples in one call: each row keeps its own parameters and seed."""
+
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import pytest
+
+from radixchat.core.engine import batch_sampler
+from radixchat.core.engine.batch_sampler import BatchSampler, Draw, draw
+from radixchat.core.engine.requests import ChatRequest, Finished
+
+WORDS = ["lists", "tuples", "dicts", "sets", "generators", "classes"]
+# six requests that differ in every sampling parameter the batch draws in one go
+MIXED = [
+    dict(temperature=0.7, seed=11),
+    dict(temperature=1.3, top_p=0.9, seed=12),
+    dict(temperature=1.0, top_k=5, seed=13),
+    dict(temperature=0.9, min_p=0.1, seed=14),
+    dict(temperature=1.0, logit_bias={5: 3.0}, seed=15),
+    dict(),  # greedy
+]
+
+
+def chat(word: str, **sampling) -> ChatRequest:
+    # a system prompt of its own: the engine is shared with other modules' tests, whose
+    # cached prefixes these must neither find nor leave behind for them
+    messages = [{"role": "system", "content": "Sample me."}, {"role": "user", "content": f"Say {word}"}]
+    return ChatRequest(messages=messages, sampling=sampling)
+
+
+def together(engine, reqs: list[ChatRequest]) -> list[Finished]:
+    out: dict[int, Finished] = {}
+    barrier = threading.Barrier(len(reqs))
+
+    def one(i):
+        barrier.wait()
+        out[i] = engine.submit(reqs[i]).result()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(isinstance(out.get(i), Finished) for i in range(len(reqs))), out
+    return [out[i] for i in range(len(reqs))]
+
+
+def test_one_categorical_draw_a_step_for_all_sampled_rows(engine, monkeypatch):
+    """Row by row, a batch of 6 sampled requests drew 6 times a step; now once."""
+    calls = []
+    real = mx.random.categorical
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mx.random, "categorical", counted)
+    steps = engine.steps
+    done = together(engine, [chat(w, max_tokens=16, temperature=0.8, top_p=0.95) for w in WORDS])
+    steps = engine.steps - steps
+    tokens = sum(f.usage.generated_tokens for f in done)
+    assert tokens >= 2 * steps  # the rows really shared steps
+    assert len(calls) <= steps, (len(calls), steps, tokens)
+
+
+def test_each_row_of_a_mixed_batch_samples_as_it_does_alone(engine):
+    alone = [engine.submit(chat(w, max_tokens=12, **s)).result().text for w, s in zip(WORDS, MIXED)]
+    batched = together(engine, [chat(w, max_tokens=12, **s) for w, s in zip(WORDS, MIXED)])
+    assert [f.text for f in batched] == alone
+    assert len(set(alone)) > 1
+
+
+def test_the_vmapped_draw_is_each_rows_own_draw():
+    logits = mx.random.normal((5, 300), key=mx.random.key(0))
+    rows = [Draw(0.5 + 0.2 * i, 1.0, 0, 0.0, seed=100 + i) for i in range(5)]
+    keys = [mx.array(Draw(0.5 + 0.2 * i, 1.0, 0, 0.0, seed=100 + i).key(), dtype=mx.uint32) for i in range(5)]
+    one_by_one = [mx.random.categorical(logits[i] * rows[i].inv_temp, key=keys[i]).item() for i in range(5)]
+    assert draw(logits, rows).tolist() == one_by_one
+
+
+def test_rewind_draws_the_same_tokens_again():
+    logits = mx.random.normal((1, 300), key=mx.random.key(1))
+    d = Draw(1.0, 1.0, 0, 0.0, seed=7)
+    first = [d(logits).item() for _ in range(6)]
+    d.rewind(2)
+    assert [d(logits).item() for _ in range(4)] == first[2:]
+    assert len(set(first)) > 1  # a hot draw over 300 tokens varies
+
+
+def test_a_batch_of_another_size_than_its_rows_is_refused():
+    s = BatchSampler()
+    s.rows = lambda: [1, 2]
+    with pytest.raises(RuntimeError, match="2"):
+        s(mx.zeros((3, 10)))
+
+
+def test_unseeded_rows_do_not_share_a_stream():
+    logits = mx.zeros((8, 1000))  # flat: every token as likely
+    rows = [Draw(1.0, 1.0, 0, 0.0, seed=None) for _ in range(8)]
+    assert len(set(draw(logits, rows).tolist())) > 4
+    assert batch_sampler._mix(0, 0) != batch_sampler._mix(0, 1)
