@@ -9,7 +9,7 @@ search box; Ctrl+Shift+O opens a new chat (and the button's title says so); Up i
 message box edits one's last message, and does nothing in a box with text. A chat made,
 renamed or deleted in one tab shows so in another tab's sidebar without a reload, which keeps
 its pick and its typed text; a reply begun in one tab streams in another that had its chat
-open. Screenshots go to test-output/page-drafts-keys/. Through the sync's handler, as the page
+open. A new user given a removed user's name finds none of their drafts or settings. Screenshots go to test-output/page-drafts-keys/. Through the sync's handler, as the page
 calls it: a tab is sent nothing when nothing changed, only its list when it did (never the
 other user's), and is told once to follow a reply begun in its chat elsewhere.
 """
@@ -203,7 +203,44 @@ def test_drafts_survive_a_reload_and_a_restart_each_users_own_and_go_when_sent(b
         box_reads(page, "")  # the sent message's chat is open: nothing kept for it
         pick(page, mark)
         box_reads(page, in_chat)
-        assert f"radixchat.draft.{name}.new" not in page.evaluate(DRAFTS)
+        assert not [k for k in page.evaluate(DRAFTS) if k.endswith(".new")]  # no new chat's draft left
+    finally:
+        page.context.close()
+
+
+def test_a_new_user_given_a_removed_users_name_finds_none_of_their_drafts_or_settings(browser, server, shots):
+    from radixchat.core.store import Store
+    from tests.support.cheap import cheap_scrypt
+
+    def sign_in_as_erin(page) -> None:
+        page.goto(server.url)
+        page.locator("input[type=text]").fill("erin")
+        page.locator("input[type=password]").fill("erin-password")
+        page.get_by_role("button", name="Login").click()
+        ready(page)
+
+    draft = "erin's half-typed secret 5521"
+    with Store(server.db, scrypt=cheap_scrypt()) as store:
+        store.create_user("erin", "erin-password")
+    page = browser.new_context(viewport=WIDE).new_page()
+    try:
+        sign_in_as_erin(page)
+        set_number(page, "max-tokens", 77)
+        page.wait_for_function("Object.keys(localStorage).some(k => k.startsWith('radixchat.settings.'))")
+        type_draft(page, draft)  # a new chat's draft
+        with Store(server.db, scrypt=cheap_scrypt()) as store:
+            store.remove_user("erin")  # an admin removes her; someone else is given her name
+            store.create_user("erin", "erin-password")
+        sign_in_as_erin(page)  # the old sign-in ended with her: the sign-in page
+        page.wait_for_timeout(1500)  # the load has put back whatever it would
+        assert page.evaluate(BOX) == ""
+        assert page.locator("#max-tokens input[type=number]").input_value() == MAX_TOKENS
+        assert draft in page.evaluate("Object.values(localStorage)")  # kept, under the old erin's key
+        shots(page, "same-name-new-user-1280")
+        type_draft(page, "the new erin's own words")
+        page.reload()
+        ready(page)
+        box_reads(page, "the new erin's own words")  # hers are kept as anyone's are
     finally:
         page.context.close()
 

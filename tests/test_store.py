@@ -1059,3 +1059,28 @@ def test_a_v8_database_migrates_to_v9_with_every_chat_on_the_first_model(tmp_pat
     assert store.set_conversation_model(olga, 1, "second-random").model == "second-random"
     assert texts(store.history(olga, 1)) == ["the old narwhal story"]
     store.close()
+
+
+def test_a_users_browser_key_is_never_another_users_not_even_one_of_the_same_name(store):
+    first = store.browser_key(store.create_user("erin", "erin-password").name)
+    other = store.browser_key(store.create_user("fay", "fay-password").name)
+    store.remove_user("erin")
+    again = store.browser_key(store.create_user("erin", "erin-password").name)
+    assert len({first, other, again}) == 3 and all(len(k) == 32 for k in (first, other, again))
+    assert store.browser_key("erin") == again and store.browser_key("nobody") is None
+
+
+def test_a_v13_database_gives_each_user_a_browser_key(tmp_path):
+    path = tmp_path / "v13.db"
+    c = sqlite3.connect(path, isolation_level=None)
+    store_schema.migrate(c, target=13)
+    for name in ("amy", "zed"):
+        c.execute("INSERT INTO users(name, password_hash, created) VALUES (?, 'x', 1.0)", [name])
+    c.close()
+    store = Store(path, scrypt=CHEAP)
+    try:
+        assert store.migrated_from == 13
+        keys = [store.browser_key("amy"), store.browser_key("zed")]
+        assert all(k and len(k) == 32 for k in keys) and keys[0] != keys[1]
+    finally:
+        store.close()

@@ -3,10 +3,11 @@
 Owns the `users` and `api_keys` rows: creating users, setting passwords, listing, removing a
 user (their conversations, messages and keys go with them through ON DELETE CASCADE; their
 request metrics stay, unlinked), making, listing and revoking keys, and checking a password or
-a key. And a user's two random identities (schema V7): the cache key that names their prefix
+a key. And a user's random identities (schema V7): the cache key that names their prefix
 cache namespace (`User.cache_key`; a removed user's is noted in `removed_users` for the running
 server to forget, `removed_cache_keys`), and the session key a page sign-in is bound to (a new
-one on each password change: `session_key`, `session_current`). And what the page's Admin tab
+one on each password change: `session_key`, `session_current`), and a third (schema V14) that
+names what their page keeps in their browser (`browser_key`). And what the page's Admin tab
 manages (schema V13): who is an admin (the first user made is), who is disabled (kept out of
 the page and the API, their rows kept), a per-user request limit (`request_limit`: stored
 here, carried by each request of theirs to the engine's count of requests in flight), and
@@ -93,7 +94,7 @@ class AccountsMixin(StoreBase):
                 raise AlreadyExists(f"user {name!r} already exists")
             first = db.execute("SELECT 1 FROM users LIMIT 1").fetchone() is None
             row = {"name": name, "password_hash": hashed, "created": now, "cache_key": cache_key}
-            row |= {"session_key": _new_key(), "admin": int(admin or first)}
+            row |= {"session_key": _new_key(), "browser_key": _new_key(), "admin": int(admin or first)}
             uid = db["users"].insert(row).last_pk
         return User(uid, name, now, cache_key)
 
@@ -147,6 +148,13 @@ class AccountsMixin(StoreBase):
             sql = "SELECT 1 FROM users WHERE name = ? AND session_key = ? AND disabled IS NULL"
             row = db.execute(sql, [name, key]).fetchone()
         return row is not None
+
+    def browser_key(self, name: str) -> str | None:
+        """What `name`'s page keeps their settings and drafts under in a browser (None: no such
+        user): random, never another user's, not even a later one of the same name."""
+        with self._tx(write=False) as db:
+            row = db.execute("SELECT browser_key FROM users WHERE name = ?", [name]).fetchone()
+        return row[0] if row else None
 
     def get_user(self, name: str) -> User:
         with self._tx(write=False) as db:

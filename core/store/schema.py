@@ -242,6 +242,17 @@ ALTER TABLE users ADD COLUMN request_limit INTEGER;
 UPDATE users SET admin = 1 WHERE id = (SELECT id FROM users ORDER BY created, id LIMIT 1);
 """
 
+# what a user's page settings and unsent drafts are kept under in their browser's storage
+# (webui/page/scripts.py, shortcuts.py): they were kept under the user's name, which a new
+# user of a removed user's name would have found them by. `browser_key` is random, set once
+# and never reused (as `cache_key`, but this one goes to the user's own browser: it only
+# names, it opens nothing). Every user of an older database gets one here.
+_V14_BROWSER_KEY = """
+ALTER TABLE users ADD COLUMN browser_key TEXT;
+UPDATE users SET browser_key = lower(hex(randomblob(16)));
+CREATE UNIQUE INDEX users_by_browser_key ON users(browser_key);
+"""
+
 MIGRATIONS: list[str] = [
     _V1_CHAT,
     _V2_KEYS_AND_METRICS,
@@ -256,6 +267,7 @@ MIGRATIONS: list[str] = [
     _V11_REFUSAL_ROWS,
     _V12_PAGE_SESSIONS,
     _V13_ACCOUNT_ROLES,
+    _V14_BROWSER_KEY,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -55,6 +55,10 @@ class Chats:
             except AlreadyExists:  # another request made it first
                 return self.store.get_user(LOCAL_USER)
 
+    def browser_key(self, user: User) -> str:
+        """What the user's page keeps in a browser is kept under (the store's, never reused)."""
+        return guard(self.store.browser_key, user.name) or ""
+
     def owner(self, user: User) -> str | None:
         """Whose requests these are, for the engine's cache scope and fair share (None: the
         one trusted user of --no-auth)."""

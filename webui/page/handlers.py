@@ -34,13 +34,16 @@ class ChatHandlers(PageView):
 
     # ---- what is in view ----
 
-    @notices(1 + len(SHOWN))
+    @notices(2 + len(SHOWN))
     def on_load(self, view: View, request: gr.Request):
+        """The header, the chat to open, and the user's browser key: what the browser keeps
+        their settings and drafts under (webui/page/scripts.py, shortcuts.py)."""
         user = self.who(request)
         who_line = (
             f"signed in as **{user.name}**" if self.sign_in else "no sign-in: everyone here is the same local user"
         )
-        return (header(self.model, who_line), *self.shown(user, self.chat.start(user), "", view, request))
+        shown = self.shown(user, self.chat.start(user), "", view, request)
+        return (header(self.model, who_line), *shown, self.chat.browser_key(user))
 
     @notices(len(SHOWN))
     def switch(self, conv_id, stamp, query, view: View, request: gr.Request):

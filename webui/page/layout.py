@@ -101,6 +101,8 @@ def build_page(
         # browser at once (NEW_CHAT, PICK), read by every event that acts on "this chat"
         current = gr.Number(None, precision=0, visible=False, elem_id="current")
         epoch = gr.Number(0, precision=0, visible=False, elem_id="epoch")
+        # set by the page's load: the key the browser keeps this user's settings and drafts under
+        browser_key = gr.Textbox("", visible=False, elem_id="browser-key")
         side = sidebar()
         header = top_row(sign_in)
         with gr.Tabs():
@@ -114,7 +116,18 @@ def build_page(
                 account_tab.build(accounts)
                 admin_tab.build(page, accounts)
         parts = Parts(
-            view, current, epoch, header, side, area, this, settings_panel, chat_section, server_section, server
+            view,
+            current,
+            epoch,
+            header,
+            browser_key,
+            side,
+            area,
+            this,
+            settings_panel,
+            chat_section,
+            server_section,
+            server,
         )
         wire(page, parts, handlers, settings)
     page.queue(default_concurrency_limit=settings.max_batch)

@@ -1,7 +1,7 @@
 """The few lines of JavaScript the page runs in the browser: the sidebar opened beside the chat
 on a wide screen and closed on a phone, a pick or "New chat" in view at once (a new chat with
 the first model picked), an edited message's box brought into view, the temperature and max
-tokens kept per user in the browser (localStorage) across reloads, and an export saved as a
+tokens kept per user in the browser (localStorage, under the user's browser key) across reloads, and an export saved as a
 file. Drafts, the keyboard's shortcuts and a tab's sync are webui/page/shortcuts.py's.
 
 webui/page/wiring.py attaches them to events (Gradio's `js=`); the controls inside a message
@@ -49,20 +49,20 @@ EDITING = """() => {
 }"""
 # the header's words, also in the drawer, where a phone shows them in full
 ABOUT = "(words) => words"
-# temperature and max tokens, kept in this browser per user (named by the header), so a reload
+# temperature and max tokens, kept in this browser per user (under their browser key, `who`,
+# which the page's load sets: never a name, which a later user may be given), so a reload
 # keeps them; what is kept is checked to be two numbers, else the page's own values stay
-_KEY = """const who = (words || '').match(/signed in as \\*\\*(.+?)\\*\\*/);
-  const key = 'radixchat.settings.' + (who ? who[1] : 'local');"""
-RESTORE_SETTINGS = f"""(words, temperature, max_tokens) => {{ {_KEY}
-  try {{
+_KEY = """const key = who ? 'radixchat.settings.' + who : '';"""
+RESTORE_SETTINGS = f"""(who, temperature, max_tokens) => {{ {_KEY}
+  if (key) try {{
     const kept = JSON.parse(localStorage.getItem(key) || 'null');
     if (kept && Number.isFinite(kept.temperature) && Number.isFinite(kept.max_tokens))
       return [kept.temperature, kept.max_tokens];
   }} catch (e) {{ /* nothing usable kept */ }}
   return [temperature, max_tokens];
 }}"""
-KEEP_SETTINGS = f"""(words, temperature, max_tokens) => {{ {_KEY}
-  if (words && Number.isFinite(temperature) && Number.isFinite(max_tokens))
+KEEP_SETTINGS = f"""(who, temperature, max_tokens) => {{ {_KEY}
+  if (key && Number.isFinite(temperature) && Number.isFinite(max_tokens))
     try {{ localStorage.setItem(key, JSON.stringify({{temperature, max_tokens}})); }} catch (e) {{}}
   return [];
 }}"""

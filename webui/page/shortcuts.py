@@ -1,11 +1,14 @@
 """The page's JavaScript for typing: drafts kept in the browser, the keyboard's shortcuts, and
 the pace at which a visible tab asks the server what changed elsewhere.
 
-Drafts: the message box's text is kept in localStorage per user (named by the header, as the
-chat settings are, webui/page/scripts.py) and per conversation ("new" for a new chat), saved
-as it changes, put back when that chat comes into view again or the page loads, and dropped
-once the server empties the box after a send (a refused send keeps the box, so its draft).
-Another user signing in to the same browser reads other keys.
+Drafts: the message box's text is kept in localStorage per user (under the user's browser
+key, which the page's load puts in the hidden `browser-key` box, as the chat settings are,
+webui/page/scripts.py) and per conversation ("new" for a new chat), saved as it changes, put
+back when that chat comes into view again or the page loads, and dropped once the server
+empties the box after a send (a refused send keeps the box, so its draft). Another user
+signing in to the same browser reads other keys, and so does a new user given the name of a
+removed one (the store never hands a browser key out twice); nothing is kept before the load
+has said whose page it is.
 
 Keys: Esc stops the reply being written in the chat in view (the button reads Stop), unless
 the focus is in a dialog or in another field; Ctrl+Shift+O (Cmd+Shift+O on a Mac) opens a new
@@ -23,15 +26,16 @@ from __future__ import annotations
 SYNC_S = 4.0  # how often a visible tab asks for changes made elsewhere
 NEW_CHAT_KEYS = "Ctrl+Shift+O"
 
-# the draft's key for the user in the header and the chat in view (`current`, null: a new chat)
-_DRAFT_KEY = """const who = (words || '').match(/signed in as \\*\\*(.+?)\\*\\*/);
-  const key = 'radixchat.draft.' + (who ? who[1] : 'local') + '.' + (current == null ? 'new' : current);"""
+# the draft's key for the user's browser key (`who`, "" until the page's load set it) and the
+# chat in view (`current`, null: a new chat); "" while there is no user to keep it for
+_DRAFT_KEY = """const key = who ? 'radixchat.draft.' + who + '.' + (current == null ? 'new' : current) : '';"""
 
 # on the box's every `change` (Gradio's `input` misses a paste): what the box holds is the
 # draft of the chat in view, whoever set it (typed, pasted, or an Edit's text). The box emptied
 # under another key than the text it held (a send that made a new chat: `current` moved with
 # it) drops that text where it was kept too; a refused send leaves the box, so its draft
-KEEP_DRAFT = f"""(words, current, text) => {{ {_DRAFT_KEY}
+KEEP_DRAFT = f"""(who, current, text) => {{ {_DRAFT_KEY}
+  if (!key) return [];
   const kept = window.__rcKept;
   window.__rcKept = {{key, text}};
   try {{
@@ -49,9 +53,9 @@ def show_draft(*, replace: bool) -> str:
     the box shows that chat's draft or nothing; else (the page loaded) a box already typed in
     keeps its text."""
     keep = "" if replace else "if (text) return text;"
-    return f"""(words, current, text) => {{ {_DRAFT_KEY} {keep}
+    return f"""(who, current, text) => {{ {_DRAFT_KEY} {keep}
   let draft = '';
-  try {{ draft = localStorage.getItem(key) || ''; }} catch (e) {{}}
+  try {{ if (key) draft = localStorage.getItem(key) || ''; }} catch (e) {{}}
   window.__rcKept = {{key, text: draft}};  // what the box is about to hold, and where it is kept
   return draft;
 }}"""

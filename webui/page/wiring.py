@@ -69,6 +69,7 @@ class Parts:
     current: gr.Number  # the chat in view, as the browser has it
     epoch: gr.Number  # the browser's count of view changes
     header: gr.Markdown
+    browser_key: gr.Textbox  # hidden: what this user's settings and drafts are kept under
     side: Sidebar
     area: ChatArea
     this: ThisChat
@@ -98,22 +99,22 @@ def wire(page: gr.Blocks, p: Parts, h: Handlers, config: Settings) -> None:
 
 def drafted(p: Parts, *, replace: bool) -> dict:
     """The browser's step that puts the draft of the chat now in view in the message box."""
-    typed = [p.header, p.current, p.area.message]
+    typed = [p.browser_key, p.current, p.area.message]
     return {"fn": None, "inputs": typed, "outputs": [p.area.message], "js": show_draft(replace=replace), **PRIVATE}
 
 
 def wire_load(page: gr.Blocks, p: Parts, h: Handlers) -> None:
     panel = p.settings
     numbers = [panel.temperature, panel.max_tokens]
-    loaded = page.load(h.on_load, [p.view], [p.header, *p.named(SHOWN)], **PRIVATE)
+    loaded = page.load(h.on_load, [p.view], [p.header, *p.named(SHOWN), p.browser_key], **PRIVATE)
     loaded.then(None, [p.header], [p.side.about], js=ABOUT, **PRIVATE).then(
-        None, [p.header, *numbers], numbers, js=RESTORE_SETTINGS, **PRIVATE
+        None, [p.browser_key, *numbers], numbers, js=RESTORE_SETTINGS, **PRIVATE
     )
     loaded.then(**following(p, h))  # a reply being written in the chat opened streams on
     loaded.then(**drafted(p, replace=False))
     # `input`: set by the person (a restore sets them too, and needs no keeping)
     for number in numbers:
-        number.input(None, [p.header, *numbers], None, js=KEEP_SETTINGS, **PRIVATE)
+        number.input(None, [p.browser_key, *numbers], None, js=KEEP_SETTINGS, **PRIVATE)
     page.load(None, js=OPEN_WIDE, **PRIVATE)
     page.load(None, js=versions.LISTEN, **PRIVATE)
     page.load(None, js=KEYS, **PRIVATE)
@@ -237,7 +238,7 @@ def wire_server_tab(p: Parts, h: Handlers) -> None:
 def wire_sync(p: Parts, h: Handlers) -> None:
     side, box = p.side, p.area.message
     # the draft: kept as the box changes, and dropped once a send empties it (shortcuts.py)
-    box.change(None, [p.header, p.current, box], None, js=KEEP_DRAFT, **PRIVATE)
+    box.change(None, [p.browser_key, p.current, box], None, js=KEEP_DRAFT, **PRIVATE)
     # pressed by the browser every few seconds while the tab is visible (shortcuts.SYNC): only
     # the last of those waiting runs; cheap, and outside the sends' queue
     side.sync_go.click(
