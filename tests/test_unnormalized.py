@@ -75,3 +75,17 @@ def test_reported_log_probabilities_are_mlx_lms_normalized_ones(engine, tiny_mod
     for got, (chosen, top) in zip(final.logprobs, want):
         assert abs(got.logprob - chosen) < 1e-3, (got.logprob, chosen)
         assert [round(v, 3) for _, v in got.top] == [round(v, 3) for v in top]
+
+
+def test_the_prompt_step_leaves_mlxs_buffer_cache_to_its_limit(engine, monkeypatch):
+    """mlx-lm's prompt step emptied MLX's buffer cache after every chunk; in the engine
+    thread it no longer does (the cache has a limit), and elsewhere it still does."""
+    calls = []
+    real = mx.clear_cache
+    monkeypatch.setattr(mx, "clear_cache", lambda: calls.append(threading.current_thread().name) or real())
+    long = "Tell me everything about generators. " * 12  # more than a chunk: prefills in several
+    final = engine.submit(ChatRequest(messages=[{"role": "user", "content": long}], sampling={"max_tokens": 4}))
+    assert isinstance(final.result(), Finished)
+    assert calls == []
+    unnormalized.step_module().mx.clear_cache()  # another thread: the library's own
+    assert calls == [threading.current_thread().name]
