@@ -84,7 +84,9 @@ def test_the_prompt_step_leaves_mlxs_buffer_cache_to_its_limit(engine, monkeypat
     real = mx.clear_cache
     monkeypatch.setattr(mx, "clear_cache", lambda: calls.append(threading.current_thread().name) or real())
     long = "Tell me everything about generators. " * 12  # more than a chunk: prefills in several
-    final = engine.submit(ChatRequest(messages=[{"role": "user", "content": long}], sampling={"max_tokens": 4}))
+    # (a system prompt of its own, so the engine shared with other modules caches nothing theirs match)
+    messages = [{"role": "system", "content": "Be long."}, {"role": "user", "content": long}]
+    final = engine.submit(ChatRequest(messages=messages, sampling={"max_tokens": 4}))
     assert isinstance(final.result(), Finished)
     assert calls == []
     unnormalized.step_module().mx.clear_cache()  # another thread: the library's own
