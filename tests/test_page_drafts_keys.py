@@ -9,7 +9,8 @@ search box; Ctrl+Shift+O opens a new chat (and the button's title says so); Up i
 message box edits one's last message, and does nothing in a box with text. A chat made,
 renamed or deleted in one tab shows so in another tab's sidebar without a reload, which keeps
 its pick and its typed text; a reply begun in one tab streams in another that had its chat
-open. A new user given a removed user's name finds none of their drafts or settings. Screenshots go to test-output/page-drafts-keys/. Through the sync's handler, as the page
+open, and its title box follows a rename there unless it is being edited. A new user given
+a removed user's name finds none of their drafts or settings. Screenshots go to test-output/page-drafts-keys/. Through the sync's handler, as the page
 calls it: a tab is sent nothing when nothing changed, only its list when it did (never the
 other user's), and is told once to follow a reply begun in its chat elsewhere.
 """
@@ -357,6 +358,79 @@ def test_the_sidebar_follows_chats_made_renamed_and_deleted_in_another_tab(brows
         page.context.close()
 
 
+TITLE = "document.querySelector('#title textarea, #title input').value"
+
+
+def test_the_open_chats_title_follows_a_rename_in_another_tab_unless_edited_here(browser, server, shots):
+    page = opened(browser, server, "alice", WIDE)
+    try:
+        short_replies(page)
+        new_chat(page)
+        say(page, "Titled-6120 what is a set?")
+        other = page.context.new_page()  # a second tab of hers, the same chat open
+        other.goto(server.url)
+        ready(other)
+        other.wait_for_function(f"({PICKED}).includes('Titled-6120')")
+        before = other.evaluate(TITLE)
+        assert "Titled-6120" in before
+
+        page.locator("#title textarea, #title input").first.fill("Renamed-7731")
+        page.locator("#rename").click()
+        other.wait_for_function(f"{TITLE} === 'Renamed-7731'", timeout=scaled(20) * 1e3)
+        shots(other, "title-followed-1280")
+
+        other.locator("#title textarea, #title input").first.fill("Being typed-8842")  # not renamed yet
+        page.locator("#title textarea, #title input").first.fill("Renamed again-9953")
+        page.locator("#rename").click()
+        other.wait_for_function(f"({CHATS}).includes('Renamed again-9953')", timeout=scaled(20) * 1e3)
+        other.wait_for_timeout(2 * 4000)  # two more syncs
+        assert other.evaluate(TITLE) == "Being typed-8842"  # what is typed here stays
+    finally:
+        page.context.close()
+
+
+def test_a_sync_follows_a_rename_made_elsewhere_unless_the_title_is_edited_here(tmp_path):
+    import gradio as gr
+
+    from radixchat.webui.page.view import View
+
+    h, store, alice = sync_page(tmp_path)
+    try:
+        user, skip = store.get_user("alice"), gr.skip()
+        conv = h.chat.new_chat(user)
+        view = View()
+        title = h.shown(user, conv.id, "", view, alice)[3]  # the chat comes into view
+        h.chat.rename(user, conv.id, "Renamed elsewhere")
+        assert h.synced("", conv.id, 0, title, view, alice)[2] == "Renamed elsewhere"
+        assert h.synced("", conv.id, 0, "Renamed elsewhere", view, alice)[2] == skip  # once
+        h.chat.rename(user, conv.id, "Renamed again")
+        assert h.synced("", conv.id, 0, "Being typed", view, alice)[2] == skip  # edited here: kept
+        assert h.synced("", conv.id, 0, "Renamed elsewhere", View(conv=conv.id), alice)[2] == skip  # shown nothing
+        h.rename_chat(conv.id, "Being typed", "", view, alice)
+        assert h.synced("", conv.id, 0, "Being typed", view, alice)[2] == skip  # its own rename
+    finally:
+        store.close()
+
+
+def sync_page(tmp_path):
+    """Handlers over a store with alice and bob and a fake engine; the store; alice's request."""
+    from types import SimpleNamespace
+
+    from radixchat.core.store import Store
+    from radixchat.webui.page.dashboard import Presence
+    from radixchat.webui.page.handlers import Handlers
+    from radixchat.webui.page.logic import ChatPage
+    from tests.support.cheap import cheap_scrypt
+    from tests.support.fake_engine import FakeEngine
+
+    store = Store(tmp_path / "page.db", scrypt=cheap_scrypt())
+    for who in ("alice", "bob"):
+        store.create_user(who, f"{who}-password")
+    engine = FakeEngine("a fake reply")
+    alice = SimpleNamespace(username="alice", headers={})
+    return Handlers(ChatPage(engine, store), Presence(), {}, engine.info, sign_in=True), store, alice
+
+
 def test_a_reply_begun_in_another_tab_streams_where_its_chat_is_open(browser, server, shots):
     mark = "Followed-6624"
     page = opened(browser, server, "alice", WIDE)
@@ -417,23 +491,23 @@ def test_a_sync_answers_only_what_changed(tmp_path):
     conv = h.chat.new_chat(store.get_user("alice"))
     here, elsewhere = View(conv=conv.id), View(conv=conv.id)
 
-    listed, bumped = h.synced("", conv.id, 0, here, alice)
-    assert listed.choices and bumped == skip  # the first answer: the list, whose pick is the browser's
+    listed, bumped, titled = h.synced("", conv.id, 0, "", here, alice)
+    assert listed.choices and bumped == skip and titled == skip  # the first answer: the list, whose pick is the browser's
     assert listed.value is None or listed.value == conv.id
-    assert h.synced("", conv.id, 0, here, alice) == (skip, skip)  # nothing changed: nothing sent
-    bobs = h.synced("", conv.id, 0, View(conv=conv.id), SimpleNamespace(username="bob", headers={}))
-    assert bobs[0].choices == [] and bobs[1] == skip  # nothing of alice's for bob
+    assert h.synced("", conv.id, 0, "", here, alice) == (skip, skip, skip)  # nothing changed: nothing sent
+    bobs = h.synced("", conv.id, 0, "", View(conv=conv.id), SimpleNamespace(username="bob", headers={}))
+    assert bobs[0].choices == [] and bobs[1:] == (skip, skip)  # nothing of alice's for bob
 
     async def elsewhere_sends():
         engine.hold = True
         sender = h.send_message("Hi-7 there", conv.id, "", 0, "", 0, 16, None, elsewhere, alice)
         await sender.__anext__()  # its first rows: the reply is being written
-        assert h.synced("", conv.id, 3, here, alice)[1] == 4  # the tab with the chat open follows it
-        assert h.synced("", conv.id, 0, elsewhere, alice)[1] == skip  # the sender watches it already
+        assert h.synced("", conv.id, 3, "", here, alice)[1] == 4  # the tab with the chat open follows it
+        assert h.synced("", conv.id, 0, "", elsewhere, alice)[1] == skip  # the sender watches it already
         follower = h.follow_reply(conv.id, 0, "Send", here, alice)
         await follower.__anext__()
         await follower.__anext__()  # streaming here
-        assert h.synced("", conv.id, 4, here, alice) == (skip, skip)  # followed: nothing more
+        assert h.synced("", conv.id, 4, "", here, alice) == (skip, skip, skip)  # followed: nothing more
         engine.release()
         [_ async for _ in follower]
         [_ async for _ in sender]

@@ -245,7 +245,7 @@ def test_another_users_chat_through_the_page_handlers_is_not_found(server):
     assert bob.messages(event)[-1]["success"]
     calls = {
         "switch": [theirs.id, 1000, "", None],
-        "rename_chat": [theirs.id, "bob was here", ""],
+        "rename_chat": [theirs.id, "bob was here", "", None],
         "delete_chat": [theirs.id, "", None],
         "export_md": [theirs.id],
         "share_tab": [theirs.id],

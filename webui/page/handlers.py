@@ -92,9 +92,11 @@ class ChatHandlers(PageView):
         return self.listed(self.who(request), query, conv_id)
 
     @notices(2)
-    def rename_chat(self, conv_id, new_title, query, request: gr.Request):
+    def rename_chat(self, conv_id, new_title, query, view: View, request: gr.Request):
         user = self.who(request)
         conv = self.chat.rename(user, conv_id, new_title)
+        if conv.id == view.conv:
+            view.title = conv.title
         return self.listed(user, query, conv.id), conv.title
 
     @notices(len(SHOWN) + 2)

@@ -65,6 +65,8 @@ class Send:
         chat, user, skip = self.page.chat, self.user, gr.skip()
         found = await asyncio.to_thread(chat.find, user, self.query)
         title_now = (await asyncio.to_thread(chat.conversation, user, conv_id)).title if here else skip
+        if here:
+            self.view.title = title_now
         ended = skip
         if edit is not None and self.view.editing == self.editing:  # stored: the edit is done
             self.view.editing, ended = None, gr.Row(visible=False)

@@ -59,7 +59,8 @@ class View:
     it), as (conversation, message), and the model picked while a new chat is in view (None:
     the first), which its first message's conversation takes; any change of view ends both.
     For catching up with other tabs (webui/page/sync.py): the sidebar's list as last synced,
-    and the reply this tab watches, as (conversation, when it began)."""
+    the reply this tab watches, as (conversation, when it began), and the title this tab last
+    put in the chat in view's title box."""
 
     conv: int | None = None
     epoch: int = 0
@@ -68,6 +69,7 @@ class View:
     model: str | None = None
     listed: list[tuple[str, int]] | None = None
     watching: tuple[int, float] | None = None
+    title: str | None = None
 
     def follow(self, conv: int | None, epoch: int | float | None, *, change: bool = False) -> bool:
         """Show `conv` unless the browser has changed its view since (a later epoch). A view
@@ -153,7 +155,7 @@ class PageView:
     def shown(self, user, conv_id: int | None, query: str, view: View, request: gr.Request):
         """Everything that changes when a chat comes into view (`SHOWN`); an edit ends, and a
         new chat's pick."""
-        view.conv, view.editing, view.model = conv_id, None, None
+        view.conv, view.editing, view.model, view.title = conv_id, None, None, ""
         if conv_id is None:
             first = self.chat.first_model()
             return (
@@ -171,6 +173,7 @@ class PageView:
             )
         conv = self.chat.conversation(user, conv_id)
         model = self.chat.model_of(conv)
+        view.title = conv.title
         return (
             conv_id,
             self.listed(user, query, conv_id),

@@ -159,7 +159,7 @@ def wire_chats(p: Parts, h: Handlers) -> None:
     gr.on(
         [this.rename.click, this.title.submit],
         h.rename_chat,
-        [p.current, this.title, side.search],
+        [p.current, this.title, side.search, p.view],
         [side.conv_list, this.title],
         **PRIVATE,
     )
@@ -243,8 +243,8 @@ def wire_sync(p: Parts, h: Handlers) -> None:
     # the last of those waiting runs; cheap, and outside the sends' queue
     side.sync_go.click(
         h.synced,
-        [side.search, p.current, side.follow_go, p.view],
-        [side.conv_list, side.follow_go],
+        [side.search, p.current, side.follow_go, p.this.title, p.view],
+        [side.conv_list, side.follow_go, p.this.title],
         concurrency_id="sync",
         concurrency_limit=None,
         show_progress="hidden",
