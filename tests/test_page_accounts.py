@@ -310,6 +310,8 @@ def admin_actions(tabs: AccountHandlers, target: str):
         "reset password": lambda r: tabs.reset_password(target, r),
         "set limit": lambda r: tabs.set_limit(target, 100, r),
         "read limit": lambda r: tabs.user_picked(target, r),
+        "make admin": lambda r: tabs.make_admin("bob", r),
+        "remove admin": lambda r: tabs.remove_admin(target, r),
     }
 
 
@@ -323,6 +325,60 @@ def test_every_admin_action_is_refused_to_a_non_admin(store, users, tabs, said, 
     assert all(o == gr.skip() for o in (out if isinstance(out, tuple) else [out]))  # nothing shown
     assert store.accounts() == before and store.session_key("bob") == keys
     assert "bob (not an admin) was refused" in caplog.text
+
+
+def test_an_admin_makes_an_admin_and_ends_it_but_never_for_the_last(store, users, tabs, said, caplog):
+    caplog.set_level(logging.INFO, "radixchat.admin")
+    tabs.remove_admin("alice", signed_in("alice"))  # herself, the only admin
+    assert len(said) == 1 and "last admin" in said[0] and store.is_admin("alice"), said
+    rows, pick, _ = tabs.make_admin("bob", signed_in("alice"))
+    assert store.is_admin("bob") and rows[1][:2] == ["bob", "admin"] and ("bob", "bob") in pick.choices
+    assert "admin alice made user bob an admin" in caplog.text
+    tabs.remove_admin("alice", signed_in("alice"))  # another admin is left: she may
+    assert len(said) == 1 and not store.is_admin("alice") and store.is_admin("bob")
+    assert "admin alice made user alice no longer an admin" in caplog.text
+    tabs.make_admin("bob", signed_in("alice"))  # no longer an admin: refused
+    assert said[-1] == NOT_ADMIN
+    store.create_user("carol", "carol-password", admin=True)
+    store.set_disabled("carol", True)  # a disabled admin manages nothing: bob is still the last
+    tabs.remove_admin("bob", signed_in("bob"))
+    assert "last admin" in said[-1] and store.is_admin("bob")
+    tabs.make_admin(None, signed_in("bob"))
+    assert said[-1] == "Pick a user first."
+
+
+def test_no_auth_has_no_admin_tab_no_admin_and_refuses_every_admin_action(store, said):
+    from radixchat.webui.page.logic import ChatPage
+
+    local = ChatPage(FakeEngine(), store, signed_in=False).user(None)  # --no-auth's one user, on a fresh store
+    assert not store.is_admin(local.name)
+    store.create_user("alice", "alice-password")  # the first real account is the admin
+    assert store.is_admin("alice")
+    tabs = AccountHandlers(store, sign_in=False)
+    tab, rows, pick = tabs.admin_shown(signed_in(None))
+    assert visible(tab) is False and rows == [] and pick.choices == []
+    before = store.accounts()
+    for action in admin_actions(tabs, "alice").values():
+        action(signed_in("alice"))  # even a request that names an admin
+    assert said == ["There are no accounts to manage without sign-in."] * len(admin_actions(tabs, ""))
+    assert store.accounts() == before
+
+
+def test_the_no_auth_page_has_no_account_or_admin_tab(store):
+    from radixchat.webui.page.layout import build_page
+
+    page = build_page(FakeEngine(), Settings(), store, sign_in=False)
+    labels = {c.get("props", {}).get("label") for c in page.get_config_file()["components"]}
+    assert "Chat" in labels and "Admin" not in labels and "Account" not in labels
+
+
+def test_a_front_ends_end_users_are_never_admins(store):
+    store.create_user("alice", "alice-password")
+    front = store.create_user("webui", "webui-password")
+    store.remove_user("alice")  # no admin left: the next account made is one
+    assert not store.is_admin(store.end_user(front, "dave").name)  # an end user is no account
+    store.create_user("carol", "carol-password")
+    assert store.is_admin("carol") and not store.is_admin("webui")
 
 
 def test_a_disabled_admin_is_no_admin(store, users, tabs, said):

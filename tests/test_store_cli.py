@@ -87,6 +87,19 @@ def test_users_add_admin_makes_an_admin(db, pwfile):
     assert "admin" in listed["carol"] and "admin" not in listed["bob"]
 
 
+def test_users_admin_makes_an_admin_and_off_ends_it_but_never_the_last(db, pwfile):
+    for name in ("alice", "bob"):
+        assert run("users", "add", name, "--password-file", pwfile, "--db", db).returncode == 0
+    out = run("users", "admin", "bob", "--db", db)
+    assert out.returncode == 0 and out.stdout.strip() == "bob is now an admin", out.stderr
+    out = run("users", "admin", "alice", "--off", "--db", db)
+    assert out.returncode == 0 and out.stdout.strip() == "alice is no longer an admin", out.stderr
+    assert refused(run("users", "admin", "bob", "--off", "--db", db), "bob is the last admin")
+    assert refused(run("users", "admin", "nobody", "--db", db), "user 'nobody' not found")
+    with Store(db, scrypt=CHEAP) as store:
+        assert [(a.name, a.admin) for a in store.accounts()] == [("alice", False), ("bob", True)]
+
+
 def test_export_json_and_markdown(db):
     with Store(db, scrypt=CHEAP) as store:
         alice = store.create_user("alice", "alice-password")

@@ -2,6 +2,7 @@
 
     radixchat users add NAME [--password-file F] [--admin]  # else asks twice, without echo
     radixchat users list | users remove NAME | users passwd NAME [--password-file F]
+    radixchat users admin NAME [--off]              # an admin, or no longer one (never the last)
     radixchat keys create NAME [--label L] [--front-end]  # prints the key, once
     radixchat keys list [NAME] | keys revoke KEY    # KEY: the whole key or its listed start
     radixchat export NAME ID [--format json|md] [--output FILE]
@@ -52,6 +53,10 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     p = users.add_parser("passwd", parents=[db, pw], help="set a user's password")
     p.add_argument("name")
     p.set_defaults(admin=cmd_users_passwd)
+    p = users.add_parser("admin", parents=[db], help="make a user an admin (--off: no longer one)")
+    p.add_argument("name")
+    p.add_argument("--off", action="store_true", help="no longer an admin (refused for the last admin)")
+    p.set_defaults(admin=cmd_users_admin)
 
     keys = sub.add_parser("keys", help="create, list or revoke API keys").add_subparsers(dest="action", required=True)
     p = keys.add_parser("create", parents=[db], help="create an API key for a user; prints it once")
@@ -178,6 +183,13 @@ def cmd_users_passwd(args) -> int:
     with _open(args) as store:
         store.set_password(args.name, password)
     print(f"password of {args.name} changed; their page sessions are signed out")
+    return 0
+
+
+def cmd_users_admin(args) -> int:
+    with _open(args) as store:
+        store.set_admin(args.name, not args.off)
+    print(f"{args.name} is {'no longer' if args.off else 'now'} an admin")
     return 0
 
 

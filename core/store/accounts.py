@@ -8,7 +8,8 @@ cache namespace (`User.cache_key`; a removed user's is noted in `removed_users` 
 server to forget, `removed_cache_keys`), and the session key a page sign-in is bound to (a new
 one on each password change: `session_key`, `session_current`), and a third (schema V14) that
 names what their page keeps in their browser (`browser_key`). And what the page's Admin tab
-manages (schema V13): who is an admin (the first user made is), who is disabled (kept out of
+manages (schema V13): who is an admin (the first account made is, and whoever an admin
+or the admin command makes one; the last one cannot stop being one), who is disabled (kept out of
 the page and the API, their rows kept), a per-user request limit (`request_limit`: stored
 here, carried by each request of theirs to the engine's count of requests in flight), and
 each user's usage (`accounts`, read from the request rows). Hashing itself is
@@ -78,8 +79,10 @@ class AccountsMixin(StoreBase):
 
     # ---- users ----
 
-    def create_user(self, name: str, password: str, *, admin: bool = False) -> User:
-        """A new user; an admin if `admin`, and the first user made always (someone must be)."""
+    def create_user(self, name: str, password: str, *, admin: bool = False, account: bool = True) -> User:
+        """A new user; an admin if `admin`, and always the first account made while no user is
+        an admin (someone must be). `account=False`: a user nobody signs in as (--no-auth's one
+        local user, a front end's end users), never an admin, and no first account either."""
         check_name(name)
         check_password(password)
         taken = "SELECT 1 FROM users WHERE name = ?"
@@ -92,9 +95,9 @@ class AccountsMixin(StoreBase):
         with self._tx(write=True) as db:
             if db.execute(taken, [name]).fetchone():  # again: someone may have been quicker
                 raise AlreadyExists(f"user {name!r} already exists")
-            first = db.execute("SELECT 1 FROM users LIMIT 1").fetchone() is None
+            first = account and db.execute("SELECT 1 FROM users WHERE admin = 1 LIMIT 1").fetchone() is None
             row = {"name": name, "password_hash": hashed, "created": now, "cache_key": cache_key}
-            row |= {"session_key": _new_key(), "browser_key": _new_key(), "admin": int(admin or first)}
+            row |= {"session_key": _new_key(), "browser_key": _new_key(), "admin": int(account and (admin or first))}
             uid = db["users"].insert(row).last_pk
         return User(uid, name, now, cache_key)
 
@@ -200,6 +203,19 @@ class AccountsMixin(StoreBase):
         with self._tx(write=False) as db:
             sql = "SELECT 1 FROM users WHERE name = ? AND admin = 1 AND disabled IS NULL"
             return db.execute(sql, [name]).fetchone() is not None
+
+    def set_admin(self, name: str, admin: bool) -> None:
+        """Make `name` an admin, or no longer one. Invalid for the last enabled admin (nobody
+        would be left to manage the others, in the page or to undo this there)."""
+        with self._tx(write=True) as db:
+            row = db.execute("SELECT id, admin FROM users WHERE name = ?", [name]).fetchone()
+            if row is None:
+                raise NotFound(f"user {name!r} not found")
+            if not admin and row[1]:
+                sql = "SELECT 1 FROM users WHERE admin = 1 AND disabled IS NULL AND id != ? LIMIT 1"
+                if db.execute(sql, [row[0]]).fetchone() is None:
+                    raise Invalid(f"{name} is the last admin: make another user an admin first")
+            db["users"].update(row[0], {"admin": int(bool(admin))})
 
     def accounts(self) -> list[Account]:
         """Every user with their role, state, limit and usage, by name."""
@@ -356,7 +372,7 @@ class AccountsMixin(StoreBase):
         except NotFound:
             pass
         try:
-            return self.create_user(full, secrets.token_urlsafe(24))
+            return self.create_user(full, secrets.token_urlsafe(24), account=False)
         except AlreadyExists:  # another request of theirs made it first
             return self.get_user(full)
 

@@ -5,7 +5,8 @@ admin_tab.py make the components and hook these to them). Each takes the signed-
 the request (`request.username`, which Gradio read from the sign-in cookie through the gate's
 `SessionTokens`, webui/gate.py), never from a value the browser sent: an admin handler asks the
 store whether that user is an admin before it reads or changes anything, refuses everyone else
-with a notice, and logs every action it takes (who did what to whom) on `radixchat.admin`.
+with a notice, and logs every action it takes (who did what to whom) on `radixchat.admin`;
+with no sign-in (--no-auth) every admin handler refuses and the Admin tab stays hidden.
 What is stored is core.store's (accounts.py); a refusal is a notice (webui/page/view.py's
 `notices`), never a traceback or the store's internal text. A secret made here (an API key, a
 generated password) is returned once, to the one output that shows it, and kept nowhere. A
@@ -36,6 +37,7 @@ log = logging.getLogger("radixchat.admin")
 KEY_HEADERS = ["Name", "Key", "State", "Created", "Last used"]  # what matters most first, for a phone
 USER_HEADERS = ["User", "Role", "State", "Created", "Requests", "Tokens", "Request limit"]
 NOT_ADMIN = "Only an admin can do this."
+NO_ACCOUNTS = "There are no accounts to manage without sign-in."
 # wrong current passwords before a user must wait: the page is no way round sign-in's lockout
 MAX_WRONG, WRONG_WAIT_S = 5, 300.0
 
@@ -88,7 +90,11 @@ class AccountHandlers:
             raise PageError("You are signed out: reload the page and sign in again.") from None
 
     def admin(self, request: gr.Request, action: str, target: str = "") -> str:
-        """The signed-in user if they are an admin; else PageError, the attempt logged."""
+        """The signed-in user if they are an admin; else PageError, the attempt logged. With
+        no sign-in (--no-auth) nobody is: there are no accounts to manage."""
+        if not self.sign_in:
+            log.warning("refused with no sign-in (--no-auth): %s %s", action, target)
+            raise PageError(NO_ACCOUNTS)
         name = self.who(request)
         if not self.store.is_admin(name):
             log.warning("%s (not an admin) was refused: %s %s", name, action, target)
@@ -216,8 +222,7 @@ class AccountHandlers:
     @notices(3)
     def admin_shown(self, request: gr.Request):
         """The Admin tab, shown to admins only, with its table (nothing for anyone else)."""
-        name = self.who(request)
-        if not self.store.is_admin(name):
+        if not self.sign_in or not self.store.is_admin(self.who(request)):
             return gr.Tab(visible=False), [], gr.Dropdown(choices=[])
         return gr.Tab(visible=True), *self.users()
 
@@ -264,6 +269,22 @@ class AccountHandlers:
         log.info("admin %s reset the password of user %s", who, name)
         label = f"New password of {name} (shown this once; their sign-ins have ended)"
         return *self.users(), gr.Textbox(value=password, visible=True, label=label)
+
+    @notices(3)
+    def make_admin(self, name: str | None, request: gr.Request):
+        """The picked user may manage the others from now on."""
+        who = self.admin(request, "make admin", repr(name))
+        self._change(name, self.store.set_admin, True)
+        log.info("admin %s made user %s an admin", who, name)
+        return *self.users(), gr.Textbox(value="", visible=False)
+
+    @notices(3)
+    def remove_admin(self, name: str | None, request: gr.Request):
+        """The picked user (oneself too) an admin no more; never the last one."""
+        who = self.admin(request, "remove admin", repr(name))
+        self._change(name, self.store.set_admin, False)
+        log.info("admin %s made user %s no longer an admin", who, name)
+        return *self.users(), gr.Textbox(value="", visible=False)
 
     @notices(1)
     def user_picked(self, name: str | None, request: gr.Request):

@@ -1,5 +1,5 @@
 """The Admin tab: the users with their usage; add one, disable or re-enable, reset a password,
-set a request limit.
+make an admin or no longer one (never the last), set a request limit.
 
 `build` makes the tab (hidden) and hooks its events to `AccountHandlers`
 (webui/page/accounts_handlers.py): the page's load shows it to admins only, and every one of
@@ -29,13 +29,16 @@ def build(page: gr.Blocks, handlers: AccountHandlers) -> gr.Tab:
 
         gr.Markdown(
             "### A user\nDisabling ends their sign-ins and stops their API keys at once; "
-            "re-enabling lets them in again."
+            "re-enabling lets them in again. An admin manages the users here; the last admin stays one."
         )
         who = gr.Dropdown(label="User", choices=[], elem_id="user-pick")
         with gr.Row():
             disable = gr.Button("Disable", variant="stop", elem_id="disable-user")
             enable = gr.Button("Re-enable", elem_id="enable-user")
             reset = gr.Button("Reset password", elem_id="reset-password")
+        with gr.Row():
+            promote = gr.Button("Make admin", elem_id="make-admin")
+            demote = gr.Button("Remove admin", elem_id="remove-admin")
         with gr.Row(equal_height=True):
             limit = gr.Number(
                 label="Requests at once, waiting or running (empty or 0: the server's --max-user-requests)",
@@ -49,7 +52,13 @@ def build(page: gr.Blocks, handlers: AccountHandlers) -> gr.Tab:
     page.load(handlers.admin_shown, outputs=[tab, table, who])
     tab.select(handlers.admin_shown, outputs=[tab, table, who])
     add.click(handlers.add_user, inputs=[name, make_admin], outputs=[secret, table, who, name, make_admin])
-    for button, handler in ((disable, handlers.disable), (enable, handlers.enable), (reset, handlers.reset_password)):
+    for button, handler in (
+        (disable, handlers.disable),
+        (enable, handlers.enable),
+        (reset, handlers.reset_password),
+        (promote, handlers.make_admin),
+        (demote, handlers.remove_admin),
+    ):
         button.click(handler, inputs=[who], outputs=[table, who, secret])
     who.input(handlers.user_picked, inputs=[who], outputs=[limit])
     set_limit.click(handlers.set_limit, inputs=[who, limit], outputs=[table, who, secret])

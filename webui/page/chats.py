@@ -51,7 +51,8 @@ class Chats:
             return self.store.get_user(LOCAL_USER)
         except NotFound:
             try:
-                return self.store.create_user(LOCAL_USER, secrets.token_urlsafe(24))
+                # nobody signs in as it: no admin, and the first real account made later is one
+                return self.store.create_user(LOCAL_USER, secrets.token_urlsafe(24), account=False)
             except AlreadyExists:  # another request made it first
                 return self.store.get_user(LOCAL_USER)
 

@@ -112,7 +112,7 @@ def build_page(
             with gr.Tab("Server", id="server") as server_section:
                 server = server_tab()
             if sign_in:  # accounts to manage only when people sign in
-                accounts = AccountHandlers(store)
+                accounts = AccountHandlers(store, sign_in=sign_in)
                 account_tab.build(accounts)
                 admin_tab.build(page, accounts)
         parts = Parts(
