@@ -43,7 +43,7 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
         "--admin",
         action="store_true",
         dest="make_admin",  # `admin` is the handler's name on the parsed arguments
-        help="an admin: manages users in the page's Admin tab (the first user is one)",
+        help="an admin: manages users in the page's Admin tab (the first account made while none is, is one)",
     )
     p.set_defaults(admin=cmd_users_add)
     users.add_parser("list", parents=[db], help="list users").set_defaults(admin=cmd_users_list)
