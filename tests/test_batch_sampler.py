@@ -91,7 +91,7 @@ def test_rewind_draws_the_same_tokens_again():
 
 def test_a_batch_of_another_size_than_its_rows_is_refused():
     s = BatchSampler()
-    s.rows = lambda: [1, 2]
+    s.rows = lambda: ([1, 2], [[], []], mx.zeros((2,), mx.uint32))
     with pytest.raises(RuntimeError, match="2"):
         s(mx.zeros((3, 10)))
 
@@ -101,3 +101,71 @@ def test_unseeded_rows_do_not_share_a_stream():
     rows = [Draw(1.0, 1.0, 0, 0.0, seed=None) for _ in range(8)]
     assert len(set(draw(logits, rows).tolist())) > 4
     assert batch_sampler._mix(0, 0) != batch_sampler._mix(0, 1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batched_penalties_are_mlx_lms_processors_row_by_row(seed):
+    from mlx_lm.sample_utils import make_logits_processors
+
+    from radixchat.core.engine.batch_sampler import PENALTY_CONTEXT, Penalty, penalize
+
+    rng = __import__("random").Random(seed)
+    n, vocab = 6, 50
+    logits = mx.random.normal((n, vocab), key=mx.random.key(seed)) * 4
+    past = [[rng.randrange(vocab) for _ in range(rng.choice([0, 3, 40, 90]))] for _ in range(n)]
+    inputs = mx.array([rng.randrange(vocab) for _ in range(n)], dtype=mx.uint32)
+    pens = [
+        Penalty(1.3),
+        Penalty(1.0, 0.7),
+        Penalty(1.0, 0.0, 0.4),
+        Penalty(1.1, 0.5, 0.25),
+        Penalty(),  # a row without penalties in a penalized batch
+        Penalty(0.8, 0.0, 1.0),
+    ]
+    got = penalize(logits, pens, past, inputs)
+    for i, p in enumerate(pens):
+        row = logits[i : i + 1]
+        context = mx.array(past[i] + [inputs[i].item()])
+        for proc in make_logits_processors(
+            repetition_penalty=p.repetition if p.repetition != 1.0 else None,
+            repetition_context_size=PENALTY_CONTEXT,
+            presence_penalty=p.presence or None,
+            presence_context_size=PENALTY_CONTEXT,
+            frequency_penalty=p.frequency or None,
+            frequency_context_size=PENALTY_CONTEXT,
+        ):
+            row = proc(context, row)
+        assert mx.array_equal(got[i], row[0]).item(), i
+
+
+def test_penalized_rows_are_not_processed_row_by_row_and_reply_as_through_the_library(engine, monkeypatch):
+    """Penalties ran as mlx-lm's processors, one row at a time; the batch sampler applies
+    them to every row at once, with the same replies (a request that asks for logprobs
+    still goes through the library's processors)."""
+    from radixchat.core.engine import sampling
+
+    calls = []
+    real = sampling.make_logits_processors
+
+    def counted(**kwargs):
+        def wrap(p):
+            return lambda tokens, logits: calls.append(1) or p(tokens, logits)
+
+        return [wrap(p) for p in real(**kwargs)]
+
+    monkeypatch.setattr(sampling, "make_logits_processors", counted)
+    pens = [
+        dict(repetition_penalty=1.3),
+        dict(presence_penalty=1.5),
+        dict(frequency_penalty=1.2),
+        dict(repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.5),
+        dict(),
+        dict(repetition_penalty=1.5, temperature=0.9, seed=3),
+    ]
+    batched = together(engine, [chat(w, max_tokens=16, **p) for w, p in zip(WORDS, pens)])
+    assert calls == []
+    library = together(engine, [chat(w, max_tokens=16, logprobs=0, **p) for w, p in zip(WORDS, pens)])
+    assert len(calls) > 16
+    assert [f.text for f in batched] == [f.text for f in library]
+    plain = engine.submit(chat(WORDS[0], max_tokens=16)).result()
+    assert plain.text != batched[0].text or plain.text != batched[3].text  # the penalties did something

@@ -49,6 +49,7 @@ class Active:
     hurry: bool = False  # its owner had no prompt in prefill when it was admitted
     preempted: int = 0  # times it left the batch to make room (core.engine.preempt)
     sampler: object | None = None  # kept across a preemption: a seeded stream goes on where it was
+    penalty: object | None = None  # its penalties, when the batch sampler applies them (core.engine.batch_sampler)
 
     @property
     def tokens(self) -> list[int]:

@@ -16,13 +16,12 @@ prefilled waits for it. Prompts are cached when their prefill ends, whole sequen
 they finish; running requests hold a lock on their path.
 
 `Engine` is the orchestrator: its thread's loop, loading, the generator, commands, a
-request's way into and out of the batch. Its parts, each a module of its own: the
-callers' side and the seam's methods (core.engine.intake.Intake), which requests join
-the batch (core.engine.admission, a policy with no state), which running requests pause
-to make room (core.engine.preempt.Preempt, and core.engine.mask_share.MaskShare for grammar
-masks), the prefix cache and disk tier glue (core.engine.prefix_use.PrefixUse), tokens into text events
-(core.engine.emit.Emit) and, under mlx.launch, rank 0's messages to the other ranks
-(core.engine.recorder.Recorder).
+request's way into and out of the batch. Its parts, each a module of its own: the callers'
+side and the seam's methods (core.engine.intake.Intake), which requests join the batch
+(core.engine.admission, a policy with no state), which running requests pause to make room
+(core.engine.preempt.Preempt, core.engine.mask_share.MaskShare for grammar masks), the prefix
+cache and disk tier glue (core.engine.prefix_use.PrefixUse), tokens into text events
+(core.engine.emit.Emit), rank 0's messages under mlx.launch (core.engine.recorder.Recorder).
 
 Left to others: HTTP and the page (webui/), persistence (core/store), the tree and its
 K/V (core/cache).
@@ -277,8 +276,9 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         # the ranks of a sharded server would have to agree on drafts too: not built
         speculate = 0 if self._sharded else self.settings.speculate
         gen = make_generator(self.loaded.model, self.settings, self._mx_stream, self._on_prompt, speculate)
-        if getattr(gen, "batch_sampler", None) is not None:  # a row's sampler: its request's (None: greedy)
+        if getattr(gen, "batch_sampler", None) is not None:  # a row's sampling is its request's
             gen.batch_sampler.spec = lambda uid: getattr(self._by_uid.get(uid), "sampler", None)
+            gen.batch_sampler.penalty = lambda uid: getattr(self._by_uid.get(uid), "penalty", None)
         return gen
 
     def _drain_commands(self, block: bool) -> None:
@@ -366,7 +366,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def _insert(self, rows: list[Active], samplers: list) -> None:
         """Restore each request's cached prefix (its path locked) and give the generator the
         rest of its prompt: rank 0's admissions and a follower's replay of them alike."""
-        from radixchat.core.engine.sampling import penalties
+        from radixchat.core.engine.sampling import processors
 
         prompts, caches, prefixes = [], [], []
         for a in rows:
@@ -382,15 +382,15 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             prefixes.append(tokens[: a.hit])
         # segments make the generator pause at message ends, so snapshots can be taken there
         stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in rows]
-        if getattr(self._gen, "batch_sampler", None) is not None:
-            samplers = [None] * len(rows)  # it asks for each row's (_new_generator)
+        batched = getattr(self._gen, "batch_sampler", None) is not None
+        samplers = [None] * len(rows) if batched else samplers  # it asks for each row's (_new_generator)
         uids = self._gen.insert_segments(
             prompts,
             max_tokens=[a.tokens_left for a in rows],
             caches=caches,
             all_tokens=prefixes,
             samplers=samplers,
-            logits_processors=[penalties(a.sampling) for a in rows],
+            logits_processors=[processors(a, batched) for a in rows],
             stop_sequences=stops,
         )
         for a, uid in zip(rows, uids):

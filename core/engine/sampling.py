@@ -5,7 +5,8 @@ batch shares; here each request carries its own. A plain sampled request gets a 
 (core.engine.batch_sampler), which the decoding batch draws with its other sampled rows in
 one call; a grammar or a logit_bias wraps it (or an argmax) in a function of the request's
 own row. The top-p, top-k and min-p filters are mlx-lm's. Greedy requests get `None`, so a
-batch of them is one argmax.
+batch of them is one argmax. Penalties go to the batch sampler too (`processors`), or to
+mlx-lm's per-row processors where it is not there or the request asked for log-probabilities.
 
 A sampler takes a row's logits up to a constant (core.engine.unnormalized: the batched step
 does not normalize them), so whatever needs probabilities normalizes the row itself.
@@ -16,13 +17,21 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
-from radixchat.core.engine.batch_sampler import Draw
+from radixchat.core.engine.batch_sampler import PENALTY_CONTEXT, Draw, Penalty
 from radixchat.core.engine.requests import Sampling
 from radixchat.core.engine.unnormalized import normalized
 
-# the tokens penalties look back on: the sequence's last ones, its prompt's end included,
-# as mlx-lm's own processors do (their default is 20); a reply's loops are shorter than this
-PENALTY_CONTEXT = 64
+
+def processors(a, batched: bool) -> list:
+    """Request `a`'s logits processors for mlx-lm's step; where the batch sampler applies its
+    penalties (`batched`), none, and `a.penalty` says what it applies. A request that asked for
+    log-probabilities keeps the library's: they are reported after its penalties."""
+    s = a.sampling
+    a.penalty = None
+    if batched and s.logprobs is None and (s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0):
+        a.penalty = Penalty(s.repetition_penalty, s.presence_penalty or 0.0, s.frequency_penalty or 0.0)
+        return []
+    return penalties(s)
 
 
 def penalties(s: Sampling) -> list:

@@ -205,6 +205,7 @@ def verify_step(
     x = mx.array([[t] + d + [t] * (k - len(d)) for t, d in zip(tokens, drafts)], dtype=mx.uint32)
     logits = gen.model(x, cache=gen.prompt_cache)
     first, context = _processed(gen, x, logits[:, 0, :])
+    gen._current_tokens = x[:, 0]  # the inputs the batch sampler penalizes with, as in mlx-lm's step
     sampled = _sample(gen, first)
     argmax = mx.argmax(logits, axis=-1)  # [b, 1 + k]: the model's own choice after each input
     mx.eval(sampled, argmax, context)

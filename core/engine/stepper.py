@@ -212,7 +212,9 @@ class BudgetedBatchGenerator(BatchGenerator):
         if folded:
             batch = self._unstepped(prompts, last)
         else:
-            with self.batch_sampler.sampling(prompts.uids) if self.batch_sampler else nullcontext():
+            inputs = mx.array([t[-1] for t in last], dtype=mx.uint32)
+            sampling = self.batch_sampler.sampling if self.batch_sampler else None
+            with sampling(prompts.uids, prompts.tokens, inputs) if sampling else nullcontext():
                 batch = prompts.generate(last)
         if self.slots and not self._generation_batch.prompt_cache:
             # the first rows of a decoding batch: from here on, joins write into their slots
@@ -376,7 +378,8 @@ def make_generator(model, settings, stream, on_prompt, speculate: int):
             **kwargs,
         )
         if check_layout(gen):
-            sampler.rows = lambda: gen._generation_batch.uids  # the one batch a step samples
+            rows = gen._generation_batch  # the one batch a step samples
+            sampler.rows = lambda: (rows.uids, rows.tokens, rows._current_tokens)
             gen.batch_sampler = sampler
             return gen
         gen.close()
