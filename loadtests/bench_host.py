@@ -36,7 +36,8 @@ per --users value (ms per decode step, and the share of the wall). On Linux it f
 re-executes itself with OpenBLAS (core.platform.blas). Run it on a quiet machine.
 
     python -m loadtests.bench_host [--model tiny] [--random-dim 256 --random-layers 8]
-        [--users 1,8,32,64] [--turns 2] [--max-tokens 64] [--temperature 0.7 --top-p 0.9] [--threads]
+        [--users 1,8,32,64] [--turns 2] [--max-tokens 64] [--temperature 0.7 --top-p 0.9]
+        [--repetition-penalty 1.1] [--threads]
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="the users' sampling (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="(the default model's card: 1.1)")
     p.add_argument("--threads", action="store_true", help="one blocking thread a user, not the server's one event loop")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="an engine setting (repeatable)")
     args = p.parse_args()
@@ -210,11 +212,17 @@ def main() -> None:
     clock = ExclusiveClock()
     clock.thread = engine._thread.ident
     instrument(clock, engine)
-    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    sampling = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
     callers_are = "a thread each" if args.threads else "tasks of one event loop"
     print(
         f"model {settings.model}; BLAS {active_blas()}; {args.turns} turns of {args.max_tokens} tokens a user, "
-        f"temperature {args.temperature:g}, top_p {args.top_p:g}; users are {callers_are}"
+        f"temperature {args.temperature:g}, top_p {args.top_p:g}, repetition penalty {args.repetition_penalty:g}; "
+        f"users are {callers_are}"
     )
     # a first round unmeasured: compiles, caches the system prompts
     measure(engine, clock, 4, 1, {**sampling, "max_tokens": 8}, args.seed + 1, args.threads)
