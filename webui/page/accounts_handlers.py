@@ -241,21 +241,31 @@ class AccountHandlers:
         shown = f"New user **{name}**: give them this password (shown this once; they can change it under Account)."
         return gr.Textbox(value=password, visible=True, label=shown.replace("**", "")), *self.users(), "", False
 
-    @notices(3)
-    def disable(self, name: str | None, request: gr.Request):
-        who = self.admin(request, "disable", repr(name))
-        if name == who:
-            raise PageError("You cannot disable yourself.")
-        self._change(name, self.store.set_disabled, True)
-        log.info("admin %s disabled user %s", who, name)
+    def _flag(self, request: gr.Request, action: str, name: str | None, setter, value, done: str, not_self=None):
+        """Set one of a user's flags for an admin (refused on oneself with `not_self`), logged
+        as `done` with the user's name filled in; the refreshed user list, the password box hidden."""
+        who = self.admin(request, action, repr(name))
+        if not_self is not None and name == who:
+            raise PageError(not_self)
+        self._change(name, setter, value)
+        log.info("admin %s %s", who, done.format(name=name))
         return *self.users(), gr.Textbox(value="", visible=False)
 
     @notices(3)
+    def disable(self, name: str | None, request: gr.Request):
+        return self._flag(
+            request,
+            "disable",
+            name,
+            self.store.set_disabled,
+            True,
+            "disabled user {name}",
+            "You cannot disable yourself.",
+        )
+
+    @notices(3)
     def enable(self, name: str | None, request: gr.Request):
-        who = self.admin(request, "enable", repr(name))
-        self._change(name, self.store.set_disabled, False)
-        log.info("admin %s re-enabled user %s", who, name)
-        return *self.users(), gr.Textbox(value="", visible=False)
+        return self._flag(request, "enable", name, self.store.set_disabled, False, "re-enabled user {name}")
 
     @notices(3)
     def reset_password(self, name: str | None, request: gr.Request):
@@ -273,18 +283,13 @@ class AccountHandlers:
     @notices(3)
     def make_admin(self, name: str | None, request: gr.Request):
         """The picked user may manage the others from now on."""
-        who = self.admin(request, "make admin", repr(name))
-        self._change(name, self.store.set_admin, True)
-        log.info("admin %s made user %s an admin", who, name)
-        return *self.users(), gr.Textbox(value="", visible=False)
+        return self._flag(request, "make admin", name, self.store.set_admin, True, "made user {name} an admin")
 
     @notices(3)
     def remove_admin(self, name: str | None, request: gr.Request):
         """The picked user (oneself too) an admin no more; never the last one."""
-        who = self.admin(request, "remove admin", repr(name))
-        self._change(name, self.store.set_admin, False)
-        log.info("admin %s made user %s no longer an admin", who, name)
-        return *self.users(), gr.Textbox(value="", visible=False)
+        done = "made user {name} no longer an admin"
+        return self._flag(request, "remove admin", name, self.store.set_admin, False, done)
 
     @notices(1)
     def user_picked(self, name: str | None, request: gr.Request):
