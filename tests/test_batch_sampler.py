@@ -105,9 +105,9 @@ def test_unseeded_rows_do_not_share_a_stream():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_batched_penalties_are_mlx_lms_processors_row_by_row(seed):
-    from mlx_lm.sample_utils import make_logits_processors
-
-    from radixchat.core.engine.batch_sampler import PENALTY_CONTEXT, Penalty, penalize
+    from radixchat.core.engine.batch_sampler import Penalty, penalize
+    from radixchat.core.engine.requests import Sampling
+    from radixchat.core.engine.sampling import penalties
 
     rng = __import__("random").Random(seed)
     n, vocab = 6, 50
@@ -126,14 +126,9 @@ def test_batched_penalties_are_mlx_lms_processors_row_by_row(seed):
     for i, p in enumerate(pens):
         row = logits[i : i + 1]
         context = mx.array(past[i] + [inputs[i].item()])
-        for proc in make_logits_processors(
-            repetition_penalty=p.repetition if p.repetition != 1.0 else None,
-            repetition_context_size=PENALTY_CONTEXT,
-            presence_penalty=p.presence or None,
-            presence_context_size=PENALTY_CONTEXT,
-            frequency_penalty=p.frequency or None,
-            frequency_context_size=PENALTY_CONTEXT,
-        ):
+        # the processors a request with these penalties gets on the library's path
+        s = Sampling(repetition_penalty=p.repetition, presence_penalty=p.presence, frequency_penalty=p.frequency)
+        for proc in penalties(s):
             row = proc(context, row)
         assert mx.array_equal(got[i], row[0]).item(), i
 
