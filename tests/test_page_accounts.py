@@ -430,7 +430,9 @@ def accounts_server(page_model, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "size"), [("alice", "wide"), ("bob", "phone")])
-def test_in_the_browser_a_key_is_made_and_revoked_and_a_password_change_ends_only_other_sign_ins(accounts_server, browser, name, size):
+def test_in_the_browser_a_key_is_made_and_revoked_and_a_password_change_ends_only_other_sign_ins(
+    accounts_server, browser, name, size
+):
     import httpx
 
     from tests.support.browser import OUTPUT, PHONE, VIOLATIONS, WIDE, Shots

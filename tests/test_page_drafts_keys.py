@@ -492,7 +492,8 @@ def test_a_sync_answers_only_what_changed(tmp_path):
     here, elsewhere = View(conv=conv.id), View(conv=conv.id)
 
     listed, bumped, titled = h.synced("", conv.id, 0, "", here, alice)
-    assert listed.choices and bumped == skip and titled == skip  # the first answer: the list, whose pick is the browser's
+    # the first answer: the list, whose pick is the browser's
+    assert listed.choices and bumped == skip and titled == skip
     assert listed.value is None or listed.value == conv.id
     assert h.synced("", conv.id, 0, "", here, alice) == (skip, skip, skip)  # nothing changed: nothing sent
     bobs = h.synced("", conv.id, 0, "", View(conv=conv.id), SimpleNamespace(username="bob", headers={}))
