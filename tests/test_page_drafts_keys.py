@@ -22,7 +22,18 @@ from pathlib import Path
 import pytest
 
 from tests.support.browser import OUTPUT, PHONE, WIDE, Shots
-from tests.support.page import LAST_BOT, new_chat, ready, restarted, say, send, set_number, sign_in, stored_replies
+from tests.support.page import (
+    LAST_BOT,
+    new_chat,
+    ready,
+    reload,
+    restarted,
+    say,
+    send,
+    set_number,
+    sign_in,
+    stored_replies,
+)
 from tests.support.procs import scaled
 from tests.support.randmodel import build_random_model
 from tests.support.server import page_server, stop_clean
@@ -169,8 +180,7 @@ def test_drafts_survive_a_reload_and_a_restart_each_users_own_and_go_when_sent(b
         pick(page, mark)
 
         server.restart()
-        page.reload()
-        ready(page)
+        reload(page)
         box_reads(page, in_chat)
         new_chat(page)
         box_reads(page, in_new)

@@ -1,5 +1,5 @@
 """The chat page as a user drives it in the browser (a Playwright page): sign in, wait for the
-page, set a number, send, start a new chat, wait for an answer to finish; and the scripts that
+page, load it again, set a number, send, start a new chat, wait for an answer to finish; and the scripts that
 read the last answer and the figures line under a finished one; and the replies the store
 kept for a chat (`stored_replies`)."""
 
@@ -29,6 +29,22 @@ def ready(page, timeout: float = 30_000) -> None:
     page.wait_for_function(
         "(document.querySelector('#header')?.innerText || '').includes('signed in as')", timeout=timeout
     )
+
+
+def reload(page) -> None:
+    """Load the page again and wait until it is ready. The page may be loading itself again
+    already: after a server restart its script's check of a refused call can (webui/page/
+    signed_out.py), and a reload racing that navigation is aborted (net::ERR_ABORTED), with
+    the page's own load going on."""
+    from playwright.sync_api import Error
+
+    try:
+        page.reload()
+    except Error as e:
+        if "ERR_ABORTED" not in str(e):
+            raise
+        page.wait_for_load_state("load")
+    ready(page)
 
 
 def set_number(page, elem_id: str, value) -> None:
