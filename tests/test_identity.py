@@ -24,12 +24,12 @@ from radixchat.core.cache.radix import RadixCache
 from radixchat.core.config import Settings
 from radixchat.core.engine.requests import ChatRequest, Finished, owner_of
 from radixchat.core.store import Store
-from radixchat.core.store import schema as store_schema
 from radixchat.webui.removals import RemovalWatch
 from radixchat.webui.server import build_app
 from tests.support.cheap import cheap_scrypt
 from tests.support.clients import API
 from tests.support.conversations import wait_disk_idle
+from tests.support.databases import database_at
 from tests.support.fake_engine import FakeEngine
 from tests.support.segments import SimSeg
 
@@ -66,14 +66,7 @@ def test_a_reused_id_gets_a_new_cache_key_and_a_removal_is_noted(store):
 
 
 def test_the_migration_keys_existing_users_and_a_password_change_ends_sessions(tmp_path):
-    import sqlite3
-
-    db = tmp_path / "old.db"
-    conn = sqlite3.connect(db, isolation_level=None)
-    store_schema.migrate(conn, target=6)
-    for name in ("ann", "ben"):
-        conn.execute("INSERT INTO users(name, password_hash, created) VALUES (?, 'x', 0)", [name])
-    conn.close()
+    db = database_at(tmp_path / "old.db", 6, {"ann": 0.0, "ben": 0.0})
     with Store(db, scrypt=CHEAP) as store:
         ann, ben = store.get_user("ann"), store.get_user("ben")
         assert len({ann.cache_key, ben.cache_key}) == 2 and all(len(u.cache_key) == 32 for u in (ann, ben))

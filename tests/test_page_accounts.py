@@ -9,7 +9,6 @@ admin) or bob, against a real store; one browser test drives the Account tab at 
 from __future__ import annotations
 
 import logging
-import sqlite3
 from types import SimpleNamespace
 
 import gradio as gr
@@ -20,7 +19,6 @@ from fastapi.testclient import TestClient
 from radixchat.core.config import Settings
 from radixchat.core.engine.models import as_engines
 from radixchat.core.store import AuthFailed, Store
-from radixchat.core.store import schema as store_schema
 from radixchat.webui.api.errors import install_error_handlers
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.api.routes import include_api
@@ -29,6 +27,7 @@ from radixchat.webui.gate import SessionTokens, page_cookie_id
 from radixchat.webui.page import view as page_view
 from radixchat.webui.page.accounts_handlers import NOT_ADMIN, AccountHandlers
 from tests.support.cheap import cheap_scrypt
+from tests.support.databases import database_at
 from tests.support.fake_engine import FakeEngine
 
 CHEAP = cheap_scrypt()
@@ -95,12 +94,7 @@ def test_the_first_user_is_an_admin_and_others_only_when_asked(store):
 
 
 def test_a_v12_database_makes_its_earliest_user_an_admin(tmp_path):
-    path = tmp_path / "v12.db"
-    c = sqlite3.connect(path, isolation_level=None)
-    store_schema.migrate(c, target=12)
-    for name, created in (("zed", 100.0), ("amy", 200.0)):  # zed was made first, though listed last
-        c.execute("INSERT INTO users(name, password_hash, created) VALUES (?, 'x', ?)", [name, created])
-    c.close()
+    path = database_at(tmp_path / "v12.db", 12, {"zed": 100.0, "amy": 200.0})  # zed made first, listed last
     store = Store(path, scrypt=CHEAP)
     try:
         assert store.migrated_from == 12

@@ -28,6 +28,7 @@ from radixchat.core.store import (
 )
 from radixchat.core.store import schema as store_schema
 from tests.support.cheap import cheap_scrypt
+from tests.support.databases import database_at
 
 CHEAP = cheap_scrypt()
 REPO = Path(__file__).resolve().parent.parent
@@ -1071,12 +1072,7 @@ def test_a_users_browser_key_is_never_another_users_not_even_one_of_the_same_nam
 
 
 def test_a_v13_database_gives_each_user_a_browser_key(tmp_path):
-    path = tmp_path / "v13.db"
-    c = sqlite3.connect(path, isolation_level=None)
-    store_schema.migrate(c, target=13)
-    for name in ("amy", "zed"):
-        c.execute("INSERT INTO users(name, password_hash, created) VALUES (?, 'x', 1.0)", [name])
-    c.close()
+    path = database_at(tmp_path / "v13.db", 13, {"amy": 1.0, "zed": 1.0})
     store = Store(path, scrypt=CHEAP)
     try:
         assert store.migrated_from == 13
