@@ -339,8 +339,12 @@ class _Quiet:
 
 def _stop_serving(reason: str) -> None:
     """A sharded engine cannot go on: stop serving as on Ctrl-C (the requests in flight have
-    failed with `reason` and are stored), and exit anyway if that takes too long."""
+    failed with `reason` and are stored), once their API streams have sent it (a stop cuts a
+    stream still sending), and exit anyway if that takes too long."""
+    from radixchat.webui.api.generation import OPEN_STREAMS
+
     print(f"radixchat: {reason}", file=sys.stderr, flush=True)
+    OPEN_STREAMS.wait_ended(STOP_GRACE_S)
     os.kill(os.getpid(), signal.SIGTERM)
     timer = threading.Timer(20.0, os._exit, args=(1,))
     timer.daemon = True

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -205,6 +206,32 @@ async def _cancel_when_gone(request: Request, handles: list[RequestHandle]) -> b
     return True
 
 
+class _OpenStreams:
+    """How many API streams are under way, for a thread that must wait for them to end: a
+    lost rank's stop (webui/cli.py) lets the failed streams send their last event, the
+    reason, before it signals the server to stop, which would cut a stream still sending."""
+
+    def __init__(self):
+        self._n, self._changed = 0, threading.Condition()
+
+    def opened(self) -> None:
+        with self._changed:
+            self._n += 1
+
+    def closed(self) -> None:
+        with self._changed:
+            self._n -= 1
+            self._changed.notify_all()
+
+    def wait_ended(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for every stream to end; False if some have not."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._n == 0, timeout)
+
+
+OPEN_STREAMS = _OpenStreams()
+
+
 class Framing(Protocol):
     """How one API frames a streamed reply: each method returns the SSE messages to send."""
 
@@ -235,6 +262,7 @@ async def _events(handles: list[RequestHandle], framing: Framing, ledger: Ledger
         async for ev in h.batched():  # a client that fell behind gets what is there in one event
             merged.put_nowait((i, ev))
 
+    OPEN_STREAMS.opened()
     pumps = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
     try:
         for message in framing.opening():
@@ -256,6 +284,7 @@ async def _events(handles: list[RequestHandle], framing: Framing, ledger: Ledger
         for message in await framing.closing([finals[i] for i in range(len(handles))] if ok else None):
             yield message
     finally:
+        OPEN_STREAMS.closed()
         for task in pumps:
             task.cancel()
         for i, h in enumerate(handles):
