@@ -143,17 +143,18 @@ def penalize(logits: mx.array, pens: list[Penalty], past: list[list[int]], input
 class BatchSampler:
     """The decoding batch's one sampler. At the moment a step samples, `rows` gives the
     batch's uids in row order, each row's tokens so far (those in its cache) and the step's
-    inputs (n,); `spec` a uid's sampling: None (greedy), a `Draw`, or a function of its row's
-    logits (1, V) -> token (1,); `penalty` a uid's `Penalty` or None."""
+    inputs (n,); `request` a uid's request (None: gone), whose `sampler` is None (greedy), a
+    `Draw`, or a function of its row's logits (1, V) -> token (1,), and whose `penalty` is a
+    `Penalty` or None."""
 
     def __init__(self):
         self.rows: Callable[[], tuple[list[int], list[list[int]], mx.array | None]] = lambda: ([], [], None)
-        self.spec: Callable[[int], object] = lambda uid: None
-        self.penalty: Callable[[int], Penalty | None] = lambda uid: None
+        self.request: Callable[[int], object] = lambda uid: None
 
     def greedy(self, uid: int) -> bool:
         """Is this row's next token its argmax (what prompt-lookup drafts are checked against)?"""
-        return self.spec(uid) is None and self.penalty(uid) is None
+        r = self.request(uid)
+        return getattr(r, "sampler", None) is None and getattr(r, "penalty", None) is None
 
     @contextmanager
     def sampling(self, uids: list[int], tokens: list[list[int]], inputs: mx.array) -> Iterator[None]:
@@ -169,10 +170,11 @@ class BatchSampler:
         uids, tokens, inputs = self.rows()
         if len(uids) != logits.shape[0]:
             raise RuntimeError(f"the batch sampler got {logits.shape[0]} rows for a batch of {len(uids)}")
-        pens = [self.penalty(u) for u in uids]
+        requests = [self.request(u) for u in uids]
+        pens = [getattr(r, "penalty", None) for r in requests]
         if any(pens):  # a row without penalties takes neutral ones, which change nothing
             logits = penalize(logits, [p or NEUTRAL for p in pens], tokens, inputs)
-        specs = [self.spec(u) for u in uids]
+        specs = [getattr(r, "sampler", None) for r in requests]
         if all(s is None for s in specs):
             return mx.argmax(logits, axis=-1)
         groups: dict[tuple, list[int]] = {}

@@ -277,8 +277,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         speculate = 0 if self._sharded else self.settings.speculate
         gen = make_generator(self.loaded.model, self.settings, self._mx_stream, self._on_prompt, speculate)
         if getattr(gen, "batch_sampler", None) is not None:  # a row's sampling is its request's
-            gen.batch_sampler.spec = lambda uid: getattr(self._by_uid.get(uid), "sampler", None)
-            gen.batch_sampler.penalty = lambda uid: getattr(self._by_uid.get(uid), "penalty", None)
+            gen.batch_sampler.request = self._by_uid.get
         return gen
 
     def _drain_commands(self, block: bool) -> None:

@@ -28,7 +28,7 @@ def processors(a, batched: bool) -> list:
     log-probabilities keeps the library's: they are reported after its penalties."""
     s = a.sampling
     a.penalty = None
-    if batched and s.logprobs is None and (s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0):
+    if batched and s.logprobs is None and _penalized(s):
         a.penalty = Penalty(s.repetition_penalty, s.presence_penalty or 0.0, s.frequency_penalty or 0.0)
         return []
     return penalties(s)
@@ -37,7 +37,7 @@ def processors(a, batched: bool) -> list:
 def penalties(s: Sampling) -> list:
     """A request's logits processors (mlx-lm's, which BatchGenerator applies to its row
     alone before sampling): none when every penalty is off, so such a row costs nothing."""
-    if not (s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0):
+    if not _penalized(s):
         return []
     return make_logits_processors(
         repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1.0 else None,
@@ -47,6 +47,10 @@ def penalties(s: Sampling) -> list:
         frequency_penalty=s.frequency_penalty or None,
         frequency_context_size=PENALTY_CONTEXT,
     )
+
+
+def _penalized(s: Sampling) -> bool:
+    return bool(s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0)
 
 
 def _biased(bias: dict[int, float]):

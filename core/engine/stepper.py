@@ -357,7 +357,7 @@ def make_generator(model, settings, stream, on_prompt, speculate: int):
     """The engine's batch generator: this module's budgeted one (--step-tokens), or mlx-lm's
     own where the installed BatchGenerator is not the one it reorders. The budgeted one has a
     `batch_sampler`: rows go in without samplers of their own, and it asks the engine for each
-    row's (`BatchSampler.spec`); mlx-lm's own takes each row's sampler as it always did."""
+    row's (`BatchSampler.request`); mlx-lm's own takes each row's sampler as it always did."""
     s = settings
     kwargs = dict(
         max_tokens=s.max_tokens,

@@ -12,12 +12,14 @@ a request asked for (the engine's `_token_logprob`), each one row, only when ask
 
 `install` rebinds `mx` in `mlx_lm.generate` to a view of `mlx.core` whose `logsumexp` returns 0
 in a thread that asked (`use_here`); every other name, and every other thread, gets `mlx.core`'s
-own. One more name differs there: the prompt step's `clear_cache` after every chunk does
-nothing. The engine bounds MLX's buffer cache with a limit (core.platform.memory) and empties
-it when its model is unloaded; emptying the cache at every chunk cost the engine thread
-0.25 ms a step at 32 users on the bundled model (its own work is ~2 ms) and made the next
-step allocate its buffers afresh. If a later mlx-lm stops calling `mx.logsumexp` in its step, the rows come normalized again,
-which every consumer here accepts as well.
+own. If a later mlx-lm stops calling `mx.logsumexp` in its step, the rows come normalized
+again, which every consumer here accepts as well.
+
+One more name differs there: the prompt step's `clear_cache` after every chunk does nothing.
+The engine bounds MLX's buffer cache with a limit (core.platform.memory) and empties it when
+its model is unloaded; emptying the cache at every chunk cost the engine thread 0.25 ms a step
+at 32 users on the bundled model (its own work is ~2 ms) and made the next step allocate its
+buffers afresh.
 
 Runs in the engine thread (and `install` wherever the engine starts).
 """
