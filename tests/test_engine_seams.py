@@ -159,3 +159,33 @@ def test_a_submit_that_races_the_stop_is_answered(tiny_model_dir):
     assert done, "a submit that raced the stop was never answered"
     assert isinstance(final, Failed) and "stopped" in final.message
     assert eng.stats().inflight == 0
+
+
+def test_a_request_queued_behind_a_hung_step_gets_the_fatal_reason(tiny_model_dir, monkeypatch):
+    """A sharded rank 0 whose peer hangs is stuck inside a message or a step; its watchdog
+    calls `_fatal` from its own thread. A request that arrived just before was still in the
+    command queue, which nobody would read again: its stream stayed open until the server
+    stopped, and the client saw it end with no error. It fails with the reason at once."""
+    eng = Engine(Settings(model=str(tiny_model_dir), max_tokens=4)).start(timeout=120)
+    stuck, release = threading.Event(), threading.Event()
+    schedule = eng._schedule
+
+    def hung_schedule():  # the engine thread blocks, as in a collective whose peer stopped
+        stuck.set()
+        release.wait(30)
+        schedule()
+
+    monkeypatch.setattr(eng, "_schedule", hung_schedule)
+    eng._cmds.put(None)  # wake the idle loop, so that it goes on into the hung part
+    try:
+        assert stuck.wait(10)
+        handle = eng.submit(ask("what is a list?"))  # queued: the engine thread is stuck
+        eng._fatal("a rank stopped answering: the server stops")
+        done, final = in_thread(handle.result, 5)
+        assert done, "a request queued behind the hung step was never answered"
+        assert isinstance(final, Failed) and final.message == "a rank stopped answering: the server stops"
+        with pytest.raises(RequestError):  # and a submit after it is refused
+            eng.submit(ask("and a dict?"))
+    finally:
+        release.set()
+        eng.stop()

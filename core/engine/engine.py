@@ -89,7 +89,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._load_error: BaseException | None = None
         self._stopping = False
         self._let_go = False  # stop(release=True): let go of the model as the thread ends
-        self._closed = False  # the engine thread has left its loop: nobody reads _cmds any more
+        self._closed = False  # nobody reads _cmds any more: the loop has ended (or hangs: _fatal)
         self._thread = threading.Thread(target=self._main, name="radixchat-engine", daemon=True)
         self.steps = 0
         self._step_started = 0.0  # engine thread: when the step under way began

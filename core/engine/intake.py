@@ -17,7 +17,8 @@ Uses of the engine's fields: `settings`, `loaded`, `prefix` (whether the model i
 whether the cache is on, its figures), `link`, `in_step`, `steps`, `started_at`,
 `kv_budget`, `kv_bytes_per_token`, `batch_room`, `alive`, `_gen` (its speculator's
 counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `owners`,
-`_ids`, `_by_uid` (its length), `_ready`, `_stopping`, `_closed`, `_info`, `_fail_queued`.
+`_ids`, `_by_uid` (its length), `_ready`, `_stopping`, `_closed`, `fatal`, `_info`,
+`_fail_queued`.
 """
 
 from __future__ import annotations
@@ -302,7 +303,7 @@ class Intake:
             )
         )
         if self._closed:  # the engine stopped between the check above and the put: nobody
-            self._fail_queued("the engine stopped")  # else will answer what is queued now
+            self._fail_queued(self.fatal or "the engine stopped")  # else will answer what is queued now
         return handle
 
     def tool_format(self) -> str | None:
