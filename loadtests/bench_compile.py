@@ -10,7 +10,7 @@ would need the window as a mask over the whole buffer and the write position as 
 (BENCHMARKS, "Sampled rows in one call, and the prompt step's cache"). Medians of --calls
 calls after a warm-up; re-executes itself with OpenBLAS on Linux (core.platform.blas).
 
-    python -m loadtests.bench_compile [--model tiny] [--rows 32] [--past 300]
+    python -m loadtests.bench_compile [--model tiny] [--rows 32] [--past 300] [--retrace]
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=32)
     p.add_argument("--past", type=int, default=300, help="tokens each row has before the step")
     p.add_argument("--calls", type=int, default=30)
+    p.add_argument("--retrace", action="store_true", help="also time a new trace at each of 4 smaller row counts")
     args = p.parse_args()
     reexec_with_openblas()
     import mlx.core as mx
@@ -90,6 +91,31 @@ def main() -> None:
     for name, f in (("op by op", forward), ("mx.compile", compiled)) * 2:
         host, device = timed(f, tokens, kv, args.calls)
         print(f"| {name} | {1e3 * host:.3f} | {1e3 * device:.2f} |")
+    if args.retrace:
+        retraces(forward, compiled, kv, args.rows, args.calls)
+
+
+def retraces(forward, compiled, kv, rows: int, calls: int) -> None:
+    """What a compiled step pays when the batch's row count changes (a row joins or leaves,
+    nearly every step at 32 chat users): each new shape is a new trace, made on its first call.
+    And what padding the rows to a bucket instead would cost the device: the op-by-op
+    forward's device time at fewer rows."""
+    import mlx.core as mx
+
+    print(f"\nrow counts below {rows}: the compiled forward's first call (a new trace) and later ones")
+    print("| rows | first call host ms | later calls host ms | op by op device ms |")
+    print("|---|---|---|---|")
+    for b in range(rows - 1, rows - 5, -1):
+        part = [a[:b] for a in kv]
+        mx.eval(part)
+        tokens = mx.zeros((b, 1), mx.uint32)
+        t0 = time.perf_counter()
+        out = compiled(tokens, *part)
+        first = time.perf_counter() - t0
+        mx.eval(out)
+        later, _ = timed(compiled, tokens, part, calls)
+        _, device = timed(forward, tokens, part, calls)
+        print(f"| {b} | {1e3 * first:.2f} | {1e3 * later:.3f} | {1e3 * device:.2f} |")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,11 @@ re-executes itself with OpenBLAS (core.platform.blas). Run it on a quiet machine
 
     python -m loadtests.bench_host [--model tiny] [--random-dim 256 --random-layers 8]
         [--users 1,8,32,64] [--turns 2] [--max-tokens 64] [--temperature 0.7 --top-p 0.9]
-        [--repetition-penalty 1.1] [--threads]
+        [--repetition-penalty 1.1] [--threads] [--rounds 2] [--shapes]
+
+`--rounds 2` runs the same conversations again: the second round's prompts are in the prefix
+cache, so its steps are shorter and the engine's share of them larger. `--shapes` counts the
+decode steps whose batch shape (rows, buffer columns, buffer rows) had not been seen before.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class ExclusiveClock:
         self.parts: dict[str, float] = defaultdict(float)
         self.thread: int | None = None  # the engine thread's ident, once it is seen
         self._stack: list[list[float]] = []  # [start, time in nested parts]
+        self.shapes = None  # Shapes, with --shapes
 
     def wrap(self, owner, name: str, part: str) -> None:
         real = getattr(owner, name)
@@ -155,18 +160,49 @@ def callers(engine, users: int, turns: int, sampling: dict, seed: int, threads: 
     return run_all([threading.Thread(target=asyncio.run, args=(everyone(),))])
 
 
+class Shapes:
+    """The decoding batch's shape at each decode step: (rows, buffer columns, buffer rows) of
+    its slot cache (core.cache.slots), what a compiled step would be traced for. `fresh`
+    counts the steps whose shape had not been seen before in the run: each would be a new
+    trace (loadtests/bench_compile --retrace says what one costs)."""
+
+    def __init__(self):
+        from mlx_lm.generate import GenerationBatch
+
+        from radixchat.core.cache.slots import SlotKVCache
+
+        self.seen, self.steps, self.fresh = set(), 0, 0
+        real = GenerationBatch._step
+
+        def step(gen, *args, **kwargs):
+            c = gen.prompt_cache[0] if gen.prompt_cache else None
+            if isinstance(c, SlotKVCache) and c._k is not None:
+                shape = (len(gen.uids), c._k.shape[2], c._k.shape[0])
+                self.steps += 1
+                self.fresh += shape not in self.seen
+                self.seen.add(shape)
+            return real(gen, *args, **kwargs)
+
+        GenerationBatch._step = step
+
+
 def measure(engine, clock: ExclusiveClock, users: int, turns: int, sampling: dict, seed: int, threads: bool) -> dict:
     before, steps0 = dict(clock.parts), engine.steps
+    shapes = clock.shapes and (clock.shapes.steps, clock.shapes.fresh)
     tokens: list[int] = []
     wall = callers(engine, users, turns, sampling, seed, threads, tokens)
     parts = {k: clock.parts.get(k, 0.0) - before.get(k, 0.0) for k in PARTS}
     parts["engine rest"] = wall - sum(parts.values())
-    return {"wall": wall, "steps": engine.steps - steps0, "tokens": sum(tokens), "parts": parts}
+    run = {"wall": wall, "steps": engine.steps - steps0, "tokens": sum(tokens), "parts": parts}
+    if shapes:
+        steps, fresh = clock.shapes.steps - shapes[0], clock.shapes.fresh - shapes[1]
+        run["new shapes"] = f"{fresh} of {steps} ({fresh / max(steps, 1):.0%})"
+    return run
 
 
 def table(runs: dict[int, dict]) -> None:
     cols = list(runs)
-    print("| part | " + " | ".join(f"{u} users: ms a step (share)" for u in cols) + " |")
+    print("| part | " + " | ".join(f"{u}: ms a step (share)" for u in cols) + " |")
     print("|---|" + "---|" * len(cols))
     for part in [*PARTS, "engine rest"]:
         cells = []
@@ -181,6 +217,12 @@ def table(runs: dict[int, dict]) -> None:
     print("| **host share (wall less MLX wait, launch and idle)** | " + " | ".join(host) + " |")
     out = [f"{r['tokens'] / r['wall']:.0f}" for r in runs.values()]
     print("| output tok/s | " + " | ".join(out) + " |")
+    if any("new shapes" in r for r in runs.values()):
+        print(
+            "| decode steps of a shape not seen before | "
+            + " | ".join(r.get("new shapes", "") for r in runs.values())
+            + " |"
+        )
 
 
 def _host(r: dict) -> float:
@@ -201,6 +243,10 @@ def main() -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="(the default model's card: 1.1)")
     p.add_argument("--threads", action="store_true", help="one blocking thread a user, not the server's one event loop")
+    p.add_argument("--rounds", type=int, default=1, help="runs of the same conversations per --users value")
+    p.add_argument(
+        "--shapes", action="store_true", help="count decode steps whose batch shape is new (a compiled step's traces)"
+    )
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="an engine setting (repeatable)")
     args = p.parse_args()
     reexec_with_openblas()
@@ -211,6 +257,7 @@ def main() -> None:
     engine = Engine(settings).start()
     clock = ExclusiveClock()
     clock.thread = engine._thread.ident
+    clock.shapes = Shapes() if args.shapes else None
     instrument(clock, engine)
     sampling = {
         "max_tokens": args.max_tokens,
@@ -226,10 +273,11 @@ def main() -> None:
     )
     # a first round unmeasured: compiles, caches the system prompts
     measure(engine, clock, 4, 1, {**sampling, "max_tokens": 8}, args.seed + 1, args.threads)
-    runs = {
-        u: measure(engine, clock, u, args.turns, sampling, args.seed, args.threads)
-        for u in map(int, args.users.split(","))
-    }
+    runs = {}
+    for u in map(int, args.users.split(",")):
+        for r in range(args.rounds):  # the same conversations: from the second on, their prompts are cached
+            label = f"{u} users" + (f", round {r + 1}" if args.rounds > 1 else "")
+            runs[label] = measure(engine, clock, u, args.turns, sampling, args.seed, args.threads)
     engine.stop()
     table(runs)
 
