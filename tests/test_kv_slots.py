@@ -100,6 +100,20 @@ def test_a_join_and_a_leave_write_only_the_rows_that_move():
     assert changed == [i == 2 for i in range(cap)]
 
 
+def test_a_re_lay_leaves_room_before_the_window_for_the_next_longer_row():
+    """A row longer than the window grows it to the left. A re-lay used to leave exactly the
+    columns that row needed, so the next row a little longer re-laid every row again (at 32
+    chat users, a re-lay every few steps); each re-lay now keeps a growth's worth there."""
+    rng = random.Random(2)
+    slot = SlotKVCache.merge([single(rng, 100) for _ in range(8)])
+    slot.extend(BatchKVCache.merge([single(rng, 160)]))  # longer than the window: a re-lay
+    buffer = slot._k
+    for n in (170, 180):  # a little longer each time: room is already there
+        slot.extend(BatchKVCache.merge([single(rng, n)]))
+        assert slot._k is buffer, f"a row of {n} re-laid the buffers"
+    assert slot._idx == 180 and slot.left_padding.tolist() == [80] * 8 + [20, 10, 0]
+
+
 def test_rows_that_leave_give_their_memory_back_and_attention_is_unchanged():
     rng = random.Random(1)
     first = [single(rng, 600) for _ in range(8)] + [single(rng, 2000)]

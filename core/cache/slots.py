@@ -13,7 +13,10 @@ the survivors. On SmolLM2 at 32 rows of ~400 tokens that is ~0.11 s each way aga
   (`_idx = _end - t0` is the window's length, what the mask and the model see);
 - a joining row is written into row `B`, right-aligned at the write position; if it is
   longer than the window, the window grows to the left over dead columns (`t0` moves),
-  and only when there are none is the buffer re-laid;
+  and only when there are none is the buffer re-laid. A re-lay leaves a growth's worth of
+  dead columns before the window as well as after it: with none there, the next row a
+  little longer re-laid every row again (at 32 chat users a re-lay every few steps; 3-10%
+  more output with the room, loadtests/bench_host);
 - a leaving row is replaced by the last row (the generator is told to order its own lists
   the same way: `swap_order`), and the window's common left padding is dropped by moving
   `t0`, never by copying;
@@ -80,7 +83,8 @@ class SlotKVCache(BatchKVCache):
         s.keys = s.values = None
         s._holes = {}
         if c.keys is not None:
-            s._relay(rows=s._rows, left=0, extra=0, src=(c.keys[..., : c._idx, :], c.values[..., : c._idx, :]))
+            room = growth(c._idx)
+            s._relay(rows=s._rows, left=room, extra=room, src=(c.keys[..., : c._idx, :], c.values[..., : c._idx, :]))
         return s
 
     @classmethod
@@ -138,7 +142,8 @@ class SlotKVCache(BatchKVCache):
             self._rows = b
             self._views()
         if self._end + n > self._k.shape[2]:
-            self._relay(rows=self._rows, left=0, extra=n + growth(self._idx + n))
+            room = growth(self._idx + n)
+            self._relay(rows=self._rows, left=room, extra=n + room)
         self.keys = self.values = None  # see _write; keys and values are the model's, not views of ours
         self._k[: self._rows, :, self._end : self._end + n, :] = keys
         self._v[: self._rows, :, self._end : self._end + n, :] = values
@@ -205,7 +210,7 @@ class SlotKVCache(BatchKVCache):
             return
         cap = self._k.shape[0]
         if (cap > 2 and 2 * self._rows <= cap) or self.t0 > self._idx + GRAIN:
-            self._relay(rows=self._rows, left=0, extra=growth(self._idx))
+            self._relay(rows=self._rows, left=growth(self._idx), extra=growth(self._idx))
 
     def extend(self, other):
         """Append `other`'s rows (a library cache or another slot cache), right-aligned at
@@ -227,7 +232,8 @@ class SlotKVCache(BatchKVCache):
         grow = max(0, other._idx - self._idx)
         if grow:
             if self.t0 < grow or self._rows + b > self._k.shape[0]:
-                self._relay(rows=self._rows + b, left=grow, extra=growth(self._idx + grow))
+                room = growth(self._idx + grow)
+                self._relay(rows=self._rows + b, left=grow + room, extra=room)
             self.t0 -= grow
             self._idx += grow
             self.left_padding = self.left_padding + grow
