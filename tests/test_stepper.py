@@ -200,3 +200,22 @@ def test_short_prompts_join_the_prefill_together_and_long_ones_a_few_at_a_time(m
     assert most == 256 // MIN_CHUNK == 4
     assert first_at == -(-199 // (256 // 4)) + 1  # 64 tokens a step, then its first token
     gen.close()
+
+
+def test_prompts_that_start_decoding_together_move_without_a_copy_of_their_kv(model, monkeypatch):
+    """When every prompt in prefill reaches its last token in the same step (a round of short
+    follow-ups), the prompt batch moves to the decoding batch whole: mlx-lm's split would first
+    deep-copy every layer's K/V of all of them. Their tokens stay the library's (above)."""
+    from mlx_lm.generate import PromptProcessingBatch
+
+    copies = []
+    copy = PromptProcessingBatch._copy
+    monkeypatch.setattr(PromptProcessingBatch, "_copy", lambda self: copies.append(len(self)) or copy(self))
+    gen = make(model, 256)
+    uids = gen.insert([[5, 6, 7, 8], [9, 10, 11, 12]], max_tokens=[3, 3], stop_sequences=[StopSequences()] * 2)
+    decode_until_running(gen, set(uids))
+    assert copies == []
+    uid = insert(gen, [13, 14, 15, 16])  # one joins alone: nothing else in prefill either
+    decode_until_running(gen, {uid})
+    assert copies == []
+    gen.close()

@@ -206,7 +206,13 @@ class BudgetedBatchGenerator(BatchGenerator):
         totals = [rows[i][2] for i in split]
         moving = set(split)
         self._currently_processing = [r for i, r in enumerate(rows) if i not in moving]
-        prompts = self._prompt_batch.split(split)
+        if len(split) == len(rows):  # all of them (the usual case): the batch itself, not a copy
+            prompts = self._prompt_batch  # (mlx-lm's split deep-copies every layer's K/V, then gathers)
+            self._prompt_batch = PromptProcessingBatch.empty(
+                prompts.model, prompts.fallback_sampler, prompts.prefill_step_size
+            )
+        else:
+            prompts = self._prompt_batch.split(split)
         # a one-token prompt has no K/V before its last token: it runs as mlx-lm runs it
         folded = min(totals) > 1
         if folded:
