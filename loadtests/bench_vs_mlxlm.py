@@ -5,7 +5,9 @@ Every server is started fresh for each measurement on a loopback port, on the sa
 with the same BLAS set-up (OpenBLAS preloaded on Linux), in two configurations:
 
   defaults  each started exactly as a user would run it:
-              radixchat serve --model M --port P --no-auth --db D
+              radixchat serve --model M --port P --no-auth --db D --cache-dir D.kv
+                (the disk tier on, as `serve` has it, but empty at each start: a tier shared
+                by the measurements would hold the same conversations from the one before)
               python -m mlx_lm.server --model M --port P
               vllm-mlx serve M --port P --continuous-batching
   tuned     the same batch limits for all, N = max(users, 8) (--poisson-batch in poisson mode):
@@ -164,6 +166,10 @@ def server_cmd(kind: str, config: str, model: str, port: int, db: Path, batch: i
             "--no-auth",
             "--db",
             str(db),
+            # a disk tier of its own: by default it is the db's folder's, which every
+            # measurement shares, so later ones found the same conversations already cached
+            "--cache-dir",
+            str(db.with_suffix(".kv")),
         ]
         tuning = ["--max-batch", str(batch), "--max-prefill-batch", str(min(batch, 8))]
         return cmd + (tuning if tuned else []) + kind.split()[1:]
