@@ -251,9 +251,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 self._drain_commands(block=False)
             except Exception:  # what is left fails below
                 log.exception("engine stop: cancelling the requests in flight failed")
-        self._closed = True  # from here on a submitter fails what it queued itself
-        self._fail_all(self.fatal or "the engine stopped")
-        self._fail_queued(self.fatal or "the engine stopped")
+        self._close(self.fatal or "the engine stopped")
         self._outbox.flush()
         if watchdog is not None:
             watchdog.stop()

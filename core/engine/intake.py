@@ -18,7 +18,7 @@ whether the cache is on, its figures), `link`, `in_step`, `steps`, `started_at`,
 `kv_budget`, `kv_bytes_per_token`, `batch_room`, `alive`, `_gen` (its speculator's
 counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `owners`,
 `_ids`, `_by_uid` (its length), `_ready`, `_stopping`, `_closed`, `fatal`, `_info`,
-`_fail_queued`.
+`_fail_all`.
 """
 
 from __future__ import annotations
@@ -351,6 +351,14 @@ class Intake:
 
     def cancel(self, rid: str) -> None:
         self._cmds.put(Cancel(rid))
+
+    def _close(self, message: str) -> None:
+        """Nobody will read the command queue again (the loop has ended, or hangs for good: a
+        sharded `_fatal`): fail what is admitted and what is queued with `message`; from here
+        on a submitter fails what it queued itself (`submit_tokens`)."""
+        self._closed = True
+        self._fail_all(message)
+        self._fail_queued(message)
 
     def _fail_queued(self, message: str) -> None:
         """Fail the submits still in the command queue. Runs once the engine has stopped,

@@ -8,8 +8,7 @@ step's flag and rank 0's counters (core.engine.lockstep carries them as JSON); a
 call too. With no group (`self._ops is None`) recording costs nothing.
 
 Uses of the engine's fields: `link`, `prefix`, `_by_uid`, `_ops`, `_busy_since`,
-`_digested`, `in_step`, `fatal`, `on_fatal`, `_stopping`, `_closed`, `_outbox`, `_fail_all`,
-`_fail_queued`.
+`_digested`, `in_step`, `fatal`, `on_fatal`, `_stopping`, `_outbox`, `_close`.
 """
 
 from __future__ import annotations
@@ -136,11 +135,9 @@ class Recorder:
         log.error("radixchat: %s", reason)
         self._stopping = True
         # The engine thread may be stuck in a message or a step for good (a peer that hangs):
-        # it will read no more commands, so what is queued fails here, and a submit that lands
-        # after this fails itself (core.engine.intake), or its stream would stay open unanswered.
-        self._closed = True
-        self._fail_all(reason)
-        self._fail_queued(reason)
+        # it will read no more commands, so what is queued fails here too, or its stream
+        # would stay open unanswered.
+        self._close(reason)
         self._outbox.flush()
         if self.on_fatal is not None:
             self.on_fatal(reason)
