@@ -163,8 +163,8 @@ def callers(engine, users: int, turns: int, sampling: dict, seed: int, threads: 
 class Shapes:
     """The decoding batch's shape at each decode step: (rows, buffer columns, buffer rows) of
     its slot cache (core.cache.slots), what a compiled step would be traced for. `fresh`
-    counts the steps whose shape had not been seen before in the run: each would be a new
-    trace (loadtests/bench_compile --retrace says what one costs)."""
+    counts the steps (of the run under way: `measure` sets both counts to 0) whose shape had
+    not been seen before: each would be a new trace (loadtests/bench_compile --retrace says what one costs)."""
 
     def __init__(self):
         from mlx_lm.generate import GenerationBatch
@@ -188,14 +188,15 @@ class Shapes:
 
 def measure(engine, clock: ExclusiveClock, users: int, turns: int, sampling: dict, seed: int, threads: bool) -> dict:
     before, steps0 = dict(clock.parts), engine.steps
-    shapes = clock.shapes and (clock.shapes.steps, clock.shapes.fresh)
+    if clock.shapes:  # counted per run; the shapes seen stay seen
+        clock.shapes.steps = clock.shapes.fresh = 0
     tokens: list[int] = []
     wall = callers(engine, users, turns, sampling, seed, threads, tokens)
     parts = {k: clock.parts.get(k, 0.0) - before.get(k, 0.0) for k in PARTS}
     parts["engine rest"] = wall - sum(parts.values())
     run = {"wall": wall, "steps": engine.steps - steps0, "tokens": sum(tokens), "parts": parts}
-    if shapes:
-        steps, fresh = clock.shapes.steps - shapes[0], clock.shapes.fresh - shapes[1]
+    if clock.shapes:
+        steps, fresh = clock.shapes.steps, clock.shapes.fresh
         run["new shapes"] = f"{fresh} of {steps} ({fresh / max(steps, 1):.0%})"
     return run
 
