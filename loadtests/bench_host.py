@@ -22,16 +22,20 @@ so the parts add up to the thread's wall time:
 - step graph: the rest of mlx-lm's `GenerationBatch._step` (logits, sampling, launching);
 - step rows: the rest of `GenerationBatch.next` (per-row counts, stop matchers, responses);
 - prefill: the stepper's prefill chunks and joins, less their forward and waits;
-- tokens out: `Emit._on_token` less what is below (fair share, timing, events);
-- text: `TextStream.add` (detokenizing, stop strings);
+- tokens out: `Emit._on_token` less what is below (counting, fair share, timing);
+- text: `TextStream.add` (detokenizing, stop strings) of the requests whose text the engine
+  must see (stop strings, log-probabilities); the others' runs in the output thread;
 - finish: `Engine._finish` (leaving the batch, caching the K/V, the final event);
 - schedule: `Engine._schedule` (admission, prefix-cache lookups);
-- events: the outbox's flush (handing a step's events to the callers' loops);
+- events: the outbox's flush (handing a step's events to the callers' loops), now in the
+  output thread (core.engine.output) unless the engine has stopped;
 - commands: taking callers' commands, including the wait for one when nothing runs;
 - engine rest: everything else in the loop.
 
 The host share of a step is the wall less MLX wait, launch and the idle wait for commands,
-over the wall: the engine's own work. Prints one table per model with a column
+over the wall: the engine's own work. The output thread's work (each step's text and events,
+made while the engine thread waits on MLX for the next) is not in the wall: its own row,
+"output thread, beside", says how much it is. Prints one table per model with a column
 per --users value (ms per decode step, and the share of the wall). On Linux it first
 re-executes itself with OpenBLAS (core.platform.blas). Run it on a quiet machine.
 
@@ -83,6 +87,7 @@ class ExclusiveClock:
         self.thread: int | None = None  # the engine thread's ident, once it is seen
         self._stack: list[list[float]] = []  # [start, time in nested parts]
         self.shapes = None  # Shapes, with --shapes
+        self.beside = 0.0  # seconds the output thread spent on the steps' text and events
 
     def wrap(self, owner, name: str, part: str) -> None:
         real = getattr(owner, name)
@@ -127,6 +132,22 @@ def instrument(clock: ExclusiveClock, engine) -> None:
     clock.wrap(engine_module.Engine, "_schedule", "schedule")
     clock.wrap(Outbox, "flush", "events")
     clock.wrap(engine_module.Engine, "_drain_commands", "commands (incl. idle)")
+    time_output_thread(clock)
+
+
+def time_output_thread(clock: ExclusiveClock) -> None:
+    from radixchat.core.engine.output import OutputThread
+
+    real = OutputThread._run_calls
+
+    def timed(self, calls):
+        t0 = time.perf_counter()
+        try:
+            return real(self, calls)
+        finally:
+            clock.beside += time.perf_counter() - t0
+
+    OutputThread._run_calls = timed
 
 
 async def streaming_user(engine, rng: random.Random, turns: int, sampling: dict, out: list) -> None:
@@ -187,7 +208,7 @@ class Shapes:
 
 
 def measure(engine, clock: ExclusiveClock, users: int, turns: int, sampling: dict, seed: int, threads: bool) -> dict:
-    before, steps0 = dict(clock.parts), engine.steps
+    before, steps0, beside0 = dict(clock.parts), engine.steps, clock.beside
     if clock.shapes:  # counted per run; the shapes seen stay seen
         clock.shapes.steps = clock.shapes.fresh = 0
     tokens: list[int] = []
@@ -195,6 +216,7 @@ def measure(engine, clock: ExclusiveClock, users: int, turns: int, sampling: dic
     parts = {k: clock.parts.get(k, 0.0) - before.get(k, 0.0) for k in PARTS}
     parts["engine rest"] = wall - sum(parts.values())
     run = {"wall": wall, "steps": engine.steps - steps0, "tokens": sum(tokens), "parts": parts}
+    run["beside"] = clock.beside - beside0
     if clock.shapes:
         steps, fresh = clock.shapes.steps, clock.shapes.fresh
         run["new shapes"] = f"{fresh} of {steps} ({fresh / max(steps, 1):.0%})"
@@ -214,6 +236,8 @@ def table(runs: dict[int, dict]) -> None:
         print(f"| {part} | " + " | ".join(cells) + " |")
     cells = [f"{1000 * r['wall'] / max(r['steps'], 1):.2f}" for r in runs.values()]
     print("| **step wall** | " + " | ".join(cells) + " |")
+    cells = [f"{1000 * r['beside'] / max(r['steps'], 1):.2f}" for r in runs.values()]
+    print("| output thread, beside (not in the wall) | " + " | ".join(cells) + " |")
     host = [f"{_host(r):.1%}" for r in runs.values()]
     print("| **host share (wall less MLX wait, launch and idle)** | " + " | ".join(host) + " |")
     out = [f"{r['tokens'] / r['wall']:.0f}" for r in runs.values()]

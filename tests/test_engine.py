@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -441,6 +442,47 @@ def test_failure_while_finishing_releases_the_slot_once(engine, monkeypatch):
     assert engine.stats().inflight == 0 and engine.stats().inflight == 0
     monkeypatch.undo()
     assert run_alone(engine, chat("sets", max_tokens=5)).usage.generated_tokens == 5
+
+
+def test_text_is_made_beside_the_next_step_unless_the_engine_must_see_it(engine, monkeypatch):
+    """Detokenizing runs in the engine's output thread, off the engine thread's path between
+    two steps; a request with stop strings keeps its text on the engine thread, which ends
+    it at the step that wrote the stop string. Either way the reply is the same."""
+    from radixchat.core.engine.textstream import TextStream
+
+    seen = []
+    real = TextStream.add
+
+    def add(self, token):
+        seen.append(threading.current_thread().name)
+        return real(self, token)
+
+    monkeypatch.setattr(TextStream, "add", add)
+    plain = run_alone(engine, chat("modules", max_tokens=6))
+    assert plain.text and set(seen) == {"radixchat-output"}
+    seen.clear()
+    watched = run_alone(engine, chat("modules", max_tokens=6, stop=["never written"]))
+    assert set(seen) == {"radixchat-engine"}
+    assert watched.text == plain.text and watched.usage.generated_tokens == plain.usage.generated_tokens
+
+
+def test_text_that_fails_in_the_output_thread_fails_its_request_and_stops_its_steps(engine, monkeypatch):
+    from radixchat.core.engine.textstream import TextStream
+
+    def broken_add(self, token):
+        raise RuntimeError("detokenizer broke")
+
+    monkeypatch.setattr(TextStream, "add", broken_add)
+    before = engine.steps
+    final = engine.submit(chat("classes", max_tokens=200, ignore_eos=True)).result()
+    assert isinstance(final, Failed) and final.message == INTERNAL_ERROR
+    deadline = time.monotonic() + 10
+    while engine.stats().inflight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.stats().inflight == 0
+    assert engine.steps - before < 50  # cancelled, not run to its 200 tokens
+    monkeypatch.undo()
+    assert run_alone(engine, chat("classes", max_tokens=5)).usage.generated_tokens == 5
 
 
 def test_a_stopped_engine_is_freed_with_its_model_and_cache(tiny_model_dir):

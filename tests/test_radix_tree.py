@@ -197,3 +197,21 @@ def test_evictable_set_follows_split_lock_and_eviction():
     t.unlock(b)  # a stale handle: an evicted node must not come back
     assert t.evictable == set()
     t.check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), max_size=300),
+    st.lists(st.integers(0, 3), max_size=300),
+    st.integers(0, 40),
+    st.booleans(),
+)
+def test_common_prefix_compares_in_chunks_as_item_by_item(key, tokens, start, as_tuple):
+    """The chunked comparison (a node's key is a tuple, a prompt a list) finds the same
+    length as comparing item by item, at chunk boundaries and past the end of either."""
+    from radixchat.core.cache.radix import CHUNK, common_prefix
+
+    start = min(start, len(tokens))
+    tokens = tokens[:start] + key[: CHUNK * 2 + 3] + tokens[start:]  # long shared runs too
+    k = tuple(key) if as_tuple else key
+    assert common_prefix(k, tokens, start) == lcp(key, tokens[start:])

@@ -63,19 +63,43 @@ def swap_order(keep: list[int]) -> list[int]:
     return [i if i in kept else next(movers) for i in range(m)]
 
 
+def _pads_of(cache) -> list[int]:
+    """A cache's left padding as a list (a slot cache keeps one; a library cache's array is
+    read, once, as it joins)."""
+    return list(cache._pads) if isinstance(cache, SlotKVCache) else cache.left_padding.tolist()
+
+
 class SlotKVCache(BatchKVCache):
     def __init__(self, left_padding: list[int]):
+        self._lp = None
         super().__init__(left_padding)
         self._k = self._v = None  # buffers; keys/values are the live views
         self._rows = len(left_padding)
         self.t0 = self._end = 0
         self._holes: dict[int, list[int]] = {}  # row -> buffer columns it rejected (see `reject`)
 
+    # Each row's left padding, as a list: what the host decides by (which columns to drop,
+    # where a row's tokens start) never waits on the device, as reading the array would,
+    # behind the step in flight. The array, for the mask, is made from it when asked for.
+    @property
+    def left_padding(self) -> mx.array:
+        if self._lp is None:
+            self._lp = mx.array(self._pads)
+        return self._lp
+
+    @left_padding.setter
+    def left_padding(self, v) -> None:
+        if isinstance(v, mx.array):
+            self._pads, self._lp = v.tolist(), v
+        else:
+            self._pads, self._lp = list(v), None
+
     @classmethod
     def adopt(cls, c: BatchKVCache) -> SlotKVCache:
         """The same rows, K/V and padding as a library cache, in a buffer with spare room."""
         s = cls.__new__(cls)
         s._rows = int(c.offset.shape[0])
+        s._lp = None
         s.offset, s.left_padding, s._idx = c.offset, c.left_padding, c._idx
         s._right_padding = None
         s.t0 = s._end = 0
@@ -180,9 +204,8 @@ class SlotKVCache(BatchKVCache):
     def filter(self, batch_indices):
         """Keep these rows, in this order; rows already in place are not touched."""
         keep = [int(i) for i in (batch_indices.tolist() if isinstance(batch_indices, mx.array) else batch_indices)]
-        idx = mx.array(keep)
-        self.offset = self.offset[idx]
-        self.left_padding = self.left_padding[idx]
+        self.offset = self.offset[mx.array(keep)]
+        self.left_padding = [self._pads[i] for i in keep]
         if self._k is not None:
             moves = [(dst, src) for dst, src in enumerate(keep) if dst != src]
             # a row at a time: slice writes reuse the buffer, an indexed scatter copied it
@@ -192,11 +215,11 @@ class SlotKVCache(BatchKVCache):
         self._rows = len(keep)
         self._holes = {dst: self._holes[src] for dst, src in enumerate(keep) if src in self._holes}
         if keep:
-            drop = min(self.left_padding.tolist())
+            drop = min(self._pads)
             if drop > 0:  # every row is padded there: the window starts later
                 self.t0 += drop
                 self._idx -= drop
-                self.left_padding = self.left_padding - drop
+                self.left_padding = [p - drop for p in self._pads]
         if self._k is not None:
             self._views()
             self._spare_room()
@@ -220,7 +243,7 @@ class SlotKVCache(BatchKVCache):
             if self._k is not None and b:
                 raise ValueError("cannot join rows without K/V to a batch that has them")
             self.offset = mx.concatenate([self.offset, other.offset])
-            self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
+            self.left_padding = self._pads + _pads_of(other)
             self._rows += b
             return
         if self._k is None:
@@ -236,7 +259,7 @@ class SlotKVCache(BatchKVCache):
                 self._relay(rows=self._rows + b, left=grow + room, extra=room)
             self.t0 -= grow
             self._idx += grow
-            self.left_padding = self.left_padding + grow
+            self.left_padding = [p + grow for p in self._pads]
         elif self._rows + b > self._k.shape[0]:
             self._relay(rows=self._rows + b, left=self.t0, extra=self._k.shape[2] - self._end)
         pad = self._idx - other._idx
@@ -245,14 +268,14 @@ class SlotKVCache(BatchKVCache):
             ov = mx.pad(ov, [(0, 0), (0, 0), (pad, 0), (0, 0)])
         self._write((slice(self._rows, self._rows + b), slice(None), slice(self.t0, self._end)), ok, ov)
         self.offset = mx.concatenate([self.offset, other.offset])
-        self.left_padding = mx.concatenate([self.left_padding, other.left_padding + pad])
+        self.left_padding = self._pads + [p + pad for p in _pads_of(other)]
         self._rows += b
         self._views()
 
     def extract(self, idx):
         """Row `idx`'s tokens as a plain cache: its live columns, without padding or holes."""
         cache = KVCache()
-        padding = self.left_padding.tolist()[idx]
+        padding = self._pads[idx]
         keys, values = self.keys[idx : idx + 1, :, padding:, :], self.values[idx : idx + 1, :, padding:, :]
         if self._holes.get(idx):
             cols = mx.array(self._live(idx, padding))
@@ -299,7 +322,7 @@ class SlotKVCache(BatchKVCache):
         if not self._holes or self._k is None:
             self._holes = {}
             return
-        pads = self.left_padding.tolist()
+        pads = self._pads
         live = [self._live(r, pads[r]) for r in range(self._rows)]
         width = max(len(cols) for cols in live)
         index = mx.array([[0] * (width - len(cols)) + cols for cols in live])  # padding reads column 0
@@ -309,7 +332,7 @@ class SlotKVCache(BatchKVCache):
         v = mx.take_along_axis(v, mx.broadcast_to(index[:, None, :, None], (b, h, width, v.shape[3])), axis=2)
         self._write((slice(0, b), slice(None), slice(0, width)), k, v)
         self.t0, self._end, self._idx = 0, width, width
-        self.left_padding = mx.array([width - len(cols) for cols in live])
+        self.left_padding = [width - len(cols) for cols in live]
         self._holes = {}
         self._views()
 

@@ -2,7 +2,8 @@
 callers put on the engine thread's queue.
 
 An `Active` is made by the caller's side (core.engine.intake) and from then on read and
-written by the engine thread only. No MLX here.
+written by the engine thread, except its stream and what it has to send, which the output
+thread (core.engine.output) works on in the engine's order (core.engine.emit). No MLX here.
 """
 
 from __future__ import annotations

@@ -1,15 +1,19 @@
 """A request's generated tokens on their way out: text deltas, log-probabilities, the end.
 
-`Emit` is a part of `Engine` (a mixin) that runs in the engine thread: each token of a
-decode step goes through the request's TextStream (detokenizing, stop strings held back
-until known) and becomes a `TextDelta` on its handle, with the token's log-probabilities
-when asked; a finish reason or a stop string ends the request (`Engine._finish`). A
-request whose sampler failed ends there: a grammar that could not go on
-(core.engine.constrain.ConstraintFailed) fails with its own message, logged; anything else
-is raised for the step to fail the request with its fixed sentence.
+`Emit` is a part of `Engine` (a mixin). `_on_token` runs in the engine thread for each token
+of a decode step: it counts the token, charges the owner's share and ends the request on a
+finish reason; the text and the events are made in the output thread (core.engine.output),
+beside the next step: `_text_out` detokenizes (the request's TextStream) and sends the
+delta, `_end_out` sends the last text and `Finished`. A request with stop strings or
+log-probabilities keeps its stream on the engine thread (`_stream_here`): a stop string
+ends the request at the step that wrote it, and a token's log-probabilities need MLX; only
+its events go through the output thread. A request whose sampler failed ends there: a
+grammar that could not go on (core.engine.constrain.ConstraintFailed) fails with its own
+message, logged; anything else is raised for the step to fail the request with its fixed
+sentence.
 
 Uses of the engine's fields: `loaded` (the tokenizer), `_fair` (charging the owner's
-share), `_token_texts`, `_finish`, `_fail`.
+share), `_token_texts`, `_output`, `_finish`, `_fail`.
 """
 
 from __future__ import annotations
@@ -18,9 +22,18 @@ import logging
 
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.constrain import ConstraintFailed
-from radixchat.core.engine.requests import TextDelta, TokenLogprob
+from radixchat.core.engine.requests import Failed, Finished, TextDelta, TokenLogprob
 
 log = logging.getLogger("radixchat.engine")
+# What a client reads when its request failed inside the engine: the details (library
+# messages, tracebacks) go to the server's log, never to a client
+INTERNAL_ERROR = "internal error while generating this reply (the server's log has the details)"
+
+
+def _stream_here(a: Active) -> bool:
+    """Must the engine thread run this request's stream? Its stop strings decide when it
+    ends, and its log-probabilities need MLX."""
+    return bool(a.sampling.stop) or a.sampling.logprobs is not None
 
 
 class Emit:
@@ -40,22 +53,61 @@ class Emit:
         a.out.append(token)
         self._fair.charge(a.owner, generated_tokens=1)
         is_eos = finish_reason == "stop" and token in self.loaded.tokenizer.eos_token_ids
-        if not is_eos:
+        here = _stream_here(a)
+        if is_eos:
+            pass
+        elif not here:
+            self._output.add(self._text_out, a, token)
+        else:
             if a.sampling.logprobs is not None:
                 entry = self._token_logprob(token, r.logprobs, a.sampling.logprobs)
                 a.logprobs.append(entry)
                 a.unsent.append(entry)
             delta = a.stream.add(token)
             if delta:
-                a.handle._push(self._delta(a, delta))
+                self._output.add(a.handle._push, self._delta(a, delta))
+        stopped = here and a.stream.stopped
         if finish_reason is not None:  # the generator has already dropped it
-            self._finish(
-                a,
-                "stop" if a.stream.stopped or finish_reason == "stop" else "length",
-                final=(r.prompt_cache, r.all_tokens),
-            )
-        elif a.stream.stopped:
+            reason = "stop" if stopped or finish_reason == "stop" else "length"
+            self._finish(a, reason, final=(r.prompt_cache, r.all_tokens))
+        elif stopped:
             self._finish(a, "stop")
+
+    # ---- the output thread (core.engine.output) -----------------------------------------
+
+    def _text_out(self, a: Active, token: int) -> None:
+        """A token of a request whose stream is not the engine's: its text, if any, out."""
+        if a.handle.final is not None:  # failed here before: nothing more to say
+            return
+        try:
+            delta = a.stream.add(token)
+        except Exception:
+            log.exception("request %s: its text failed", a.handle.id)
+            a.handle.cancel()  # the engine stops computing it; its end is not sent again (above)
+            a.handle._push(Failed(message=INTERNAL_ERROR))
+            return
+        if delta:
+            a.handle._push(TextDelta(delta))
+
+    def _end_out(self, a: Active, reason: str, usage) -> None:
+        """The request's last text and its end; the engine has let go of it."""
+        if a.handle.final is not None:
+            return
+        try:
+            tail = a.stream.finish()
+            if tail or a.unsent:
+                a.handle._push(self._delta(a, tail))
+            final = Finished(
+                text=a.stream.text,
+                finish_reason=reason,
+                usage=usage,
+                logprobs=a.logprobs if a.sampling.logprobs is not None else None,
+                stop_sequence=a.stream.stop_found,
+            )
+        except Exception:
+            log.exception("request %s: its last text failed", a.handle.id)
+            final = Failed(message=INTERNAL_ERROR, usage=usage)
+        a.handle._push(final)
 
     @staticmethod
     def _delta(a: Active, text: str) -> TextDelta:

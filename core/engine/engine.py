@@ -21,7 +21,7 @@ side and the seam's methods (core.engine.intake.Intake), which requests join the
 (core.engine.admission, a policy with no state), which running requests pause to make room
 (core.engine.preempt.Preempt, core.engine.mask_share.MaskShare for grammar masks), the prefix
 cache and disk tier glue (core.engine.prefix_use.PrefixUse), tokens into text events
-(core.engine.emit.Emit), rank 0's messages under mlx.launch (core.engine.recorder.Recorder).
+(core.engine.emit.Emit, made in core.engine.output's thread beside the next step), rank 0's messages under mlx.launch (core.engine.recorder.Recorder).
 
 Left to others: HTTP and the page (webui/), persistence (core/store), the tree and its
 K/V (core/cache).
@@ -41,12 +41,13 @@ from radixchat.core.cache.scope import CacheScope
 from radixchat.core.config import Settings, kv_budget
 from radixchat.core.engine import admission
 from radixchat.core.engine.active import Active, Cancel, Command, Forget, Submit, Wake
-from radixchat.core.engine.emit import Emit
+from radixchat.core.engine.emit import INTERNAL_ERROR, Emit
 from radixchat.core.engine.fairness import FairQueue
 from radixchat.core.engine.handle import Outbox
 from radixchat.core.engine.intake import Intake
 from radixchat.core.engine.lockstep import IDLE_TICK_S, LOST, Watchdog, launched
 from radixchat.core.engine.mask_share import MaskShare
+from radixchat.core.engine.output import OutputThread
 from radixchat.core.engine.owners import OwnerCounts
 from radixchat.core.engine.preempt import Preempt
 from radixchat.core.engine.prefix_use import PrefixUse
@@ -62,9 +63,6 @@ if TYPE_CHECKING:  # both import MLX, which only the engine thread may load
 
 
 log = logging.getLogger("radixchat.engine")
-# What a client reads when its request failed inside the engine: the details (library
-# messages, tracebacks) go to the server's log, never to a client
-INTERNAL_ERROR = "internal error while generating this reply (the server's log has the details)"
 
 
 class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
@@ -85,6 +83,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         # each user's requests, for --max-user-requests: shared by the engines of several models
         self.owners = owners or OwnerCounts()
         self._outbox = Outbox()  # events for asyncio callers, flushed once per loop turn
+        self._output = OutputThread(self._outbox)  # makes each step's text and events (core.engine.output)
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._stopping = False
@@ -203,6 +202,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 return
             finally:
                 self._ready.set()
+            self._output.start()
             self._loop()
         finally:
             self._gen = None
@@ -242,7 +242,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 self._fail_all(INTERNAL_ERROR)
                 self._gen = self._new_generator()
             finally:
-                self._outbox.flush()
+                self._output.send()
         if self.fatal is None:  # a plain stop: what is in flight ends as if Stop were pressed, text kept
             try:
                 self._drain_commands(block=False)  # submits already queued are cancelled too
@@ -252,7 +252,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             except Exception:  # what is left fails below
                 log.exception("engine stop: cancelling the requests in flight failed")
         self._close(self.fatal or "the engine stopped")
-        self._outbox.flush()
+        self._output.stop()
         if watchdog is not None:
             watchdog.stop()
             if self.fatal is None:
@@ -294,7 +294,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 a = self._active[cmd.rid]
                 if a.uid is None and a.stream is None:  # not admitted yet: nothing computed, nothing to cache
                     self._release(a)
-                    a.handle._push(Finished("", "cancelled", a.usage()))
+                    self._output.add(a.handle._push, Finished("", "cancelled", a.usage()))
                 else:
                     self._finish(a, "cancelled")
             elif isinstance(cmd, Forget):
@@ -439,18 +439,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         """
         self._leave_batch(a, final)
         self._release(a)  # before the reply ends, so a client that saw it sees the slot free
-        tail = a.stream.finish()
-        if tail or a.unsent:
-            a.handle._push(self._delta(a, tail))
-        a.handle._push(
-            Finished(
-                text=a.stream.text,
-                finish_reason=reason,
-                usage=a.usage(),
-                logprobs=a.logprobs if a.sampling.logprobs is not None else None,
-                stop_sequence=a.stream.stop_found,
-            )
-        )
+        self._output.add(self._end_out, a, reason, a.usage())
 
     def _leave_batch(self, a: Active, final=None) -> None:
         """Take `a` out of the generator (unless `final`, its (caches, tokens), says it is out
@@ -469,7 +458,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             self._gen.remove([a.uid])
             self._record(Fail(a.uid))
         self._release(a)
-        a.handle._push(Failed(message=message, usage=a.usage()))
+        self._output.add(a.handle._push, Failed(message=message, usage=a.usage()))
 
     def _release(self, a: Active) -> None:
         """Forget a request that has left the batch, and drop its prefix-cache lock (once)."""
@@ -492,6 +481,6 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         """Fail every admitted or deferred request (engine thread)."""
         for a in list(self._active.values()):
             self._release(a)
-            a.handle._push(Failed(message=message, usage=a.usage()))
+            self._output.add(a.handle._push, Failed(message=message, usage=a.usage()))
         self._by_uid.clear()
         self._fair.clear()

@@ -1,6 +1,6 @@
 """The caller's side of one request: a stream of events, readable from threads or asyncio.
 
-The engine thread pushes events; callers iterate (`for ev in handle` or
+The engine pushes events (from its output thread, core.engine.output); callers iterate (`for ev in handle` or
 `async for ev in handle`) until the final `Finished` or `Failed`. Events for asyncio
 callers go through an `Outbox` that the engine flushes once per step: one wake-up of each
 event loop per step instead of one per token, which kept the HTTP thread from holding the
@@ -21,7 +21,7 @@ from radixchat.core.engine.requests import Event, Failed, Finished, TextDelta
 class Outbox:
     """Events for asyncio callers, gathered per event loop until `flush`.
 
-    The engine thread puts and flushes; after the engine stopped, a submitter that lost
+    The engine's output thread puts and flushes; after the engine stopped, a submitter that lost
     the race with the stop fails its own request through here too, hence the lock."""
 
     def __init__(self):
@@ -75,8 +75,8 @@ class RequestHandle:
     def add_done_callback(self, fn: Callable[[Finished | Failed], None]) -> None:
         """Call fn(final event) once the request ends, even if nobody reads the stream.
 
-        It runs in the engine thread (or right here if the request already ended): keep it
-        short and non-blocking.
+        It runs in the engine's output thread (or right here if the request already ended):
+        keep it short and non-blocking.
         """
         with self._done_lock:
             if self.final is None:

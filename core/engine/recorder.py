@@ -8,7 +8,7 @@ step's flag and rank 0's counters (core.engine.lockstep carries them as JSON); a
 call too. With no group (`self._ops is None`) recording costs nothing.
 
 Uses of the engine's fields: `link`, `prefix`, `_by_uid`, `_ops`, `_busy_since`,
-`_digested`, `in_step`, `fatal`, `on_fatal`, `_stopping`, `_outbox`, `_close`.
+`_digested`, `in_step`, `fatal`, `on_fatal`, `_stopping`, `_output`, `_close`.
 """
 
 from __future__ import annotations
@@ -138,6 +138,6 @@ class Recorder:
         # it will read no more commands, so what is queued fails here too, or its stream
         # would stay open unanswered.
         self._close(reason)
-        self._outbox.flush()
+        self._output.send()
         if self.on_fatal is not None:
             self.on_fatal(reason)
