@@ -194,8 +194,10 @@ class PrefixStore:
             if not trim:
                 out.append(m.node.snapshot.restore(i))
                 continue
-            ks = [s.layers[i][0][..., :k, :] for s, k in segs]
-            vs = [s.layers[i][1][..., :k, :] for s, k in segs]
+            # a segment taken whole is not sliced: a conversation's path is many segments,
+            # and each slice is one more op for every layer
+            ks = [s.layers[i][0] if k == s.n else s.layers[i][0][..., :k, :] for s, k in segs]
+            vs = [s.layers[i][1] if k == s.n else s.layers[i][1][..., :k, :] for s, k in segs]
             c = KVCache()
             c.keys = mx.concatenate(ks, axis=2) if len(ks) > 1 else ks[0]
             c.values = mx.concatenate(vs, axis=2) if len(vs) > 1 else vs[0]
