@@ -110,6 +110,47 @@ def test_a_newcomers_first_token_is_the_one_its_own_forward_would_give(model):
     assert [len(t) for t, _ in replies[256]] == [6, 1, 5, 4] and replies[256][1][1] == "length"
 
 
+def restored(model, prefix: list[int]) -> list:
+    """A cache holding `prefix`'s K/V, as the prefix cache restores one."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    model(mx.array([prefix]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def test_a_prompt_cached_but_for_its_last_token_needs_no_forward_of_its_own(model):
+    """A retried or repeated prompt, all of it cached but the last token: that token runs in
+    the batch's decode too (it had a one-token forward of its own, a whole forward's graph
+    and weights for every such join), and the reply is the one mlx-lm's order gives."""
+    prompt = list(range(50, 80))
+    replies, forwards = {}, {}
+    for budget in (None, 256):
+        counted = Counted(model)
+        gen = make(counted, budget)
+        running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(3)}
+        decode_until_running(gen, running)
+        before, calls, got = counted.forwards, 0, []
+        uid = gen.insert(
+            [prompt[-1:]],
+            max_tokens=[6],
+            caches=[restored(model, prompt[:-1])],
+            all_tokens=[prompt[:-1]],
+            stop_sequences=[StopSequences()],
+        )[0]
+        while len(got) < 6 and calls < 30:
+            calls += 1
+            got += [r.token for r in gen.next()[1] if r.uid == uid]
+        replies[budget], forwards[budget] = got, (counted.forwards - before, calls)
+        gen.close()
+    assert len(replies[256]) == 6 and replies[256] == replies[None]
+    made, calls = forwards[256]
+    assert made == calls, forwards  # one batched decode a call, none of its own
+    assert forwards[None][0] == forwards[None][1] + 1  # mlx-lm's own order: and the one-token forward
+
+
 def test_a_step_prefills_only_what_the_budget_leaves(model):
     budget, decoding = 64, 4
     seen: list = []

@@ -213,8 +213,10 @@ class BudgetedBatchGenerator(BatchGenerator):
             )
         else:
             prompts = self._prompt_batch.split(split)
-        # a one-token prompt has no K/V before its last token: it runs as mlx-lm runs it
-        folded = min(totals) > 1
+        # A row with no K/V before its last token (a one-token prompt, nothing cached) runs
+        # as mlx-lm runs it. One whose prompt the cache held but for that token folds too:
+        # a retried or repeated prompt costs the batch no forward of its own.
+        folded = all(prompts.tokens)
         if folded:
             batch = self._unstepped(prompts, last)
         else:
