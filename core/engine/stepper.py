@@ -197,7 +197,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         That token runs in the decode at the end of this step, beside the batch's (see the
         module's docstring). Returns their end-of-prompt responses; their caches then hold
         the whole prompt but that token, which the responses' progress says (or, for a
-        one-token prompt, as in mlx-lm's order, the whole prompt)."""
+        row with no K/V before that token, as in mlx-lm's order, the whole prompt)."""
         rows = self._currently_processing
         split = [i for i, (segs, _, _) in enumerate(rows) if len(segs) == 1 and len(segs[0]) == 1]
         if not split:
