@@ -37,9 +37,12 @@ class OutputThread:
         self._pending: list[tuple[Callable, tuple]] = []
         self._lock = threading.Lock()
         self._q: queue.SimpleQueue[list | None] = queue.SimpleQueue()
+        self._open = False  # the thread takes what is sent (between `start` and `stop`)
         self._thread = threading.Thread(target=self._run, name="radixchat-output", daemon=True)
 
     def start(self) -> None:
+        with self._lock:
+            self._open = True
         self._thread.start()
 
     def add(self, fn: Callable, *args) -> None:
@@ -51,19 +54,21 @@ class OutputThread:
         """Hand over what was added since the last send (once per engine step)."""
         with self._lock:
             calls, self._pending = self._pending, []
-        if not calls:
-            return
-        if self._thread.is_alive():
-            self._q.put(calls)
-        else:  # not started or stopped: the caller runs them (an engine's last words)
+            if calls and self._open:  # under the lock: before `stop`'s end marker, never after it
+                self._q.put(calls)
+                return
+        if calls:  # not started, or stopped: the caller runs them (an engine's last words)
             self._run_calls(calls)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Run what was sent, then end the thread (the engine thread, as it ends)."""
         self.send()
-        if self._thread.is_alive():
+        with self._lock:
+            if not self._open:
+                return
+            self._open = False
             self._q.put(None)
-            self._thread.join(timeout)
+        self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:
