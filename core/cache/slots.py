@@ -71,7 +71,6 @@ def _pads_of(cache) -> list[int]:
 
 class SlotKVCache(BatchKVCache):
     def __init__(self, left_padding: list[int]):
-        self._lp = None
         super().__init__(left_padding)
         self._k = self._v = None  # buffers; keys/values are the live views
         self._rows = len(left_padding)
@@ -99,7 +98,6 @@ class SlotKVCache(BatchKVCache):
         """The same rows, K/V and padding as a library cache, in a buffer with spare room."""
         s = cls.__new__(cls)
         s._rows = int(c.offset.shape[0])
-        s._lp = None
         s.offset, s.left_padding, s._idx = c.offset, c.left_padding, c._idx
         s._right_padding = None
         s.t0 = s._end = 0

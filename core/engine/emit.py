@@ -54,11 +54,9 @@ class Emit:
         self._fair.charge(a.owner, generated_tokens=1)
         is_eos = finish_reason == "stop" and token in self.loaded.tokenizer.eos_token_ids
         here = _stream_here(a)
-        if is_eos:
-            pass
-        elif not here:
+        if not is_eos and not here:
             self._output.add(self._text_out, a, token)
-        else:
+        elif not is_eos:
             if a.sampling.logprobs is not None:
                 entry = self._token_logprob(token, r.logprobs, a.sampling.logprobs)
                 a.logprobs.append(entry)
