@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from tests.support.cheap import cheap_scrypt
+from tests.support.page import PAGE_MODEL_CONTEXT
 from tests.support.procs import scaled
 from tests.support.randmodel import build_random_model
 
@@ -77,8 +78,10 @@ def keyed(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page_model(tmp_path_factory) -> Path:
-    # slower than the tiny model, so that a reply streams for a moment and can be stopped
-    return build_random_model(tmp_path_factory.mktemp("page") / "page-model", dim=128, layers=4, context=2048)
+    # slower than the tiny model, so that a reply streams for a moment and can be stopped; its
+    # context room for a reply that is still being written when a slow browser presses Stop
+    path = tmp_path_factory.mktemp("page") / "page-model"
+    return build_random_model(path, dim=128, layers=4, context=PAGE_MODEL_CONTEXT)
 
 
 @pytest.fixture(scope="module")

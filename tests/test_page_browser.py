@@ -16,7 +16,17 @@ import httpx
 import pytest
 
 from tests.support.browser import ARGS, CHROMIUM, SHOTS, Shots
-from tests.support.page import DONE, LAST_BOT, new_chat, ready, send, set_number, sign_in
+from tests.support.page import (
+    DONE,
+    LAST_BOT,
+    LONG_REPLY,
+    PAGE_MODEL_CONTEXT,
+    new_chat,
+    ready,
+    send,
+    set_number,
+    sign_in,
+)
 from tests.support.server import page_server, stop_clean
 
 pytestmark = pytest.mark.slow
@@ -156,7 +166,7 @@ def test_two_users_chats_streaming_stop_reload_isolation(server):
             open_chat(alice, WORDS["alice"][1])
 
             # alice stops a long reply mid-stream: the engine drops it, the text stays
-            set_number(alice, "max-tokens", 1500)
+            set_number(alice, "max-tokens", LONG_REPLY)
             send(alice, LONG)
             alice.wait_for_function(f"(({LAST_BOT})()).includes('▍') && (({LAST_BOT})()).length > 60", timeout=30_000)
             alice.wait_for_function("document.querySelector('#send').innerText.trim() == 'Stop'")
@@ -228,7 +238,7 @@ def test_two_users_chats_streaming_stop_reload_isolation(server):
             shot(alice, "alice-found-again")
 
             # a refusal is a readable notice, and the typed text stays in the box
-            send(alice, "lists " * 2500)
+            send(alice, "lists " * (PAGE_MODEL_CONTEXT + 500))
             alice.wait_for_selector(".toast-body", timeout=15_000)
             assert "too long for the model" in alice.locator(".toast-body").first.inner_text()
             assert alice.locator("#message textarea").input_value().startswith("lists lists")

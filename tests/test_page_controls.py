@@ -31,7 +31,7 @@ from tests.support.browser import PHONE, WIDE, Shots, alice_and_bob
 from tests.support.clients import PageClient, signed_in
 from tests.support.fake_engine import INFO as FAKE_INFO
 from tests.support.fake_engine import FakeEngine
-from tests.support.page import LAST_BOT, answered, new_chat, ready, say, send, set_number, sign_in
+from tests.support.page import LAST_BOT, LONG_REPLY, answered, new_chat, ready, say, send, set_number, sign_in
 from tests.support.server import CHEAP, page_server
 
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-controls"
@@ -184,7 +184,7 @@ def test_one_send_stop_button_at_1280_and_390(server, pages, shots):
 
     # both send a long question with Enter: the button reads Stop in that chat while it is written
     for name, page in (("alice", alice), ("bob", bob)):
-        set_number(page, "max-tokens", 1500)
+        set_number(page, "max-tokens", LONG_REPLY)
         send(page, LONG[name])
     for page in (alice, bob):
         button_reads(page, "Stop")

@@ -7,9 +7,9 @@ What to write is theirs to say (`write`): a queued request row for the API, the 
 its request row for the page; this module owns only the "once": a reader that goes away
 mid-stream, or while the write is under way, can neither skip the write nor repeat it.
 
-Threads: `_ended` runs in the engine thread (or in the submitter's, if the request ended
-before the hook was set); it only counts metrics and hands the write on, so the engine never
-waits for SQLite. The write runs on the executor it is given, or right there when it never
+Threads: `_ended` runs in the engine's output thread (core.engine.output; or in the
+submitter's, if the request ended before the hook was set); it only counts metrics and hands
+the write on, so the engine never waits for SQLite. The write runs on the executor it is given, or right there when it never
 blocks (the store's queued writer). `release` and `wait` are the reader's, usually the event
 loop's; `settle` is for whoever stops the server (webui/cli.py), before the store closes. No
 MLX here.
@@ -55,7 +55,7 @@ class RequestEnd(Generic[T]):
     With `reader=True` the write also waits for `release`: the reader holds what a failed
     request wrote before failing (its final event carries no text) and knows whether there
     is anything to store the request under. Without an `executor`, `write` runs in the
-    engine thread and must not block."""
+    engine's output thread and must not block."""
 
     def __init__(
         self,

@@ -12,6 +12,11 @@ from pathlib import Path
 from tests.support.procs import scaled
 from tests.support.server import PASSWORDS
 
+# A reply to stop mid-stream: far longer than the page model writes before a loaded machine's
+# browser gets to press Stop (at ~200 tokens a second it takes ~40 s; Stop comes after 2-4 s)
+LONG_REPLY = 8000
+PAGE_MODEL_CONTEXT = 8192
+
 LAST_BOT = """() => { const b = [...document.querySelectorAll('#chat [data-testid=bot]')];
                       return b.length ? b[b.length - 1].innerText : ''; }"""
 DONE = "prompt tokens from cache"  # the figures line under a finished answer

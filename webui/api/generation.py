@@ -9,8 +9,8 @@ ended); a whole reply has a watcher on the connection while it waits (without on
 that hung up kept their work running and their user's share of --max-user-requests taken).
 Each accepted request's end (metrics, its row) is recorded once by a RequestEnd
 (webui/request_end.py) hooked on the handle at submit, whether or not the client stays to
-read it; the row goes through the store's queued writer, so the engine thread that ends the
-request never waits for SQLite, and the answer's last event waits for its commit
+read it; the row goes through the store's queued writer, so the engine's output thread that
+ends the request never waits for SQLite, and the answer's last event waits for its commit
 (webui/api/rows.py). A refusal's row is the error handler's. How a reply is framed is
 the caller's (a `Framing`: webui/api/chat.py, webui/api/responses_shapes.py). Everything
 here runs on the server's event loop. No MLX.
