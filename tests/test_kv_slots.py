@@ -114,6 +114,28 @@ def test_a_re_lay_leaves_room_before_the_window_for_the_next_longer_row():
     assert slot._idx == 180 and slot.left_padding.tolist() == [80] * 8 + [20, 10, 0]
 
 
+def test_a_batch_filling_up_in_bursts_re_lays_a_few_times_and_never_past_its_row_limit(monkeypatch):
+    """Each re-lay writes every row into fresh memory. Growing to exactly the rows that came
+    (1, 3, 4, then half again of what was held) re-laid at nearly every burst of joins, and
+    past the batch's limit (40 rows of buffer for a batch of 32); room now follows the rows
+    needed, up to the limit, and attention is the library's all the way."""
+    relays = []
+    real = SlotKVCache._relay
+    monkeypatch.setattr(SlotKVCache, "_relay", lambda self, *a, **k: relays.append(a) or real(self, *a, **k))
+    rng = random.Random(3)
+    first = [single(rng, 50)]
+    lib, slot = BatchKVCache.merge(first), SlotKVCache.adopt(BatchKVCache.merge(first), most_rows=32)
+    for burst in (2, 1, 2, 2, 5, 2, 4, 2, 2, 9):  # 32 rows in all, as a closed loop fills
+        joiners = [single(rng, rng.randint(20, 50)) for _ in range(burst)]
+        lib.extend(BatchKVCache.merge(joiners))
+        slot.extend(BatchKVCache.merge(joiners))
+        assert slot._k.shape[0] <= 32 and slot._k.shape[0] <= 2 * slot._rows
+    assert slot._rows == 32 and rows(lib) == rows(slot)
+    assert len(relays) <= 6, relays  # growing to the rows that came: 9
+    k = mx.array([[[[rng.random() for _ in range(D)]] for _ in range(H)] for _ in range(32)])
+    assert mx.allclose(decode(lib, k * 2 - 1, k), decode(slot, k * 2 - 1, k), atol=1e-6).item()
+
+
 def test_rows_that_leave_give_their_memory_back_and_attention_is_unchanged():
     rng = random.Random(1)
     first = [single(rng, 600) for _ in range(8)] + [single(rng, 2000)]

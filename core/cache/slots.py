@@ -20,7 +20,8 @@ the survivors. On SmolLM2 at 32 rows of ~400 tokens that is ~0.11 s each way aga
 - a leaving row is replaced by the last row (the generator is told to order its own lists
   the same way: `swap_order`), and the window's common left padding is dropped by moving
   `t0`, never by copying;
-- buffers grow by half again in rows, and in columns by a quarter of the window (a
+- buffers grow by half again in rows (of those they hold or those needed, whichever is
+  more, up to the batch's row limit), and in columns by a quarter of the window (a
   `GRAIN` at least, the library's `step` of 256 at most: core.cache.layout.growth), copying
   once, so a batch of short rows does not carry 256 spare columns each; they give the room
   back when rows leave: a re-lay when half the rows are empty or the dead columns before the
@@ -70,10 +71,11 @@ def _pads_of(cache) -> list[int]:
 
 
 class SlotKVCache(BatchKVCache):
-    def __init__(self, left_padding: list[int]):
+    def __init__(self, left_padding: list[int], most_rows: int = 0):
         super().__init__(left_padding)
         self._k = self._v = None  # buffers; keys/values are the live views
         self._rows = len(left_padding)
+        self.most_rows = most_rows  # the batch's row limit (0: none known): no room beyond it
         self.t0 = self._end = 0
         self._holes: dict[int, list[int]] = {}  # row -> buffer columns it rejected (see `reject`)
 
@@ -94,9 +96,11 @@ class SlotKVCache(BatchKVCache):
             self._pads, self._lp = list(v), None
 
     @classmethod
-    def adopt(cls, c: BatchKVCache) -> SlotKVCache:
-        """The same rows, K/V and padding as a library cache, in a buffer with spare room."""
+    def adopt(cls, c: BatchKVCache, most_rows: int = 0) -> SlotKVCache:
+        """The same rows, K/V and padding as a library cache, in a buffer with spare room
+        (rows up to `most_rows`, the batch's limit, when it is known)."""
         s = cls.__new__(cls)
+        s.most_rows = most_rows
         s._rows = int(c.offset.shape[0])
         s.offset, s.left_padding, s._idx = c.offset, c.left_padding, c._idx
         s._right_padding = None
@@ -134,9 +138,15 @@ class SlotKVCache(BatchKVCache):
         k, v = src if src is not None else (self.keys, self.values)
         b, h, _, dk = k.shape
         dv = v.shape[3]
-        cap_rows = self._k.shape[0] if src is None else b
-        if rows > cap_rows:  # half again: a batch filling up re-lays its rows a few times only
-            cap_rows = max(rows, cap_rows * 3 // 2, 2)
+        cap_rows = self._k.shape[0] if src is None else 0
+        if rows > cap_rows:
+            # half again of what it holds, or of the rows it needs now, whichever is more: a
+            # batch filling up in bursts of joins re-lays a few times only (each re-lay writes
+            # every row into fresh memory: at 32 users on a fast CPU model, a tenth of the time
+            # when it made room for just the rows that came); never past the batch's limit
+            cap_rows = max(rows * 3 // 2, cap_rows * 3 // 2, 2)
+            if self.most_rows:
+                cap_rows = max(rows, min(cap_rows, self.most_rows))
         elif 2 * rows <= cap_rows:  # half empty after a burst: give the memory back
             cap_rows = max(rows * 3 // 2, 2)
         width = -(-(left + self._idx + extra) // GRAIN) * GRAIN
@@ -247,7 +257,7 @@ class SlotKVCache(BatchKVCache):
         if self._k is None:
             if self._rows:
                 raise ValueError("cannot join rows with K/V to a batch whose rows have none")
-            self.__dict__.update(self.adopt(other).__dict__)
+            self.__dict__.update(self.adopt(other, self.most_rows).__dict__)
             return
         ok, ov = other.keys[..., : other._idx, :], other.values[..., : other._idx, :]
         grow = max(0, other._idx - self._idx)

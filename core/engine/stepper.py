@@ -226,7 +226,10 @@ class BudgetedBatchGenerator(BatchGenerator):
                 batch = prompts.generate(last)
         if self.slots and not self._generation_batch.prompt_cache:
             # the first rows of a decoding batch: from here on, joins write into their slots
-            batch.prompt_cache = [SlotKVCache.adopt(c) if type(c) is BatchKVCache else c for c in batch.prompt_cache]
+            most = self.completion_batch_size
+            batch.prompt_cache = [
+                SlotKVCache.adopt(c, most) if type(c) is BatchKVCache else c for c in batch.prompt_cache
+            ]
         self._generation_batch.extend(batch)
         return [PromptProcessingBatch.Response(uid, (t - folded, t), True, True) for uid, t in zip(batch.uids, totals)]
 
