@@ -20,8 +20,8 @@ the survivors. On SmolLM2 at 32 rows of ~400 tokens that is ~0.11 s each way aga
 - a leaving row is replaced by the last row (the generator is told to order its own lists
   the same way: `swap_order`), and the window's common left padding is dropped by moving
   `t0`, never by copying;
-- buffers grow by half again in rows (of those they hold or those needed, whichever is
-  more, up to the batch's row limit), and in columns by a quarter of the window (a
+- buffers grow by half again in rows (up to the batch's row limit: more would be freed
+  unused), and in columns by a quarter of the window (a
   `GRAIN` at least, the library's `step` of 256 at most: core.cache.layout.growth), copying
   once, so a batch of short rows does not carry 256 spare columns each; they give the room
   back when rows leave: a re-lay when half the rows are empty or the dead columns before the
@@ -138,14 +138,10 @@ class SlotKVCache(BatchKVCache):
         k, v = src if src is not None else (self.keys, self.values)
         b, h, _, dk = k.shape
         dv = v.shape[3]
-        cap_rows = self._k.shape[0] if src is None else 0
-        if rows > cap_rows:
-            # half again of what it holds, or of the rows it needs now, whichever is more: a
-            # batch filling up in bursts of joins re-lays a few times only (each re-lay writes
-            # every row into fresh memory: at 32 users on a fast CPU model, a tenth of the time
-            # when it made room for just the rows that came); never past the batch's limit
-            cap_rows = max(rows * 3 // 2, cap_rows * 3 // 2, 2)
-            if self.most_rows:
+        cap_rows = self._k.shape[0] if src is None else b
+        if rows > cap_rows:  # half again: a batch filling up re-lays its rows a few times only,
+            cap_rows = max(rows, cap_rows * 3 // 2, 2)
+            if self.most_rows:  # and never past the batch's limit
                 cap_rows = max(rows, min(cap_rows, self.most_rows))
         elif 2 * rows <= cap_rows:  # half empty after a burst: give the memory back
             cap_rows = max(rows * 3 // 2, 2)
