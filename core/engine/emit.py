@@ -54,22 +54,28 @@ class Emit:
         self._fair.charge(a.owner, generated_tokens=1)
         is_eos = finish_reason == "stop" and token in self.loaded.tokenizer.eos_token_ids
         here = _stream_here(a)
-        if not is_eos and not here:
-            self._output.add(self._text_out, a, token)
-        elif not is_eos:
-            if a.sampling.logprobs is not None:
-                entry = self._token_logprob(token, r.logprobs, a.sampling.logprobs)
-                a.logprobs.append(entry)
-                a.unsent.append(entry)
-            delta = a.stream.add(token)
-            if delta:
-                self._output.add(a.handle._push, self._delta(a, delta))
+        if not is_eos:  # an end of sequence has no text
+            if here:
+                self._text_here(a, token, r.logprobs)
+            else:
+                self._output.add(self._text_out, a, token)
         stopped = here and a.stream.stopped
         if finish_reason is not None:  # the generator has already dropped it
             reason = "stop" if stopped or finish_reason == "stop" else "length"
             self._finish(a, reason, final=(r.prompt_cache, r.all_tokens))
         elif stopped:
             self._finish(a, "stop")
+
+    def _text_here(self, a: Active, token: int, logprobs) -> None:
+        """A token of a request whose stream is the engine's (`_stream_here`): its
+        log-probabilities and text made now, its delta sent through the output thread."""
+        if a.sampling.logprobs is not None:
+            entry = self._token_logprob(token, logprobs, a.sampling.logprobs)
+            a.logprobs.append(entry)
+            a.unsent.append(entry)
+        delta = a.stream.add(token)
+        if delta:
+            self._output.add(a.handle._push, self._delta(a, delta))
 
     # ---- the output thread (core.engine.output) -----------------------------------------
 
