@@ -9,8 +9,8 @@ mid-stream, or while the write is under way, can neither skip the write nor repe
 
 Threads: `_ended` runs in the engine's output thread (core.engine.output; or in the
 submitter's, if the request ended before the hook was set); it only counts metrics and hands
-the write on, so the engine never waits for SQLite. The write runs on the executor it is given, or right there when it never
-blocks (the store's queued writer). `release` and `wait` are the reader's, usually the event
+the write on, so the engine never waits for SQLite. The write runs on the executor it is
+given, or right there when it never blocks (the store's queued writer). `release` and `wait` are the reader's, usually the event
 loop's; `settle` is for whoever stops the server (webui/cli.py), before the store closes. No
 MLX here.
 """

@@ -6,12 +6,12 @@ need only the prefix changed; docs/grafana-radixchat.json is one for these. Tota
 counters, times are histograms from 1 ms, and every series carries `model_name`.
 
 Request outcomes, token counts and latency histograms are observed once per request, in
-the engine's output thread as it ends, by the request's RequestEnd (webui/request_end.py), for the
-API and the page alike; refusals (4xx, 429, 503) are counted by reason by whoever refused:
-the API's error handlers (webui/api/errors.py) and the page. Running and waiting requests,
-MLX's memory (as the engine thread read it after its last step) and the prefix cache's
-figures are read from the engine at scrape time, in the thread serving /metrics. No MLX
-here: only the seam's stats() and info.
+the engine's output thread as it ends, by the request's RequestEnd (webui/request_end.py),
+for the API and the page alike; refusals (4xx, 429, 503) are counted by reason by whoever
+refused: the API's error handlers (webui/api/errors.py) and the page. Running and waiting
+requests, MLX's memory (as the engine thread read it after its last step) and the prefix
+cache's figures are read from the engine at scrape time, in the thread serving /metrics. No
+MLX here: only the seam's stats() and info.
 """
 
 from __future__ import annotations
@@ -214,7 +214,8 @@ class Metrics:
             self.success.labels(self.model, reason)
 
     def observe(self, final: Finished | Failed, model: str | None = None) -> None:
-        """One request's end. Counters and histograms only: cheap enough for the engine's output thread."""
+        """One request's end. Counters and histograms only: cheap enough for the engine's
+        output thread."""
         u, model = final.usage, model or self.model
         if isinstance(final, Failed):
             self.failure.labels(model).inc()

@@ -58,5 +58,6 @@ class ChatPage(Chats, Replies, ModelPick):
         self.running: dict[int, LiveReply] = {}  # conversation id -> its reply being written
         self._claiming = threading.Lock()  # a new chat's conversation is picked and taken at once
         # the page's writes: a write handed here finishes even if the page (or its event
-        # loop) is gone by then, and a RequestEnd can hand one over from the engine's output thread
+        # loop) is gone by then, and a RequestEnd can hand one over from the engine's output
+        # thread
         self._writes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixchat-page-write")
