@@ -260,3 +260,48 @@ def test_prompts_that_start_decoding_together_move_without_a_copy_of_their_kv(mo
     decode_until_running(gen, {uid})
     assert copies == []
     gen.close()
+
+
+def test_a_chunk_pads_at_most_a_quarter_of_its_forward():
+    from radixchat.core.engine.stepper import MOST_PADDING, even_chunk
+
+    assert even_chunk([64, 64, 64]) == 64
+    assert even_chunk([1, 64, 64, 64]) == 64  # one nearly done row pads under a quarter
+    assert even_chunk([64, 9, 11, 64]) == 11  # two would pad 42%: everyone takes 11 now
+    for takes in ([5], [3, 200], [64, 9, 11, 64], [2, 2, 3, 50, 51], [17, 1, 1, 1]):
+        chunk = even_chunk(takes)
+        assert chunk in takes
+        assert len(takes) * chunk - sum(min(t, chunk) for t in takes) <= MOST_PADDING * len(takes) * chunk
+
+
+def test_prompts_of_uneven_length_prefill_without_padding_most_of_a_forward(model, monkeypatch):
+    """Two long prompts and two short ones prefill together: the short ones end first without
+    the long ones' chunk padding them (a batched forward pads every row to its longest), and
+    every prompt's first token is still the one mlx-lm's own generator gives."""
+    from mlx_lm.generate import PromptProcessingBatch
+
+    forwards = []
+    prompt = PromptProcessingBatch.prompt
+    monkeypatch.setattr(
+        PromptProcessingBatch,
+        "prompt",
+        lambda self, tokens: forwards.append([len(t) for t in tokens]) or prompt(self, tokens),
+    )
+    prompts = [list(range(3, 203)), [7, 8, 9, 10, 11, 12, 13, 14, 15, 16], list(range(5, 17)), list(range(9, 209))]
+    firsts = {}
+    for budget in (None, 256):
+        gen = make(model, budget)
+        uids = gen.insert(prompts, max_tokens=[1] * 4, stop_sequences=[StopSequences()] * 4)
+        got = {}
+        for _ in range(20):
+            for r in gen.next()[1]:
+                got.setdefault(r.uid, r.token)
+        firsts[budget] = [got[u] for u in uids]
+        gen.close()
+        if budget is None:
+            forwards.clear()
+    assert firsts[256] == firsts[None]
+    assert any(len(f) == 4 for f in forwards)  # they did prefill together
+    for lengths in forwards:
+        padding = len(lengths) * max(lengths) - sum(lengths)
+        assert padding <= len(lengths) * max(lengths) / 4, forwards
