@@ -57,6 +57,8 @@ def test_within_an_owner_the_longest_cached_prefix_goes_first_but_never_across_o
     q.charge("a", generated_tokens=5)
     # fairness still chooses the owner: b's uncached request before a's cached one
     assert [r.name for r in q.pick(2, lambda r, p: False, prefer)] == ["b0", "a3"]
+    # an owner with one request waiting has nothing to choose: its prefix is not looked up
+    assert "b0" not in asked and "a3" in asked
     # without a preference, first come first served within the owner
     assert [r.name for r in q.pick(1, lambda r, p: False)] == ["a0"]
 

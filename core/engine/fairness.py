@@ -82,9 +82,11 @@ class FairQueue:
             best = min(left, key=lambda a: self.served.get(a.owner, 0.0) + pending[a.owner])
             if prefer is not None:
                 # fairness chose the owner; the cache chooses which of its requests: one whose
-                # prefix is cached costs less prefill, so it starts decoding sooner
+                # prefix is cached costs less prefill, so it starts decoding sooner (an owner
+                # with one request waiting has nothing to choose: no tree walk)
                 mine = [a for a in left if a.owner == best.owner][:PREFER_AMONG]
-                best = max(mine, key=lambda a: score.setdefault(id(a), prefer(a)))
+                if len(mine) > 1:
+                    best = max(mine, key=lambda a: score.setdefault(id(a), prefer(a)))
             left.remove(best)
             if blocked(best, picked):  # asked once: it waits for this round
                 continue
