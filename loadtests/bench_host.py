@@ -19,8 +19,9 @@ so the parts add up to the thread's wall time:
   graph of hundreds of ops runs most of them right there (a graph of 100 sorts: 0.4 s in
   `async_eval`, then 0.06 s in `eval`); a Mac's GPU takes the graph and returns;
 - forward graph: the model's Python `__call__` (building the lazy graph of a forward);
-- step graph: the rest of mlx-lm's `GenerationBatch._step` (logits, sampling, launching);
-- step rows: the rest of `GenerationBatch.next` (per-row counts, stop matchers, responses);
+- step graph: the rest of the decoding batch's `_step` (logits, sampling, launching:
+  core.engine.decode_batch, or mlx-lm's `GenerationBatch._step`);
+- step rows: the rest of its `next` (per-row counts, stop matchers, responses);
 - prefill: the stepper's prefill chunks and joins, less their forward and waits;
 - tokens out: `Emit._on_token` less what is below (counting, fair share, timing);
 - text: `TextStream.add` (detokenizing, stop strings) of the requests whose text the engine
@@ -115,6 +116,7 @@ def instrument(clock: ExclusiveClock, engine) -> None:
     from mlx_lm.generate import GenerationBatch
 
     from radixchat.core.engine import engine as engine_module
+    from radixchat.core.engine.decode_batch import DecodingBatch
     from radixchat.core.engine.handle import Outbox
     from radixchat.core.engine.stepper import BudgetedBatchGenerator
     from radixchat.core.engine.textstream import TextStream
@@ -124,6 +126,8 @@ def instrument(clock: ExclusiveClock, engine) -> None:
     clock.wrap(type(engine.loaded.model), "__call__", "forward graph")
     clock.wrap(GenerationBatch, "_step", "step graph")
     clock.wrap(GenerationBatch, "next", "step rows")
+    clock.wrap(DecodingBatch, "_step", "step graph")  # the engine's decoding batch: its own step
+    clock.wrap(DecodingBatch, "next", "step rows")
     clock.wrap(BudgetedBatchGenerator, "_prefill_chunk", "prefill")
     clock.wrap(BudgetedBatchGenerator, "_start_decoding", "prefill")
     clock.wrap(engine_module.Engine, "_on_token", "tokens out")

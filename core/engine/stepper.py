@@ -55,6 +55,7 @@ from mlx_lm.models.cache import BatchKVCache
 from radixchat.core.cache.slots import SlotKVCache, swap_order
 from radixchat.core.engine.admission import over_cap
 from radixchat.core.engine.batch_sampler import BatchSampler
+from radixchat.core.engine.decode_batch import DecodingBatch
 from radixchat.core.engine.speculate import Speculator, usable, verify_step
 
 _LAYOUT = (
@@ -129,6 +130,8 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._quiet = 0  # steps left that run no prefill but a newcomer's (`_prefill_alone`)
         self._shared_steps = 0  # steps that ran the shared prefill since the last quiet ones
         self.batch_sampler = None  # every row's sampler, once make_generator has set it
+        # the decoding batch keeps a step's logits whole (core.engine.decode_batch)
+        self._generation_batch = DecodingBatch.empty(self.model, self._generation_batch.fallback_sampler)
         if slots:
             # rows leave in the order that moves fewest slot rows; the batch's lists follow it
             gen = self._generation_batch

@@ -59,6 +59,11 @@ class _StepMx:
             mx.clear_cache()
 
 
+def skipped_here() -> bool:
+    """Does mlx_lm.generate's step leave the logits unnormalized in this thread?"""
+    return getattr(_here, "on", False) and isinstance(step_module().mx, _StepMx)
+
+
 def install() -> None:
     """Idempotent."""
     generate = step_module()

@@ -1,0 +1,120 @@
+"""The decoding batch: mlx-lm's `GenerationBatch` with its step's logits kept whole.
+
+mlx-lm's `GenerationBatch._step` splits every step's logits into one array per row
+(`list(logprobs)`) and hands each of them to `async_eval` and then `eval`; its `next` gives
+every row's response its row. At 32 rows that is ~50 us of the engine thread a step on this
+CPU (`list` alone ~45 us), against ~2 ms of the engine's own work in a 20 ms step of the
+bundled model. Almost nothing reads a row's logits: only a request that asked for
+log-probabilities (core.engine.emit), a verified draft (core.engine.speculate) and a finished
+row. So `DecodingBatch` keeps a step's logits as one array (`Rows`), sliced when a row is
+read, and a running row's response (`Running`) reads its row only if asked.
+
+Everything else is the library's, in its order: the forward, the one batched sampler call,
+launching the next step before waiting on this one, the per-row counts and stop matchers,
+leaving rows filtered out. A batch with a row that has logits processors, or rows whose
+samplers differ, takes the library's step unchanged (the engine gives its rows neither: one
+`BatchSampler` samples every row). Logits are normalized as the library's step normalizes
+them (core.engine.unnormalized: not in the engine thread). Runs in the engine thread only.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+
+from radixchat.core.engine.unnormalized import normalized, skipped_here
+
+
+class Rows:
+    """One step's logits (rows, V), a row sliced when read; a list once rows join
+    (`extend`, what mlx-lm's `GenerationBatch.extend` calls)."""
+
+    __slots__ = ("_all", "_list")
+
+    def __init__(self, logits: mx.array):
+        self._all, self._list = logits, None
+
+    def __len__(self) -> int:
+        return len(self._list) if self._list is not None else self._all.shape[0]
+
+    def __getitem__(self, i: int) -> mx.array:
+        return self._list[i] if self._list is not None else self._all[i]
+
+    def __iter__(self):
+        return iter(self._list) if self._list is not None else (self._all[i] for i in range(len(self)))
+
+    def extend(self, more) -> None:
+        if self._list is None:
+            self._list = list(self)
+        self._list.extend(more)
+
+    def arrays(self) -> list[mx.array]:
+        return [self._all] if self._list is None else self._list
+
+
+def _arrays(logprobs) -> list[mx.array]:
+    return logprobs.arrays() if isinstance(logprobs, Rows) else logprobs
+
+
+class Running:
+    """A response of a row that goes on decoding: `GenerationBatch.Response`'s fields, its
+    logits read from the step's `Rows` only when asked."""
+
+    __slots__ = ("_i", "_rows", "token", "uid")
+    finish_reason = prompt_cache = all_tokens = None
+
+    def __init__(self, uid: int, token: int, rows, i: int):
+        self.uid, self.token, self._rows, self._i = uid, token, rows, i
+
+    @property
+    def logprobs(self) -> mx.array:
+        return self._rows[self._i]
+
+
+class DecodingBatch(GenerationBatch):
+    def _step(self):
+        sampler = self.samplers[0] if self.samplers else None
+        if any(self.logits_processors) or any(s is not sampler for s in self.samplers):
+            self._next_logprobs = list(self._next_logprobs)  # the library's step wants a list
+            return super()._step()
+        self._current_tokens = inputs = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        if not skipped_here():
+            logits = normalized(logits)
+        self._next_tokens = (sampler or self.fallback_sampler)(logits)  # one call, as the library's
+        self._next_logprobs = Rows(logits)
+        mx.async_eval(self._next_tokens, logits)
+        mx.eval(inputs, _arrays(self._current_logprobs))
+        tokens = inputs.tolist()
+        for sti, ti in zip(self.tokens, tokens):
+            sti.append(ti)
+        return tokens, self._current_logprobs
+
+    def next(self) -> list:
+        if not self.uids:
+            return []
+        tokens, logprobs = self._step()
+        keep, responses = [], []
+        for i, uid in enumerate(self.uids):
+            n = self._num_tokens[i] = self._num_tokens[i] + 1
+            finish = "length" if n >= self.max_tokens[i] else None
+            if self._matchers[i].advance(tokens[i]):
+                finish = "stop"
+            if finish is None:
+                keep.append(i)
+                responses.append(Running(uid, tokens[i], logprobs, i))
+            else:
+                responses.append(
+                    self.Response(
+                        uid=uid,
+                        token=tokens[i],
+                        logprobs=logprobs[i],
+                        finish_reason=finish,
+                        prompt_cache=self.extract_cache(i),
+                        all_tokens=self.tokens[i],
+                    )
+                )
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
