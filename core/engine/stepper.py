@@ -13,9 +13,7 @@ SGLang schedule it):
 1. prompts are prefilled first, in chunks that share `step_tokens` with the decode rows
    (each decoding stream counts one token; prefill always gets at least a quarter of the
    budget, so a full batch cannot starve newcomers); how many prompts prefill together
-   follows that room too (`_joining`: many short ones, a few long ones), and a chunk pads
-   at most a quarter of its forward (`even_chunk`: on the 15M-parameter qwen3 at 32 users,
-   23% of the prefill's tokens were padding, and prefill took 20% longer with it);
+   follows that room too (`_joining`: many short ones, a few long ones);
 2. a prompt whose prefill ends in this step joins the decoding batch in this step, its
    last prompt token still to run;
 3. the whole batch decodes one token: for a newcomer that forward is its last prompt
@@ -88,7 +86,6 @@ _ROWS = (
 TIME_PLAIN_EVERY = 8  # with speculation on, one plain step in so many is timed (core.engine.speculate)
 MIN_CHUNK = 64  # the least prompt tokens a step gives each long prompt being prefilled
 QUIET_AFTER = 1  # steps after a newcomer's own prefill that run no other prefill (its first token's)
-MOST_PADDING = 0.25  # of a prefill forward's tokens (`even_chunk`)
 NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
 
 
@@ -321,15 +318,14 @@ class BudgetedBatchGenerator(BatchGenerator):
         return k
 
     def _prefill_chunk(self, room: int) -> list:
-        """Prefill every waiting prompt by an equal chunk that fits `room` tokens (less when
-        some have less left: `even_chunk`); a chunk never crosses a segment's end."""
+        """Prefill every waiting prompt by an equal chunk that fits `room` tokens; a chunk
+        never crosses a segment's end."""
         rows = self._currently_processing
         per_row = max(1, min(self.prefill_step_size, room // len(rows)))
-        chunk = even_chunk([min(len(seq[0][0]), per_row) for seq in rows])
         prompts, responses = [], []
         for uid, seq in zip(self._prompt_batch.uids, rows):
             segments = seq[0]
-            take = segments[0][:chunk]
+            take = segments[0][:per_row]
             segments[0] = segments[0][len(take) :]
             end_of_segment = not segments[0]
             if end_of_segment:
@@ -369,19 +365,6 @@ class BudgetedBatchGenerator(BatchGenerator):
         kept = [r for r in responses if r.uid not in self._warming]
         self._warming.clear()
         return kept
-
-
-def even_chunk(takes: list[int]) -> int:
-    """The tokens every row prefills in one forward, given what each could take (`takes`):
-    the most for which the rows that have fewer left pad at most MOST_PADDING of the forward.
-    A batched forward pads every row to its longest, and mlx-lm then rolls the whole prompt
-    batch's K/V to move the padding left: when one row is nearly done, the others take its
-    length now and a full chunk in the next step."""
-    n = len(takes)
-    for chunk in sorted(set(takes), reverse=True):
-        if n * chunk - sum(min(t, chunk) for t in takes) <= MOST_PADDING * n * chunk:
-            return chunk
-    return min(takes)
 
 
 def make_generator(model, settings, stream, on_prompt, speculate: int):
