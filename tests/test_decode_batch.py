@@ -51,8 +51,8 @@ def test_a_step_keeps_its_logits_whole_and_a_running_row_reads_its_own(model):
     step = batch._current_logprobs
     assert isinstance(step, Rows) and step._list is None  # no row was sliced
     assert all(isinstance(r, Running) for r in responses)
-    assert step._list is None
     for i, r in enumerate(responses):  # each reads its own row of the step's logits
         assert mx.array_equal(r.logprobs, step._all[i]).item()
         assert int(mx.argmax(r.logprobs).item()) == r.token  # greedy: the row's choice
+    assert step._list is None  # reading a row slices it alone: the step's logits stay whole
     gen.close()
