@@ -23,13 +23,14 @@ so the parts add up to the thread's wall time:
   core.engine.decode_batch, or mlx-lm's `GenerationBatch._step`);
 - step rows: the rest of its `next` (per-row counts, stop matchers, responses);
 - prefill: the stepper's prefill chunks and joins, less their forward and waits;
-- tokens out: `Emit._on_token` less what is below (counting, fair share, timing);
+- tokens out: `Emit._on_tokens` less what is below (counting, fair share, timing);
 - text: `TextStream.add` (detokenizing, stop strings) of the requests whose text the engine
   must see (stop strings, log-probabilities); the others' runs in the output thread;
 - finish: `Engine._finish` (leaving the batch, caching the K/V, the final event);
 - schedule: `Engine._schedule` (admission, prefix-cache lookups);
-- events: the outbox's flush (handing a step's events to the callers' loops), now in the
-  output thread (core.engine.output) unless the engine has stopped;
+- events: handing a step's text and events to the output thread (core.engine.output's
+  `send`), and the outbox's flush (waking the callers' loops) where the engine thread runs
+  it (once it has stopped; the output thread's own is beside);
 - commands: taking callers' commands, including the wait for one when nothing runs;
 - engine rest: everything else in the loop.
 
@@ -118,6 +119,7 @@ def instrument(clock: ExclusiveClock, engine) -> None:
     from radixchat.core.engine import engine as engine_module
     from radixchat.core.engine.decode_batch import DecodingBatch
     from radixchat.core.engine.handle import Outbox
+    from radixchat.core.engine.output import OutputThread
     from radixchat.core.engine.stepper import BudgetedBatchGenerator
     from radixchat.core.engine.textstream import TextStream
 
@@ -130,11 +132,12 @@ def instrument(clock: ExclusiveClock, engine) -> None:
     clock.wrap(DecodingBatch, "next", "step rows")
     clock.wrap(BudgetedBatchGenerator, "_prefill_chunk", "prefill")
     clock.wrap(BudgetedBatchGenerator, "_start_decoding", "prefill")
-    clock.wrap(engine_module.Engine, "_on_token", "tokens out")
+    clock.wrap(engine_module.Engine, "_on_tokens", "tokens out")
     clock.wrap(TextStream, "add", "text")
     clock.wrap(engine_module.Engine, "_finish", "finish")
     clock.wrap(engine_module.Engine, "_schedule", "schedule")
     clock.wrap(Outbox, "flush", "events")
+    clock.wrap(OutputThread, "send", "events")
     clock.wrap(engine_module.Engine, "_drain_commands", "commands (incl. idle)")
     time_output_thread(clock)
 

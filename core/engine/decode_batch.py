@@ -26,30 +26,44 @@ from radixchat.core.engine.unnormalized import normalized, skipped_here
 
 
 class Rows:
-    """One step's logits (rows, V), a row sliced when read; a list once rows join
-    (`extend`, what mlx-lm's `GenerationBatch.extend` calls)."""
+    """One step's logits (rows, V), a row sliced when read. Rows that leave (`take`, what the
+    batch's `filter` keeps) and rows that join (`extend`, what mlx-lm's
+    `GenerationBatch.extend` calls) change which rows it holds, never slicing one: a row
+    finishes or joins at most steps of a busy batch."""
 
-    __slots__ = ("_all", "_list")
+    __slots__ = ("_all", "_index", "_more", "_n")
 
     def __init__(self, logits: mx.array):
-        self._all, self._list = logits, None
+        self._all, self._n = logits, logits.shape[0]
+        self._index: list[int] | None = None  # held rows, as positions in `_all` then `_more`
+        self._more: list[mx.array] = []  # the rows of those that joined
 
     def __len__(self) -> int:
-        return len(self._list) if self._list is not None else self._all.shape[0]
+        return len(self._index) if self._index is not None else self._n + len(self._more)
 
     def __getitem__(self, i: int) -> mx.array:
-        return self._list[i] if self._list is not None else self._all[i]
+        j = i if self._index is None else self._index[i]
+        return self._all[j] if j < self._n else self._more[j - self._n]
 
     def __iter__(self):
-        return iter(self._list) if self._list is not None else (self._all[i] for i in range(len(self)))
+        return (self[i] for i in range(len(self)))
 
     def extend(self, more) -> None:
-        if self._list is None:
-            self._list = list(self)
-        self._list.extend(more)
+        more = list(more)
+        if self._index is not None:
+            start = self._n + len(self._more)
+            self._index.extend(range(start, start + len(more)))
+        self._more.extend(more)
+
+    def take(self, keep: list[int]) -> Rows:
+        """These rows, in this order."""
+        rows = Rows(self._all)
+        rows._more = list(self._more)
+        rows._index = list(keep) if self._index is None else [self._index[k] for k in keep]
+        return rows
 
     def arrays(self) -> list[mx.array]:
-        return [self._all] if self._list is None else self._list
+        return [self._all, *self._more]
 
 
 def _arrays(logprobs) -> list[mx.array]:
@@ -118,3 +132,11 @@ class DecodingBatch(GenerationBatch):
         if len(keep) < len(self.uids):
             self.filter(keep)
         return responses
+
+    def filter(self, keep: list[int]) -> None:
+        rows = self._next_logprobs
+        if isinstance(rows, Rows):  # the library's filter picks from a list: indices, not slices
+            self._next_logprobs = range(len(rows))
+        super().filter(keep)
+        if isinstance(rows, Rows):
+            self._next_logprobs = rows.take(self._next_logprobs)

@@ -1,7 +1,7 @@
 """A request's generated tokens on their way out: text deltas, log-probabilities, the end.
 
-`Emit` is a part of `Engine` (a mixin). `_on_token` runs in the engine thread for each token
-of a decode step: it counts the token, charges the owner's share and ends the request on a
+`Emit` is a part of `Engine` (a mixin). `_on_tokens` runs in the engine thread once a decode
+step, `_on_token` for each of its tokens: it counts the token, charges the owner's share and ends the request on a
 finish reason; the text and the events are made in the output thread (core.engine.output),
 beside the next step: `_text_out` detokenizes (the request's TextStream) and sends the
 delta, `_end_out` sends the last text and `Finished`. A request with stop strings or
@@ -13,7 +13,7 @@ message, logged; anything else is raised for the step to fail the request with i
 sentence.
 
 Uses of the engine's fields: `loaded` (the tokenizer), `_fair` (charging the owner's
-share), `_token_texts`, `_output`, `_finish`, `_fail`.
+share), `_by_uid`, `_token_texts`, `_output`, `_finish`, `_fail`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,18 @@ def _stream_here(a: Active) -> bool:
 
 
 class Emit:
+    def _on_tokens(self, responses, now: float) -> None:
+        """A decode step's tokens; a request whose token fails here fails alone."""
+        for r in responses:
+            a = self._by_uid.get(r.uid)
+            if a is None or a.done:
+                continue
+            try:
+                self._on_token(a, r, now)
+            except Exception:
+                log.exception("request %s failed", a.handle.id)
+                self._fail(a, INTERNAL_ERROR)
+
     def _on_token(self, a: Active, r, now: float) -> None:
         token, finish_reason = r.token, r.finish_reason
         if isinstance(a.error, ConstraintFailed):  # the client's grammar, not a fault here

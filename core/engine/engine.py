@@ -404,15 +404,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._note_step(now - self._step_started, self._by_uid.values())
         self.memory.sample()
         self._on_prompt(prompt_resps)  # the budgeted generator calls it inside its step
-        for r in gen_resps:
-            a = self._by_uid.get(r.uid)
-            if a is None or a.done:
-                continue
-            try:
-                self._on_token(a, r, now)
-            except Exception:
-                log.exception("request %s failed", a.handle.id)
-                self._fail(a, INTERNAL_ERROR)
+        self._on_tokens(gen_resps, now)
 
     def _on_prompt(self, responses) -> None:
         """Prefill progress: the generator has just computed these prompts' chunks, and
