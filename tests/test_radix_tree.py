@@ -209,9 +209,26 @@ def test_evictable_set_follows_split_lock_and_eviction():
 def test_common_prefix_compares_in_chunks_as_item_by_item(key, tokens, start, as_tuple):
     """The chunked comparison (a node's key is a tuple, a prompt a list) finds the same
     length as comparing item by item, at chunk boundaries and past the end of either."""
-    from radixchat.core.cache.radix import CHUNK, common_prefix
+    from radixchat.core.cache.prefix_match import CHUNK, common_prefix
 
     start = min(start, len(tokens))
     tokens = tokens[:start] + key[: CHUNK * 2 + 3] + tokens[start:]  # long shared runs too
     k = tuple(key) if as_tuple else key
     assert common_prefix(k, tokens, start) == lcp(key, tokens[start:])
+
+
+def test_an_edge_that_matches_whole_is_compared_in_one_slice():
+    """The scheduler walks the tree for waiting prompts of hundreds of tokens: an edge they
+    match whole is one comparison, not one per chunk."""
+    from radixchat.core.cache.prefix_match import CHUNK, common_prefix
+
+    class Key(tuple):
+        slices = 0
+
+        def __getitem__(self, i):
+            Key.slices += isinstance(i, slice)
+            return super().__getitem__(i)
+
+    key = Key(range(CHUNK * 8))
+    assert common_prefix(key, list(range(CHUNK * 8 + 5))) == CHUNK * 8
+    assert Key.slices == 1

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixchat.core.cache.prefix_match import common_prefix
+
 _clock = itertools.count()
 
 
@@ -487,26 +489,3 @@ class RadixCache:
         self.bytes += sign * node.nbytes
         self.tokens += sign * len(node.key)
         self.nodes += sign
-
-
-CHUNK = 64  # items compared at once by `common_prefix`
-
-
-def common_prefix(key, tokens, start: int = 0) -> int:
-    """How many leading items of `key` equal tokens[start:].
-
-    Whole chunks compare as slices, in C; only the chunk where they differ is walked item by
-    item. Item by item in Python all along, a system prompt of a few hundred tokens took tens
-    of microseconds a walk, and the scheduler walks the tree for every waiting request."""
-    limit = min(len(key), len(tokens) - start)
-    cast = None if type(key) is type(tokens) else type(key)  # a node's key is a tuple, a prompt a list
-    n = 0
-    while n < limit:
-        m = min(n + CHUNK, limit)
-        part = tokens[start + n : start + m]
-        if (cast(part) if cast is not None else part) != key[n:m]:
-            break
-        n = m
-    while n < limit and key[n] == tokens[start + n]:
-        n += 1
-    return n

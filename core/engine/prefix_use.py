@@ -24,7 +24,7 @@ import threading
 import time
 
 from radixchat.core.cache.forget import forget, forget_below
-from radixchat.core.cache.radix import common_prefix
+from radixchat.core.cache.prefix_match import common_prefix
 from radixchat.core.cache.warm import WARM_OWNER
 from radixchat.core.engine import recorder
 from radixchat.core.engine.active import Active, Forget, Wake
