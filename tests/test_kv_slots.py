@@ -210,3 +210,25 @@ def test_the_generator_gives_the_same_tokens_with_slots_on_and_off(model):
     on, off = run(model, True, plan), run(model, False, plan)
     assert len(on) == len(plan) and on == off
     assert all(len(on[i]) == plan[i][2] for i in range(len(plan)))
+
+
+def test_storing_a_rows_new_tail_copies_the_tail_not_the_row():
+    """A finished row's K/V goes to the prefix cache, which keeps a copy of what it lacks,
+    mostly the reply's tail. `extract` gave a copy of the whole row first (~4x the time)."""
+    from radixchat.core.cache.kv import KVSegment
+
+    rng = random.Random(3)
+    slot = SlotKVCache.merge([single(rng, 40) for _ in range(2)])
+    big = BatchKVCache([0])
+    big.update_and_fetch(mx.random.normal((1, H, 4000, D)), mx.random.normal((1, H, 4000, D)))
+    slot.extend(big)
+    mx.eval(slot._k, slot._v)
+    row = slot.extract(2)
+    assert row.offset == 4000
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    tail = KVSegment.from_caches([row], [True], 3936, 4000)
+    mx.eval([kv for kv in tail.layers])
+    whole = row.keys.nbytes + row.values.nbytes
+    assert mx.get_peak_memory() - before < whole / 4, "the whole row was copied to store its tail"
+    assert mx.array_equal(tail.layers[0][0], slot.keys[2:3, :, -64:, :]).item()

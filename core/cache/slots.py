@@ -277,7 +277,11 @@ class SlotKVCache(BatchKVCache):
         self._views()
 
     def extract(self, idx):
-        """Row `idx`'s tokens as a plain cache: its live columns, without padding or holes."""
+        """Row `idx`'s tokens as a plain cache: its live columns, without padding or holes.
+        Views, not copies: its one consumer, the prefix cache, copies the part it keeps
+        (core.cache.kv's segments), mostly a reply's new tail; a copy of the whole row took
+        four times as long as storing that tail. The engine drops them within its step, before
+        the next write into the buffers would have to copy them whole to keep the views valid."""
         cache = KVCache()
         padding = self._pads[idx]
         keys, values = self.keys[idx : idx + 1, :, padding:, :], self.values[idx : idx + 1, :, padding:, :]
@@ -287,7 +291,7 @@ class SlotKVCache(BatchKVCache):
                 mx.take(self.keys[idx : idx + 1], cols, axis=2),
                 mx.take(self.values[idx : idx + 1], cols, axis=2),
             )
-        cache.keys, cache.values = mx.contiguous(keys), mx.contiguous(values)
+        cache.keys, cache.values = keys, values
         cache.offset = cache.keys.shape[2]
         return cache
 
