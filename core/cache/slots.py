@@ -278,9 +278,9 @@ class SlotKVCache(BatchKVCache):
 
     def extract(self, idx):
         """Row `idx`'s tokens as a plain cache: its live columns, without padding or holes.
-        Views, not copies: its one consumer, the prefix cache, copies the part it keeps
-        (core.cache.kv's segments), mostly a reply's new tail; a copy of the whole row took
-        four times as long as storing that tail. The engine drops them within its step, before
+        Views, not copies: its one consumer, the prefix cache, copies the part it lacks
+        (core.cache.kv's segments): a prompt's uncached tail at its end, a reply at its
+        finish; a copy of the whole row first took four times as long. The engine drops them within its step, before
         the next write into the buffers would have to copy them whole to keep the views valid."""
         cache = KVCache()
         padding = self._pads[idx]
