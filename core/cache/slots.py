@@ -278,10 +278,12 @@ class SlotKVCache(BatchKVCache):
 
     def extract(self, idx):
         """Row `idx`'s tokens as a plain cache: its live columns, without padding or holes.
+
         Views, not copies: its one consumer, the prefix cache, copies the part it lacks
         (core.cache.kv's segments): a prompt's uncached tail at its end, a reply at its
-        finish; a copy of the whole row first took four times as long. The engine drops them within its step, before
-        the next write into the buffers would have to copy them whole to keep the views valid."""
+        finish. A copy of the whole row first took four times as long. The engine drops the
+        views within its step, before the next write into the buffers (which would copy
+        them whole to keep the views valid)."""
         cache = KVCache()
         padding = self._pads[idx]
         keys, values = self.keys[idx : idx + 1, :, padding:, :], self.values[idx : idx + 1, :, padding:, :]

@@ -29,7 +29,7 @@ class Rows:
     """One step's logits (rows, V), a row sliced when read. Rows that leave (`take`, what the
     batch's `filter` keeps) and rows that join (`extend`, what mlx-lm's
     `GenerationBatch.extend` calls) change which rows it holds, never slicing one: a row
-    finishes or joins at most steps of a busy batch."""
+    finishes or joins in most steps of a busy batch."""
 
     __slots__ = ("_all", "_index", "_more", "_n")
 
