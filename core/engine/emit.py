@@ -1,16 +1,16 @@
 """A request's generated tokens on their way out: text deltas, log-probabilities, the end.
 
 `Emit` is a part of `Engine` (a mixin). `_on_tokens` runs in the engine thread once a decode
-step, `_on_token` for each of its tokens: it counts the token, charges the owner's share
-and ends the request on a finish reason; the text and the events are made in the output
-thread (core.engine.output), beside the next step: `_text_out` detokenizes (the request's
-TextStream) and sends the delta, `_end_out` sends the last text and `Finished`. A request with stop strings or
-log-probabilities keeps its stream on the engine thread (`_stream_here`): a stop string
-ends the request at the step that wrote it, and a token's log-probabilities need MLX; only
-its events go through the output thread. A request whose sampler failed ends there: a
-grammar that could not go on (core.engine.constrain.ConstraintFailed) fails with its own
-message, logged; anything else is raised for the step to fail the request with its fixed
-sentence.
+step, `_on_token` for each of its tokens: it counts the token, charges the owner's share and
+ends the request on a finish reason; the text and the events are made in the output thread
+(core.engine.output), beside the next step: `_text_out` detokenizes (the request's
+TextStream) and sends the delta, `_end_out` sends the last text and `Finished`. A request
+with stop strings or log-probabilities keeps its stream on the engine thread
+(`_stream_here`): a stop string ends the request at the step that wrote it, and a token's
+log-probabilities need MLX; only its events go through the output thread. A request whose
+sampler failed ends there: a grammar that could not go on
+(core.engine.constrain.ConstraintFailed) fails with its own message, logged; anything else
+is raised for the step to fail the request with its fixed sentence.
 
 Uses of the engine's fields: `loaded` (the tokenizer), `_fair` (charging the owner's
 share), `_by_uid`, `_token_texts`, `_output`, `_finish`, `_fail`.
