@@ -384,9 +384,19 @@ def ratio_cell(q: dict, c: str) -> str:
     return times(q[c]) + ("" if lo is None or lo != lo else f" ({lo:.2f}-{hi:.2f}x)")
 
 
+def clear_state(db: Path) -> None:
+    """Remove what a server of an earlier run left at `db` (the database and its disk tier):
+    each measurement starts empty. Reusing `--out`, a later run's radixchat read the earlier
+    run's K/V back from its disk tier and prefilled 195 tokens instead of ~15,000."""
+    for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(db.with_suffix(".kv"), ignore_errors=True)
+
+
 def measure(kind: str, config: str, model: str, batch: int, drive, work, args, log: Path) -> dict:
-    """Start one server, send it `work` with drive_closed or drive_open, stop it."""
+    """Start one server, empty, send it `work` with drive_closed or drive_open, stop it."""
     port = free_port()
+    clear_state(log.with_suffix(".db"))
     proc = start_and_wait(
         server_cmd(kind, config, model, port, log.with_suffix(".db"), batch),
         f"http://127.0.0.1:{port}/v1/models",
