@@ -70,7 +70,7 @@ from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.figures import pct
 from radixchat import assets
 from radixchat.core.platform.blas import REEXEC_MARK, find_openblas, openblas_env
-from tests.support.procs import free_port, peak_rss_mb, start_and_wait, stop_process
+from tests.support.procs import clear_state, free_port, peak_rss_mb, start_and_wait, stop_process
 
 PROMPTS = assets.prompts()
 CONFIGS = ("defaults", "tuned")
@@ -382,15 +382,6 @@ def ratio_cell(q: dict, c: str) -> str:
     """A ratio as printed, with its min-max over rounds after it where it has one."""
     lo, hi = q.get(f"{c}_range", (None, None))
     return times(q[c]) + ("" if lo is None or lo != lo else f" ({lo:.2f}-{hi:.2f}x)")
-
-
-def clear_state(db: Path) -> None:
-    """Remove what a server of an earlier run left at `db` (the database and its disk tier):
-    each measurement starts empty. Reusing `--out`, a later run's radixchat read the earlier
-    run's K/V back from its disk tier and prefilled 195 tokens instead of ~15,000."""
-    for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
-        path.unlink(missing_ok=True)
-    shutil.rmtree(db.with_suffix(".kv"), ignore_errors=True)
 
 
 def measure(kind: str, config: str, model: str, batch: int, drive, work, args, log: Path) -> dict:

@@ -1,9 +1,10 @@
 """The benchmark against mlx_lm.server starts every server empty, also when a run reuses the
-folder of an earlier one (loadtests.bench_vs_mlxlm.clear_state)."""
+folder of an earlier one (tests.support.procs.clear_state, which loadtests.bench_vs_mlxlm
+calls before each start)."""
 
 from __future__ import annotations
 
-from loadtests.bench_vs_mlxlm import clear_state
+from tests.support.procs import clear_state
 
 
 def test_an_earlier_runs_database_and_disk_tier_are_gone(tmp_path):

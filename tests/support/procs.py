@@ -1,6 +1,6 @@
 """Server processes for tests, load tests and benchmarks: the `radixchat` command of this
 environment, a free loopback port, starting a command and waiting until it answers, stopping
-it, and its peak memory.
+it, its peak memory, and clearing what an earlier server left at a database path.
 
 What is started here is stopped on every path: each process leads a process group of its own
 (`spawn`), a start that fails, times out or is interrupted ends that whole group and reaps it
@@ -198,6 +198,16 @@ def start_radixchat(model: str, db: Path, port: int, log: Path, *flags: str, tim
         *flags,
     ]
     return start_and_wait(cmd, f"http://127.0.0.1:{port}/health", log, timeout=timeout)
+
+
+def clear_state(db: Path) -> None:
+    """Remove what a radixchat server of an earlier run left at `db` (the database and the
+    disk tier beside it, `--cache-dir db.kv`), so the next one starts empty. A benchmark run
+    again in the same folder read the earlier run's K/V back from its disk tier
+    (loadtests.bench_vs_mlxlm: 195 tokens prefilled instead of ~15,000)."""
+    for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(db.with_suffix(".kv"), ignore_errors=True)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 60, sig: int = signal.SIGTERM) -> None:
