@@ -386,10 +386,10 @@ def ratio_cell(q: dict, c: str) -> str:
 
 def measure(kind: str, config: str, model: str, batch: int, drive, work, args, log: Path) -> dict:
     """Start one server, empty, send it `work` with drive_closed or drive_open, stop it."""
-    port = free_port()
-    clear_state(log.with_suffix(".db"))
+    port, db = free_port(), log.with_suffix(".db")
+    clear_state(db)
     proc = start_and_wait(
-        server_cmd(kind, config, model, port, log.with_suffix(".db"), batch),
+        server_cmd(kind, config, model, port, db, batch),
         f"http://127.0.0.1:{port}/v1/models",
         log,
         env=blas_env(),
