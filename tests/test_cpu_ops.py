@@ -131,3 +131,56 @@ def test_an_engine_answers_the_same_with_cpu_ops_on_and_off(tmp_path, arch):
     off, on = greedy_replies(model_dir, False), greedy_replies(model_dir, True)
     assert on == off
     assert len(set(on)) > 1
+
+
+def test_rope_from_the_steps_table_is_the_librarys_bit_for_bit(tiny_model_dir):
+    """Within `shared_positions`, every layer's RoPE rotates by one table of the step's
+    positions: the same numbers as mx.fast.rope, for one token a row and for several, and
+    only for offsets of the caches it was given."""
+    import mlx.nn as nn
+    from mlx_lm import load
+    from mlx_lm.models.cache import BatchKVCache
+
+    model, _ = load(str(tiny_model_dir))
+    cpu_ops.install(model)
+    ropes = [layer.self_attn.rope for layer in model.model.layers]
+    assert all(type(r) is cpu_ops.SharedRoPE for r in ropes)
+    rope = ropes[0]
+    caches = [BatchKVCache([0, 3, 7]) for _ in ropes]
+    for c in caches:  # equal positions in every layer, each its own array, as a batch's layers
+        c.offset = mx.array([40, 517, 9])
+    stranger = mx.array([40, 517, 9])  # the same values, not a cache's: the library's
+    mx.random.seed(3)
+    used = []
+    real = cpu_ops._Positions.table
+    cpu_ops._Positions.table = lambda self, *a: used.append(1) or real(self, *a)
+    try:
+        cpu_ops.use_here(True)
+        for length in (1, 4):
+            used.clear()
+            x = mx.random.normal((3, 2, length, rope.dims)) * 3
+            want = mx.fast.rope(
+                x, rope.dims, traditional=False, base=rope.base, scale=rope.scale, offset=caches[0].offset
+            )
+            with cpu_ops.shared_positions(caches):
+                for c in caches:
+                    assert mx.array_equal(rope(x, offset=c.offset), want).item()
+                n = len(used)
+                assert mx.array_equal(rope(x, offset=stranger), want).item()
+                assert len(used) == n, "an offset that is not a cache's took the table"
+            assert len(used) == len(caches)
+        used.clear()
+        half = x.astype(mx.float16)
+        kw = {"traditional": False, "base": rope.base, "scale": rope.scale, "offset": caches[0].offset}
+        with cpu_ops.shared_positions(caches):
+            assert mx.array_equal(rope(half, offset=caches[0].offset), mx.fast.rope(half, rope.dims, **kw)).item()
+        assert used == [], "half precision took the float32 table"
+        cpu_ops.use_here(False)
+        with cpu_ops.shared_positions(caches):
+            rope(x, offset=caches[0].offset)
+        assert used == [], "a thread that did not ask took the table"
+    finally:
+        cpu_ops._Positions.table = real
+        cpu_ops.use_here(False)
+    cpu_ops.uninstall(model)
+    assert all(type(r) is nn.RoPE for r in ropes)

@@ -1,4 +1,4 @@
-"""Attention and SwiGLU in forms that MLX's CPU backend runs faster, for the model's own layers.
+"""Attention, SwiGLU and RoPE in forms that MLX's CPU backend runs faster, for the model's own layers.
 
 On a Linux CPU (mlx[cpu] 0.32) two things bound a batched decode step of a small model more
 than its matmuls do (measured on SmolLM2-135M, 32 rows of ~400 tokens, 2 cores):
@@ -12,6 +12,14 @@ than its matmuls do (measured on SmolLM2-135M, 32 rows of ~400 tokens, 2 cores):
   against float64 on normal inputs). So the softmax works in base 2 (the scale carries log2(e),
   as flash attention does) and SiLU's sigmoid is 1 / (1 + 2^(-x log2 e)).
 
+A third costs the engine thread rather than the device: `mx.fast.rope` has no CPU kernel either,
+and its fallback builds ~28 ops (the angles, their cos and sin, the rotation) for every call, two
+a layer, ~11 us of the engine thread each. In a decode step every layer's rows sit at the same
+positions (the library builds one mask for all layers on the same premise), so within
+`shared_positions` the step's cos and sin are computed once, by the library's own rope of a unit
+vector, and each layer rotates with them in three ops: `x * [cos, cos] + roll(x) * [-sin, sin]`,
+the fallback's products and sums bit for bit (tests/test_cpu_ops.py).
+
 Together a 32-row decode step of SmolLM2 takes ~15-20% less time (loadtests/bench_step's
 `--compare-cpu-ops` prints the ratio); greedy tokens stay those of the library's path, the logits
 within float32 rounding (tests/test_cpu_ops.py). `install` rebinds the two names in the model's
@@ -19,8 +27,10 @@ own module (mlx-lm models import `scaled_dot_product_attention` and `swiglu` by 
 wrappers that take the fast form only in a thread that asked for it (`use_here`: the engine
 thread of an engine with `--cpu-ops`, so engines in one process each keep their setting),
 when MLX runs on the CPU, in float32, and for a call they cover (no attention sinks, no
-quantized cache); anything else goes to the library's function. On a Mac, MLX runs on the
-GPU, where the library's Metal kernels are the fast path: nothing changes there.
+quantized cache); anything else goes to the library's function. It also turns the model's
+plain `nn.RoPE` layers into `SharedRoPE`, a subclass that takes the step's table under the same
+conditions (non-traditional, all of the head rotated) and is the library's RoPE otherwise. On a
+Mac, MLX runs on the GPU, where the library's Metal kernels are the fast path: nothing changes there.
 
 Runs in the engine thread (model loading and every forward).
 """
@@ -29,8 +39,10 @@ from __future__ import annotations
 
 import sys
 import threading
+from contextlib import contextmanager
 
 import mlx.core as mx
+import mlx.nn as nn
 
 LOG2E = 1.4426950408889634  # math.log2(math.e)
 _NAMES = ("scaled_dot_product_attention", "swiglu")
@@ -118,14 +130,72 @@ def _fast_swiglu(library):
     return fast
 
 
+class _Positions:
+    """One step's positions: the offset arrays its layers' caches hold, and the rotation
+    tables made for them so far (by the RoPE's settings and the step's length)."""
+
+    __slots__ = ("ids", "offset", "offsets", "tables")
+
+    def __init__(self, offsets: list[mx.array]):
+        self.offsets = offsets  # held, so no other array takes one of their ids meanwhile
+        self.offset, self.ids, self.tables = offsets[0], {id(o) for o in offsets}, {}
+
+    def table(self, rope: nn.RoPE, length: int) -> tuple[mx.array, mx.array]:
+        key = (rope.dims, rope.base, rope.scale, length)
+        if key not in self.tables:
+            # the library's rope of (1, 0) halves is (cos, sin): its angles, exactly
+            half = rope.dims // 2
+            b = self.offset.shape[0] if self.offset.ndim else 1
+            unit = mx.concatenate([mx.ones((b, 1, length, half)), mx.zeros((b, 1, length, half))], axis=-1)
+            r = mx.fast.rope(unit, rope.dims, traditional=False, base=rope.base, scale=rope.scale, offset=self.offset)
+            cos, sin = r[..., :half], r[..., half:]
+            self.tables[key] = (mx.concatenate([cos, cos], axis=-1), mx.concatenate([-sin, sin], axis=-1))
+        return self.tables[key]
+
+
+@contextmanager
+def shared_positions(caches):
+    """Within: the RoPE of every layer whose cache is one of these takes one table of cos and
+    sin. The caller vouches that the caches' offsets are equal (a decoding batch's layers)."""
+    offsets = [c.offset for c in caches if isinstance(getattr(c, "offset", None), mx.array)]
+    if not offsets or not _wanted():
+        yield
+        return
+    _here.positions = _Positions(offsets)
+    try:
+        yield
+    finally:
+        _here.positions = None
+
+
+class SharedRoPE(nn.RoPE):
+    """`nn.RoPE` that rotates with the step's table (`shared_positions`) when it can."""
+
+    def __call__(self, x, offset=0):
+        p = getattr(_here, "positions", None)
+        if (
+            p is None
+            or id(offset) not in p.ids
+            or self.traditional
+            or x.dtype != mx.float32
+            or x.shape[-1] != self.dims
+        ):
+            return super().__call__(x, offset)
+        cos, sin = p.table(self, x.shape[2])
+        # [x1, x2] * [cos, cos] + [x2, x1] * [-sin, sin]: the fallback's x1 cos - x2 sin and
+        # x2 cos + x1 sin, each the same two products and one sum
+        return x * cos + mx.roll(x, self.dims // 2, axis=-1) * sin
+
+
 def _modules_of(model) -> set[str]:
     """The modules whose classes make up this model (a model may nest another's layers)."""
     return {type(m).__module__ for _, m in model.named_modules()} | {type(model).__module__}
 
 
 def install(model) -> list[str]:
-    """Rebind attention and SwiGLU in the modules this model's layers come from; returns those
-    modules. Idempotent; a model whose modules use neither name is left as it is."""
+    """Rebind attention and SwiGLU in the modules this model's layers come from (returns those
+    modules) and make its plain RoPE layers `SharedRoPE`. Idempotent; a model whose modules
+    use neither name is left as it is."""
     done = []
     for name in sorted(_modules_of(model)):
         module = sys.modules.get(name)
@@ -137,14 +207,20 @@ def install(model) -> list[str]:
                 setattr(module, attr, wrap(fn))
         if any(hasattr(getattr(module, attr, None), "library") for attr in _NAMES):
             done.append(name)
+    for _, m in model.named_modules():
+        if type(m) is nn.RoPE:
+            m.__class__ = SharedRoPE
     return done
 
 
 def uninstall(model) -> None:
-    """Put the library's functions back."""
+    """Put the library's functions and RoPE back."""
     for name in _modules_of(model):
         module = sys.modules.get(name)
         for attr in _NAMES:
             fn = getattr(module, attr, None) if module else None
             if hasattr(fn, "library"):
                 setattr(module, attr, fn.library)
+    for _, m in model.named_modules():
+        if type(m) is SharedRoPE:
+            m.__class__ = nn.RoPE

@@ -22,6 +22,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
+from radixchat.core.engine.cpu_ops import shared_positions
 from radixchat.core.engine.unnormalized import normalized, skipped_here
 
 
@@ -93,7 +94,8 @@ class DecodingBatch(GenerationBatch):
             return super()._step()
         self._current_tokens = inputs = self._next_tokens
         self._current_logprobs = self._next_logprobs
-        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        with shared_positions(self.prompt_cache):  # its layers' rows sit at the same positions
+            logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
         if not skipped_here():
             logits = normalized(logits)
         self._next_tokens = (sampler or self.fallback_sampler)(logits)  # one call, as the library's
