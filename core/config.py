@@ -207,7 +207,7 @@ class Settings(BaseSettings):
     )
     cpu_ops: bool = Field(
         True,
-        description="On a CPU (Linux), run the model's attention and SwiGLU "
+        description="On a CPU (Linux), run the model's attention, SwiGLU and RoPE "
         "in forms MLX's CPU backend computes faster (core/engine/cpu_ops.py); no "
         "effect on a Mac's GPU; off = mlx-lm's own functions",
     )

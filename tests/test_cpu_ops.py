@@ -1,4 +1,4 @@
-"""core.engine.cpu_ops: the CPU forms of attention and SwiGLU compute what mlx-lm's functions
+"""core.engine.cpu_ops: the CPU forms of attention, SwiGLU and RoPE compute what mlx-lm's functions
 compute (every mask shape mlx-lm passes, grouped and plain heads, decode and prefill), the
 engine takes them only in its own thread and only with --cpu-ops, and an engine's greedy
 tokens are the same with them on and off."""
@@ -139,7 +139,7 @@ def test_rope_from_the_steps_table_is_the_librarys_bit_for_bit(tiny_model_dir):
     only for offsets of the caches it was given."""
     import mlx.nn as nn
     from mlx_lm import load
-    from mlx_lm.models.cache import BatchKVCache
+    from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
     model, _ = load(str(tiny_model_dir))
     cpu_ops.install(model)
@@ -170,6 +170,11 @@ def test_rope_from_the_steps_table_is_the_librarys_bit_for_bit(tiny_model_dir):
                 assert len(used) == n, "an offset that is not a cache's took the table"
             assert len(used) == len(caches)
         used.clear()
+        window = BatchRotatingKVCache(8, [0, 3, 7])  # another class: its positions are its own
+        window.offset = mx.array([40, 517, 9])
+        with cpu_ops.shared_positions([*caches, window]):
+            assert mx.array_equal(rope(x, offset=window.offset), want).item()
+        assert used == [], "a cache of another class than the first took the table"
         half = x.astype(mx.float16)
         kw = {"traditional": False, "base": rope.base, "scale": rope.scale, "offset": caches[0].offset}
         with cpu_ops.shared_positions(caches):

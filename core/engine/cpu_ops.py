@@ -12,13 +12,14 @@ than its matmuls do (measured on SmolLM2-135M, 32 rows of ~400 tokens, 2 cores):
   against float64 on normal inputs). So the softmax works in base 2 (the scale carries log2(e),
   as flash attention does) and SiLU's sigmoid is 1 / (1 + 2^(-x log2 e)).
 
-A third costs the engine thread rather than the device: `mx.fast.rope` has no CPU kernel either,
-and its fallback builds ~28 ops (the angles, their cos and sin, the rotation) for every call, two
-a layer, ~11 us of the engine thread each. In a decode step every layer's rows sit at the same
-positions (the library builds one mask for all layers on the same premise), so within
-`shared_positions` the step's cos and sin are computed once, by the library's own rope of a unit
-vector, and each layer rotates with them in three ops: `x * [cos, cos] + roll(x) * [-sin, sin]`,
-the fallback's products and sums bit for bit (tests/test_cpu_ops.py).
+A third costs the engine thread as well as the device: `mx.fast.rope` has no CPU kernel either,
+and its fallback builds ~28 ops (the angles through `exp`, their cos and sin, the rotation) for
+every call, two a layer, ~11 us of the engine thread each. In a decode step every layer's rows
+sit at the same positions (the library builds one mask for all layers on the same premise), so
+within `shared_positions` (core.engine.decode_batch's step) the step's cos and sin are computed
+once, by the library's own rope of a unit vector, and each layer rotates with them in three ops:
+`x * [cos, cos] + roll(x) * [-sin, sin]`, the fallback's products and sums bit for bit
+(tests/test_cpu_ops.py; loadtests/bench_forward: ~23% fewer ops in a step's graph).
 
 Together a 32-row decode step of SmolLM2 takes ~15-20% less time (loadtests/bench_step's
 `--compare-cpu-ops` prints the ratio); greedy tokens stay those of the library's path, the logits
@@ -156,8 +157,11 @@ class _Positions:
 @contextmanager
 def shared_positions(caches):
     """Within: the RoPE of every layer whose cache is one of these takes one table of cos and
-    sin. The caller vouches that the caches' offsets are equal (a decoding batch's layers)."""
-    offsets = [c.offset for c in caches if isinstance(getattr(c, "offset", None), mx.array)]
+    sin. The caller vouches that the caches' offsets are equal (a decoding batch's layers);
+    only caches of the first one's class take part (a sliding-window layer's cache keeps its
+    positions its own way: its layers keep the library's RoPE)."""
+    kind = type(caches[0]) if caches else None
+    offsets = [c.offset for c in caches if type(c) is kind and isinstance(getattr(c, "offset", None), mx.array)]
     if not offsets or not _wanted():
         yield
         return

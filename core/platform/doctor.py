@@ -184,7 +184,7 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     yield (
         "model ops",
         (
-            "attention and SwiGLU in CPU-fast forms (--cpu-ops, core/engine/cpu_ops.py)"
+            "attention, SwiGLU and RoPE in CPU-fast forms (--cpu-ops, core/engine/cpu_ops.py)"
             if settings.cpu_ops and mx.default_device() == mx.cpu
             else "mlx-lm's own" + (" (--no-cpu-ops)" if not settings.cpu_ops else " (GPU)")
         ),
