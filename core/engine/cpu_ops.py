@@ -135,20 +135,20 @@ class _Positions:
     """One step's positions: the offset arrays its layers' caches hold, and the rotation
     tables made for them so far (by the RoPE's settings and the step's length)."""
 
-    __slots__ = ("ids", "offset", "offsets", "tables")
+    __slots__ = ("ids", "offsets", "tables")
 
     def __init__(self, offsets: list[mx.array]):
         self.offsets = offsets  # held, so no other array takes one of their ids meanwhile
-        self.offset, self.ids, self.tables = offsets[0], {id(o) for o in offsets}, {}
+        self.ids, self.tables = {id(o) for o in offsets}, {}
 
     def table(self, rope: nn.RoPE, length: int) -> tuple[mx.array, mx.array]:
         key = (rope.dims, rope.base, rope.scale, length)
         if key not in self.tables:
             # the library's rope of (1, 0) halves is (cos, sin): its angles, exactly
-            half = rope.dims // 2
-            b = self.offset.shape[0] if self.offset.ndim else 1
+            half, offset = rope.dims // 2, self.offsets[0]
+            b = offset.shape[0] if offset.ndim else 1
             unit = mx.concatenate([mx.ones((b, 1, length, half)), mx.zeros((b, 1, length, half))], axis=-1)
-            r = mx.fast.rope(unit, rope.dims, traditional=False, base=rope.base, scale=rope.scale, offset=self.offset)
+            r = mx.fast.rope(unit, rope.dims, traditional=False, base=rope.base, scale=rope.scale, offset=offset)
             cos, sin = r[..., :half], r[..., half:]
             self.tables[key] = (mx.concatenate([cos, cos], axis=-1), mx.concatenate([-sin, sin], axis=-1))
         return self.tables[key]
