@@ -67,6 +67,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     args = p.parse_args()
     reexec_with_openblas()
+    import mlx.core as mx
     from mlx_lm import load
 
     from radixchat.core.engine import cpu_ops
@@ -82,7 +83,7 @@ def main() -> None:
         for shared, (times, _, n) in runs.items():
             build[shared].append(statistics.median(times))
             nodes[shared] = n
-        same = same and all(a.tolist() == b.tolist() for a, b in zip(runs[False][1], runs[True][1]))
+        same = same and all(mx.array_equal(a, b).item() for a, b in zip(runs[False][1], runs[True][1]))
     lib, table = (1e6 * statistics.median(build[s]) for s in (False, True))
     print(f"model {path}; {args.rows} rows, past up to {args.past}; medians of {args.runs} alternating runs")
     print("| RoPE | forward graph build, us | nodes in a step's graph |")
