@@ -43,10 +43,13 @@ re-executes itself with OpenBLAS (core.platform.blas). Run it on a quiet machine
 
     python -m loadtests.bench_host [--model tiny] [--random-dim 256 --random-layers 8]
         [--users 1,8,32,64] [--turns 2] [--max-tokens 64] [--temperature 0.7 --top-p 0.9]
-        [--repetition-penalty 1.1] [--threads] [--rounds 2] [--shapes]
+        [--repetition-penalty 1.1] [--ignore-eos] [--threads] [--rounds 2] [--shapes]
 
-`--rounds 2` runs the same conversations again: the second round's prompts are in the prefix
-cache, so its steps are shorter and the engine's share of them larger. `--shapes` counts the
+The table's last rows say how many rows the decode steps held on average: at N chat users
+they are fewer than N (users between turns or prefilling, greedy replies that end at eos
+before --max-tokens); `--ignore-eos` runs every reply to --max-tokens, so 32 users keep a
+batch of ~32 rows. `--rounds 2` runs the same conversations again: the second round's
+prompts are in the prefix cache, so its steps are shorter and the engine's share of them larger. `--shapes` counts the
 decode steps whose batch shape (rows, buffer columns, buffer rows) had not been seen before.
 """
 
@@ -90,6 +93,8 @@ class ExclusiveClock:
         self._stack: list[list[float]] = []  # [start, time in nested parts]
         self.shapes = None  # Shapes, with --shapes
         self.beside = 0.0  # seconds the output thread spent on the steps' text and events
+        self.rows = 0  # decoding rows summed over the decode steps (their mean: the batch's size)
+        self.decodes = 0
 
     def wrap(self, owner, name: str, part: str) -> None:
         real = getattr(owner, name)
@@ -130,6 +135,7 @@ def instrument(clock: ExclusiveClock, engine) -> None:
     clock.wrap(GenerationBatch, "next", "step rows")
     clock.wrap(DecodingBatch, "_step", "step graph")  # the engine's decoding batch: its own step
     clock.wrap(DecodingBatch, "next", "step rows")
+    count_rows(clock, DecodingBatch)
     clock.wrap(BudgetedBatchGenerator, "_prefill_chunk", "prefill")
     clock.wrap(BudgetedBatchGenerator, "_start_decoding", "prefill")
     clock.wrap(engine_module.Engine, "_on_tokens", "tokens out")
@@ -140,6 +146,19 @@ def instrument(clock: ExclusiveClock, engine) -> None:
     clock.wrap(OutputThread, "send", "events")
     clock.wrap(engine_module.Engine, "_drain_commands", "commands (incl. idle)")
     time_output_thread(clock)
+
+
+def count_rows(clock: ExclusiveClock, batch) -> None:
+    """The decoding rows of each decode step: at N users they are fewer than N whenever some
+    users are between turns or prefilling, and replies that end early (eos) thin them too."""
+    real = batch.next
+
+    def counted(self, *args, **kwargs):
+        clock.rows += len(self.uids)
+        clock.decodes += bool(self.uids)
+        return real(self, *args, **kwargs)
+
+    batch.next = counted
 
 
 def time_output_thread(clock: ExclusiveClock) -> None:
@@ -216,6 +235,7 @@ class Shapes:
 
 def measure(engine, clock: ExclusiveClock, users: int, turns: int, sampling: dict, seed: int, threads: bool) -> dict:
     before, steps0, beside0 = dict(clock.parts), engine.steps, clock.beside
+    rows0, decodes0 = clock.rows, clock.decodes
     if clock.shapes:  # counted per run; the shapes seen stay seen
         clock.shapes.steps = clock.shapes.fresh = 0
     tokens: list[int] = []
@@ -224,6 +244,7 @@ def measure(engine, clock: ExclusiveClock, users: int, turns: int, sampling: dic
     parts["engine rest"] = wall - sum(parts.values())
     run = {"wall": wall, "steps": engine.steps - steps0, "tokens": sum(tokens), "parts": parts}
     run["beside"] = clock.beside - beside0
+    run["rows"] = (clock.rows - rows0) / max(clock.decodes - decodes0, 1)
     if clock.shapes:
         steps, fresh = clock.shapes.steps, clock.shapes.fresh
         run["new shapes"] = f"{fresh} of {steps} ({fresh / max(steps, 1):.0%})"
@@ -247,6 +268,7 @@ def table(runs: dict[int, dict]) -> None:
     print("| output thread, beside (not in the wall) | " + " | ".join(cells) + " |")
     host = [f"{_host(r):.1%}" for r in runs.values()]
     print("| **host share (wall less MLX wait, launch and idle)** | " + " | ".join(host) + " |")
+    print("| decoding rows a step (mean) | " + " | ".join(f"{r['rows']:.1f}" for r in runs.values()) + " |")
     out = [f"{r['tokens'] / r['wall']:.0f}" for r in runs.values()]
     print("| output tok/s | " + " | ".join(out) + " |")
     if any("new shapes" in r for r in runs.values()):
@@ -274,6 +296,7 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="the users' sampling (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="(the default model's card: 1.1)")
+    p.add_argument("--ignore-eos", action="store_true", help="every reply runs to --max-tokens (the batch stays full)")
     p.add_argument("--threads", action="store_true", help="one blocking thread a user, not the server's one event loop")
     p.add_argument("--rounds", type=int, default=1, help="runs of the same conversations per --users value")
     p.add_argument(
@@ -296,6 +319,7 @@ def main() -> None:
         "temperature": args.temperature,
         "top_p": args.top_p,
         "repetition_penalty": args.repetition_penalty,
+        "ignore_eos": args.ignore_eos,
     }
     callers_are = "a thread each" if args.threads else "tasks of one event loop"
     print(
