@@ -4,15 +4,17 @@ one owner can hold only so many requests at once."""
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.fairness import FairQueue
+from radixchat.core.engine.fairness import PREFER_AMONG, FairQueue
 from radixchat.core.engine.prepare import FairPool
 from radixchat.core.engine.requests import ChatRequest, Finished, RequestError
 
@@ -61,6 +63,66 @@ def test_within_an_owner_the_longest_cached_prefix_goes_first_but_never_across_o
     assert "b0" not in asked and "a3" in asked
     # without a preference, first come first served within the owner
     assert [r.name for r in q.pick(1, lambda r, p: False)] == ["a0"]
+
+
+def test_prefer_is_asked_once_per_request_in_a_pick():
+    # one owner's 40 requests fill 40 slots: each pick among the first 16 must not walk the
+    # prefix tree again for the requests it has already ranked
+    q = FairQueue()
+    for i in range(40):
+        q.push(Req("a", f"a{i}"))
+    asked = Counter()
+
+    def prefer(r):
+        asked[r.name] += 1
+        return int(r.name[1:]) % 3
+
+    assert len(q.pick(40, lambda r, p: False, prefer)) == 40
+    assert max(asked.values()) == 1
+
+
+def reference_pick(waiting: list, served: dict, slots: int, blocked, prefer) -> list:
+    """The pick's rule, spelled out with no care for cost: the least served owner (counting
+    this pick's own) first, ties by place in the queue; within that owner, the largest
+    `prefer` among its first PREFER_AMONG, ties by place."""
+    left, picked, pending = list(waiting), [], Counter()
+    while len(picked) < slots and left:
+        best = min(left, key=lambda r: served.get(r.owner, 0.0) + pending[r.owner])
+        mine = [r for r in left if r.owner == best.owner][:PREFER_AMONG]
+        if prefer is not None:
+            best = max(mine, key=prefer)
+        left.remove(best)
+        if not blocked(best, picked):
+            picked.append(best)
+            pending[best.owner] += 1.0
+    return picked
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_pick_follows_its_rule_on_random_queues(seed):
+    rng = random.Random(seed)
+    q = FairQueue()
+    owners = [f"o{i}" for i in range(rng.randint(1, 12))]
+    for i in range(rng.randint(1, 120)):
+        q.push(Req(rng.choice(owners), f"r{i}"))
+        if rng.random() < 0.3:
+            q.charge(rng.choice(owners), prompt_tokens=rng.randint(0, 3), generated_tokens=rng.randint(0, 2))
+    if rng.random() < 0.5:  # a preempted request goes back first among its owner's
+        q.requeue(Req(rng.choice(owners), "back"))
+    rank = {f"r{i}": rng.randint(0, 4) for i in range(120)} | {"back": 2}
+    prefer = (lambda r: rank[r.name]) if rng.random() < 0.5 else None
+    shut = {name for name in rank if rng.random() < 0.2}
+
+    def blocked(r, picked):
+        return r.name in shut or (len(picked) > 3 and r.owner == owners[0])
+
+    waiting = [r for _, r in q._waiting]
+    slots = rng.randint(1, 60)
+    expected = reference_pick(waiting, dict(q.served), slots, blocked, prefer)
+    got = q.pick(slots, blocked, prefer)
+    assert [r.name for r in got] == [r.name for r in expected]
+    taken = {id(r) for r in got}
+    assert [r.name for _, r in q._waiting] == [r.name for r in waiting if id(r) not in taken]
 
 
 def test_blocked_requests_wait_and_done_ones_are_dropped():

@@ -15,6 +15,7 @@ Pure Python, no MLX: the engine thread owns it (one instance, never shared betwe
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
@@ -68,30 +69,43 @@ class FairQueue:
         which `blocked(request, picked so far)` is true. Among that owner's requests (the
         first PREFER_AMONG of them), the one with the largest `prefer` goes first (the
         engine passes the length of its cached prefix, as SGLang's longest-prefix-first
-        policy orders its queue), else the earliest."""
+        policy orders its queue), else the earliest.
+
+        The engine asks every turn, and a flood keeps hundreds waiting while the batch is
+        full: each request is looked at once a pick (a heap of owners, each owner's requests
+        in queue order), not once per slot, and `prefer` asked once per request."""
         self._waiting = [(n, a) for n, a in self._waiting if not a.done]
         if slots <= 0 or not self._waiting:
             return []
-        picked: list[Waiting] = []
+        mine: dict[Hashable, list[tuple[int, Waiting]]] = {}  # owner -> (place in the queue, request)
+        for place, (_, a) in enumerate(self._waiting):
+            mine.setdefault(a.owner, []).append((place, a))
         # the counters move as requests are picked: charge each pick a little so two slots
         # don't both go to one owner only because it was behind by a few tokens
         pending: Counter = Counter()
+        # (counter, place of the owner's first request, owner): ties go to the earliest
+        turn = [(self.served.get(o, 0.0), q[0][0], o) for o, q in mine.items()]
+        heapq.heapify(turn)
         score: dict[int, int] = {}  # prefer's answers, once per request per pick
-        left = [a for _, a in self._waiting]  # in arrival order: ties go to the earliest
-        while len(picked) < slots and left:
-            best = min(left, key=lambda a: self.served.get(a.owner, 0.0) + pending[a.owner])
-            if prefer is not None:
+        picked: list[Waiting] = []
+        while len(picked) < slots and turn:
+            _, _, owner = heapq.heappop(turn)
+            queue, i = mine[owner], 0
+            if prefer is not None and len(queue) > 1:
                 # fairness chose the owner; the cache chooses which of its requests: one whose
                 # prefix is cached costs less prefill, so it starts decoding sooner (an owner
                 # with one request waiting has nothing to choose: no tree walk)
-                mine = [a for a in left if a.owner == best.owner][:PREFER_AMONG]
-                if len(mine) > 1:
-                    best = max(mine, key=lambda a: score.setdefault(id(a), prefer(a)))
-            left.remove(best)
-            if blocked(best, picked):  # asked once: it waits for this round
-                continue
-            picked.append(best)
-            pending[best.owner] += 1.0
+                for j, (_, a) in enumerate(queue[:PREFER_AMONG]):
+                    if id(a) not in score:
+                        score[id(a)] = prefer(a)
+                    if score[id(a)] > score[id(queue[i][1])]:
+                        i = j
+            _, best = queue.pop(i)
+            if not blocked(best, picked):  # asked once: it waits for this round
+                picked.append(best)
+                pending[owner] += 1.0
+            if queue:
+                heapq.heappush(turn, (self.served.get(owner, 0.0) + pending[owner], queue[0][0], owner))
         taken = {id(a) for a in picked}
         self._waiting = [(n, a) for n, a in self._waiting if id(a) not in taken]
         return picked

@@ -1,0 +1,93 @@
+"""The engine thread's scheduling cost per turn under a flood: `FairQueue.pick` and
+`admission.choose` with many requests waiting, on plain objects (no model, no MLX).
+
+The engine asks admission every turn while anything waits, so under a flood its cost is
+paid every step: hundreds of requests waiting while the batch is full (each turn turns
+them all away) or while it has room for many. Each case is timed over --repeats fresh
+queues; printed: the median ms of one call. Compare two versions of the code by running
+this on each (a git worktree).
+
+    python -m loadtests.bench_admission [--waiting 1024] [--owners 64] [--running 32] [--repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+from radixchat.core.engine.admission import choose
+from radixchat.core.engine.fairness import FairQueue
+
+
+@dataclass
+class Req:
+    owner: int
+    tokens: int
+    prefilled: bool = True
+    done: bool = False
+
+
+def cost(rows: list[Req]) -> int:
+    """The engine's shape of cost: every row padded to the longest (core.engine.preempt)."""
+    return len(rows) * max((r.tokens for r in rows), default=0)
+
+
+def queue(waiting: int, owners: int) -> FairQueue:
+    fair = FairQueue()
+    for i in range(waiting):
+        fair.push(Req(i % owners, 300 + i % 200))
+    return fair
+
+
+def timed(call, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--waiting", type=int, default=1024)
+    p.add_argument("--owners", type=int, default=64)
+    p.add_argument("--running", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=20)
+    a = p.parse_args()
+    running = [Req(i, 400) for i in range(a.running)]
+    room = cost(running) + 1  # full: the first waiting request does not fit
+    cases = {
+        "pick, every request blocked": lambda: queue(a.waiting, a.owners).pick(256, lambda r, p: True),
+        "pick, 256 slots free": lambda: queue(a.waiting, a.owners).pick(256, lambda r, p: False),
+        "choose, the batch full": lambda: choose(
+            queue(a.waiting, a.owners),
+            running,
+            max_batch=256,
+            max_prefill_batch=32,
+            room=room,
+            cost=cost,
+            blocked=lambda r, p: False,
+        ),
+        "choose, room for all": lambda: choose(
+            queue(a.waiting, a.owners),
+            running,
+            max_batch=256,
+            max_prefill_batch=32,
+            room=10**12,
+            cost=cost,
+            blocked=lambda r, p: False,
+        ),
+    }
+    build = timed(lambda: queue(a.waiting, a.owners), a.repeats)
+    print(f"{a.waiting} waiting of {a.owners} owners, {a.running} running; median of {a.repeats}, ms a call")
+    print("| case | ms |")
+    print("|---|---|")
+    for name, call in cases.items():
+        print(f"| {name} | {timed(call, a.repeats) - build:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
