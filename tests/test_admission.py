@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixchat.core.engine.admission import choose, over_cap
-from radixchat.core.engine.fairness import FairQueue
+from radixchat.core.engine.fairness import PREFER_AMONG, FairQueue
 
 
 @dataclass
@@ -110,3 +110,55 @@ def test_a_request_the_room_turns_away_is_not_passed_by_later_ones():
     assert picked == [] and len(fair) == 2  # carol would fit, but alice's turn comes first
     picked, _ = run(waiting, [], room=1000, cost=padded)
     assert [p.tag for p in picked] == ["long"]  # once the batch drained, alice goes in
+
+
+def flood_turn(waiting, running, *, max_batch, room, cost):
+    """One engine turn under a flood: what `choose` admits, and how often it asked the
+    prefix cache (`prefer`) and the engine's own `blocked`."""
+    fair = FairQueue()
+    for r in running:
+        fair.push(r)
+        fair.pick(1, lambda a, p, r=r: a is not r)
+    for a in waiting:
+        fair.push(a)
+    asked = {"prefer": 0, "blocked": 0}
+
+    def prefer(a):
+        asked["prefer"] += 1
+        return a.size
+
+    def blocked(a, picked):
+        asked["blocked"] += 1
+        return False
+
+    picked = choose(
+        fair,
+        list(running),
+        max_batch=max_batch,
+        max_prefill_batch=8,
+        room=room,
+        cost=cost,
+        blocked=blocked,
+        prefer=prefer,
+    )
+    return picked, fair, asked
+
+
+def test_a_full_batch_turns_a_flood_away_at_a_glance():
+    # the engine asks every turn while the flood waits: a turn must not walk the whole queue
+    waiting = [Req(f"user{i % 6}", size=100) for i in range(300)]
+    running = [Req("bob", size=950)]
+    picked, fair, asked = flood_turn(waiting, running, max_batch=256, room=1000, cost=total)
+    assert picked == [] and len(fair) == 300
+    assert asked["prefer"] <= PREFER_AMONG and asked["blocked"] == 0
+
+
+def test_an_owner_over_their_share_of_a_full_batch_is_turned_away_at_a_glance():
+    running = [Req("alice") for _ in range(4)]
+    waiting = [Req("alice", tag=f"a{i}") for i in range(300)]
+    picked, fair, asked = flood_turn(waiting, running, max_batch=4, room=10**9, cost=total)
+    assert picked == [] and len(fair) == 300
+    assert asked["prefer"] <= PREFER_AMONG and asked["blocked"] == 0
+    # a newcomer still joins over the cap, at once
+    picked, _, _ = flood_turn([*waiting, Req("bob", tag="b")], running, max_batch=4, room=10**9, cost=total)
+    assert [p.tag for p in picked] == ["b"]

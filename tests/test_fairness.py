@@ -14,7 +14,7 @@ import pytest
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.fairness import PREFER_AMONG, FairQueue
+from radixchat.core.engine.fairness import PREFER_AMONG, FairQueue, Wait
 from radixchat.core.engine.prepare import FairPool
 from radixchat.core.engine.requests import ChatRequest, Finished, RequestError
 
@@ -84,7 +84,8 @@ def test_prefer_is_asked_once_per_request_in_a_pick():
 def reference_pick(waiting: list, served: dict, slots: int, blocked, prefer) -> list:
     """The pick's rule, spelled out with no care for cost: the least served owner (counting
     this pick's own) first, ties by place in the queue; within that owner, the largest
-    `prefer` among its first PREFER_AMONG, ties by place."""
+    `prefer` among its first PREFER_AMONG, ties by place; a blocked one stays, and with it
+    the rest of its owner's (`Wait.OWNER`) or everyone's (`Wait.ALL`)."""
     left, picked, pending = list(waiting), [], Counter()
     while len(picked) < slots and left:
         best = min(left, key=lambda r: served.get(r.owner, 0.0) + pending[r.owner])
@@ -92,7 +93,12 @@ def reference_pick(waiting: list, served: dict, slots: int, blocked, prefer) -> 
         if prefer is not None:
             best = max(mine, key=prefer)
         left.remove(best)
-        if not blocked(best, picked):
+        verdict = blocked(best, picked)
+        if verdict is Wait.ALL:
+            break
+        if verdict is Wait.OWNER:
+            left = [r for r in left if r.owner != best.owner]
+        elif not verdict:
             picked.append(best)
             pending[best.owner] += 1.0
     return picked
@@ -112,9 +118,10 @@ def test_the_pick_follows_its_rule_on_random_queues(seed):
     rank = {f"r{i}": rng.randint(0, 4) for i in range(120)} | {"back": 2}
     prefer = (lambda r: rank[r.name]) if rng.random() < 0.5 else None
     shut = {name for name in rank if rng.random() < 0.2}
+    verdicts = {name: rng.choice([True, True, Wait.OWNER, Wait.ALL]) for name in shut}
 
     def blocked(r, picked):
-        return r.name in shut or (len(picked) > 3 and r.owner == owners[0])
+        return verdicts.get(r.name) or (len(picked) > 3 and r.owner == owners[0])
 
     waiting = [r for _, r in q._waiting]
     slots = rng.randint(1, 60)

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from radixchat.core.engine.active import Active
-from radixchat.core.engine.fairness import FairQueue
+from radixchat.core.engine.fairness import FairQueue, Wait
 
 BATCH_SHARE = 0.75  # of the K/V budget, the most the running batch may set aside
 MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
@@ -77,15 +77,16 @@ def choose(
         return []  # the common turn under a flood: nothing can go in, asked at no cost
     full = []  # a request the room turned away this turn: nobody after it in the fair order goes in
 
-    def no_room(a: Active, picked: list[Active]) -> bool:
+    def no_room(a: Active, picked: list[Active]) -> Wait | bool:
         # One request alone always runs, however long. And none is passed by the later ones
         # for room: a long conversation, which the padding makes cost as many rows of its
         # length, would otherwise wait for as long as short ones keep the batch busy. The
         # batch drains until it fits, as a first-come scheduler's head of line does; those
-        # ahead of it in the fair order (the less served) still go first.
+        # ahead of it in the fair order (the less served) still go first. So everyone after
+        # it waits, asked nothing more: the pick stops there.
         if full or (cost([*running, *picked, a]) > room and bool(running or picked)):
             full.append(a)
-            return True
+            return Wait.ALL
         return False
 
     def no_prefill(a: Active, picked: list[Active]) -> bool:
@@ -94,7 +95,7 @@ def choose(
             return False  # an owner's first prompt in prefill always goes in
         return mine >= prefill_share or prefilling.total() + len(picked) >= max_prefill_batch
 
-    def wait(a: Active, picked: list[Active]) -> bool:
+    def wait(a: Active, picked: list[Active]) -> Wait | bool:
         return no_room(a, picked) or no_prefill(a, picked) or blocked(a, picked)
 
     admit = fair.pick(max_batch - len(running), wait, prefer)
@@ -104,7 +105,9 @@ def choose(
     mine.update(a.owner for a in admit)
     share = max(1, max_batch // max(1, len(fair.load)))
 
-    def over_share(a: Active, picked: list[Active]) -> bool:
-        return mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share or wait(a, admit + picked)
+    def over_share(a: Active, picked: list[Active]) -> Wait | bool:
+        if mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share:
+            return Wait.OWNER  # picks only add to it, and nothing else was asked: so for all theirs
+        return wait(a, admit + picked)
 
     return admit + fair.pick(over_cap(max_batch) - len(running) - len(admit), over_share, prefer)

@@ -15,6 +15,7 @@ Pure Python, no MLX: the engine thread owns it (one instance, never shared betwe
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 from collections import Counter
@@ -23,6 +24,16 @@ from typing import Protocol
 
 PROMPT_WEIGHT, GENERATED_WEIGHT = 1.0, 2.0
 PREFER_AMONG = 16  # how many of one owner's waiting requests `prefer` is asked about per slot
+
+
+class Wait(enum.Enum):
+    """What `blocked` may answer besides True (these are true too): that the same holds for
+    the rest of this pick, so the requests it covers need not be looked at one by one. Only
+    for a caller who knows the answer cannot change within the pick: a flood's turn then
+    costs a glance, not a walk of the whole queue."""
+
+    OWNER = "this owner's other requests wait too"
+    ALL = "every request left waits"
 
 
 class Waiting(Protocol):
@@ -66,7 +77,8 @@ class FairQueue:
         self, slots: int, blocked: Callable[[Waiting, list], bool], prefer: Callable[[Waiting], int] | None = None
     ) -> list[Waiting]:
         """Take up to `slots` requests, least-served owner first; skip (and keep) those for
-        which `blocked(request, picked so far)` is true. Among that owner's requests (the
+        which `blocked(request, picked so far)` is true (and the owner's other requests, or
+        all, when it says `Wait.OWNER` or `Wait.ALL`). Among that owner's requests (the
         first PREFER_AMONG of them), the one with the largest `prefer` goes first (the
         engine passes the length of its cached prefix, as SGLang's longest-prefix-first
         policy orders its queue), else the earliest.
@@ -101,9 +113,14 @@ class FairQueue:
                     if score[id(a)] > score[id(queue[i][1])]:
                         i = j
             _, best = queue.pop(i)
-            if not blocked(best, picked):  # asked once: it waits for this round
+            verdict = blocked(best, picked)  # asked once: it waits for this round
+            if not verdict:
                 picked.append(best)
                 pending[owner] += 1.0
+            elif verdict is Wait.ALL:
+                break
+            elif verdict is Wait.OWNER:
+                continue
             if queue:
                 heapq.heappush(turn, (self.served.get(owner, 0.0) + pending[owner], queue[0][0], owner))
         taken = {id(a) for a in picked}
