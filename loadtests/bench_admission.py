@@ -29,9 +29,13 @@ class Req:
     done: bool = False
 
 
-def cost(rows: list[Req]) -> int:
+def size(r: Req) -> int:
+    return r.tokens
+
+
+def cost(rows: int, longest: int) -> int:
     """The engine's shape of cost: every row padded to the longest (core.engine.preempt)."""
-    return len(rows) * max((r.tokens for r in rows), default=0)
+    return rows * longest
 
 
 def queue(waiting: int, owners: int) -> FairQueue:
@@ -58,7 +62,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=20)
     a = p.parse_args()
     running = [Req(i, 400) for i in range(a.running)]
-    room = cost(running) + 1  # full: the first waiting request does not fit
+    room = cost(len(running), 400) + 1  # full: the first waiting request does not fit
     cases = {
         "pick, every request blocked": lambda: queue(a.waiting, a.owners).pick(256, lambda r, p: True),
         "pick, 256 slots free": lambda: queue(a.waiting, a.owners).pick(256, lambda r, p: False),
@@ -68,6 +72,7 @@ def main() -> None:
             max_batch=256,
             max_prefill_batch=32,
             room=room,
+            size=size,
             cost=cost,
             blocked=lambda r, p: False,
         ),
@@ -77,6 +82,7 @@ def main() -> None:
             max_batch=256,
             max_prefill_batch=32,
             room=10**12,
+            size=size,
             cost=cost,
             blocked=lambda r, p: False,
         ),

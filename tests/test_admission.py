@@ -11,17 +11,21 @@ from radixchat.core.engine.fairness import PREFER_AMONG, FairQueue
 @dataclass
 class Req:
     owner: str
-    size: int = 10  # K/V bytes it holds (with its growth)
+    size: int = 10  # K/V it holds (with its growth), as a row's length
     prefilled: bool = True
     done: bool = False
     tag: str = field(default="")
 
 
-def total(rows):
-    return sum(a.size for a in rows)
+def size(a):
+    return a.size
 
 
-def run(waiting, running=(), *, max_batch=4, max_prefill=8, room=1000, blocked=lambda a, p: False, cost=total):
+def padded(rows, longest):  # every row as long as the longest, as the decoding batch lays them out
+    return rows * longest
+
+
+def run(waiting, running=(), *, max_batch=4, max_prefill=8, room=1000, blocked=lambda a, p: False, cost=padded):
     fair = FairQueue()
     for r in running:
         fair.push(r)
@@ -34,6 +38,7 @@ def run(waiting, running=(), *, max_batch=4, max_prefill=8, room=1000, blocked=l
         max_batch=max_batch,
         max_prefill_batch=max_prefill,
         room=room,
+        size=size,
         cost=cost,
         blocked=blocked,
     ), fair
@@ -89,30 +94,32 @@ def test_blocked_requests_stay_queued():
 
 
 def test_room_is_what_the_whole_batch_costs_so_a_row_pays_for_its_padding():
-    def padded(rows):  # every row as long as the longest, as the decoding batch lays them out
-        return len(rows) * max(a.size for a in rows)
-
     running = [Req("alice", size=400)]
     waiting = [Req("bob", size=10, tag="b1"), Req("carol", size=10, tag="c1"), Req("dave", size=10, tag="d1")]
-    picked, _ = run(waiting, running, room=1000, cost=padded)
-    assert [p.tag for p in picked] == ["b1"]  # 2 x 400 fits; a third row of 400 would not
     picked, _ = run(waiting, running, room=1000)
-    assert len(picked) == 3  # by the rows' own sizes all three fit
+    assert [p.tag for p in picked] == ["b1"]  # 2 x 400 fits; a third row of 400 would not
+    picked, _ = run(waiting, running, room=1600)
+    assert len(picked) == 3  # room for four rows of the longest: all three
 
 
 def test_a_request_the_room_turns_away_is_not_passed_by_later_ones():
-    def padded(rows):
-        return len(rows) * max(a.size for a in rows)
-
     running = [Req("bob", size=100)]
     waiting = [Req("alice", size=600, tag="long"), Req("carol", size=100, tag="short")]
-    picked, fair = run(waiting, running, room=1000, cost=padded)
+    picked, fair = run(waiting, running, room=1000)
     assert picked == [] and len(fair) == 2  # carol would fit, but alice's turn comes first
-    picked, _ = run(waiting, [], room=1000, cost=padded)
+    picked, _ = run(waiting, [], room=1000)
     assert [p.tag for p in picked] == ["long"]  # once the batch drained, alice goes in
 
 
-def flood_turn(waiting, running, *, max_batch, room, cost):
+def counted(asked):
+    def size(a):
+        asked["size"] += 1
+        return a.size
+
+    return size
+
+
+def flood_turn(waiting, running, *, max_batch, room):
     """One engine turn under a flood: what `choose` admits, and how often it asked the
     prefix cache (`prefer`) and the engine's own `blocked`."""
     fair = FairQueue()
@@ -121,7 +128,7 @@ def flood_turn(waiting, running, *, max_batch, room, cost):
         fair.pick(1, lambda a, p, r=r: a is not r)
     for a in waiting:
         fair.push(a)
-    asked = {"prefer": 0, "blocked": 0}
+    asked = {"prefer": 0, "blocked": 0, "size": 0}
 
     def prefer(a):
         asked["prefer"] += 1
@@ -137,7 +144,8 @@ def flood_turn(waiting, running, *, max_batch, room, cost):
         max_batch=max_batch,
         max_prefill_batch=8,
         room=room,
-        cost=cost,
+        size=counted(asked),
+        cost=padded,
         blocked=blocked,
         prefer=prefer,
     )
@@ -148,7 +156,7 @@ def test_a_full_batch_turns_a_flood_away_at_a_glance():
     # the engine asks every turn while the flood waits: a turn must not walk the whole queue
     waiting = [Req(f"user{i % 6}", size=100) for i in range(300)]
     running = [Req("bob", size=950)]
-    picked, fair, asked = flood_turn(waiting, running, max_batch=256, room=1000, cost=total)
+    picked, fair, asked = flood_turn(waiting, running, max_batch=256, room=1000)
     assert picked == [] and len(fair) == 300
     assert asked["prefer"] <= PREFER_AMONG and asked["blocked"] == 0
 
@@ -156,9 +164,20 @@ def test_a_full_batch_turns_a_flood_away_at_a_glance():
 def test_an_owner_over_their_share_of_a_full_batch_is_turned_away_at_a_glance():
     running = [Req("alice") for _ in range(4)]
     waiting = [Req("alice", tag=f"a{i}") for i in range(300)]
-    picked, fair, asked = flood_turn(waiting, running, max_batch=4, room=10**9, cost=total)
+    picked, fair, asked = flood_turn(waiting, running, max_batch=4, room=10**9)
     assert picked == [] and len(fair) == 300
     assert asked["prefer"] <= PREFER_AMONG and asked["blocked"] == 0
     # a newcomer still joins over the cap, at once
-    picked, _, _ = flood_turn([*waiting, Req("bob", tag="b")], running, max_batch=4, room=10**9, cost=total)
+    picked, _, _ = flood_turn([*waiting, Req("bob", tag="b")], running, max_batch=4, room=10**9)
     assert [p.tag for p in picked] == ["b"]
+
+
+def test_weighing_a_candidate_does_not_walk_the_batch():
+    # room for all, but each owner's prefill share holds most of theirs back: every waiting
+    # request is weighed against the room, and each weighing must cost O(1), not O(batch)
+    running = [Req(f"user{i % 6}", size=100, prefilled=False) for i in range(6)]
+    running += [Req(f"old{i}", size=100) for i in range(100)]
+    waiting = [Req(f"user{i % 6}", size=100) for i in range(300)]
+    picked, fair, asked = flood_turn(waiting, running, max_batch=512, room=10**9)
+    assert picked == [] and len(fair) == 300  # each owner holds their one prompt in prefill
+    assert asked["size"] <= len(running) + 2 * len(waiting)

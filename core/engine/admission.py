@@ -9,8 +9,8 @@ writes the engine, the generator or the cache, so the policy is tested on plain 
 decides how many fit.
 
 The batch is sized by memory: a request is admitted by the K/V the batch's buffers would
-take with it (`cost`, core.engine.preempt: every row padded to the longest, with a few
-steps' growth), within `BATCH_SHARE` of the K/V budget; when the
+take with it (`cost` of the rows and the longest row's `size`, core.engine.preempt: every
+row padded to the longest, with a few steps' growth), within `BATCH_SHARE` of the K/V budget; when the
 batch outgrows it, the engine preempts (core.engine.preempt). Prefill is shared by owner:
 the generator prefills what it is handed together, so each owner may have only a share of
 the prompts in prefill, and an owner with none there always gets one in at once (the engine
@@ -47,14 +47,17 @@ def choose(
     max_batch: int,
     max_prefill_batch: int,
     room: int,
-    cost: Callable[[list[Active]], int],
+    size: Callable[[Active], int],
+    cost: Callable[[int, int], int],
     blocked: Callable[[Active, list[Active]], bool],
     prefer: Callable[[Active], int] | None = None,
 ) -> list[Active]:
     """Take from `fair` the requests to admit now (least-served owner first).
 
-    `room` is the K/V bytes the batch may hold, `cost(rows)` what a batch of `rows` sets
-    aside (not a sum over rows: a row pays for its padding to the longest), `blocked(a,
+    `room` is the K/V bytes the batch may hold, `size(a)` the tokens a request's row holds
+    (with its growth), `cost(rows, longest)` what a batch of `rows` rows sets aside when the
+    longest holds `longest` (not a sum over rows: a row pays for its padding to the longest;
+    so one more candidate costs O(1) to weigh, not a walk of the batch), `blocked(a,
     picked)` whether `a` must wait (for a shared prefix being prefilled, or read back from
     disk) beside the already `picked`, `prefer(a)` its rank among one owner's requests
     (cache-aware: the longest cached prefix first).
@@ -76,6 +79,8 @@ def choose(
     if prefilling.total() >= max_prefill_batch and all(prefilling[o] for o in fair.owners()):
         return []  # the common turn under a flood: nothing can go in, asked at no cost
     full = []  # a request the room turned away this turn: nobody after it in the fair order goes in
+    longest_running = max(map(size, running), default=0)
+    seen = _Seen(size)  # the picks so far: admission's two picks hand on one growing list
 
     def no_room(a: Active, picked: list[Active]) -> Wait | bool:
         # One request alone always runs, however long. And none is passed by the later ones
@@ -84,13 +89,16 @@ def choose(
         # batch drains until it fits, as a first-come scheduler's head of line does; those
         # ahead of it in the fair order (the less served) still go first. So everyone after
         # it waits, asked nothing more: the pick stops there.
-        if full or (cost([*running, *picked, a]) > room and bool(running or picked)):
+        if full:
+            return Wait.ALL
+        longest = max(longest_running, seen.of(picked).longest, size(a))
+        if cost(len(running) + len(picked) + 1, longest) > room and bool(running or picked):
             full.append(a)
             return Wait.ALL
         return False
 
     def no_prefill(a: Active, picked: list[Active]) -> bool:
-        mine = prefilling[a.owner] + sum(p.owner == a.owner for p in picked)
+        mine = prefilling[a.owner] + seen.of(picked).owners[a.owner]
         if mine == 0:
             return False  # an owner's first prompt in prefill always goes in
         return mine >= prefill_share or prefilling.total() + len(picked) >= max_prefill_batch
@@ -104,10 +112,30 @@ def choose(
     mine = Counter(a.owner for a in running)
     mine.update(a.owner for a in admit)
     share = max(1, max_batch // max(1, len(fair.load)))
+    over = _Seen(size)  # this pick's own
 
     def over_share(a: Active, picked: list[Active]) -> Wait | bool:
-        if mine[a.owner] + sum(p.owner == a.owner for p in picked) >= share:
+        if mine[a.owner] + over.of(picked).owners[a.owner] >= share:
             return Wait.OWNER  # picks only add to it, and nothing else was asked: so for all theirs
         return wait(a, admit + picked)
 
     return admit + fair.pick(over_cap(max_batch) - len(running) - len(admit), over_share, prefer)
+
+
+class _Seen:
+    """What a pick's list of picked requests adds up to (the longest row, each owner's
+    count), folded as it grows: within one `choose` a pick's list only grows (the second
+    pick hands on the first's, extended), so each request is read once, not at every
+    candidate."""
+
+    def __init__(self, size: Callable[[Active], int]):
+        self.size, self.n, self.longest, self.owners = size, 0, 0, Counter()
+
+    def of(self, picked: list[Active]) -> _Seen:
+        if len(picked) < self.n:  # another list: fold it from its start
+            self.n, self.longest, self.owners = 0, 0, Counter()
+        for p in picked[self.n :]:
+            self.longest = max(self.longest, self.size(p))
+            self.owners[p.owner] += 1
+        self.n = len(picked)
+        return self

@@ -325,6 +325,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             max_batch=self.settings.max_batch,
             max_prefill_batch=self.settings.max_prefill_batch,
             room=self.batch_room(),
+            size=self._row_size,
             cost=self._cost,
             blocked=lambda a, p: self._should_wait(a, p) or self._mask_waits(a, p) or self._disk_wait(a),
             prefer=prefer,

@@ -55,9 +55,14 @@ class Preempt:
         """Token slots the decoding batch's buffers take for `rows`, each `growth` tokens on."""
         return layout_tokens(len(rows), max((self._held(a) for a in rows), default=0) + growth)
 
-    def _cost(self, rows: list[Active]) -> int:
-        """K/V bytes the batch sets aside for `rows` (admission's measure)."""
-        return self._batch_tokens(rows, HEADROOM) * self.kv_bytes_per_token
+    def _row_size(self, a: Active) -> int:
+        """Tokens `a`'s row is admitted with: what it holds and a few steps' growth."""
+        return self._held(a) + HEADROOM
+
+    def _cost(self, rows: int, longest: int) -> int:
+        """K/V bytes the batch sets aside for `rows` rows, the longest of `longest` tokens
+        (admission's measure, with `_row_size`)."""
+        return layout_tokens(rows, longest) * self.kv_bytes_per_token
 
     def _growth(self) -> int:
         """Tokens one step adds to a row: one, or one and its drafts."""
