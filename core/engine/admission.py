@@ -54,13 +54,12 @@ def choose(
 ) -> list[Active]:
     """Take from `fair` the requests to admit now (least-served owner first).
 
-    `room` is the K/V bytes the batch may hold, `size(a)` the tokens a request's row holds
-    (with its growth), `cost(rows, longest)` what a batch of `rows` rows sets aside when the
-    longest holds `longest` (not a sum over rows: a row pays for its padding to the longest;
-    so one more candidate costs O(1) to weigh, not a walk of the batch), `blocked(a,
-    picked)` whether `a` must wait (for a shared prefix being prefilled, or read back from
-    disk) beside the already `picked`, `prefer(a)` its rank among one owner's requests
-    (cache-aware: the longest cached prefix first).
+    `room` is the K/V bytes the batch may hold; `size(a)` the tokens a request's row holds
+    (with its growth); `cost(rows, longest)` what `rows` rows set aside when the longest
+    holds `longest` (each row is padded to the longest, so one more candidate is weighed in
+    O(1)); `blocked(a, picked)` whether `a` must wait beside the `picked` (for a shared
+    prefix in prefill, or a read from disk); `prefer(a)` its rank among its owner's
+    requests (the longest cached prefix first).
 
     Equal-length replies started together also end together: a user arriving while one
     other user fills the batch would wait a whole reply for a slot. So an owner with fewer
@@ -84,11 +83,10 @@ def choose(
 
     def no_room(a: Active, picked: list[Active]) -> Wait | bool:
         # One request alone always runs, however long. And none is passed by the later ones
-        # for room: a long conversation, which the padding makes cost as many rows of its
-        # length, would otherwise wait for as long as short ones keep the batch busy. The
-        # batch drains until it fits, as a first-come scheduler's head of line does; those
-        # ahead of it in the fair order (the less served) still go first. So everyone after
-        # it waits, asked nothing more: the pick stops there.
+        # for room: a long conversation (the padding makes it cost as many rows of its
+        # length) would otherwise wait as long as short ones keep the batch busy. The batch
+        # drains until it fits, as a first-come scheduler's head of line does, and everyone
+        # after it waits, asked nothing more; those ahead of it in the fair order go first.
         if full:
             return Wait.ALL
         longest = max(longest_running, seen.of(picked).longest, size(a))
