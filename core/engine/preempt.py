@@ -95,9 +95,9 @@ class Preempt:
         rows = list(self._by_uid.values())
         held = Counter()
         for a in rows:
-            held[a.owner] += self._held(a) + HEADROOM
+            held[a.owner] += self._row_size(a)
         share = room // max(1, len(self._fair.load))
-        want = self._held(head) + HEADROOM
+        want = self._row_size(head)
         if held[head.owner] + want > share:
             return  # at their share: they wait for room like anyone
         while self._batch_tokens([*rows, head], HEADROOM) > room:
@@ -105,7 +105,7 @@ class Preempt:
             victim = self._victim(over)
             if victim is None:
                 return
-            held[victim.owner] -= self._held(victim) + HEADROOM
+            held[victim.owner] -= self._row_size(victim)
             rows.remove(victim)
             self._preempt(victim)
 
