@@ -49,8 +49,9 @@ The table's last rows say how many rows the decode steps held on average: at N c
 they are fewer than N (users between turns or prefilling, greedy replies that end at eos
 before --max-tokens); `--ignore-eos` runs every reply to --max-tokens, so 32 users keep a
 batch of ~32 rows. `--rounds 2` runs the same conversations again: the second round's
-prompts are in the prefix cache, so its steps are shorter and the engine's share of them larger. `--shapes` counts the
-decode steps whose batch shape (rows, buffer columns, buffer rows) had not been seen before.
+prompts are in the prefix cache, so its steps are shorter and the engine's share of them
+larger. `--shapes` counts the decode steps whose batch shape (rows, buffer columns, buffer
+rows) had not been seen before.
 """
 
 from __future__ import annotations
