@@ -235,7 +235,9 @@ class Settings(BaseSettings):
     max_tokens: int = Field(256, ge=1, description="Default reply length in tokens")
     context_length: int | None = Field(None, ge=16, description="Override the model's context length")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto", description="Weights dtype; auto = float32 on CPU (no fast half-precision BLAS there)"
+        "auto",
+        description="Weights dtype; auto = float32 on a CPU (no fast half-precision BLAS there), "
+        "bfloat16 on a GPU (a float16 or bfloat16 checkpoint keeps its own)",
     )
     blas: Literal["auto", "openblas", "bundled"] = Field(
         "auto", description="Linux CPU BLAS: auto preloads Debian's OpenBLAS when present"

@@ -96,11 +96,11 @@ def test_packed_gguf_is_dequantized_exactly_on_the_cpu(tiny_packed):
 
 
 def test_packed_gguf_stays_packed_where_no_cast_is_wanted(tiny_packed, monkeypatch):
-    """The Mac GPU's path (dtype auto there keeps weights as they are): mlx-lm reads the
-    per-module bits and runs the packed layers."""
+    """A GPU's path (dtype auto there keeps packed weights packed, and half scales half):
+    mlx-lm reads the per-module bits and runs the packed layers."""
     path, folder = tiny_packed
     want = load_model(str(folder))
-    monkeypatch.setattr(model_module, "_target_dtype", lambda requested: None)
+    monkeypatch.setattr(model_module, "on_gpu", lambda: True)
     got = load_model(str(path))
     assert got.runs_as == "4/8-bit packed weights, float16 scales"
     a, b = logits(want), logits(got)

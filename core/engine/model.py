@@ -5,14 +5,14 @@ mlx-lm folder by `gguf.py`, cached in the data folder) or a hub id (hub ids need
 the first time; tests only ever pass local folders and files). On the CPU it casts floating
 weights to float32, since half precision gets no BLAS there; a GGUF's packed 4/8-bit weights
 are dequantized there too, since MLX's quantized CPU kernels are ~10x slower than float32
-with OpenBLAS (on a Mac GPU they stay packed). Runs on the engine thread (or the CLI's, for
+with OpenBLAS. On a GPU (a Mac's, or an NVIDIA one through mlx-cuda-13) packed weights stay
+packed and float32 ones become bfloat16. Runs on the engine thread (or the CLI's, for
 `radixchat doctor`); running the model is the engine's job.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,11 +56,25 @@ def _context_length(config: dict) -> int:
     return 4096
 
 
-def _target_dtype(requested: str) -> mx.Dtype | None:
+def on_gpu() -> bool:
+    """Does MLX run on a GPU here (a Mac's Metal, or CUDA where mlx-cuda-13 is installed)?"""
+    return mx.default_device() == mx.gpu
+
+
+def _target_dtype(requested: str, gpu: bool) -> mx.Dtype | None:
+    """What floating weights are cast to (None: kept as the checkpoint has them). `auto` is
+    float32 on a CPU (half precision gets no BLAS there) and bfloat16 on a GPU, where float32
+    weights would double the bytes every step reads; a checkpoint already in float16 or
+    bfloat16 keeps its own there (`_cast`)."""
     if requested != "auto":
         return _DTYPES[requested]
-    on_gpu = sys.platform == "darwin" and mx.default_device() == mx.gpu
-    return None if on_gpu else mx.float32
+    return mx.bfloat16 if gpu else mx.float32
+
+
+def _cast(a: mx.array, target: mx.Dtype, only_float32: bool) -> mx.array:
+    if not mx.issubdtype(a.dtype, mx.floating) or (only_float32 and a.dtype != mx.float32):
+        return a
+    return a.astype(target)
 
 
 def _is_gguf(local: Path) -> bool:
@@ -115,12 +129,13 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
 
         whole = sum(v.size for _, v in tree_flatten(model.parameters()))  # shapes only: still lazy
         link.sharding = shard_model(model, link)
-    target = _target_dtype(dtype)
+    gpu = on_gpu()
+    target = _target_dtype(dtype, gpu)
     if target is not None:
-        if gguf is not None:
+        keep_packed = gpu and dtype == "auto"  # a GPU runs packed weights at their own speed
+        if gguf is not None and not keep_packed:
             _dequantize(model)
-        cast = lambda a: a.astype(target) if mx.issubdtype(a.dtype, mx.floating) else a  # noqa: E731
-        model.update(tree_map(cast, model.parameters()))
+        model.update(tree_map(lambda a: _cast(a, target, keep_packed), model.parameters()))
     mx.eval(model.parameters())
     params = tree_flatten(model.parameters())
     num_params = whole or sum(v.size for _, v in params)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 from radixchat.core.config import DISK_AUTO, Settings
 from radixchat.core.platform.blas import (
@@ -51,13 +51,41 @@ def _other_blas_gflops(current: str) -> tuple[str, str]:
     return other, f"{float(out.stdout):.1f}"
 
 
+BACKENDS = ("mlx-cuda-13", "mlx-cuda-12", "mlx-metal", "mlx-cpu")  # the wheels that hold libmlx
+
+
+def mlx_backend() -> str:
+    """The backend wheels installed beside mlx; two at once overwrite each other's library
+    (`.ci/setup --cuda` swaps mlx-cpu for mlx-cuda-13 rather than adding it)."""
+    found = []
+    for name in BACKENDS:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    if len(found) > 1:
+        return " + ".join(found) + ": more than one backend, reinstall one (sh .ci/setup [--cuda])"
+    return found[0] if found else "no backend wheel"
+
+
+def device_line(device: str, info: dict) -> str:
+    """MLX's device with the name its backend gives it (an NVIDIA GPU under mlx-cuda-13, a
+    Mac's Apple GPU, the CPU's model) and its memory where the backend says."""
+    name = info.get("device_name") or info.get("architecture")
+    memory = info.get("total_memory") or info.get("memory_size")
+    detail = ", ".join(
+        part for part in (str(name) if name else "", f"{memory / 2**30:.0f} GiB" if memory else "") if part
+    )
+    return f"{device} ({detail})" if detail else device
+
+
 def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     import mlx.core as mx
 
     yield "platform", f"{platform.system()} {platform.machine()} ({os.cpu_count()} cpus)"
     yield "python", platform.python_version()
-    yield "mlx / mlx-lm", f"{version('mlx')} / {version('mlx-lm')}"
-    yield "mlx device", str(mx.default_device())
+    yield "mlx / mlx-lm", f"{version('mlx')} ({mlx_backend()}) / {version('mlx-lm')}"
+    yield "mlx device", device_line(str(mx.default_device()), mx.device_info())
     blas = active_blas()
     detail = f" ({os.environ.get('LD_PRELOAD')}, kernels {openblas_core()})" if blas == "openblas" else ""
     yield "blas", blas + detail
