@@ -12,7 +12,9 @@ forces implicitly (`.tolist()`, `.item()` of an unevaluated array) are not seen:
 and the library's steps make theirs explicit first.
 
 Counted: `--steps` decode steps of `--rows` rows, after every row's prompt (`--prompt` random
-tokens) is prefilled and a few steps have run, no row joining or leaving. Printed per step:
+tokens) is prefilled and a few steps have run, no row joining or leaving; with `--churn`,
+steps in which about one row leaves and one joins (the chat regime: each step's prefill,
+joins and leaves counted too). Printed per step:
 the primitives, those that compute (views such as Slice, Reshape, Broadcast left out: no
 kernel of their own on a GPU), the evaluations (each a wait for the device), and the ratio
 engine / library; `--by-name` adds each primitive's count. The engine runs as its thread
@@ -20,7 +22,7 @@ does (`unnormalized`, and `cpu_ops` with `--cpu-ops`: the CPU's forms, which a G
 takes; left off by default, so the count is the GPU's graph).
 
     python -m loadtests.bench_kernels [--model tiny | --random-dim 2048 --random-layers 16]
-        [--rows 1,32,64] [--prompt 200] [--steps 8] [--cpu-ops] [--by-name]
+        [--rows 1,32,64] [--prompt 200] [--steps 8] [--churn] [--cpu-ops] [--by-name]
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ class Count:
             return
         dot = io.StringIO()
         mx.export_to_dot(dot, *arrays)
-        self.names.update(m.split("\n")[0].split(" ")[0] for m in _LABEL.findall(dot.getvalue()))
-        self.evals += 1
+        found = [m.split("\n")[0].split(" ")[0] for m in _LABEL.findall(dot.getvalue())]
+        self.names.update(found)
+        self.evals += bool(found)  # an eval of what is already evaluated waits for nothing
 
     def __enter__(self) -> Count:
         import mlx.core as mx
@@ -108,6 +111,23 @@ def count_steps(gen, prompts: list[list[int]], steps: int, max_tokens: int) -> C
     return c
 
 
+def count_churn(gen, prompts: list[list[int]], steps: int) -> Count:
+    """Rows that leave and join: row k of the first batch stops after k + 4 tokens, and each
+    row that stops is replaced by a new prompt that stops `len(prompts)` tokens later, so about
+    one row leaves and one joins a step; the count covers every step's prefill, joins, leaves
+    and decode."""
+    rows = len(prompts)
+    gen.insert(prompts, max_tokens=[k + 4 for k in range(rows)])
+    more = iter(prompts * (steps + rows))
+    with Count() as c:
+        for _ in range(steps):
+            _, finished = gen.next()
+            done = sum(r.finish_reason is not None for r in finished)
+            if done:
+                gen.insert([next(more) for _ in range(done)], max_tokens=[rows] * done)
+    return c
+
+
 def library(model, rows: int):
     from mlx_lm.generate import BatchGenerator
 
@@ -134,6 +154,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=200, help="tokens in each row's prompt")
     p.add_argument("--steps", type=int, default=8, help="decode steps counted")
     p.add_argument("--cpu-ops", action="store_true", help="the engine's CPU forms of attention, SwiGLU, RoPE")
+    p.add_argument("--churn", action="store_true", help="a row leaves and one joins about every step")
     p.add_argument("--by-name", action="store_true", help="each primitive's count a step, engine and library")
     args = p.parse_args()
     import mlx.core as mx
@@ -149,8 +170,9 @@ def main() -> None:
         cpu_ops.install(model)
         cpu_ops.use_here(True)
     vocab = model.args.vocab_size
-    max_tokens = args.steps + 64
-    print(f"model {path}; device {mx.default_device()}; prompts of {args.prompt} tokens; {args.steps} steps counted")
+    max_tokens = 1000  # no row leaves while it is counted, however long the prefill took
+    regime = "a row leaving and one joining about every step" if args.churn else "steady decode"
+    print(f"model {path}; device {mx.default_device()}; prompts of {args.prompt} tokens; {args.steps} steps, {regime}")
     print(f"engine's ops: {'cpu_ops (the CPU forms)' if args.cpu_ops else 'the library functions (a GPU graph)'}")
     print("| rows | primitives a step: engine / library | ratio | computing (no views) | ratio | evals a step |")
     print("|---|---|---|---|---|---|")
@@ -160,8 +182,11 @@ def main() -> None:
         got = {}
         for who, make in (("engine", engine), ("library", library)):
             gen = make(model, rows)
-            with mx.stream(gen.stream if hasattr(gen, "stream") else mx.default_stream(mx.default_device())):
-                got[who] = count_steps(gen, prompts, args.steps, max_tokens)
+            with mx.stream(gen.stream):
+                if args.churn:
+                    got[who] = count_churn(gen, prompts, args.steps)
+                else:
+                    got[who] = count_steps(gen, prompts, args.steps, max_tokens)
             gen.close()
         e, lib = got["engine"], got["library"]
         n = args.steps

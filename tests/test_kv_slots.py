@@ -232,3 +232,45 @@ def test_storing_a_rows_new_tail_copies_the_tail_not_the_row():
     whole = row.keys.nbytes + row.values.nbytes
     assert mx.get_peak_memory() - before < whole / 4, "the whole row was copied to store its tail"
     assert mx.array_equal(tail.layers[0][0], slot.keys[2:3, :, -64:, :]).item()
+
+
+def test_a_leave_and_a_join_wait_for_one_evaluation_not_one_a_layer(monkeypatch):
+    """Each evaluation waits for the step in flight (on a GPU, a sync and a launch): a row
+    that left or joined cost one a layer, 30 on SmolLM2. Inside `one_eval` (the decoding
+    batch's filter and extend) every layer's rows are written after a single one, with the
+    same K/V as layer by layer."""
+    from radixchat.core.cache.slots import one_eval
+
+    layers = 6
+
+    def batch(seed: int) -> list[SlotKVCache]:
+        rng = random.Random(seed)
+        return [SlotKVCache.merge([single(rng, n) for n in (30, 40, 50, 60)]) for _ in range(layers)]
+
+    def joiner(seed: int) -> list[BatchKVCache]:
+        rng = random.Random(seed)
+        return [BatchKVCache.merge([single(rng, 35)]) for _ in range(layers)]
+
+    alone, together = batch(1), batch(1)
+    evals = []
+    real = mx.eval
+    monkeypatch.setattr(mx, "eval", lambda *a: (evals.append(a), real(*a)))
+    for c in alone:
+        c.filter(swap_order([0, 1, 3]))
+    assert len(evals) == layers  # before: a layer at a time
+    evals.clear()
+    with one_eval(together):
+        for c in together:
+            c.filter(swap_order([0, 1, 3]))
+    assert len(evals) == 1
+    for c, j in zip(alone, joiner(2)):
+        c.extend(j)
+    evals.clear()
+    with one_eval(together):
+        for c, j in zip(together, joiner(2)):
+            c.extend(j)
+    assert len(evals) == 1, "a join that fits its buffers re-laid them, or waited a layer at a time"
+    for a, b in zip(alone, together):
+        assert a._k is not None and rows(a) == rows(b)
+        k = mx.array([[[[0.5] * D] for _ in range(H)] for _ in range(4)])
+        assert mx.array_equal(decode(a, k, k), decode(b, k, k)).item()

@@ -48,6 +48,9 @@ changed in place (shared/seeds/004). Runs in the engine thread only.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
@@ -70,7 +73,28 @@ def _pads_of(cache) -> list[int]:
     return list(cache._pads) if isinstance(cache, SlotKVCache) else cache.left_padding.tolist()
 
 
+@contextmanager
+def one_eval(caches: list) -> Iterator[None]:
+    """The row writes of every layer's `filter` or `extend` inside the block wait for one
+    evaluation of their sources, not one a layer: each evaluation waits for the step in
+    flight and then for its own copies (on a GPU a sync and a launch; at 30 layers a row that
+    left cost 30 of them). The writes are made as the block ends, before anything reads the
+    buffers; a re-lay inside the block is made at once, its old buffers freed layer by layer."""
+    slots = [c for c in caches if isinstance(c, SlotKVCache)]
+    for c in slots:
+        c._pending = []
+    try:
+        yield
+    finally:
+        mx.eval([(k, v) for c in slots for _, k, v in c._pending])
+        for c in slots:
+            c._flush()
+
+
 class SlotKVCache(BatchKVCache):
+    _pending: list | None = None  # row writes deferred to the end of a `one_eval` block
+    _room_due = False  # `_spare_room` waits for those writes
+
     def __init__(self, left_padding: list[int], most_rows: int = 0):
         super().__init__(left_padding)
         self._k = self._v = None  # buffers; keys/values are the live views
@@ -126,15 +150,33 @@ class SlotKVCache(BatchKVCache):
     def _write(self, index, k: mx.array, v: mx.array) -> None:
         """Write into the buffers in place. MLX reuses a buffer only when nothing unevaluated
         still reads it: a pending view of it (or a source read from it) makes the write copy
-        the whole buffer, so the views are dropped first and the sources are evaluated."""
+        the whole buffer, so the views are dropped first and the sources are evaluated (in
+        a `one_eval` block, once for every layer, as the block ends)."""
+        if self._pending is not None:
+            self._pending.append((index, k, v))
+            return
         self.keys = self.values = None
         mx.eval(k, v)
         self._k[index] = k
         self._v[index] = v
 
+    def _flush(self) -> None:
+        """The end of a `one_eval` block: its writes (sources evaluated), then the room check."""
+        pending, self._pending = self._pending or [], None
+        if pending:
+            self.keys = self.values = None
+            for index, k, v in pending:
+                self._k[index] = k
+                self._v[index] = v
+            self._views()
+        if self._room_due:
+            self._room_due = False
+            self._spare_room()
+
     def _relay(self, rows: int, left: int, extra: int, src=None) -> None:
         """New buffers with room for `rows` rows, `left` dead columns before the window and
         `extra` after it, rounded up to `GRAIN`; the live window is copied across."""
+        assert not self._pending, "a re-lay would copy rows whose writes are still pending"
         k, v = src if src is not None else (self.keys, self.values)
         b, h, _, dk = k.shape
         dv = v.shape[3]
@@ -146,15 +188,20 @@ class SlotKVCache(BatchKVCache):
         elif 2 * rows <= cap_rows:  # half empty after a burst: give the memory back
             cap_rows = max(rows * 3 // 2, 2)
         width = -(-(left + self._idx + extra) // GRAIN) * GRAIN
-        nk = mx.zeros((cap_rows, h, width, dk), k.dtype)
-        nv = mx.zeros((cap_rows, h, width, dv), v.dtype)
-        self._k, self._v = nk, nv
+        self.keys = self.values = None  # (k and v still hold the old window)
+        self._k = mx.zeros((cap_rows, h, width, dk), k.dtype)
+        self._v = mx.zeros((cap_rows, h, width, dv), v.dtype)
         shift = left - self.t0  # the window moves to column `left`, its holes with it
         self._holes = {r: [c + shift for c in cols] for r, cols in self._holes.items()}
         if self._idx:
-            self._write((slice(0, b), slice(None), slice(left, left + self._idx)), k, v)
-            # copied now, so this layer's old buffers go before the next layer's are re-laid:
-            # left to the step's eval, every layer's old and new buffers were alive at once
+            # The sources read the old buffers, never these: the new ones are written in place
+            # with no evaluation of the sources first (one wait for the step in flight, not two),
+            # and evaluated now, so this layer's old buffers go before the next layer's are
+            # re-laid: left to the step's eval, every layer's old and new buffers were alive at once
+            window = (slice(0, b), slice(None), slice(left, left + self._idx))
+            self._k[window] = k
+            self._v[window] = v
+            del k, v
             mx.eval(self._k, self._v)
         self.t0, self._end = left, left + self._idx
         self._views()
@@ -226,7 +273,10 @@ class SlotKVCache(BatchKVCache):
                 self.left_padding = [p - drop for p in self._pads]
         if self._k is not None:
             self._views()
-            self._spare_room()
+            if self._pending is not None:  # the moves are not written yet
+                self._room_due = True
+            else:
+                self._spare_room()
 
     def _spare_room(self) -> None:
         """Give memory back once the rows that left make the buffers mostly spare: a re-lay

@@ -11,7 +11,8 @@ read, and a running row's response (`Running`) reads its row only if asked.
 
 Everything else is the library's, in its order: the forward, the one batched sampler call,
 launching the next step before waiting on this one, the per-row counts and stop matchers,
-leaving rows filtered out. A batch with a row that has logits processors, or rows whose
+leaving rows filtered out (the rows that move, and the rows that join, written after one
+evaluation for every layer: core.cache.slots.one_eval). A batch with a row that has logits processors, or rows whose
 samplers differ, takes the library's step unchanged (the engine gives its rows neither: one
 `BatchSampler` samples every row). Logits are normalized as the library's step normalizes
 them (core.engine.unnormalized: not in the engine thread). Runs in the engine thread only.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
+from radixchat.core.cache.slots import one_eval
 from radixchat.core.engine.cpu_ops import shared_positions
 from radixchat.core.engine.unnormalized import normalized, skipped_here
 
@@ -139,6 +141,11 @@ class DecodingBatch(GenerationBatch):
         rows = self._next_logprobs
         if isinstance(rows, Rows):  # the library's filter picks from a list: indices, not slices
             self._next_logprobs = range(len(rows))
-        super().filter(keep)
+        with one_eval(self.prompt_cache):  # the rows that move, every layer's in one eval
+            super().filter(keep)
         if isinstance(rows, Rows):
             self._next_logprobs = rows.take(self._next_logprobs)
+
+    def extend(self, batch) -> None:
+        with one_eval(self.prompt_cache):  # the joining rows' K/V, every layer's in one eval
+            super().extend(batch)
