@@ -23,6 +23,12 @@ takes; left off by default, so the count is the GPU's graph).
 
     python -m loadtests.bench_kernels [--model tiny | --random-dim 2048 --random-layers 16]
         [--rows 1,32,64] [--prompt 200] [--steps 8] [--churn] [--cpu-ops] [--by-name]
+        [--speed [--tokens 128] [--step-tokens N]]
+
+`--speed` also times both, uncounted: `--steps` decode steps once every row decodes, and a
+whole run (every row's prompt, then `--tokens` tokens, no stop tokens), output tokens/s each,
+after a short warm-up run (OpenBLAS preloaded on Linux, as the server runs); the engine's generator here is the step without the engine's
+loop around it (bench_host times that).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import re
 from collections import Counter
 
 from loadtests.benchmodel import add_model_args, resolve_model
+from radixchat.core.platform.blas import reexec_with_openblas
 
 # primitives that make a view or a broadcast rather than run a kernel of their own on a GPU
 VIEWS = frozenset({"Broadcast", "Slice", "Reshape", "ExpandDims", "Squeeze", "Transpose", "AsStrided", "Flatten"})
@@ -128,21 +135,50 @@ def count_churn(gen, prompts: list[list[int]], steps: int) -> Count:
     return c
 
 
+def time_steps(gen, prompts: list[list[int]], steps: int, tokens: int) -> tuple[float, float]:
+    """Output tokens/s of (`steps` decode steps once every row decodes; the whole run of
+    every row's prompt and `tokens` tokens), the device's work waited for at each end."""
+    import time
+
+    import mlx.core as mx
+
+    rows = len(prompts)
+    gen.insert(prompts, max_tokens=[1000] * rows)
+    _decoding(gen, rows, warm=3)
+    mx.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        gen.next()
+    mx.synchronize()
+    decode = rows * steps / (time.perf_counter() - t0)
+    gen.remove(list(gen._generation_batch.uids))
+    t0, done = time.perf_counter(), 0
+    gen.insert(prompts, max_tokens=[tokens] * rows)
+    while done < rows:
+        done += sum(r.finish_reason is not None for r in gen.next()[1])
+    mx.synchronize()
+    return decode, rows * tokens / (time.perf_counter() - t0)
+
+
 def library(model, rows: int):
     from mlx_lm.generate import BatchGenerator
 
     return BatchGenerator(model, completion_batch_size=rows, prefill_batch_size=rows)
 
 
+STEP_TOKENS = {"value": None}  # --step-tokens (None: the server's default)
+
+
 def engine(model, rows: int):
     """The generator the engine builds (core.engine.stepper.make_generator), its settings the
-    server's defaults but the batch's size; every row greedy, as the library's."""
+    server's defaults but the batch's size (and --step-tokens); every row greedy, as the library's."""
     import mlx.core as mx
 
     from radixchat.core.config import Settings
     from radixchat.core.engine.stepper import make_generator
 
-    settings = Settings(max_batch=rows, speculate=0)
+    step = {} if STEP_TOKENS["value"] is None else {"step_tokens": STEP_TOKENS["value"]}
+    settings = Settings(max_batch=rows, speculate=0, **step)
     return make_generator(model, settings, mx.new_stream(mx.default_device()), lambda responses: None, 0)
 
 
@@ -155,8 +191,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="decode steps counted")
     p.add_argument("--cpu-ops", action="store_true", help="the engine's CPU forms of attention, SwiGLU, RoPE")
     p.add_argument("--churn", action="store_true", help="a row leaves and one joins about every step")
+    p.add_argument("--speed", action="store_true", help="also time each: decode steps and whole runs, tokens/s")
+    p.add_argument("--step-tokens", type=int, default=None, help="the engine's step budget (default: the server's)")
+    p.add_argument("--tokens", type=int, default=128, help="tokens a row in --speed's whole runs")
     p.add_argument("--by-name", action="store_true", help="each primitive's count a step, engine and library")
     args = p.parse_args()
+    reexec_with_openblas()
+    STEP_TOKENS["value"] = args.step_tokens
     import mlx.core as mx
     from mlx_lm import load
 
@@ -196,6 +237,23 @@ def main() -> None:
             f" | {e.evals / n:.1f} / {lib.evals / n:.1f} |"
         )
         names[rows] = (e, lib)
+    if args.speed:
+        print(
+            f"\noutput tokens/s: {args.steps} decode steps of every row; whole runs of every prompt and {args.tokens} tokens"
+        )
+        print("| rows | decode: engine / library | ratio | whole run: engine / library | ratio |")
+        print("|---|---|---|---|---|")
+        for rows in [int(r) for r in args.rows.split(",")]:
+            prompts = _prompts(rows, args.prompt, vocab)
+            got = {}
+            for who, make in (("engine", engine), ("library", library)):
+                gen = make(model, rows)
+                with mx.stream(gen.stream):
+                    time_steps(gen, prompts[:1], 4, 4)  # a warm-up of the shapes' first kernels
+                    got[who] = time_steps(gen, prompts, args.steps, args.tokens)
+                gen.close()
+            (ed, ew), (ld, lw) = got["engine"], got["library"]
+            print(f"| {rows} | {ed:,.0f} / {ld:,.0f} | {ed / ld:.2f}x | {ew:,.0f} / {lw:,.0f} | {ew / lw:.2f}x |")
     if args.by_name:
         for rows, (e, lib) in names.items():
             print(f"\n{rows} rows: primitive, engine / library a step (those that differ)")
