@@ -1,9 +1,11 @@
 #!/bin/sh
 # One visit to the GPU machine (issue 50's measurements), as one prepared script: run it in the
 # last call after ../shared/gpu's install.sh, from the project's root there, with $OUT set:
-#   sh .gpu/3/install.sh && . /tmp/gpu/env.sh && sh loadtests/gpu_visit.sh
-# It builds the two random models in bfloat16 (the 1B-shaped 2048 x 16 and the SmolLM2-shaped
-# 512 x 30 llama), then, each part under its own timeout and its output kept in $OUT:
+#   sh .gpu/3/install.sh && . /tmp/gpu/env.sh && sh loadtests/gpu_visit.sh 2048x16
+# then, on the same warm machine, a second call: . /tmp/gpu/env.sh && sh loadtests/gpu_visit.sh 512x30
+# (one shape a call: each part has its own timeout, and a shape's parts fit the device's 600 s a call)
+# It builds the shape's random llama in bfloat16 (the 1B-shaped 2048 x 16 or the SmolLM2-shaped
+# 512 x 30), then, each part under its own timeout and its output kept in $OUT:
 #   1. bench_kernels: primitives a decode step and tokens/s, the engine's generator against
 #      mlx-lm's BatchGenerator, same model, rows and prompts (1, 32, 64 rows);
 #   2. bench_host: the engine in-process at 1, 32, 64 users, --step-tokens 256 (the default,
@@ -16,9 +18,9 @@ mkdir -p "$OUT"
 PY=${PY:-python3}
 QUICK=${QUICK:-0}
 if [ "$QUICK" = 1 ]; then
-  SHAPES="64x2 64x4"; ROWS=1,4; USERS=2; TOK=8; T=300
+  SHAPES=${1:-"64x2 64x4"}; ROWS=1,4; USERS=2; TOK=8; T=100
 else
-  SHAPES="2048x16 512x30"; ROWS=1,32,64; USERS=32,64; TOK=128; T=240
+  SHAPES=${1:-2048x16}; ROWS=1,32,64; USERS=32,64; TOK=128; T=90
 fi
 run() {  # run NAME SECONDS CMD...: output to $OUT/NAME.txt, a line on stdout
   name=$1; secs=$2; shift 2
@@ -49,7 +51,7 @@ EOF
     run "host-$shape-step$budget" "$T" $PY -m loadtests.bench_host --model "$folder" --users "$ROWS" --turns 1 \
       --max-tokens "$TOK" --ignore-eos --set "step_tokens=$budget"
   done
-  run "http-$shape" "$T" $PY -m loadtests.bench_vs_mlxlm --model "$folder" --users "$USERS" --convs 1 \
+  run "http-$shape" 180 $PY -m loadtests.bench_vs_mlxlm --model "$folder" --users "$USERS" --convs 1 \
     --configs defaults --out "$OUT/http-$shape"
 done
 grep -h "^|" "$OUT"/kernels-*.txt | head -40
