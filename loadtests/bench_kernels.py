@@ -182,6 +182,19 @@ def engine(model, rows: int):
     return make_generator(model, settings, mx.new_stream(mx.default_device()), lambda responses: None, 0)
 
 
+def both(model, rows: int, measure) -> tuple:
+    """`measure(gen)` of a fresh engine's generator, then of a fresh library's, each on its stream."""
+    import mlx.core as mx
+
+    got = []
+    for make in (engine, library):
+        gen = make(model, rows)
+        with mx.stream(gen.stream):
+            got.append(measure(gen))
+        gen.close()
+    return tuple(got)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(p)
@@ -220,16 +233,10 @@ def main() -> None:
     names = {}
     for rows in [int(r) for r in args.rows.split(",")]:
         prompts = _prompts(rows, args.prompt, vocab)
-        got = {}
-        for who, make in (("engine", engine), ("library", library)):
-            gen = make(model, rows)
-            with mx.stream(gen.stream):
-                if args.churn:
-                    got[who] = count_churn(gen, prompts, args.steps)
-                else:
-                    got[who] = count_steps(gen, prompts, args.steps, max_tokens)
-            gen.close()
-        e, lib = got["engine"], got["library"]
+        if args.churn:
+            e, lib = both(model, rows, lambda gen, p=prompts: count_churn(gen, p, args.steps))
+        else:
+            e, lib = both(model, rows, lambda gen, p=prompts: count_steps(gen, p, args.steps, max_tokens))
         n = args.steps
         print(
             f"| {rows} | {e.total() / n:.0f} / {lib.total() / n:.0f} | {e.total() / lib.total():.2f}x"
@@ -245,14 +252,12 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for rows in [int(r) for r in args.rows.split(",")]:
             prompts = _prompts(rows, args.prompt, vocab)
-            got = {}
-            for who, make in (("engine", engine), ("library", library)):
-                gen = make(model, rows)
-                with mx.stream(gen.stream):
-                    time_steps(gen, prompts[:1], 4, 4)  # a warm-up of the shapes' first kernels
-                    got[who] = time_steps(gen, prompts, args.steps, args.tokens)
-                gen.close()
-            (ed, ew), (ld, lw) = got["engine"], got["library"]
+
+            def timed(gen, prompts=prompts):
+                time_steps(gen, prompts[:1], 4, 4)  # a warm-up of the shapes' first kernels
+                return time_steps(gen, prompts, args.steps, args.tokens)
+
+            (ed, ew), (ld, lw) = both(model, rows, timed)
             print(f"| {rows} | {ed:,.0f} / {ld:,.0f} | {ed / ld:.2f}x | {ew:,.0f} / {lw:,.0f} | {ew / lw:.2f}x |")
     if args.by_name:
         for rows, (e, lib) in names.items():
