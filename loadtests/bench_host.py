@@ -52,6 +52,10 @@ batch of ~32 rows. `--rounds 2` runs the same conversations again: the second ro
 prompts are in the prefix cache, so its steps are shorter and the engine's share of them
 larger. `--shapes` counts the decode steps whose batch shape (rows, buffer columns, buffer
 rows) had not been seen before.
+The process runs as `radixchat serve` does: its GIL switch interval is the server's
+(core.engine.output.SWITCH_INTERVAL_S, 0.5 ms), so the engine thread gets the GIL back from the
+users' event loop and the output thread as the server's does; `--switch-interval 0.005` is
+Python's own (what every figure of this script before 2026-12-04 evening ran with).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -66,6 +71,7 @@ from collections import defaultdict
 from loadtests.bench_profile import PROMPTS, run_all, user
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat.core.config import Settings
+from radixchat.core.engine.output import SWITCH_INTERVAL_S
 from radixchat.core.engine.requests import ChatRequest, Finished
 from radixchat.core.platform.blas import active_blas, reexec_with_openblas
 
@@ -299,6 +305,12 @@ def main() -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="(the default model's card: 1.1)")
     p.add_argument("--ignore-eos", action="store_true", help="every reply runs to --max-tokens (the batch stays full)")
     p.add_argument("--threads", action="store_true", help="one blocking thread a user, not the server's one event loop")
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=SWITCH_INTERVAL_S,
+        help="Python's GIL switch interval, s (default: what `radixchat serve` sets; Python's own is 0.005)",
+    )
     p.add_argument("--rounds", type=int, default=1, help="runs of the same conversations per --users value")
     p.add_argument(
         "--shapes", action="store_true", help="count decode steps whose batch shape is new (a compiled step's traces)"
@@ -306,6 +318,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="an engine setting (repeatable)")
     args = p.parse_args()
     reexec_with_openblas()
+    sys.setswitchinterval(args.switch_interval)
     from radixchat.core.engine.engine import Engine
 
     overrides = dict(kv.split("=", 1) for kv in args.set)

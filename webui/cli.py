@@ -25,6 +25,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from radixchat.core.config import DISK_AUTO, Settings, address_rule, settings_error_line
+from radixchat.core.engine.output import SWITCH_INTERVAL_S
 from radixchat.webui.cli_admin import add_admin_commands, run_admin
 
 
@@ -146,7 +147,7 @@ def _remote(settings: Settings):
 
 
 def cmd_worker(args, settings: Settings) -> None:
-    sys.setswitchinterval(0.0005)  # as `serve`: the engine thread wants the GIL back at once
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # as `serve`: the engine thread wants the GIL back at once
     _log_to_stderr()
     from radixchat.webui.worker import serve_worker
 
@@ -166,10 +167,7 @@ def _log_to_stderr() -> None:
 
 
 def cmd_serve(args, settings: Settings) -> None:
-    # The engine thread gives up the GIL during every MLX evaluation and wants it back at
-    # once; with the default 5 ms switch interval it waits behind the HTTP thread, which
-    # slowed every decode step under load.
-    sys.setswitchinterval(0.0005)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # the engine thread wants the GIL back at once
     _log_to_stderr()
     from radixchat.core.engine.lockstep import launched
 

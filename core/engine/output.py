@@ -30,6 +30,12 @@ from radixchat.core.engine.handle import Outbox
 
 log = logging.getLogger("radixchat.engine")
 
+# The engine thread gives up the GIL during every MLX evaluation and wants it back at once:
+# with Python's default 5 ms switch interval it waits behind whichever thread holds it (the
+# HTTP server's event loop, the output thread), which slowed every decode step under load.
+# A process that runs an engine sets this (`radixchat serve`, `worker`, the benchmarks).
+SWITCH_INTERVAL_S = 0.0005
+
 
 class OutputThread:
     def __init__(self, outbox: Outbox):
