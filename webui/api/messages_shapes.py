@@ -104,7 +104,7 @@ class Tool(BaseModel):
 
 
 class ToolChoice(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None  # one call a reply here anyway
@@ -117,12 +117,12 @@ class ToolChoice(BaseModel):
 
 
 class Thinking(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["disabled"]  # "enabled" is refused: no thinking budget here
 
 
 class MessagesRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     messages: list[Message] = Field(min_length=1)
     max_tokens: int = Field(ge=1)

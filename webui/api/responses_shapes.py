@@ -21,7 +21,7 @@ ROLES = ("user", "assistant", "system", "developer")
 
 
 class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     input: str | list[dict] = Field(min_length=1)
     instructions: str | None = None

@@ -117,11 +117,14 @@ def _loads_or_text(arguments: str):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
     include_usage: bool = False
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a value of the wrong JSON type is refused, never coerced (`max_tokens: true` was
+    # read as 1, `stream: "yes"` as true, `"5"` as 5), as OpenAI's and Anthropic's APIs refuse them
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     # left out: the model's recommended value (core.engine.catalog), else OpenAI's 1.0
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -180,7 +183,7 @@ class _Sampling(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     name: str = Field(min_length=1, max_length=64)
     schema_: dict = Field(alias="schema")
     description: str | None = None
@@ -188,7 +191,7 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -210,7 +213,7 @@ class NamedFunction(BaseModel):
 
 
 class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["function"]
     function: NamedFunction
 

@@ -1,0 +1,57 @@
+"""A request value of the wrong JSON type is refused with a 400 naming the field, on every API,
+never coerced: `max_tokens: true` ran as a one-token reply and `stream: "yes"` streamed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from radixchat.core.config import Settings
+from radixchat.webui.server import build_app
+from tests.support.fake_engine import FakeEngine
+
+CHAT = ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}]})
+MESSAGES = ("/v1/messages", {"model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+RESPONSES = ("/v1/responses", {"model": "default", "input": "hi"})
+COMPLETIONS = ("/v1/completions", {"model": "default", "prompt": "hi"})
+
+
+def post_all(bodies: list[tuple[str, dict]]) -> list[httpx.Response]:
+    app = build_app(FakeEngine(), Settings(no_auth=True), None)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            return [await c.post(path, json=body) for path, body in bodies]
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("api", "field", "value"),
+    [
+        (CHAT, "max_tokens", True),
+        (CHAT, "stream", "yes"),
+        (CHAT, "n", "2"),
+        (CHAT, "temperature", "0.5"),
+        (CHAT, "max_tokens", 5.5),
+        (COMPLETIONS, "stream", 1),
+        (MESSAGES, "max_tokens", "8"),
+        (MESSAGES, "stream", "true"),
+        (RESPONSES, "max_output_tokens", True),
+        (RESPONSES, "stream", 0),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_naming_its_field(api, field, value):
+    path, good = api
+    ok, bad = post_all([(path, good), (path, {**good, field: value})])
+    assert ok.status_code == 200, ok.text
+    assert bad.status_code == 400, bad.text
+    assert field in bad.json()["error"]["message"]
+
+
+def test_the_right_types_still_pass_an_integer_for_a_float_included():
+    path, good = CHAT
+    answers = post_all([(path, {**good, "temperature": 1, "top_p": 1, "max_tokens": 4, "stream": False, "n": 1})])
+    assert [a.status_code for a in answers] == [200]
