@@ -77,6 +77,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if param is None and e.get("type") in ("model_attributes_type", "dict_type"):
         return "the request body must be a JSON object", None
     if e.get("type") == "missing":
+        if param is None:  # no body at all (FastAPI's "missing" for the whole of it)
+            return "the request body is empty: send a JSON object", None
         return f"missing required field: {param}", param
     msg = e.get("msg", "invalid value").removeprefix("Value error, ")
     return (f"{param}: {msg}" if param else msg), param

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from radixchat.core.engine import tools as formats
 from radixchat.core.engine.requests import Failed, Finished, TextDelta, Usage
 from radixchat.webui.api import toolcalls
-from radixchat.webui.api.fields import penalties, with_defaults
+from radixchat.webui.api.fields import NOT_UNICODE, lone_surrogate, penalties, with_defaults
 
 Ignored = dict | None  # cache_control: accepted, not used (see the module's docstring)
 
@@ -144,6 +144,16 @@ class MessagesRequest(BaseModel):
     workspace_id: str | None = None
     diagnostics: Ignored = None
     thinking: Thinking | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data):
+        """A lone surrogate anywhere is refused by where it is, as the OpenAI routes refuse it
+        (it reached the tokenizer, whose complaint named no field)."""
+        where = lone_surrogate(data)
+        if where is not None:
+            raise ValueError(f"{where}: {NOT_UNICODE}")
+        return data
 
     @model_validator(mode="after")
     def _ends_with_user(self):

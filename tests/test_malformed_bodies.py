@@ -1,5 +1,7 @@
-"""A request value of the wrong JSON type is refused with a 400 naming the field, on every API,
-never coerced: `max_tokens: true` ran as a one-token reply and `stream: "yes"` streamed."""
+"""Malformed bodies get a 400 that says what is wrong, on every API: a value of the wrong JSON
+type is refused naming its field, never coerced (`max_tokens: true` ran as a one-token reply
+and `stream: "yes"` streamed); an empty body says so (it was "missing required field: None");
+a lone surrogate on the Messages API is refused by where it is (it reached the tokenizer)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,16 @@ RESPONSES = ("/v1/responses", {"model": "default", "input": "hi"})
 COMPLETIONS = ("/v1/completions", {"model": "default", "prompt": "hi"})
 
 
-def post_all(bodies: list[tuple[str, dict]]) -> list[httpx.Response]:
+def post_all(bodies: list[tuple[str, dict | bytes]]) -> list[httpx.Response]:
     app = build_app(FakeEngine(), Settings(no_auth=True), None)
+    kind = {"content-type": "application/json"}
 
     async def scenario():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
-            return [await c.post(path, json=body) for path, body in bodies]
+            return [
+                await (c.post(path, content=body, headers=kind) if isinstance(body, bytes) else c.post(path, json=body))
+                for path, body in bodies
+            ]
 
     return asyncio.run(scenario())
 
@@ -55,3 +61,21 @@ def test_the_right_types_still_pass_an_integer_for_a_float_included():
     path, good = CHAT
     answers = post_all([(path, {**good, "temperature": 1, "top_p": 1, "max_tokens": 4, "stream": False, "n": 1})])
     assert [a.status_code for a in answers] == [200]
+
+
+def message_of(r: httpx.Response) -> str:
+    return r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("api", [CHAT, MESSAGES, RESPONSES, COMPLETIONS])
+def test_an_empty_body_is_called_empty(api):
+    (r,) = post_all([(api[0], b"")])
+    assert r.status_code == 400 and message_of(r) == "the request body is empty: send a JSON object"
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_a_lone_surrogate_on_the_messages_api_is_refused_where_it_is(path):
+    body = b'{"model": "default", "max_tokens": 4, "system": "ok", "messages": [{"role": "user", "content": [{"type": "text", "text": "a\\ud800"}]}]}'
+    (r,) = post_all([(path, body)])
+    assert r.status_code == 400
+    assert message_of(r).startswith("messages.0.content.0.text: text must be valid Unicode")
