@@ -61,3 +61,53 @@ def test_the_engine_goes_on_after_a_grammar_failed(engine, tight_limits):
     engine.submit(chat(max_tokens=24, json_schema=SCHEMA)).result()
     plain = engine.submit(chat(max_tokens=4)).result()
     assert isinstance(plain, Finished) and plain.usage.generated_tokens == 4
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"allOf": [{"$ref": "#"}]},
+        {"anyOf": [{"$ref": "#"}]},
+    ],
+)
+def test_a_schema_no_reply_can_satisfy_is_refused_before_it_is_queued(engine, schema):
+    """A schema defined only by itself admits no JSON at all: its first step failed the
+    request (a 500 to a client, or a 200 and then an error event when streamed)."""
+    from radixchat.core.engine.constrain import EMPTY
+    from radixchat.core.engine.requests import RequestError
+
+    with pytest.raises(RequestError) as refused:
+        engine.submit(chat(max_tokens=8, json_schema=schema))
+    assert refused.value.status == 400 and refused.value.code == "invalid_schema"
+    assert refused.value.message == f"response_format: {EMPTY}"
+    assert engine.stats().inflight == 0
+
+
+def test_a_grammar_that_fails_mid_reply_is_the_clients_400_not_a_500(engine, tight_limits):
+    """Its own schema's fault: an `invalid_schema` 400 for a reply sent whole (streamed, the
+    200 has gone with the first chunk, and the stream ends with the error)."""
+    import asyncio
+
+    import httpx
+
+    from radixchat.core.config import Settings
+    from radixchat.webui.server import build_app
+
+    app = build_app(engine, Settings(no_auth=True), None)
+    body = {
+        "model": engine.info.model_id,
+        "max_tokens": 24,
+        "messages": [{"role": "user", "content": "Tell me about lists"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}},
+    }
+
+    async def post():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            return await c.post("/v1/chat/completions", json=body, timeout=120)
+
+    r = asyncio.run(post())
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_schema" and err["message"] == ConstraintFailed.MESSAGE

@@ -10,7 +10,8 @@ ms a token (0.93 s once); a 32-row decode step takes ~300 ms. outlines was not m
 vocabulary index needs the Hub or a hand conversion of the tokenizer.
 
 `grammar_for` turns a schema into a grammar and checks it; `Constraint` is one request's
-matcher. Both are built in the preparation pool (core.engine.prepare), so a bad schema is
+matcher, which computes its first mask once as it is built (a grammar with no first token is
+refused there). Both are built in the preparation pool (core.engine.prepare), so a bad schema is
 refused before the request is queued and compiling a large one never stalls the engine
 thread. The engine thread only drives the matcher, through the request's sampler: at each
 call it first consumes the token the previous call chose (mlx-lm samples the next token
@@ -31,6 +32,8 @@ import time
 
 import numpy as np
 
+from radixchat.core.engine.requests import GRAMMAR_LIMIT
+
 _COMPACT = {"whitespace_flexible": False}
 _tokenizers: dict[int, object] = {}
 _lock = threading.Lock()
@@ -40,16 +43,16 @@ class SchemaError(ValueError):
     pass
 
 
+EMPTY = "no reply can satisfy this grammar (it admits no text, or is too deep for the constraint engine)"
+
+
 class ConstraintFailed(RuntimeError):
     """The grammar could not go on mid-reply (a limit of llguidance's parser, a token it
     refused): the request fails with this fixed sentence, and `detail` (llguidance's words)
     goes to the log. Without it llguidance's mask, once its matcher is in error, allows only
     the end of the text, and the reply ended as a "stop" with broken JSON."""
 
-    MESSAGE = (
-        "structured output could not go on: the reply's grammar ran into a limit of the "
-        "constraint engine (a simpler schema may work)"
-    )
+    MESSAGE = GRAMMAR_LIMIT
 
     def __init__(self, detail: str):
         super().__init__(self.MESSAGE)
@@ -102,13 +105,20 @@ class Constraint:
 
     def __init__(self, grammar: str, tokenizer, vocab_size: int):
         import llguidance
-        from llguidance.numpy import allocate_token_bitmask
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
         self.matcher = llguidance.LLMatcher(_tokenizer(tokenizer, vocab_size), grammar, log_level=0)
         if self.matcher.is_error():
             raise SchemaError(self.matcher.get_error())
         self.vocab_size = vocab_size
         self.bitmask = allocate_token_bitmask(1, vocab_size)
+        # The first token's mask, made here (the preparation pool) and thrown away: a grammar
+        # that admits no text at all (a schema defined only by itself, `{"$ref": "#"}`) or
+        # whose first mask already runs into llguidance's limits (a required child of its own
+        # type) failed at the request's first step, a 500 or an error after a 200's first chunk
+        fill_next_token_bitmask(self.matcher, self.bitmask, 0)
+        if self.matcher.is_error():
+            raise SchemaError(EMPTY)  # (llguidance's own words name its internals)
         self.previous = None  # the token array the last call returned
         self.consumed = 0  # tokens the matcher has consumed
         self.last_s = self.avg_s = 0.0  # time of the latest mask, and a moving average (core.engine.mask_share)

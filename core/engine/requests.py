@@ -202,6 +202,15 @@ class Finished:
     stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
+# A request whose grammar (its JSON schema or forced tool call) ran into a limit of the
+# constraint engine mid-reply fails with this sentence: its own input's fault, which the API
+# answers as a 400 (webui/api/generation.py), not as the server's
+GRAMMAR_LIMIT = (
+    "structured output could not go on: the reply's grammar ran into a limit of the "
+    "constraint engine (a simpler schema may work)"
+)
+
+
 @dataclass
 class Failed:
     message: str

@@ -31,7 +31,15 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from radixchat.core.engine.handle import RequestHandle
-from radixchat.core.engine.requests import SEED_MAX, Failed, Finished, RequestError, Sampling, TextDelta
+from radixchat.core.engine.requests import (
+    GRAMMAR_LIMIT,
+    SEED_MAX,
+    Failed,
+    Finished,
+    RequestError,
+    Sampling,
+    TextDelta,
+)
 from radixchat.core.store import Store
 from radixchat.core.store.types import RequestRecord, User
 from radixchat.webui.api import rows
@@ -179,6 +187,8 @@ async def wait_for_ends(request: Request, handles: list[RequestHandle], ledger: 
             h.cancel()  # no-op once finished; frees the slot if this task was cancelled
     await ledger.committed()
     failed = next((ev for ev in finals if isinstance(ev, Failed)), None)
+    if failed is not None and failed.message == GRAMMAR_LIMIT:  # the request's own schema
+        raise ApiError(400, failed.message, "invalid_request_error", "invalid_schema")
     if failed is not None:
         raise ApiError(500, f"generation failed: {failed.message}", "server_error", "engine_error")
     return finals, watcher.done() and not watcher.cancelled() and watcher.result()
