@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import socket
@@ -27,6 +26,7 @@ from pydantic import ValidationError
 from radixchat.core.config import DISK_AUTO, Settings, address_rule, settings_error_line
 from radixchat.core.engine.output import SWITCH_INTERVAL_S
 from radixchat.webui.cli_admin import add_admin_commands, run_admin
+from radixchat.webui.log_lines import log_to_stderr
 
 
 def _add_settings_flags(p: argparse.ArgumentParser) -> None:
@@ -148,27 +148,16 @@ def _remote(settings: Settings):
 
 def cmd_worker(args, settings: Settings) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # as `serve`: the engine thread wants the GIL back at once
-    _log_to_stderr()
+    log_to_stderr()
     from radixchat.webui.worker import serve_worker
 
     settings = serve_disk(settings, sharded=False)
     serve_worker(settings, lambda s: _start_engine(s, _stop_serving), uvicorn_options(settings))
 
 
-def _log_to_stderr() -> None:
-    """radixchat's own log lines (a line per API request, models loaded and unloaded, what
-    the caches forget) on stderr, from INFO up; other libraries keep their defaults."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("radixchat: %(message)s"))
-    log = logging.getLogger("radixchat")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
 def cmd_serve(args, settings: Settings) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # the engine thread wants the GIL back at once
-    _log_to_stderr()
+    log_to_stderr()
     from radixchat.core.engine.lockstep import launched
 
     place = launched()
