@@ -9,8 +9,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
-from loadtests.bench_kernels import Count, _prompts, both, count_churn, count_steps
 from tests.support.randmodel import build_random_model
+from tests.support.step_count import Count, both, count_churn, count_steps, random_prompts
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_the_count_sees_what_is_pending_and_nothing_evaluated():
 
 
 def test_a_decode_step_submits_no_more_primitives_than_the_librarys(model):
-    prompts = _prompts(8, 24, 400)
+    prompts = random_prompts(8, 24, 400)
     engine, library = both(model, 8, lambda gen: count_steps(gen, prompts, 4, 1000))
     assert engine.evals == library.evals == 4
     assert engine.total(compute_only=True) <= 1.02 * library.total(compute_only=True)
@@ -48,7 +48,7 @@ def test_rows_leaving_and_joining_wait_for_about_as_many_evaluations_as_the_libr
     """A leave's and a join's row writes evaluated layer by layer: 176 against the library's
     62 here (6 layers, 16 steps); one evaluation for every layer: 65. What is left beyond
     the library's is the slot buffers' re-lays (one evaluation a layer, for memory)."""
-    prompts = _prompts(8, 24, 400)
+    prompts = random_prompts(8, 24, 400)
     engine, library = both(model, 8, lambda gen: count_churn(gen, prompts, 16))
     assert engine.evals <= 1.25 * library.evals
     assert engine.total() < library.total()
