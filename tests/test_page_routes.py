@@ -117,6 +117,16 @@ def test_uploads_and_files_are_refused(server):
     assert bob_http.get("/").status_code == 200
 
 
+def test_gradios_traffic_monitoring_is_off(server):
+    """Gradio's /monitoring/summary showed any signed-in user every page handler's calls
+    (an admin's account actions among them); the server's own /metrics answers loopback only."""
+    bob_http = signed_in(server.url, "bob")
+    summary = bob_http.get("/monitoring/summary")
+    assert summary.status_code in (403, 404), summary.text
+    for path in ("/monitoring", "/monitoring/0123"):
+        assert bob_http.get(path).status_code in (403, 404), path
+
+
 def test_no_auth_one_browser_cannot_cancel_anothers_reply(engine, tmp_path, tiny_model_dir):
     store = Store(tmp_path / "na.db", scrypt=CHEAP)
     app = build_app(engine, Settings(model=str(tiny_model_dir), no_auth=True), store)

@@ -138,6 +138,9 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
         mcp_server=False,
         ssr_mode=False,
         show_error=True,
+        # Gradio's traffic monitoring showed any signed-in user every handler's calls, an
+        # admin's among them (/monitoring/summary); /metrics, loopback only, is the server's
+        enable_monitoring=False,
     )
     gradio_app = app.state.gradio = next(
         r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None
