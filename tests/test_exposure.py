@@ -1,6 +1,6 @@
 """What a client can read or break at the server's edges, in-process on FakeEngine.
 
-/metrics by the client's address (this machine, --metrics-allow) and /health open but
+/metrics and /openapi.json by the client's address (this machine, --metrics-allow) and /health open but
 saying nothing private; ids in replies random, kept responses found again through the
 store; X-Forwarded-For believed only from --forwarded-allow-ips (uvicorn's own middleware,
 as the CLI configures it); text that is not valid Unicode refused by the API and the page
@@ -263,3 +263,16 @@ def test_the_readme_and_the_page_say_what_a_whole_system_message_guess_confirms(
     with gr.Blocks():
         panel = settings_panel({}, INFO, 16, [INFO.model_id])
     assert panel.system.info == SYSTEM_PROMPT_HELP and "whole" in SYSTEM_PROMPT_HELP
+
+
+def test_the_openapi_map_is_for_this_machine_not_the_lan():
+    app = build_app(FakeEngine(), Settings(no_auth=True, allow_open_lan=True), None)
+
+    async def get(client):
+        transport = httpx.ASGITransport(app=app, client=(client, 5555))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            return await c.get("/openapi.json")
+
+    here, lan = asyncio.run(get("127.0.0.1")), asyncio.run(get("192.168.1.20"))
+    assert here.status_code == 200 and "/v1/chat/completions" in here.json()["paths"]
+    assert lan.status_code == 403 and "this machine only" in lan.json()["error"]["message"]

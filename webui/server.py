@@ -48,7 +48,7 @@ def build_app(
 ) -> FastAPI:
     """The app over the served models (or one engine); `routers` are more API routers,
     included after the OpenAI ones and before the 404 of unknown /v1 paths."""
-    app = FastAPI(title="radixchat", docs_url=None, redoc_url=None)
+    app = FastAPI(title="radixchat", docs_url=None, redoc_url=None, openapi_url=None)
     engines = as_engines(engines)
     engine = engines.default  # the first model: /health's, the page's
     metrics = Metrics(engines)
@@ -96,6 +96,15 @@ def build_app(
                 403, "/metrics is served to this machine only (see --metrics-allow)", code="forbidden"
             )
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(request: Request):  # the API's map: to whoever may read /metrics, not the LAN
+        addr = request.client.host if request.client else None
+        if not address_allowed(addr, metrics_rule, loopback=True):
+            return error_response(
+                403, "/openapi.json is served to this machine only (see --metrics-allow)", code="forbidden"
+            )
+        return JSONResponse(app.openapi())
 
     include_api(app, routers)  # after every other route: its last one answers unknown /v1 paths
     if store is not None:
