@@ -253,6 +253,11 @@ class Settings(BaseSettings):
         description="The key a front end and its workers share (at least 16 characters): a worker "
         "serves only requests that carry it, and a front end sends it",
     )
+    service_key_file: Path | None = Field(
+        None,
+        description="A file holding the service key (its first line): unlike --service-key, it shows in "
+        "no process list",
+    )
     no_auth: bool = Field(False, description="Serve without sign-in or API keys")
     allow_open_lan: bool = Field(False, description="Permit --no-auth on a non-loopback host")
     max_body_bytes: ByteSize = Field(1 << 20, ge=1024, description="Largest accepted API request body" + SIZES_HELP)
@@ -301,6 +306,20 @@ class Settings(BaseSettings):
         if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
             return DISK_AUTO
         return v  # a size, read by parse_size
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key_from_file(cls, data):
+        if not isinstance(data, dict) or not data.get("service_key_file"):
+            return data
+        if data.get("service_key"):
+            raise ValueError("service_key_file: give the service key or a file that holds it, not both")
+        path = Path(str(data["service_key_file"])).expanduser()
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"service_key_file: cannot read {path}: {e.strerror or e}") from None
+        return {**data, "service_key": lines[0].strip() if lines else ""}
 
     @field_validator("service_key")
     @classmethod

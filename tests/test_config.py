@@ -138,3 +138,25 @@ def test_a_bad_size_is_refused_naming_its_setting(name, text, why):
 def test_the_disk_tiers_auto_still_stands_beside_sizes():
     assert Settings(cache_disk_bytes="auto").cache_disk_bytes == DISK_AUTO
     assert Settings(cache_disk_bytes="0").cache_disk_bytes == 0
+
+
+def test_the_service_key_comes_from_a_file_and_never_from_two_places(tmp_path, capsys):
+    """`--service-key` shows in `ps`; a file (or RADIXCHAT_SERVICE_KEY) keeps it out of sight."""
+    key = tmp_path / "key"
+    key.write_text("a-long-enough-service-key\n")
+    assert Settings(service_key_file=key).service_key.get_secret_value() == "a-long-enough-service-key"
+    with pytest.raises(ValidationError, match="not both"):
+        Settings(service_key_file=key, service_key="another-long-service-key")
+    short = tmp_path / "short"
+    short.write_text("short\n")
+    with pytest.raises(ValidationError, match="at least 16 characters"):
+        Settings(service_key_file=short)
+    with pytest.raises(ValidationError, match="cannot read"):
+        Settings(service_key_file=tmp_path / "missing")
+
+    from radixchat.webui.cli import _parser, load_settings
+
+    load_settings(_parser().parse_args(["worker", "--service-key", "a-long-enough-service-key"]))
+    assert "shows in every process list" in capsys.readouterr().err
+    load_settings(_parser().parse_args(["worker", "--service-key-file", str(key)]))
+    assert capsys.readouterr().err == ""

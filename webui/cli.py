@@ -54,6 +54,12 @@ def _add_settings_flags(p: argparse.ArgumentParser) -> None:
 
 def load_settings(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    if overrides.get("service_key"):
+        print(
+            "radixchat: --service-key on the command line shows in every process list (ps); "
+            "RADIXCHAT_SERVICE_KEY or --service-key-file FILE keeps it out of sight",
+            file=sys.stderr,
+        )
     if "model" in overrides:  # --model again and again: the first is the default, all are served
         if overrides.get("models"):
             _refuse("--models names the models to serve: give it or --model, not both")
