@@ -135,6 +135,20 @@ def test_revoke_only_own_keys_with_user(store, alice, bob):
         store.revoke_api_key("alice")
 
 
+def test_a_user_holds_a_bounded_number_of_live_keys(store, alice, bob):
+    """Keys were free to mint (40 in 2.3 s from the page), and what counts by key (the refusal
+    throttle) counted a user that many times over."""
+    from radixchat.core.store.accounts import MAX_LIVE_KEYS
+
+    keys = [store.create_api_key(alice)[0] for _ in range(MAX_LIVE_KEYS)]
+    with pytest.raises(Invalid, match=f"at most {MAX_LIVE_KEYS} API keys: revoke one first"):
+        store.create_api_key(alice)
+    store.create_api_key(bob)  # everyone has their own
+    store.revoke_api_key(keys[0].visible)
+    store.create_api_key(alice)  # a revoked key frees its place
+    assert len([k for k in store.list_api_keys(alice) if k.revoked is None]) == MAX_LIVE_KEYS
+
+
 # ---- conversations and messages ----
 
 

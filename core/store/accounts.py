@@ -48,6 +48,9 @@ from radixchat.core.store.types import (
 )
 
 MAX_REQUEST_LIMIT = 10_000  # a per-user override of --max-user-requests, at most
+# Live (unrevoked) API keys one user may hold: limits that count by key (the refusal throttle)
+# would otherwise be a user's times however many keys they mint (40 in 2.3 s from the page)
+MAX_LIVE_KEYS = 20
 _TOUCH_EVERY_S = 60.0  # how stale a key's last_used may get: saves a write per API call
 
 # a user without a cache key (one an older program added) reads as "", which owner_of refuses:
@@ -277,6 +280,9 @@ class AccountsMixin(StoreBase):
             owner = db.execute("SELECT name FROM users WHERE id = ?", [uid]).fetchone()
             if owner is None:
                 raise NotFound(f"user {uid} not found")
+            live = db.execute("SELECT count(*) FROM api_keys WHERE owner = ? AND revoked IS NULL", [uid]).fetchone()[0]
+            if live >= MAX_LIVE_KEYS:
+                raise Invalid(f"a user holds at most {MAX_LIVE_KEYS} API keys: revoke one first")
             row = {
                 "owner": uid,
                 "key_hash": auth.api_key_hash(key),
