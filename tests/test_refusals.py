@@ -92,3 +92,32 @@ def test_the_bucket_refills_and_accepted_requests_never_drain_it():
     assert bad == [400, 400, 400, 429]
     assert refused == 429 and unread  # its body was never read
     assert after == [400, 429]
+
+
+def test_a_users_refusals_are_counted_across_all_their_keys(store):
+    """Each key was a client of its own: a user with many keys had a bucket per key. Once a
+    key is known as hers, her refusals through any key drain one bucket of hers too."""
+    mallory, alice = store.create_user("mallory", "pw-mallory-1"), store.create_user("alice", "pw-alice-12")
+    keys = [store.create_api_key(mallory)[1] for _ in range(4)]
+    _, alices = store.create_api_key(alice)
+    app = build_app(FakeEngine(), Settings(), store)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+
+            async def post(key, body):
+                return (await c.post(CHAT, json=body, headers={"Authorization": f"Bearer {key}"})).status_code
+
+            assert await post(alices, GOOD) == 200  # (the middleware stack is built at the first request)
+            throttle_of(app).clock = lambda: 0.0  # time stands still: no refill
+            codes = [await post(keys[i % 4], BIG) for i in range(64)]
+            after = [await post(k, GOOD) for k in keys]
+            hers = await post(alices, GOOD)
+        return codes, after, hers
+
+    codes, after, hers = asyncio.run(scenario())
+    # 60 refusals (the burst) across her four keys empty her own bucket: each key has 45 left
+    assert codes[:60] == [400] * 60 and set(codes[60:]) == {429}, codes
+    assert after == [429] * 4  # every key of hers, even a good request
+    assert hers == 200  # alice's key is hers alone

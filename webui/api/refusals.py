@@ -12,7 +12,12 @@ Retry-After (OpenAI's shape, code `too_many_refused`) before its body is read, u
 bucket has refilled one. Accepted requests never drain it, so a client that is sometimes
 wrong never notices. The client is its credential (the `Authorization` or `x-api-key`
 header, kept as a hash: every request of a user with that key, whoever sends it), else its
-address. At most `max_clients` are remembered, least recently used forgotten first.
+address. A refused request whose key named a user (the API's sign-in ran) also takes one from
+that user's bucket, and the credential is remembered as theirs: once the user's bucket is
+empty, every key of theirs is answered 429 before its body is read (a user with many keys
+was many clients; a new key costs one refused request before it is known). A trusted front
+end's end users are users of their own here. At most `max_clients` of each are remembered,
+least recently used forgotten first.
 
 ASGI middleware on the API's paths, outside the body limit; runs on the server's event loop.
 """
@@ -42,13 +47,15 @@ class RefusalThrottle:
         self.app, self.burst, self.per_s, self.prefixes = app, burst, per_s, prefixes
         self.max_clients, self.clock = max_clients, clock
         self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()  # client -> (tokens, when)
+        self._users: OrderedDict[bytes, bytes] = OrderedDict()  # a credential's client -> its user's
         self.throttled = 0  # requests answered 429 here
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
             return await self.app(scope, receive, send)
         client = self._client(scope)
-        tokens = self._tokens(client)
+        user = self._users.get(client)
+        tokens = min(self._tokens(client), self._tokens(user) if user else self.burst)
         if tokens < 1.0:
             self.throttled += 1
             if scope.get("app") is not None:
@@ -58,6 +65,9 @@ class RefusalThrottle:
         async def counting_send(msg):
             if msg["type"] == "http.response.start" and msg["status"] in REFUSALS:
                 self._take(client)
+                user = self._user_of(client, scope)
+                if user is not None:
+                    self._take(user)
             await send(msg)
 
         await self.app(scope, receive, counting_send)
@@ -70,6 +80,19 @@ class RefusalThrottle:
             return b"k" + hashlib.sha256(credential).digest()[:16]
         host = (scope.get("client") or ("?", 0))[0]
         return b"a" + host.encode()
+
+    def _user_of(self, client: bytes, scope) -> bytes | None:
+        """The bucket of the user the API's sign-in found for this request (webui/api/deps.py
+        keeps it on the request's state), learnt as the credential's; None before sign-in ran."""
+        user = (scope.get("state") or {}).get("user")
+        if user is None or client[:1] != b"k":
+            return self._users.get(client)
+        bucket = b"u" + str(user.id).encode()
+        self._users[client] = bucket
+        self._users.move_to_end(client)
+        while len(self._users) > self.max_clients:
+            self._users.popitem(last=False)
+        return bucket
 
     def _tokens(self, client: bytes) -> float:
         """The client's refusals left now (refilled since it was last seen)."""
