@@ -4,6 +4,7 @@ hashing pool, and the page's real /login route on a real server."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -169,3 +170,22 @@ def test_a_locked_out_address_is_answered_before_the_page_runs(tiny_model_dir, t
         assert "too many failed sign-ins" in bare.json()["detail"]
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own priority is Linux's")
+def test_passwords_are_hashed_at_the_lowest_cpu_priority():
+    """A flood of wrong sign-ins keeps a hashing thread busy: at nice 19 it takes the cores
+    only when the engine and the event loop leave them idle (an API request under a login
+    flood: p95 1.86x idle before, 1.28x after, loadtests/bench_signin --many-addresses)."""
+    import os
+
+    from radixchat.webui.signin_queue import HashingLine
+
+    line = HashingLine()
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def ask():
+        return await line.run("lane", lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    assert asyncio.run(ask()) == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # this thread is untouched

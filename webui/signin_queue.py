@@ -1,7 +1,8 @@
 """The line in front of sign-in hashing: fair by client address, bounded, trusted browsers first.
 
 A password check costs one scrypt (~0.4 s of one core) and runs on `workers` threads (one by
-default) so that a crowd of sign-ins cannot take the engine's cores. First come first served
+default, at the lowest CPU priority where the system allows it for a thread) so that a crowd of
+sign-ins cannot take the engine's cores. First come first served
 made a crowd's cost everyone's: 300 wrong sign-ins queued ahead of alice made her wait 300
 hashes. `FairQueue` serves lanes instead of arrivals: each attempt waits in the lane of where
 it came from (a client address, an IPv6 /64; or, for a browser holding a valid device cookie,
@@ -22,9 +23,13 @@ failure counts against is webui/signin.py's business.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import ipaddress
 import math
+import os
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -148,6 +153,15 @@ class FairQueue:
         self._sweep_at = 2 * len(self._lanes) + 64  # a sweep per as many new lanes: O(1) each
 
 
+def lowest_priority() -> None:
+    """This thread at the lowest CPU priority (nice 19), where the system can set it for one
+    thread (Linux: a thread is a task of its own): hashing takes the cores only when the
+    engine and the event loop leave them idle. Elsewhere (macOS) it runs as it was."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
 class HashingLine:
     """`FairQueue` in front of `workers` hashing threads (see the module's docstring)."""
 
@@ -155,7 +169,9 @@ class HashingLine:
         self.queue = FairQueue(per_lane, total)
         self._workers = workers
         self._busy = 0
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="radixchat-signin")
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="radixchat-signin", initializer=lowest_priority
+        )
         self.refused = 0  # attempts refused for want of room
 
     async def run(self, lane: Hashable, fn: Callable[[], Any], trusted: bool = False) -> Any:
