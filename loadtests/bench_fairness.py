@@ -13,6 +13,7 @@ separated; default: the first six; loadtests/floods.py says what each sends):
 
   long             ~1,590-token prompts, distinct each time, max_tokens 20
   bodies           ~1 MB of message content (expect 400 context_length_exceeded)
+  bodies_keys      the same over 20 of mallory's API keys (refusals counted per user too)
   schemas          a ~138 KB json_schema (expect 400 schema_too_large: --max-schema-bytes)
   regex            a json_schema just under --max-schema-bytes of heavy `pattern` fields
   long_max_tokens  max_tokens = the model's context minus the prompt, ignore_eos
@@ -71,6 +72,7 @@ from loadtests.floods import BODY_CHARS, KINDS, LONG_MAX_TOKENS, LONG_PROMPT_TOK
 from radixchat import assets
 from radixchat.core.config import Settings
 from radixchat.core.store import Store
+from radixchat.core.store.accounts import MAX_LIVE_KEYS
 from tests.support.procs import free_port, start_radixchat, stop_process
 
 PROMPTS = assets.prompts()
@@ -275,7 +277,7 @@ def summary(rows: list[dict]) -> dict:
 # ---- one flood -------------------------------------------------------------------------------
 
 
-def one_flood(flood, url: str, key: str, http: httpx.Client, args, rng: random.Random, ctx) -> dict:
+def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: random.Random, ctx) -> dict:
     """Mallory's `flood` from a child process while alice's turns are timed; the figures."""
     stop, results, sent, timed = ctx.Event(), ctx.Queue(), ctx.Value("i", 0), ctx.Value("d", 0.0)
     limit_s = 3 * args.duration + args.settle + 120
@@ -283,7 +285,7 @@ def one_flood(flood, url: str, key: str, http: httpx.Client, args, rng: random.R
     child = ctx.Process(
         target=run_flood,
         daemon=True,
-        args=(flood, url, key, (args.retry_wait, args.refused_wait), limit_s, args.seed, stop, (sent, timed), results),
+        args=(flood, url, keys, (args.retry_wait, args.refused_wait), limit_s, args.seed, stop, (sent, timed), results),
     )
     t_flood = time.time()
     child.start()
@@ -486,6 +488,9 @@ def main() -> None:
             name: store.create_api_key(store.create_user(name, f"{name}-bench-password"), "bench")[1]
             for name in ("alice", "mallory")
         }
+        # mallory's other keys, for the floods spread over keys (bodies_keys)
+        more_keys = [keys["mallory"]]
+        more_keys += [store.create_api_key(store.get_user("mallory"), f"k{i}")[1] for i in range(MAX_LIVE_KEYS - 1)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     started = time.time()
@@ -518,7 +523,7 @@ def main() -> None:
             alone = summary(b_turns(http, "alone", args, rng))
             print(f"  alone: TTFT p50 {alone['p50']:.3f} / p95 {alone['p95']:.3f} s")
             for kind in kinds:
-                floods[kind] = f = one_flood(plans[kind], url, keys["mallory"], http, args, rng, ctx)
+                floods[kind] = f = one_flood(plans[kind], url, more_keys, http, args, rng, ctx)
                 print(
                     f"  under {kind}: TTFT p50 {f['b']['at_least']}{f['b']['p50']:.3f} / "
                     f"p95 {f['b']['at_least']}{f['b']['p95']:.3f} s",

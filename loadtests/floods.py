@@ -10,6 +10,9 @@ as soon as the last one ends; whether it streams. Kinds (`KINDS` is the default 
   long             prompts of ~1,590 tokens (calibrated against the server's own count),
                    max_tokens 20
   bodies           ~1 MB of message content (far beyond any context: refused, 400)
+  bodies_keys      the same, mallory's workers spread over as many API keys as a user may
+                   hold (core.store.accounts.MAX_LIVE_KEYS): refusals counted per key alone
+                   let her 20 times the refusals
   schemas          a response_format json_schema of ~138 KB (over --max-schema-bytes: 400)
   regex            a json_schema just under --max-schema-bytes whose string fields carry
                    heavy `pattern` regular expressions, max_tokens 64
@@ -44,9 +47,10 @@ from dataclasses import dataclass
 import httpx
 
 from loadtests.bench_prepare import body_of, schema_of
+from radixchat.core.store.accounts import MAX_LIVE_KEYS
 
 KINDS = ("long", "bodies", "schemas", "regex", "long_max_tokens", "n16")
-MORE = ("short",)
+MORE = ("short", "bodies_keys")
 TAG = "@@N@@"
 LONG_PROMPT_TOKENS = 1590
 LONG_MAX_TOKENS = 20
@@ -75,6 +79,7 @@ class Flood:
     stream: bool
     target: int  # engine requests of mallory's to wait for before alice is timed
     note: str  # how this kind is sized, for the report
+    keys: int = 1  # how many of mallory's API keys the workers take turns with
 
 
 def heavy_pattern(i: int) -> str:
@@ -122,6 +127,10 @@ def plan(kind: str, server: Server, question: str, flood: int, flood_max_tokens:
         data = json.dumps(body).encode()
         note = f"{len(data):,}-byte bodies (the server takes {server.body_limit:,}), {BODY_CHARS:,} characters of text"
         return _flood(kind, min(flood, limit), body, True, 0, note)
+    if kind == "bodies_keys":
+        body = {**base, **stream, "max_tokens": LONG_MAX_TOKENS, "messages": _user(body_of(BODY_CHARS))}
+        note = f"as bodies, over {MAX_LIVE_KEYS} API keys of mallory's"
+        return Flood(kind, min(flood, limit), json.dumps(body).encode(), True, 0, note, keys=MAX_LIVE_KEYS)
     if kind == "schemas":
         schema = {"title": TAG, **schema_of(BIG_SCHEMA_BYTES)}
         body = {**base, **stream, "max_tokens": LONG_MAX_TOKENS, "messages": _user(question)}
@@ -161,16 +170,18 @@ def _flood(kind: str, workers: int, body: dict, stream: bool, target: int, note:
 # ---- the child process ---------------------------------------------------------------------
 
 
-def run_flood(flood: Flood, url: str, key: str, waits: tuple, limit_s: float, seed: int, stop, shared, results) -> None:
+def run_flood(
+    flood: Flood, url: str, keys: list[str], waits: tuple, limit_s: float, seed: int, stop, shared, results
+) -> None:
     """Child process: keep `flood` going until `stop` is set (or `limit_s` passes), then put
-    mallory's figures on `results`. `waits` is (seconds after a 429, None for the server's
+    mallory's figures on `results`; worker w sends with `keys[w % flood.keys]`. `waits` is (seconds after a 429, None for the server's
     Retry-After; seconds after another 4xx); `shared` is (requests sent so far, a shared int
     this counts; when alice's timing began, a shared wall-clock time the parent sets: a
     stream's stalls from then on are also kept apart, as `timed_gap`)."""
-    results.put(asyncio.run(_run(flood, url, key, waits, limit_s, seed, stop, shared)))
+    results.put(asyncio.run(_run(flood, url, keys, waits, limit_s, seed, stop, shared)))
 
 
-async def _run(flood: Flood, url, key, waits, limit_s, seed, stop, shared) -> dict:
+async def _run(flood: Flood, url, keys, waits, limit_s, seed, stop, shared) -> dict:
     sent, timed = shared
     retry_wait, refused_wait = waits
     outcomes: Counter = Counter()
@@ -179,12 +190,13 @@ async def _run(flood: Flood, url, key, waits, limit_s, seed, stop, shared) -> di
     numbers = itertools.count()
     workers = max(1, flood.workers)
     limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json"}
     t_start = time.time()
 
-    async def one(http: httpx.AsyncClient, body: bytes) -> tuple[int, str, float]:
+    async def one(http: httpx.AsyncClient, body: bytes, key: str) -> tuple[int, str, float]:
         """Send one request; (status, error code or "", seconds to wait: Retry-After)."""
-        async with http.stream("POST", "/v1/chat/completions", content=body) as r:
+        auth = {"Authorization": f"Bearer {key}"}
+        async with http.stream("POST", "/v1/chat/completions", content=body, headers=auth) as r:
             if r.status_code != 200:
                 raw = await r.aread()
                 try:
@@ -229,7 +241,7 @@ async def _run(flood: Flood, url, key, waits, limit_s, seed, stop, shared) -> di
                 with sent.get_lock():
                     sent.value += 1
                 try:
-                    status, code, after = await one(http, body)
+                    status, code, after = await one(http, body, keys[w % min(flood.keys, len(keys))])
                 except httpx.HTTPError as e:
                     outcomes[f"error {type(e).__name__}"] += 1
                     await asyncio.sleep(0.5)
