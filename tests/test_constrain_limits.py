@@ -85,16 +85,20 @@ def test_a_schema_no_reply_can_satisfy_is_refused_before_it_is_queued(engine, sc
     assert engine.stats().inflight == 0
 
 
-def test_a_grammar_that_fails_mid_reply_is_the_clients_400_not_a_500(engine, tight_limits):
+def test_a_grammar_that_fails_mid_reply_is_the_clients_400_not_a_500(tiny_model_dir, tight_limits):
     """Its own schema's fault: an `invalid_schema` 400 for a reply sent whole (streamed, the
-    200 has gone with the first chunk, and the stream ends with the error)."""
+    200 has gone with the first chunk, and the stream ends with the error). An engine of its
+    own: the API's no-auth requests would land in the shared engine's anonymous cache
+    namespace, where other tests count cached tokens."""
     import asyncio
 
     import httpx
 
     from radixchat.core.config import Settings
+    from radixchat.core.engine.engine import Engine
     from radixchat.webui.server import build_app
 
+    engine = Engine(Settings(model=str(tiny_model_dir), prefix_cache=False)).start(timeout=120)
     app = build_app(engine, Settings(no_auth=True), None)
     body = {
         "model": engine.info.model_id,
@@ -107,7 +111,10 @@ def test_a_grammar_that_fails_mid_reply_is_the_clients_400_not_a_500(engine, tig
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
             return await c.post("/v1/chat/completions", json=body, timeout=120)
 
-    r = asyncio.run(post())
+    try:
+        r = asyncio.run(post())
+    finally:
+        engine.stop()
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == "invalid_schema" and err["message"] == ConstraintFailed.MESSAGE
