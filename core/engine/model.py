@@ -61,11 +61,10 @@ def on_gpu() -> bool:
     return mx.default_device() == mx.gpu
 
 
-def _target_dtype(requested: str, gpu: bool) -> mx.Dtype | None:
-    """What floating weights are cast to (None: kept as the checkpoint has them). `auto` is
-    float32 on a CPU (half precision gets no BLAS there) and bfloat16 on a GPU, where float32
-    weights would double the bytes every step reads; a checkpoint already in float16 or
-    bfloat16 keeps its own there (`_cast`)."""
+def _target_dtype(requested: str, gpu: bool) -> mx.Dtype:
+    """What floating weights are cast to. `auto` is float32 on a CPU (half precision gets no
+    BLAS there) and bfloat16 on a GPU, where float32 weights would double the bytes every step
+    reads; a checkpoint already in float16 or bfloat16 keeps its own there (`_cast`)."""
     if requested != "auto":
         return _DTYPES[requested]
     return mx.bfloat16 if gpu else mx.float32
@@ -131,11 +130,10 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
         link.sharding = shard_model(model, link)
     gpu = on_gpu()
     target = _target_dtype(dtype, gpu)
-    if target is not None:
-        keep_packed = gpu and dtype == "auto"  # a GPU runs packed weights at their own speed
-        if gguf is not None and not keep_packed:
-            _dequantize(model)
-        model.update(tree_map(lambda a: _cast(a, target, keep_packed), model.parameters()))
+    keep_packed = gpu and dtype == "auto"  # a GPU runs packed weights at their own speed
+    if gguf is not None and not keep_packed:
+        _dequantize(model)
+    model.update(tree_map(lambda a: _cast(a, target, keep_packed), model.parameters()))
     mx.eval(model.parameters())
     params = tree_flatten(model.parameters())
     num_params = whole or sum(v.size for _, v in params)
