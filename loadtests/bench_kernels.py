@@ -39,7 +39,7 @@ import argparse
 
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat.core.platform.blas import reexec_with_openblas
-from tests.support.step_count import STEP_TOKENS, both, count_churn, count_steps, decoding, random_prompts
+from tests.support.step_count import both, count_churn, count_steps, decoding, random_prompts
 
 
 def time_steps(gen, prompts: list[list[int]], steps: int, tokens: int) -> tuple[float, float]:
@@ -82,7 +82,6 @@ def main() -> None:
     p.add_argument("--by-name", action="store_true", help="each primitive's count a step, engine and library")
     args = p.parse_args()
     reexec_with_openblas()
-    STEP_TOKENS["value"] = args.step_tokens
     import mlx.core as mx
     from mlx_lm import load
 
@@ -106,9 +105,11 @@ def main() -> None:
     for rows in [int(r) for r in args.rows.split(",")]:
         prompts = random_prompts(rows, args.prompt, vocab)
         if args.churn:
-            e, lib = both(model, rows, lambda gen, p=prompts: count_churn(gen, p, args.steps))
+            e, lib = both(model, rows, lambda gen, p=prompts: count_churn(gen, p, args.steps), args.step_tokens)
         else:
-            e, lib = both(model, rows, lambda gen, p=prompts: count_steps(gen, p, args.steps, max_tokens))
+            e, lib = both(
+                model, rows, lambda gen, p=prompts: count_steps(gen, p, args.steps, max_tokens), args.step_tokens
+            )
         n = args.steps
         print(
             f"| {rows} | {e.total() / n:.0f} / {lib.total() / n:.0f} | {e.total() / lib.total():.2f}x"
@@ -129,7 +130,7 @@ def main() -> None:
                 time_steps(gen, prompts[:1], 4, 4)  # a warm-up of the shapes' first kernels
                 return time_steps(gen, prompts, args.steps, args.tokens)
 
-            (ed, ew), (ld, lw) = both(model, rows, timed)
+            (ed, ew), (ld, lw) = both(model, rows, timed, args.step_tokens)
             print(f"| {rows} | {ed:,.0f} / {ld:,.0f} | {ed / ld:.2f}x | {ew:,.0f} / {lw:,.0f} | {ew / lw:.2f}x |")
     if args.by_name:
         for rows, (e, lib) in names.items():

@@ -110,29 +110,27 @@ def library(model, rows: int):
     return BatchGenerator(model, completion_batch_size=rows, prefill_batch_size=rows)
 
 
-STEP_TOKENS = {"value": None}  # --step-tokens (None: the server's default)
-
-
-def engine(model, rows: int):
+def engine(model, rows: int, step_tokens: int | None = None):
     """The generator the engine builds (core.engine.stepper.make_generator), its settings the
-    server's defaults but the batch's size (and --step-tokens); every row greedy, as the library's."""
+    server's defaults but the batch's size (and `step_tokens`, where given); every row greedy,
+    as the library's."""
     import mlx.core as mx
 
     from radixchat.core.config import Settings
     from radixchat.core.engine.stepper import make_generator
 
-    step = {} if STEP_TOKENS["value"] is None else {"step_tokens": STEP_TOKENS["value"]}
+    step = {} if step_tokens is None else {"step_tokens": step_tokens}
     settings = Settings(max_batch=rows, speculate=0, **step)
     return make_generator(model, settings, mx.new_stream(mx.default_device()), lambda responses: None, 0)
 
 
-def both(model, rows: int, measure) -> tuple:
+def both(model, rows: int, measure, step_tokens: int | None = None) -> tuple:
     """`measure(gen)` of a fresh engine's generator, then of a fresh library's, each on its stream."""
     import mlx.core as mx
 
     got = []
-    for make in (engine, library):
-        gen = make(model, rows)
+    for make in (lambda: engine(model, rows, step_tokens), lambda: library(model, rows)):
+        gen = make()  # one at a time: the first is closed before the second is made
         with mx.stream(gen.stream):
             got.append(measure(gen))
         gen.close()
