@@ -120,9 +120,7 @@ def check_fields(data, table: dict[str, str], api: str):
     the fields the request model reads."""
     if not isinstance(data, dict):
         return data
-    where = lone_surrogate(data)
-    if where is not None:
-        raise ValueError(f"{where}: {NOT_UNICODE}")
+    refuse_lone_surrogate(data)
     for name, value in data.items():
         use = table.get(name)
         if use is None:
@@ -159,6 +157,13 @@ def lone_surrogate(value) -> str | None:
         elif isinstance(v, list):
             todo.extend((item, f"{where}.{i}" if where else str(i)) for i, item in reversed(list(enumerate(v))))
     return None
+
+
+def refuse_lone_surrogate(value) -> None:
+    """ValueError naming where `value` holds a lone surrogate, if it does (every API's body)."""
+    where = lone_surrogate(value)
+    if where is not None:
+        raise ValueError(f"{where}: {NOT_UNICODE}")
 
 
 PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}  # and their off values

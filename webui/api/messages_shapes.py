@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from radixchat.core.engine import tools as formats
 from radixchat.core.engine.requests import Failed, Finished, TextDelta, Usage
 from radixchat.webui.api import toolcalls
-from radixchat.webui.api.fields import NOT_UNICODE, lone_surrogate, penalties, with_defaults
+from radixchat.webui.api.fields import penalties, refuse_lone_surrogate, with_defaults
 
 Ignored = dict | None  # cache_control: accepted, not used (see the module's docstring)
 
@@ -150,9 +150,7 @@ class MessagesRequest(BaseModel):
     def _valid_unicode(cls, data):
         """A lone surrogate anywhere is refused by where it is, as the OpenAI routes refuse it
         (it reached the tokenizer, whose complaint named no field)."""
-        where = lone_surrogate(data)
-        if where is not None:
-            raise ValueError(f"{where}: {NOT_UNICODE}")
+        refuse_lone_surrogate(data)
         return data
 
     @model_validator(mode="after")
