@@ -88,10 +88,7 @@ class RefusalThrottle:
         if user is None or client[:1] != b"k":
             return self._users.get(client)
         bucket = b"u" + str(user.id).encode()
-        self._users[client] = bucket
-        self._users.move_to_end(client)
-        while len(self._users) > self.max_clients:
-            self._users.popitem(last=False)
+        self._remember(self._users, client, bucket)
         return bucket
 
     def _tokens(self, client: bytes) -> float:
@@ -103,10 +100,14 @@ class RefusalThrottle:
         return min(self.burst, tokens + (self.clock() - when) * self.per_s)
 
     def _take(self, client: bytes) -> None:
-        self._buckets[client] = (self._tokens(client) - 1.0, self.clock())
-        self._buckets.move_to_end(client)
-        while len(self._buckets) > self.max_clients:
-            self._buckets.popitem(last=False)
+        self._remember(self._buckets, client, (self._tokens(client) - 1.0, self.clock()))
+
+    def _remember(self, table: OrderedDict, key: bytes, value) -> None:
+        """`table[key] = value`, most recent last; the least recent beyond `max_clients` forgotten."""
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > self.max_clients:
+            table.popitem(last=False)
 
     async def _refuse(self, send, retry_after: int) -> None:
         await send_error(
