@@ -1,10 +1,9 @@
 """The line in front of sign-in hashing: fair by client address, bounded, trusted browsers first.
 
 A password check costs one scrypt (~0.4 s of one core) and runs on `workers` threads (one by
-default, at the lowest CPU priority where the system allows it for a thread) so that a crowd of
-sign-ins cannot take the engine's cores. First come first served
-made a crowd's cost everyone's: 300 wrong sign-ins queued ahead of alice made her wait 300
-hashes. `FairQueue` serves lanes instead of arrivals: each attempt waits in the lane of where
+default, at the lowest CPU priority where the system allows it for a thread) so that a crowd
+of sign-ins cannot take the engine's cores. First come first served made a crowd's cost
+everyone's: 300 wrong sign-ins queued ahead of alice made her wait 300 hashes. `FairQueue` serves lanes instead of arrivals: each attempt waits in the lane of where
 it came from (a client address, an IPv6 /64; or, for a browser holding a valid device cookie,
 its user's lane), and lanes take turns (start-time fair queueing, every hash costing 1): a
 newcomer is served within about one hash per lane that has attempts waiting, whatever those

@@ -12,9 +12,9 @@ read, and a running row's response (`Running`) reads its row only if asked.
 Everything else is the library's, in its order: the forward, the one batched sampler call,
 launching the next step before waiting on this one, the per-row counts and stop matchers,
 leaving rows filtered out (the rows that move, and the rows that join, written after one
-evaluation for every layer: core.cache.slots.one_eval). A batch with a row that has logits processors, or rows whose
-samplers differ, takes the library's step unchanged (the engine gives its rows neither: one
-`BatchSampler` samples every row). Logits are normalized as the library's step normalizes
+evaluation for every layer: core.cache.slots.one_eval). A batch with a row that has logits
+processors, or rows whose samplers differ, takes the library's step unchanged (the engine
+gives its rows neither: one `BatchSampler` samples every row). Logits are normalized as the library's step normalizes
 them (core.engine.unnormalized: not in the engine thread). Runs in the engine thread only.
 """
 
