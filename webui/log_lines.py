@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
@@ -28,8 +29,6 @@ class OneLine(logging.Formatter):
 def log_to_stderr() -> None:
     """radixchat's own log lines (a line per API request, models loaded and unloaded, what
     the caches forget) on stderr, from INFO up; other libraries keep their defaults."""
-    import sys
-
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLine("radixchat: %(message)s"))
     log = logging.getLogger("radixchat")
