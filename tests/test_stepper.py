@@ -7,6 +7,8 @@ as the reference it must beat; the engine-level transparency lives in test_prefi
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, StopSequences
@@ -259,4 +261,127 @@ def test_prompts_that_start_decoding_together_move_without_a_copy_of_their_kv(mo
     uid = insert(gen, [13, 14, 15, 16])  # one joins alone: nothing else in prefill either
     decode_until_running(gen, {uid})
     assert copies == []
+    gen.close()
+
+
+class Rows(Counted):
+    """The model, noting how many rows each forward runs."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.rows: list[int] = []
+
+    def __call__(self, inputs, *args, **kwargs):
+        self.rows.append(inputs.shape[0])
+        return super().__call__(inputs, *args, **kwargs)
+
+
+def replies(gen, uids: list[int], first: list = (), calls: int = 40) -> dict[int, tuple[list[int], str | None]]:
+    """The tokens and finish of each of `uids`, from the responses `first` and those calls give."""
+    got: dict[int, list] = {u: [] for u in uids}
+    ends: dict[int, str] = {}
+    for responses in itertools.chain([first], (gen.next()[1] for _ in range(calls))):
+        for r in responses:
+            if r.uid in got:
+                got[r.uid].append(r.token)
+                if r.finish_reason:
+                    ends[r.uid] = r.finish_reason
+        if len(ends) == len(uids):
+            break
+    return {u: (got[u], ends.get(u)) for u in uids}
+
+
+def test_a_hurried_newcomers_first_token_comes_out_of_a_step_without_the_batch(model):
+    """An owner's first prompt (hurried by the engine) while others decode: the call that
+    prefills it returns its first token, and every forward in that call runs its row alone,
+    none the decoding batch's eight; the batch goes on at the next call, the newcomer in it."""
+    counted = Rows(model)
+    gen = make(counted, 256)
+    running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(8)}
+    decode_until_running(gen, running)
+    uid = insert(gen, list(range(10, 40)))
+    gen.hurry([uid])
+    counted.rows.clear()
+    _, responses = gen.next()
+    assert [r.uid for r in responses] == [uid]
+    assert counted.rows and set(counted.rows) == {1}, counted.rows  # its prefill, last token, next token
+    _, responses = gen.next()
+    assert running | {uid} == {r.uid for r in responses}
+    assert max(counted.rows) == 9
+    gen.close()
+
+
+def test_a_newcomer_alone_gets_the_reply_mlx_lms_order_gives_and_the_batch_loses_nothing(model):
+    """Greedy replies, a newcomer's and the running rows', equal to mlx-lm's own generator's:
+    a newcomer of several chunks, one whose first token is a stop token, one of one token,
+    and rows whose prompt is one token; nothing is returned twice or lost in the join."""
+    stop = StopSequences([[39]])
+    got = {}
+    for budget in (None, 256):
+        gen = make(model, budget)
+        running = gen.insert([[5 + i, 6, 7, 8] for i in range(3)], max_tokens=[24] * 3)
+        decode_until_running(gen, set(running))  # (their first tokens: the same in both)
+        uids = gen.insert(
+            [list(range(10, 210)), [9, 8, 7], [11, 12, 13], [21]],
+            max_tokens=[6, 1, 5, 4],
+            stop_sequences=[stop, StopSequences(), StopSequences(), StopSequences()],
+        )
+        first = []
+        if budget is not None:
+            gen.hurry(uids)
+            first = gen.next()[1]
+            assert sorted(r.uid for r in first) == uids  # all four alone, the long one in four chunks
+        got[budget] = replies(gen, running + uids, first)
+        gen.close()
+    assert got[256] == got[None]
+    assert [len(got[256][u][0]) for u in uids] == [6, 1, 5, 4]
+    assert {len(got[256][u][0]) for u in running} == {23} and got[256][uids[1]][1] == "length"
+
+
+def test_newcomers_alone_never_take_two_steps_in_a_row(model):
+    """A stream of hurried newcomers (one-token requests, each its owner's first) cannot
+    stall the decoding batch: an ordinary step, the batch's decode, runs between two steps
+    of newcomers alone."""
+    gen = make(model, 256)
+    running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(4)}
+    decode_until_running(gen, running)
+    batch_steps = 0
+    for i in range(6):
+        uid = gen.insert([[30 + i, 31, 32]], max_tokens=[1], stop_sequences=[StopSequences()])[0]
+        gen.hurry([uid])
+        for _ in range(2):
+            batch_steps += bool(running & {r.uid for r in gen.next()[1]})
+    assert batch_steps >= 6
+    gen.close()
+
+
+def test_a_newcomer_removed_before_it_joins_the_batch_leaves_its_cache_and_the_others_go_on(model):
+    """Cancelled right after its step alone (its rows not yet in the decoding batch): its
+    cache and tokens come back whole, and the running rows are untouched."""
+    gen = make(model, 256)
+    running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(4)}
+    decode_until_running(gen, running)
+    prompt = list(range(10, 40))
+    uid = insert(gen, prompt)
+    gen.hurry([uid])
+    first = [r.token for r in gen.next()[1] if r.uid == uid]
+    cache, tokens = gen.remove([uid], return_prompt_caches=True)[uid]
+    assert tokens == prompt + first and cache[0].offset == len(tokens)
+    assert running == {r.uid for r in gen.next()[1]} | {r.uid for r in gen.next()[1]}
+    gen.close()
+
+
+def test_a_newcomer_goes_alone_past_a_hurried_prompt_too_long_for_the_step(model):
+    """Two owners' first prompts hurried together, a flood's long one first: the short one
+    goes alone and returns its first token; the long one stays hurried and is in the next
+    step's prefill, ahead of prompts that waited before it."""
+    gen = make(model, 256)
+    running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(4)}
+    decode_until_running(gen, running)
+    earlier = insert(gen, list(range(100, 160)))
+    long, short = insert(gen, list(range(3, 403))), insert(gen, list(range(10, 30)))
+    gen.hurry([long, short])
+    assert [r.uid for r in gen.next()[1]] == [short]
+    gen.next()
+    assert gen._prompt_batch.uids[0] == long
     gen.close()

@@ -23,7 +23,14 @@ SGLang schedule it):
 
 So a newcomer's first token comes out of the step after the one it joined in (its prefill
 plus one batched forward), and a running stream's time per token is bounded by the budget,
-not by the length of the prompts that arrive. The step that runs a newcomer's last prompt
+not by the length of the prompts that arrive.
+
+4. except for an owner's first prompt (the engine hurries it) while others have work: it
+   takes a step of its own (`_first_alone`: its prefill, its last token's forward and one
+   step of its small batch, no one else's rows), which returns its first token, and joins
+   the decoding batch at the next call. A newcomer's first token then costs the step in
+   flight and its own work, not a step of a flood's rows (their masks, their long prefill);
+   an ordinary step always runs between two such. The step that runs a newcomer's last prompt
 token returns that token as mlx-lm returns every input; `_next` drops it, and the row's
 count and stop matcher are set so that it neither counts nor stops there.
 
@@ -85,7 +92,6 @@ _ROWS = (
 )
 TIME_PLAIN_EVERY = 8  # with speculation on, one plain step in so many is timed (core.engine.speculate)
 MIN_CHUNK = 64  # the least prompt tokens a step gives each long prompt being prefilled
-QUIET_AFTER = 1  # steps after a newcomer's own prefill that run no other prefill (its first token's)
 NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
 
 
@@ -124,8 +130,8 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._plain = 0  # plain steps taken while speculating (some are timed)
         self._warming: set[int] = set()  # rows whose last prompt token the next decode runs
         self._hurried: set[int] = set()  # waiting prompts that join the prefill at the next step
-        self._quiet = 0  # steps left that run no prefill but a newcomer's (`_prefill_alone`)
-        self._shared_steps = 0  # steps that ran the shared prefill since the last quiet ones
+        self._since_alone = 1  # ordinary steps since the last step of newcomers alone (`_first_alone`)
+        self._side: GenerationBatch | None = None  # that step's rows, until they join the decoding batch
         self.batch_sampler = None  # every row's sampler, once make_generator has set it
         # the decoding batch keeps a step's logits whole (core.engine.decode_batch)
         self._generation_batch = DecodingBatch.empty(self.model, self._generation_batch.fallback_sampler)
@@ -142,15 +148,16 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._hurried.update(uids)
 
     def _next(self):
+        self._merge()
         gen = self._generation_batch
         if len(gen) < self.completion_batch_size:
             room = max(self.step_tokens - len(gen), self.step_tokens // 4)
-            if self._quiet:  # (a prompt hurried meanwhile stays hurried)
-                self._quiet -= 1
-            elif (hurried := self._hurry_first()) and self._prefill_alone(hurried, room):
-                self._quiet, self._shared_steps = QUIET_AFTER, 0
-            else:
-                self._shared_prefill(room, hurried)
+            hurried = self._hurry_first()
+            if hurried and (first := self._first_alone(hurried, room)) is not None:
+                self._since_alone = 0
+                return [], first
+            self._shared_prefill(room, hurried)
+        self._since_alone += 1
         responses = []
         if len(gen):
             tic = time.perf_counter()
@@ -161,6 +168,20 @@ class BudgetedBatchGenerator(BatchGenerator):
             self._counters.generation_tokens += len(responses)
             self._counters.generation_steps += 1
         return [], responses
+
+    def extract_cache(self, uids):
+        """mlx-lm's, and the rows of a step alone not yet in the decoding batch (the engine
+        stores a newcomer's prompt while its first token is on the way)."""
+        side = self._side
+        if side is None:
+            return super().extract_cache(uids)
+        here = {u: (side.extract_cache(i), side.tokens[i]) for i, u in enumerate(side.uids) if u in uids}
+        rest = [u for u in uids if u not in here]
+        return {**(super().extract_cache(rest) if rest else {}), **here}
+
+    def remove(self, uids, return_prompt_caches=False):
+        self._merge()  # a row of the last step alone is a decoding row like the others
+        return super().remove(uids, return_prompt_caches)
 
     def _decode(self, gen: GenerationBatch) -> list:
         """The batch's decode: with drafts, verified in one forward (core.engine.speculate);
@@ -194,13 +215,16 @@ class BudgetedBatchGenerator(BatchGenerator):
             spec.timed(b, 1, time.perf_counter() - tic)
         return responses
 
-    def _start_decoding(self) -> list:
-        """Move the prompts that are down to their last token to the decoding batch.
+    def _start_decoding(self, alone: list | None = None) -> list:
+        """Move the prompts that are down to their last token to the decoding batch, or to
+        `alone` (a list) as batches of their own.
 
         That token runs in the decode at the end of this step, beside the batch's (see the
-        module's docstring). Returns their end-of-prompt responses; their caches then hold
-        the whole prompt but that token, which the responses' progress says (or, for a
-        row with no K/V before that token, as in mlx-lm's order, the whole prompt)."""
+        module's docstring); for the rows going `alone`, and a row with no K/V before that
+        token, in a forward of their own, as in mlx-lm's order, which also samples their
+        first token. Returns their end-of-prompt responses; their caches then hold the whole
+        prompt but that token, which the responses' progress says (or the whole prompt, for
+        the rows whose last token had its own forward)."""
         rows = self._currently_processing
         split = [i for i, (segs, _, _) in enumerate(rows) if len(segs) == 1 and len(segs[0]) == 1]
         if not split:
@@ -219,7 +243,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         # A row with no K/V before its last token (a one-token prompt, nothing cached) runs
         # as mlx-lm runs it. One whose prompt the cache held but for that token folds too:
         # a retried or repeated prompt costs the batch no forward of its own.
-        folded = all(prompts.tokens)
+        folded = alone is None and all(prompts.tokens)
         if folded:
             batch = self._unstepped(prompts, last)
         else:
@@ -227,13 +251,10 @@ class BudgetedBatchGenerator(BatchGenerator):
             sampling = self.batch_sampler.sampling if self.batch_sampler else None
             with sampling(prompts.uids, prompts.tokens, inputs) if sampling else nullcontext():
                 batch = prompts.generate(last)
-        if self.slots and not self._generation_batch.prompt_cache:
-            # the first rows of a decoding batch: from here on, joins write into their slots
-            most = self.completion_batch_size
-            batch.prompt_cache = [
-                SlotKVCache.adopt(c, most) if type(c) is BatchKVCache else c for c in batch.prompt_cache
-            ]
-        self._generation_batch.extend(batch)
+        if alone is not None:
+            alone.append(batch)
+        else:
+            self._join(batch)
         return [PromptProcessingBatch.Response(uid, (t - folded, t), True, True) for uid, t in zip(batch.uids, totals)]
 
     def _shared_prefill(self, room: int, hurried: int) -> None:
@@ -250,40 +271,84 @@ class BudgetedBatchGenerator(BatchGenerator):
         through = self._start_decoding()  # restored from the cache up to the last token
         if self._currently_processing:
             self.on_prompt(self._prefill_chunk(room))
-            self._shared_steps += 1
         through += self._start_decoding()
         if through:
             self.on_prompt(through)
 
-    def _prefill_alone(self, k: int, room: int) -> bool:
-        """Prefill the first `k` waiting prompts (hurried: newcomers') whole, in a batch of
-        their own, and start them decoding, when others' prompts are part-way through prefill
-        and these fit `room` together. This step and the next (which returns their first
-        tokens) run no one else's prefill: a newcomer's first token then waits for its own
-        prompt, not for chunks of a flood's long ones, whose cost grows with their context
-        (SmolLM2 here: 64-token chunks of four 1,500-token prompts took 0.8 to 1.9 s a step).
-        At least one step of the shared prefill runs between two such pairs."""
-        waiting = list(itertools.islice(self._unprocessed_sequences, k))
-        if (
-            not self._currently_processing
-            or self._shared_steps < 1
-            or k > self.completion_batch_size - len(self._generation_batch)
-            or sum(len(s) for seq in waiting for s in seq[1]) > room
-        ):
-            return False
+    def _join(self, batch: GenerationBatch) -> None:
+        """Rows that start decoding join the decoding batch."""
+        if self.slots and not self._generation_batch.prompt_cache:
+            # the first rows of a decoding batch: from here on, joins write into their slots
+            most = self.completion_batch_size
+            batch.prompt_cache = [
+                SlotKVCache.adopt(c, most) if type(c) is BatchKVCache else c for c in batch.prompt_cache
+            ]
+        self._generation_batch.extend(batch)
+
+    def _first_alone(self, k: int, room: int) -> list | None:
+        """A step of newcomers alone: the first of the `k` hurried waiting prompts that fit
+        `room` together (in order, passing those that do not) are prefilled whole in a batch
+        of their own, their last prompt token
+        runs in a forward of their own (which samples their first token), and one step of
+        that small batch returns their first tokens. Nothing else runs in this call: not
+        others' prefill, whose chunks cost more as their context grows (SmolLM2 here: 64-token
+        chunks of four 1,500-token prompts took 0.8 to 1.9 s a step), nor the decoding batch,
+        whose rows (a flood's 32 of them, their grammars' masks) would otherwise be in the
+        step a newcomer's first token comes out of. The rows join the decoding batch at the
+        next call (`_merge`); its own step waits one short step.
+
+        Only when others have work (a decoding batch, a prefill part-way), and never twice
+        in a row: one ordinary step runs between two such, so a stream of newcomers (a flood
+        of one-token requests, each its owner's first in prefill) cannot stall the batch.
+        The hurried prompts that do not fit stay hurried for the next step. Returns the
+        responses, or None when this call is an ordinary one."""
+        gen = self._generation_batch
+        if self._since_alone < 1 or not (len(gen) or self._currently_processing):
+            return None
+        waiting = self._unprocessed_sequences
+        free, tokens, alone, rest = self.completion_batch_size - len(gen), 0, [], []
+        for seq in itertools.islice(waiting, k):
+            size = sum(len(s) for s in seq[1])
+            fits = len(alone) < free and tokens + size <= room
+            (alone if fits else rest).append(seq)
+            tokens += size if fits else 0
+        if not alone:
+            return None
+        self._hurried.update(seq[0] for seq in rest)  # (a flood's long prompt, hurried too)
+        later = list(itertools.islice(waiting, k, None))
+        waiting.clear()
+        waiting.extend(alone + rest + later)
         shared = self._prompt_batch, self._currently_processing
         self._currently_processing = []
-        self._prompt_batch = self._make_batch(k)
+        self._prompt_batch = self._make_batch(len(alone))
+        started: list[GenerationBatch] = []
         try:
-            through = self._start_decoding()  # restored from the cache up to the last token
+            through = self._start_decoding(started)  # restored from the cache up to the last token
             while self._currently_processing:
                 self.on_prompt(self._prefill_chunk(room))
-                through += self._start_decoding()
+                through += self._start_decoding(started)
         finally:
             self._prompt_batch, self._currently_processing = shared
-        if through:
-            self.on_prompt(through)
-        return True
+        side = started[0]
+        for batch in started[1:]:
+            side.extend(batch)
+        self._side = side  # where extract_cache finds them until they join
+        self.on_prompt(through)
+        sampling = self.batch_sampler.sampling if self.batch_sampler else None
+        tic = time.perf_counter()
+        with sampling(side.uids, side.tokens, side._next_tokens) if sampling else nullcontext():
+            responses = side.next()
+        self._counters.decode_time += time.perf_counter() - tic
+        self._counters.generation_tokens += len(responses)
+        return responses
+
+    def _merge(self) -> None:
+        """The rows of the last step alone join the decoding batch (their K/V written into
+        its slots now, while the step they were in has had a whole turn of the engine to
+        end, rather than before their first tokens could go out)."""
+        side, self._side = self._side, None
+        if side is not None and side.uids:
+            self._join(side)
 
     def _hurry_first(self) -> int:
         """Move the hurried waiting prompts to the front; returns how many there are."""
