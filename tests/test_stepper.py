@@ -374,7 +374,7 @@ def test_a_newcomer_removed_before_it_joins_the_batch_leaves_its_cache_and_the_o
 def test_a_newcomer_goes_alone_past_a_hurried_prompt_too_long_for_the_step(model):
     """Two owners' first prompts hurried together, a flood's long one first: the short one
     goes alone and returns its first token; the long one stays hurried and is in the next
-    step's prefill, ahead of prompts that waited before it."""
+    step's prefill."""
     gen = make(model, 256)
     running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(4)}
     decode_until_running(gen, running)
@@ -383,5 +383,6 @@ def test_a_newcomer_goes_alone_past_a_hurried_prompt_too_long_for_the_step(model
     gen.hurry([long, short])
     assert [r.uid for r in gen.next()[1]] == [short]
     gen.next()
-    assert gen._prompt_batch.uids[0] == long
+    assert gen._prompt_batch.uids == [long]  # and the earlier one, shorter, prefilled whole beside it
+    assert not gen._unprocessed_sequences and earlier in gen._generation_batch.uids
     gen.close()
