@@ -29,7 +29,7 @@ turn still without a first token at the phase's end counts what it waited, marke
 Between floods the server is let go idle.
 
 Prints, per kind: alice's TTFT p50/p95 alone and under the flood, the p95 ratio against
-alone (the goal: within 3x for every flood) and her time per output token; mallory's
+alone (the goal: within 3x for every flood, or 0.2 s where alone is under 0.1 s) and her time per output token; mallory's
 requests sent, accepted and refused (429, 400, 413, by error code), the requests at the
 engine between alice's turns, mallory's output tokens/s while alice was timed (what the
 batch still does), her streams' first-token wait and longest stall between two of her
@@ -80,6 +80,8 @@ SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]
 QUESTIONS = PROMPTS["questions"]
 QUICK = {"turns": 5, "duration": 10.0, "settle": 1.0}
 GOAL = 3.0  # alice's TTFT p95 under a flood, at most this times alone
+# issue 51's allowance: where alone is under SHORT_ALONE_S, within SHORT_SLACK_S of alone also meets it
+SHORT_ALONE_S, SHORT_SLACK_S = 0.1, 0.2
 
 
 def start_server(model: str, db: Path, port: int, args, log: Path) -> subprocess.Popen:
@@ -378,7 +380,8 @@ def report(alone: dict, floods: dict, plans: dict) -> None:
     for kind, f in floods.items():
         b = f["b"]
         ratio = b["p95"] / alone["p95"] if alone["p95"] > 0 else float("nan")
-        (met if ratio <= GOAL and not b["cut"] and not b["errors"] else missed).append(kind)
+        within = ratio <= GOAL or (alone["p95"] < SHORT_ALONE_S and b["p95"] - alone["p95"] <= SHORT_SLACK_S)
+        (met if within and not b["cut"] and not b["errors"] else missed).append(kind)
         mark = b["at_least"]
         print(
             f"{'under ' + kind:<32} {b['turns']:>5} {b['errors']:>4} {mark + format(b['p50'], '.3f'):>9} "
@@ -386,7 +389,8 @@ def report(alone: dict, floods: dict, plans: dict) -> None:
             + (f"  ({b['cut']} turns with no first token by the phase's end)" if b["cut"] else "")
         )
     print(
-        f"goal: p95 within {GOAL:g}x alone under every flood; met under {', '.join(met) or 'none'}"
+        f"goal: p95 within {GOAL:g}x alone (where alone is under {SHORT_ALONE_S:g} s: within {SHORT_SLACK_S:g} s of "
+        f"it) under every flood; met under {', '.join(met) or 'none'}"
         + (f"; not under {', '.join(missed)}" if missed else "")
     )
 
