@@ -190,6 +190,13 @@ class Settings(BaseSettings):
         "stream counts one, new prompts prefill in chunks in the rest (at least a "
         "quarter); 0 = mlx-lm's own order (decode, then a whole prefill step)",
     )
+    prefill_s: float = Field(
+        0.25,
+        ge=0,
+        description="Seconds the shared prefill of one engine step may take, about: its chunk is cut to what "
+        "fits at the latest chunks' cost per token (never under 64 tokens), so a newcomer's prompt waits for a "
+        "short step in flight; 0 = the token budget alone",
+    )
     kv_slots: bool = Field(
         True,
         description="Keep the decoding batch's K/V in buffers with spare rows "

@@ -386,3 +386,32 @@ def test_a_newcomer_goes_alone_past_a_hurried_prompt_too_long_for_the_step(model
     assert gen._prompt_batch.uids == [long]  # and the earlier one, shorter, prefilled whole beside it
     assert not gen._unprocessed_sequences and earlier in gen._generation_batch.uids
     gen.close()
+
+
+@pytest.mark.parametrize("prefill_s", [0.0, 1e-6])
+def test_the_shared_prefill_is_cut_to_what_fits_its_time(model, prefill_s):
+    """With `prefill_s`, a step's shared prefill is what the latest chunks' cost per token fits
+    in that time, never under MIN_CHUNK: here, a limit nothing fits cuts every chunk (the
+    running rows' prompts gave the cost) to MIN_CHUNK; without one, the token budget decides."""
+    from radixchat.core.engine.stepper import MIN_CHUNK
+
+    gen = BudgetedBatchGenerator(
+        model,
+        step_tokens=256,
+        on_prompt=lambda r: None,
+        prefill_s=prefill_s,
+        max_tokens=1000,
+        completion_batch_size=16,
+        prefill_batch_size=4,
+        prefill_step_size=512,
+    )
+    running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(2)}
+    decode_until_running(gen, running)
+    insert(gen, list(range(3, 803)))
+    chunks, before = [], gen._counters.prompt_tokens
+    for _ in range(3):
+        gen.next()
+        chunks.append(gen._counters.prompt_tokens - before)
+        before = gen._counters.prompt_tokens
+    assert chunks == [254 if not prefill_s else MIN_CHUNK] * 3, chunks
+    gen.close()

@@ -92,6 +92,7 @@ _ROWS = (
 )
 TIME_PLAIN_EVERY = 8  # with speculation on, one plain step in so many is timed (core.engine.speculate)
 MIN_CHUNK = 64  # the least prompt tokens a step gives each long prompt being prefilled
+TOKEN_EMA = 0.5  # weight of the latest chunk in the cost of a prompt token (`_timed`)
 NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
 
 
@@ -119,10 +120,13 @@ class BudgetedBatchGenerator(BatchGenerator):
         on_prompt: Callable[[list], None],
         slots: bool = True,
         speculate: int = 0,
+        prefill_s: float = 0.0,
         **kwargs,
     ):
         super().__init__(model, **kwargs)
         self.step_tokens = step_tokens
+        self.prefill_s = prefill_s  # what a step's shared prefill may take, about (0: no limit)
+        self._token_s = 0.0  # seconds a prompt token took in the latest chunks (a moving average)
         self.on_prompt = on_prompt
         self.slots = slots
         # drafts need the slot cache's holes (core.engine.speculate)
@@ -156,7 +160,7 @@ class BudgetedBatchGenerator(BatchGenerator):
             if hurried and (first := self._first_alone(hurried, room)) is not None:
                 self._since_alone = 0
                 return [], first
-            self._shared_prefill(room, hurried)
+            self._shared_prefill(self._timed(room), hurried)
         self._since_alone += 1
         responses = []
         if len(gen):
@@ -285,6 +289,15 @@ class BudgetedBatchGenerator(BatchGenerator):
             ]
         self._generation_batch.extend(batch)
 
+    def _timed(self, room: int) -> int:
+        """The shared prefill's room, cut to what fits `prefill_s` at the latest chunks' cost
+        per token (never under MIN_CHUNK): a chunk of long prompts costs more as their context
+        grows (SmolLM2 on this CPU: 256 tokens took 0.4 s at the start of 1,500-token prompts
+        and 1.9 s near their end), and a newcomer's prompt waits for the step in flight."""
+        if not self.prefill_s or not self._token_s:
+            return room
+        return min(room, max(MIN_CHUNK, int(self.prefill_s / self._token_s)))
+
     def _first_alone(self, k: int, room: int) -> list | None:
         """A step of newcomers alone: the first of the `k` hurried waiting prompts that fit
         `room` together (in order, passing those that do not) are prefilled whole in a batch
@@ -398,10 +411,15 @@ class BudgetedBatchGenerator(BatchGenerator):
             seq[1] += len(take)
             prompts.append(take)
             responses.append(PromptProcessingBatch.Response(uid, (seq[1], seq[2]), end_of_segment, False))
-        self._counters.prompt_tokens += sum(len(p) for p in prompts)
+        n = sum(len(p) for p in prompts)
+        self._counters.prompt_tokens += n
+        if self.prefill_s and self._generation_batch._next_tokens is not None:
+            mx.eval(self._generation_batch._next_tokens)  # the decode in flight: not the chunk's time
         tic = time.perf_counter()
         self._prompt_batch.prompt(prompts)
-        self._counters.prompt_time += time.perf_counter() - tic
+        took = time.perf_counter() - tic
+        self._counters.prompt_time += took
+        self._token_s = took / n if not self._token_s else (1 - TOKEN_EMA) * self._token_s + TOKEN_EMA * took / n
         return responses
 
     def _unstepped(self, prompts: PromptProcessingBatch, last: list[list[int]]) -> GenerationBatch:
@@ -453,6 +471,7 @@ def make_generator(model, settings, stream, on_prompt, speculate: int):
             on_prompt=on_prompt,
             slots=s.kv_slots,
             speculate=speculate,
+            prefill_s=s.prefill_s,
             sampler=sampler,
             **kwargs,
         )
