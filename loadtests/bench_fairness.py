@@ -47,7 +47,11 @@ model (context 8,192) with its default budget. The run prints what it found.
 
     python -m loadtests.bench_fairness [--model tiny | --model default | --model PATH]
         [--flood-kind long --flood-kind n16 | --kinds long,n16] [--turns 20] [--duration 45]
-        [--cache-bytes N] [--quick]
+        [--cache-bytes N] [--flood-model default] [--quick]
+
+With --flood-model, the server serves that model beside alice's, and mallory floods it:
+what one user's flood on one model costs a user of another (each model has an engine
+thread of its own, and they share the cores).
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ SHORT_ALONE_S, SHORT_SLACK_S = 0.1, 0.2
 
 def start_server(model: str, db: Path, port: int, args, log: Path) -> subprocess.Popen:
     flags = ["--max-user-requests", str(args.max_user_requests)]
+    if args.flood_model:
+        flags += ["--model", args.flood_model]  # served beside alice's, loaded on mallory's first request
     if args.max_batch:
         flags += ["--max-batch", str(args.max_batch), "--max-prefill-batch", str(min(args.max_batch, 4))]
     if args.cache_bytes is not None:
@@ -134,20 +140,21 @@ def in_flight(http: httpx.Client) -> int:
     return h["active_requests"] + h["queue_depth"]
 
 
-def prompt_tokens(http: httpx.Client, content: str) -> tuple[int | None, str]:
-    """(the server's count of a one-message prompt, or None) and its refusal's text."""
-    body = {"model": "default", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}
+def prompt_tokens(http: httpx.Client, content: str, model: str = "default") -> tuple[int | None, str]:
+    """(the server's count of a one-message prompt to `model`, or None) and its refusal's text."""
+    body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": content}]}
     r = http.post("/v1/chat/completions", json=body)
     if r.status_code == 200:
         return r.json()["usage"]["prompt_tokens"], ""
     return None, r.text
 
 
-def learn(http: httpx.Client, model: str, args) -> tuple[Server, list[str]]:
-    """Size the floods from the server (mallory's key): her limit, the model's context, a
-    short and a long prompt's tokens; and lines saying where each figure came from."""
-    notes = []
-    _, refusal = prompt_tokens(http, body_of(BODY_CHARS))
+def learn(http: httpx.Client, model: str, args, served: str = "default") -> tuple[Server, list[str]]:
+    """Size the floods from the server (mallory's key): her limit, the context of the model
+    she floods (`served`, at `model`), a short and a long prompt's tokens; and lines saying
+    where each figure came from."""
+    notes = [] if served == "default" else [f"mallory floods {served}, alice asks the first model"]
+    _, refusal = prompt_tokens(http, body_of(BODY_CHARS), served)
     m = re.search(r"maximum context length is (\d+) tokens", refusal)
     if m:
         context = int(m.group(1))
@@ -157,11 +164,11 @@ def learn(http: httpx.Client, model: str, args) -> tuple[Server, list[str]]:
         context = int(config.get("max_position_embeddings", 2048))
         notes.append(f"context {context:,} tokens (config.json: the server did not say; it answered {refusal[:80]!r})")
     question = f"[long_max_tokens 0] {QUESTIONS[0]}"
-    short = prompt_tokens(http, question)[0] or 64
+    short = prompt_tokens(http, question, served)[0] or 64
     want = min(LONG_PROMPT_TOKENS, context - LONG_MAX_TOKENS - 64)
     chars, tokens = 3 * want, None
     for _ in range(3):  # the server's own count, scaled twice
-        tokens = prompt_tokens(http, f"[long 0] {body_of(chars)}")[0]
+        tokens = prompt_tokens(http, f"[long 0] {body_of(chars)}", served)[0]
         if tokens is None:
             chars //= 2
             continue
@@ -178,6 +185,7 @@ def learn(http: httpx.Client, model: str, args) -> tuple[Server, list[str]]:
         body_limit=defaults["max_body_bytes"].default,
         short_prompt=short,
         long_chars=chars,
+        model=served,
     )
     return server, notes
 
@@ -472,6 +480,12 @@ def main() -> None:
     p.add_argument(
         "--quick", action="store_true", help="a smoke run: " + ", ".join(f"--{k} {v:g}" for k, v in QUICK.items())
     )
+    p.add_argument(
+        "--flood-model",
+        default=None,
+        help="serve this model (folder, .gguf, or a short name) beside alice's and flood it instead: "
+        "what one user's flood on one model costs a user of another",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     if args.quick:
@@ -484,6 +498,8 @@ def main() -> None:
     if unknown:
         p.error(f"unknown kind of flood: {', '.join(unknown)} (choose from {', '.join(KINDS + MORE)}, all)")
     model = resolve_model(args)
+    if args.flood_model:
+        args.flood_model = resolve_model(argparse.Namespace(model=args.flood_model, random_dim=0))
 
     work = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
     db = work / "fairness.db"
@@ -515,7 +531,10 @@ def main() -> None:
         ):
             warm = [{"role": "system", "content": SYSTEMS[0]}, {"role": "user", "content": "warm-up"}]
             b_turn(http, warm, args.max_tokens, args.duration + 60)
-            server_facts, notes = learn(mallory, model, args)
+            served = "default"
+            if args.flood_model:  # the second model /v1/models lists
+                served = mallory.get("/v1/models").json()["data"][1]["id"]
+            server_facts, notes = learn(mallory, args.flood_model or model, args, served)
             notes.append(kv_room(http, server_facts.context, server_facts.limit))
             notes.append(
                 "preemptions: " + ("counted" if preemptions(http) is not None else "no num_preemptions on /metrics")

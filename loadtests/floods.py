@@ -69,6 +69,7 @@ class Server:
     body_limit: int  # the largest request body
     short_prompt: int  # tokens of a short question's prompt (chat template included)
     long_chars: int  # characters of text that make a ~LONG_PROMPT_TOKENS prompt
+    model: str = "default"  # the model the floods name (bench_fairness --flood-model: another one)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def plan(kind: str, server: Server, question: str, flood: int, flood_max_tokens:
     limit where refusals are expected anyway), `question` is a short user message."""
     limit = server.limit
     stream = {"stream": True, "stream_options": {"include_usage": True}}
-    base = {"model": "default", "temperature": 0}
+    base = {"model": server.model, "temperature": 0}
     if kind == "long":
         body = {**base, **stream, "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True}
         body["messages"] = _user(body_of(server.long_chars))

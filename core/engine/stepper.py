@@ -23,16 +23,19 @@ SGLang schedule it):
 
 So a newcomer's first token comes out of the step after the one it joined in (its prefill
 plus one batched forward), and a running stream's time per token is bounded by the budget,
-not by the length of the prompts that arrive.
-
-4. except for an owner's first prompt (the engine hurries it) while others have work: it
-   takes a step of its own (`_first_alone`: its prefill, its last token's forward and one
-   step of its small batch, no one else's rows), which returns its first token, and joins
-   the decoding batch at the next call. A newcomer's first token then costs the step in
-   flight and its own work, not a step of a flood's rows (their masks, their long prefill);
-   an ordinary step always runs between two such. The step that runs a newcomer's last prompt
+not by the length of the prompts that arrive. The step that runs a newcomer's last prompt
 token returns that token as mlx-lm returns every input; `_next` drops it, and the row's
 count and stop matcher are set so that it neither counts nor stops there.
+
+Two things keep a newcomer's first token from waiting on others' work:
+- an owner's first prompt (the engine hurries it), while others have work, takes a step of
+  its own (`_first_alone`: its prefill, its last token's forward and one step of its small
+  batch, no one else's rows), which returns its first token; it joins the decoding batch at
+  the next call. Its first token then costs the step in flight and its own work, not a step
+  of a flood's rows (their grammars' masks) or chunks (their long prefill); an ordinary step
+  always runs between two such;
+- the step in flight is short: the shared prefill's chunk is cut to what fits `prefill_s` at
+  the latest chunks' cost per token (`_timed`).
 
 The engine learns about prefill progress through `on_prompt`, called inside the step at
 the moment the caches match what the responses say (a segment's end before the next
@@ -301,9 +304,8 @@ class BudgetedBatchGenerator(BatchGenerator):
     def _first_alone(self, k: int, room: int) -> list | None:
         """A step of newcomers alone: the first of the `k` hurried waiting prompts that fit
         `room` together (in order, passing those that do not) are prefilled whole in a batch
-        of their own, their last prompt token
-        runs in a forward of their own (which samples their first token), and one step of
-        that small batch returns their first tokens. Nothing else runs in this call: not
+        of their own, their last prompt token runs in a forward of their own (which samples
+        their first token), and one step of that small batch returns their first tokens. Nothing else runs in this call: not
         others' prefill, whose chunks cost more as their context grows (SmolLM2 here: 64-token
         chunks of four 1,500-token prompts took 0.8 to 1.9 s a step), nor the decoding batch,
         whose rows (a flood's 32 of them, their grammars' masks) would otherwise be in the
@@ -338,7 +340,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         try:
             through = self._start_decoding(started)  # restored from the cache up to the last token
             while self._currently_processing:
-                self.on_prompt(self._prefill_chunk(room))
+                self.on_prompt(self._prefill_chunk(room, timed=False))
                 through += self._start_decoding(started)
         finally:
             self._prompt_batch, self._currently_processing = shared
@@ -395,9 +397,10 @@ class BudgetedBatchGenerator(BatchGenerator):
             k += 1
         return k
 
-    def _prefill_chunk(self, room: int) -> list:
+    def _prefill_chunk(self, room: int, timed: bool = True) -> list:
         """Prefill every waiting prompt by an equal chunk that fits `room` tokens; a chunk
-        never crosses a segment's end."""
+        never crosses a segment's end. A `timed` chunk's cost per token is what `_timed`
+        sizes the next ones by (a newcomer's short prompt alone says little about them)."""
         rows = self._currently_processing
         per_row = max(1, min(self.prefill_step_size, room // len(rows)))
         prompts, responses = [], []
@@ -413,13 +416,16 @@ class BudgetedBatchGenerator(BatchGenerator):
             responses.append(PromptProcessingBatch.Response(uid, (seq[1], seq[2]), end_of_segment, False))
         n = sum(len(p) for p in prompts)
         self._counters.prompt_tokens += n
-        if self.prefill_s and self._generation_batch._next_tokens is not None:
+        timed = timed and self.prefill_s > 0
+        if timed and self._generation_batch._next_tokens is not None:
             mx.eval(self._generation_batch._next_tokens)  # the decode in flight: not the chunk's time
         tic = time.perf_counter()
         self._prompt_batch.prompt(prompts)
         took = time.perf_counter() - tic
         self._counters.prompt_time += took
-        self._token_s = took / n if not self._token_s else (1 - TOKEN_EMA) * self._token_s + TOKEN_EMA * took / n
+        if timed:
+            last = took / n
+            self._token_s = (1 - TOKEN_EMA) * self._token_s + TOKEN_EMA * last if self._token_s else last
         return responses
 
     def _unstepped(self, prompts: PromptProcessingBatch, last: list[list[int]]) -> GenerationBatch:
