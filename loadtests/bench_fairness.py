@@ -47,11 +47,12 @@ model (context 8,192) with its default budget. The run prints what it found.
 
     python -m loadtests.bench_fairness [--model tiny | --model default | --model PATH]
         [--flood-kind long --flood-kind n16 | --kinds long,n16] [--turns 20] [--duration 45]
-        [--cache-bytes N] [--flood-model default] [--quick]
+        [--cache-bytes N] [--flood-model default] [--busy 2] [--quick]
 
 With --flood-model, the server serves that model beside alice's, and mallory floods it:
 what one user's flood on one model costs a user of another (each model has an engine
-thread of its own, and they share the cores).
+thread of its own, and they share the cores). With --busy N, N CPU-bound processes run
+beside the server for the whole run (alone included), as other programs do on a desktop.
 """
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import random
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -486,6 +489,13 @@ def main() -> None:
         help="serve this model (folder, .gguf, or a short name) beside alice's and flood it instead: "
         "what one user's flood on one model costs a user of another",
     )
+    p.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="CPU-bound processes (a Python busy loop each) running beside the server for the whole run, "
+        "alone included: a server shares its machine with other programs",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     if args.quick:
@@ -514,8 +524,11 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     started = time.time()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     server = start_server(model, db, port, args, work / "server.log")
     print(f"model {model}; {time.strftime('%Y-%m-%d %H:%M')}; server log {work / 'server.log'}")
+    if busy:
+        print(f"{len(busy)} CPU-bound processes running beside the server ({os.cpu_count()} cores)")
     print(
         f"alice: {args.turns} streamed turns per phase (at most {args.duration:g} s), max_tokens {args.max_tokens}, "
         f"think {args.think} s; mallory: {args.flood} in flight wanted, --max-user-requests {args.max_user_requests}"
@@ -554,6 +567,8 @@ def main() -> None:
                 )
     finally:
         stop_process(server)
+        for b in busy:
+            b.kill()
     report(alone, floods, plans)
     print(f"\nwhole run {time.time() - started:.0f} s")
 
