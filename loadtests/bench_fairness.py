@@ -47,17 +47,20 @@ model (context 8,192) with its default budget. The run prints what it found.
 
     python -m loadtests.bench_fairness [--model tiny | --model default | --model PATH]
         [--flood-kind long --flood-kind n16 | --kinds long,n16] [--turns 20] [--duration 45]
-        [--cache-bytes N] [--flood-model default] [--busy 2] [--quick]
+        [--cache-bytes N] [--flood-model default] [--busy 2] [--front-end] [--quick]
 
 With --flood-model, the server serves that model beside alice's, and mallory floods it:
 what one user's flood on one model costs a user of another (each model has an engine
 thread of its own, and they share the cores). With --busy N, N CPU-bound processes run
 beside the server for the whole run (alone included), as other programs do on a desktop.
+With --front-end, alice and mallory are two end users of one front end's key (Open WebUI's
+X-OpenWebUI-User-Id header names each), each a user of their own to the server.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -490,6 +493,11 @@ def main() -> None:
         "what one user's flood on one model costs a user of another",
     )
     p.add_argument(
+        "--front-end",
+        action="store_true",
+        help="alice and mallory as two end users of one front end's key (Open WebUI's X-OpenWebUI-User-Id)",
+    )
+    p.add_argument(
         "--busy",
         type=int,
         default=0,
@@ -521,6 +529,9 @@ def main() -> None:
         # mallory's other keys, for the floods spread over keys (bodies_keys)
         more_keys = [keys["mallory"]]
         more_keys += [store.create_api_key(store.get_user("mallory"), f"k{i}")[1] for i in range(MAX_LIVE_KEYS - 1)]
+        if args.front_end:  # alice and mallory as two end users of one front end's key
+            front = store.create_api_key(store.create_user("owui", "owui-bench-password"), "owui", front_end=True)[1]
+            keys, more_keys = {"alice": front, "mallory": front}, [front]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     started = time.time()
@@ -538,6 +549,9 @@ def main() -> None:
     try:
         rng = random.Random(args.seed)
         auth = {name: {"Authorization": f"Bearer {key}"} for name, key in keys.items()}
+        if args.front_end:
+            for name in auth:
+                auth[name]["X-OpenWebUI-User-Id"] = name
         with (
             httpx.Client(base_url=url, timeout=args.duration + 60, headers=auth["alice"]) as http,
             httpx.Client(base_url=url, timeout=120, headers=auth["mallory"]) as mallory,
@@ -556,6 +570,8 @@ def main() -> None:
                 print(f"  {line}")
             for kind in kinds:
                 plans[kind] = plan(kind, server_facts, QUESTIONS[1], args.flood, args.flood_max_tokens)
+                if args.front_end:
+                    plans[kind] = dataclasses.replace(plans[kind], end_user="mallory")
             alone = summary(b_turns(http, "alone", args, rng))
             print(f"  alone: TTFT p50 {alone['p50']:.3f} / p95 {alone['p95']:.3f} s")
             for kind in kinds:

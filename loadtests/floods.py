@@ -81,6 +81,7 @@ class Flood:
     target: int  # engine requests of mallory's to wait for before alice is timed
     note: str  # how this kind is sized, for the report
     keys: int = 1  # how many of mallory's API keys the workers take turns with
+    end_user: str = ""  # sent as X-OpenWebUI-User-Id (the keys are then a front end's: Open WebUI's)
 
 
 def heavy_pattern(i: int) -> str:
@@ -197,6 +198,8 @@ async def _run(flood: Flood, url, keys, waits, limit_s, seed, stop, shared) -> d
     async def one(http: httpx.AsyncClient, body: bytes, key: str) -> tuple[int, str, float]:
         """Send one request; (status, error code or "", seconds to wait: Retry-After)."""
         auth = {"Authorization": f"Bearer {key}"}
+        if flood.end_user:
+            auth["X-OpenWebUI-User-Id"] = flood.end_user
         async with http.stream("POST", "/v1/chat/completions", content=body, headers=auth) as r:
             if r.status_code != 200:
                 raw = await r.aread()

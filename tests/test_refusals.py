@@ -121,3 +121,33 @@ def test_a_users_refusals_are_counted_across_all_their_keys(store):
     assert codes[:60] == [400] * 60 and set(codes[60:]) == {429}, codes
     assert after == [429] * 4  # every key of hers, even a good request
     assert hers == 200  # alice's key is hers alone
+
+
+def test_a_front_ends_end_users_each_have_their_own_bucket_and_an_ordinary_key_does_not(store):
+    """Open WebUI's one key carries every end user's requests (X-OpenWebUI-User-Id names each,
+    a user of their own): mallory refused through it must not 429 alice through it. An
+    ordinary key's such header names nobody, so varying it does not escape the key's bucket."""
+    owui, bob = store.create_user("owui", "pw-owui-123"), store.create_user("bob", "pw-bob-1234")
+    _, front = store.create_api_key(owui, front_end=True)
+    _, bobs = store.create_api_key(bob)
+    app = build_app(FakeEngine(), Settings(), store)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+
+            async def post(key, body, end=None):
+                headers = {"Authorization": f"Bearer {key}"} | ({"X-OpenWebUI-User-Id": end} if end else {})
+                return (await c.post(CHAT, json=body, headers=headers)).status_code
+
+            assert await post(front, GOOD, "alice") == 200  # (the middleware stack is built at the first request)
+            throttle_of(app).clock = lambda: 0.0  # time stands still: no refill
+            mallory = [await post(front, BIG, "mallory") for _ in range(64)]
+            alice = [await post(front, GOOD, "alice") for _ in range(3)]
+            bob_codes = [await post(bobs, BIG, f"someone-{i}") for i in range(64)]
+        return mallory, alice, bob_codes
+
+    mallory, alice, bob_codes = asyncio.run(scenario())
+    assert mallory[:60] == [400] * 60 and set(mallory[60:]) == {429}, mallory
+    assert alice == [200] * 3
+    assert bob_codes[:60] == [400] * 60 and set(bob_codes[60:]) == {429}, bob_codes

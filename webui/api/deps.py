@@ -74,7 +74,8 @@ def _key_user(request: Request, settings: Settings, store: Store | None) -> User
     except AuthFailed:
         # the type is what clients map: litellm reads invalid_request_error as a bad request
         raise ApiError(401, "invalid or revoked API key", "authentication_error", "invalid_api_key") from None
-    end = next((request.headers[h].strip() for h in END_USER_HEADERS if request.headers.get(h, "").strip()), "")
+    request.state.front_end = front_end  # its end users are clients of their own (webui/api/refusals.py)
+    end = end_user_header(request.headers)
     if not (front_end and end):  # an ordinary key's headers name nobody: it is its owner's
         return user
     try:
@@ -86,6 +87,12 @@ def _key_user(request: Request, settings: Settings, store: Store | None) -> User
 # who a trusted front end's request is for: radixchat's own header, then Open WebUI's (sent
 # with ENABLE_FORWARD_USER_INFO_HEADERS=true)
 END_USER_HEADERS = ("x-radixchat-user", "x-openwebui-user-id")
+
+
+def end_user_header(headers) -> str:
+    """The end user a request's headers name (a mapping with lower-case keys), "" for none."""
+    return next((headers[h].strip() for h in END_USER_HEADERS if headers.get(h, "").strip()), "")
+
 UserDep = Annotated[User | None, Depends(current_user)]
 
 

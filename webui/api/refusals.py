@@ -16,8 +16,11 @@ address. A refused request whose key named a user (the API's sign-in ran) also t
 that user's bucket, and the credential is remembered as theirs: once the user's bucket is
 empty, every key of theirs is answered 429 before its body is read (a user with many keys
 was many clients; a new key costs one refused request before it is known). A trusted front
-end's end users are users of their own here. At most `max_clients` of each are remembered,
-least recently used forgotten first.
+end's end users are clients of their own: once a credential has been seen to be a front end's
+(the API's sign-in says so), the client is the credential and the end user its headers name,
+so one of Open WebUI's users refused again and again does not 429 the others. An ordinary
+key's such headers name nobody, here as in the API. At most `max_clients` of each are
+remembered, least recently used forgotten first.
 
 ASGI middleware on the API's paths, outside the body limit; runs on the server's event loop.
 """
@@ -29,6 +32,7 @@ import math
 import time
 from collections import OrderedDict
 
+from radixchat.webui.api.deps import end_user_header
 from radixchat.webui.api.errors import count_refusal, send_error
 
 REFUSALS = frozenset({400, 401, 403, 404, 405, 409, 413, 415, 422})
@@ -48,12 +52,14 @@ class RefusalThrottle:
         self.max_clients, self.clock = max_clients, clock
         self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()  # client -> (tokens, when)
         self._users: OrderedDict[bytes, bytes] = OrderedDict()  # a credential's client -> its user's
+        self._fronts: OrderedDict[bytes, bool] = OrderedDict()  # credentials known as a front end's
         self.throttled = 0  # requests answered 429 here
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
             return await self.app(scope, receive, send)
-        client = self._client(scope)
+        credential = self._credential(scope)
+        client = self._client(scope, credential)
         user = self._users.get(client)
         tokens = min(self._tokens(client), self._tokens(user) if user else self.burst)
         if tokens < 1.0:
@@ -63,6 +69,8 @@ class RefusalThrottle:
             return await self._refuse(send, math.ceil((1.0 - tokens) / self.per_s))
 
         async def counting_send(msg):
+            if msg["type"] == "http.response.start" and credential and (scope.get("state") or {}).get("front_end"):
+                self._remember(self._fronts, credential, True)  # its next requests: by end user
             if msg["type"] == "http.response.start" and msg["status"] in REFUSALS:
                 self._take(client)
                 user = self._user_of(client, scope)
@@ -73,13 +81,18 @@ class RefusalThrottle:
         await self.app(scope, receive, counting_send)
 
     @staticmethod
-    def _client(scope) -> bytes:
+    def _credential(scope) -> bytes | None:
         headers = dict(scope.get("headers") or [])
         credential = headers.get(b"authorization") or headers.get(b"x-api-key")
-        if credential:
-            return b"k" + hashlib.sha256(credential).digest()[:16]
-        host = (scope.get("client") or ("?", 0))[0]
-        return b"a" + host.encode()
+        return b"k" + hashlib.sha256(credential).digest()[:16] if credential else None
+
+    def _client(self, scope, credential: bytes | None) -> bytes:
+        if credential is None:
+            return b"a" + (scope.get("client") or ("?", 0))[0].encode()
+        if credential not in self._fronts:
+            return credential
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        return credential + b"/" + hashlib.sha256(end_user_header(headers).encode()).digest()[:16]
 
     def _user_of(self, client: bytes, scope) -> bytes | None:
         """The bucket of the user the API's sign-in found for this request (webui/api/deps.py
