@@ -93,6 +93,7 @@ def end_user_header(headers) -> str:
     """The end user a request's headers name (a mapping with lower-case keys), "" for none."""
     return next((headers[h].strip() for h in END_USER_HEADERS if headers.get(h, "").strip()), "")
 
+
 UserDep = Annotated[User | None, Depends(current_user)]
 
 
