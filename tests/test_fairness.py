@@ -467,3 +467,39 @@ def test_a_newcomers_short_prompt_is_prefilled_within_steps_of_a_long_prompt_flo
         assert waited <= 4, waited  # her prompt's chunk, her first token; a step under way
     finally:
         eng.stop()
+
+
+def test_only_a_newcomer_beside_others_work_takes_a_step_of_its_own(tiny_model_dir):
+    """A step of its own (core.engine.stepper `_first_alone`) is for an owner with no row while
+    others have rows: mallory's third request, beside two rows of hers, goes the ordinary way
+    (her throughput alone is what it was), alice's first goes alone."""
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=16, max_tokens=64)).start(timeout=120)
+    alone: list[str] = []
+    gen, first_alone = eng._gen, eng._gen._first_alone
+
+    def spy(k, room):  # the engine thread's
+        responses = first_alone(k, room)
+        alone.extend(eng._by_uid[r.uid].owner for r in responses or [] if r.uid in eng._by_uid)
+        return responses
+
+    gen._first_alone = spy
+
+    def first_token_of(owner: str) -> None:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if any(a.owner == owner and a.t_first for a in list(eng._by_uid.values())):
+                return
+            time.sleep(0.001)
+        raise AssertionError(f"no first token for {owner}")
+
+    try:
+        running = [eng.submit(req("mallory", f"a long one {i}", n=60)) for i in range(2)]
+        first_token_of("mallory")
+        third = eng.submit(req("mallory", "and another", n=4))
+        assert isinstance(third.result(), Finished)
+        ask = eng.submit(req("alice", "hello there", n=4))
+        assert isinstance(ask.result(), Finished)
+        assert all(isinstance(h.result(), Finished) for h in running)
+        assert alone == ["alice"], alone
+    finally:
+        eng.stop()

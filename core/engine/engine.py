@@ -350,16 +350,20 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         if not ok:
             return
         prefilling = {b.owner for b in self._by_uid.values() if not b.prefilled}
+        busy = {b.owner for b in self._by_uid.values()}
         for a in ok:  # an owner's first prompt in prefill starts at once (core.engine.admission)
             a.hurry = a.owner not in prefilling
+            # a newcomer beside others' work: its first token from a step of its own (core.engine.stepper)
+            a.alone = a.hurry and a.owner not in busy and bool(busy)
             prefilling.add(a.owner)
+            busy.add(a.owner)
         self._insert(ok, [a.sampler for a in ok])
         for a in ok:
             a.joined = self.steps
             self._fair.charge(a.owner, prompt_tokens=len(a.tokens) - a.hit)
         # what a follower needs to insert the same rows (core.engine.recorder.AdmitRow's fields, in order)
         rows = [(a.uid, a.tokens, a.shared_len, a.owner, a.boundaries, a.hit, a.tokens_left) for a in ok]
-        self._record(Admit([AdmitRow(*r, a.sampling.ignore_eos, a.hurry) for r, a in zip(rows, ok)]))
+        self._record(Admit([AdmitRow(*r, a.sampling.ignore_eos, a.hurry, a.alone) for r, a in zip(rows, ok)]))
 
     def _insert(self, rows: list[Active], samplers: list) -> None:
         """Restore each request's cached prefix (its path locked) and give the generator the
@@ -395,7 +399,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             a.uid = uid
             self._by_uid[uid] = a
         if hasattr(self._gen, "hurry"):  # (mlx-lm's own generator prefills in its order)
-            self._gen.hurry([a.uid for a in rows if a.hurry])
+            self._gen.hurry([a.uid for a in rows if a.hurry], alone=[a.uid for a in rows if a.alone])
 
     def _step(self) -> None:
         self._step_started = time.perf_counter()  # a request's queue time ends where its prefill begins

@@ -107,6 +107,7 @@ class Follower(Engine):
                 shared_len=row.shared_len,
                 owner=row.owner,
                 hurry=row.hurry,
+                alone=row.alone,
             )
             if self.prefix is not None:
                 a.key = self.scope.key(a.prompt, a.shared_len, a.owner)

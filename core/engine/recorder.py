@@ -35,6 +35,7 @@ class AdmitRow:
     max_tokens: int
     ignore_eos: bool
     hurry: bool = False  # its owner had no prompt in prefill: the generator starts it at once
+    alone: bool = False  # nor any row, while others had: its first token from a step of its own
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ token returns that token as mlx-lm returns every input; `_next` drops it, and th
 count and stop matcher are set so that it neither counts nor stops there.
 
 Two things keep a newcomer's first token from waiting on others' work:
-- an owner's first prompt (the engine hurries it), while others have work, takes a step of
-  its own (`_first_alone`: its prefill, its last token's forward and one step of its small
+- an owner's first prompt (the engine hurries it) when that owner has no row and others have
+  (the engine marks it `alone`), takes a step of its own (`_first_alone`: its prefill, its last token's forward and one step of its small
   batch, no one else's rows), which returns its first token; it joins the decoding batch at
   the next call. Its first token then costs the step in flight and its own work, not a step
   of a flood's rows (their grammars' masks) or chunks (their long prefill); an ordinary step
@@ -137,6 +137,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._plain = 0  # plain steps taken while speculating (some are timed)
         self._warming: set[int] = set()  # rows whose last prompt token the next decode runs
         self._hurried: set[int] = set()  # waiting prompts that join the prefill at the next step
+        self._alone: set[int] = set()  # hurried prompts that may take a step of their own
         self._since_alone = 1  # ordinary steps since the last step of newcomers alone (`_first_alone`)
         self._side: GenerationBatch | None = None  # that step's rows, until they join the decoding batch
         self.batch_sampler = None  # every row's sampler, once make_generator has set it
@@ -148,11 +149,14 @@ class BudgetedBatchGenerator(BatchGenerator):
             keep_in_order = gen.filter
             gen.filter = lambda keep: keep_in_order(swap_order(list(keep)))
 
-    def hurry(self, uids: list[int]) -> None:
+    def hurry(self, uids: list[int], alone: list[int] | None = None) -> None:
         """These waiting prompts join the prefill at the next step, ahead of the others and
         beyond `prefill_batch_size` if need be (the engine hurries an owner's first prompt in
-        prefill, so a flood of long prompts cannot hold a newcomer's back)."""
+        prefill, so a flood of long prompts cannot hold a newcomer's back). Those also `alone`
+        (hurried too; the engine's: an owner with no row beside others' rows; all of them
+        when not said) may take a step of their own (`_first_alone`)."""
         self._hurried.update(uids)
+        self._alone.update(uids if alone is None else alone)
 
     def _next(self):
         self._merge()
@@ -312,8 +316,9 @@ class BudgetedBatchGenerator(BatchGenerator):
         step a newcomer's first token comes out of. The rows join the decoding batch at the
         next call (`_merge`); its own step waits one short step.
 
-        Only when others have work (a decoding batch, a prefill part-way), and never twice
-        in a row: one ordinary step runs between two such, so a stream of newcomers (a flood
+        Only for prompts the engine marked `alone` (their owner had no row beside others'
+        rows: one user's own stream of requests keeps the ordinary, batched order), when
+        others have work (a decoding batch, a prefill part-way), and never twice in a row: one ordinary step runs between two such, so a stream of newcomers (a flood
         of one-token requests, each its owner's first in prefill) cannot stall the batch.
         The hurried prompts that do not fit stay hurried for the next step. Returns the
         responses, or None when this call is an ordinary one."""
@@ -324,9 +329,10 @@ class BudgetedBatchGenerator(BatchGenerator):
         free, tokens, alone, rest = self.completion_batch_size - len(gen), 0, [], []
         for seq in itertools.islice(waiting, k):
             size = sum(len(s) for s in seq[1])
-            fits = len(alone) < free and tokens + size <= room
+            fits = seq[0] in self._alone and len(alone) < free and tokens + size <= room
             (alone if fits else rest).append(seq)
             tokens += size if fits else 0
+        self._alone.difference_update(seq[0] for seq in alone)
         if not alone:
             return None
         self._hurried.update(seq[0] for seq in rest)  # (a flood's long prompt, hurried too)
@@ -372,6 +378,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         waiting = self._unprocessed_sequences
         first = [s for s in waiting if s[0] in self._hurried]
         self._hurried.clear()  # a hurried prompt joins now (removed ones are simply gone)
+        self._alone.intersection_update(s[0] for s in first)  # (nor do those that went to the shared prefill)
         if first:
             moved = {s[0] for s in first}
             rest = [s for s in waiting if s[0] not in moved]
