@@ -23,7 +23,9 @@ the survivors. On SmolLM2 at 32 rows of ~400 tokens that is ~0.11 s each way aga
 - buffers grow by half again in rows (up to the batch's row limit: more would be freed
   unused), and in columns by a quarter of the window (a
   `GRAIN` at least, the library's `step` of 256 at most: core.cache.layout.growth), copying
-  once, so a batch of short rows does not carry 256 spare columns each; they give the room
+  once, so a batch of short rows does not carry 256 spare columns each. Each layer re-lays a
+  few columns early, by its place in the model (`stagger`), so a batch outgrowing its buffers
+  re-lays one layer a step rather than every layer in one long step. The buffers give the room
   back when rows leave: a re-lay when half the rows are empty or the dead columns before the
   window outgrow it (`_spare_room`).
 
@@ -119,12 +121,15 @@ class SlotKVCache(BatchKVCache):
         else:
             self._pads, self._lp = list(v), None
 
+    stagger = 0  # columns early this layer re-lays when the window outgrows its buffers
+
     @classmethod
-    def adopt(cls, c: BatchKVCache, most_rows: int = 0) -> SlotKVCache:
+    def adopt(cls, c: BatchKVCache, most_rows: int = 0, stagger: int = 0) -> SlotKVCache:
         """The same rows, K/V and padding as a library cache, in a buffer with spare room
-        (rows up to `most_rows`, the batch's limit, when it is known)."""
+        (rows up to `most_rows`, the batch's limit, when it is known). `stagger`: the layer's
+        place in the model (see `update_and_fetch`)."""
         s = cls.__new__(cls)
-        s.most_rows = most_rows
+        s.most_rows, s.stagger = most_rows, stagger
         s._rows = int(c.offset.shape[0])
         s.offset, s.left_padding, s._idx = c.offset, c.left_padding, c._idx
         s._right_padding = None
@@ -216,9 +221,16 @@ class SlotKVCache(BatchKVCache):
             self._v = mx.zeros((b, h, 0, values.shape[3]), values.dtype)
             self._rows = b
             self._views()
-        if self._end + n > self._k.shape[2]:
-            room = growth(self._idx + n)
-            self._relay(rows=self._rows, left=room, extra=n + room)
+        # A re-lay copies every row's K/V of its layer: at 32 rows of ~1,500 tokens 0.2 s a layer
+        # on the bundled model here, all of a model's layers in one step. Each layer re-lays its
+        # `stagger` columns early (its place in the model, at most half a growth), so a batch
+        # that outgrows its buffers re-lays one layer a step, not all of them in one long step.
+        # The new layout is the one this layer would take `early` steps from now, so the layers
+        # keep their places: each still re-lays its stagger's columns before the next one.
+        early = min(self.stagger, growth(self._idx + n) // 2)
+        if self._end + n + early > self._k.shape[2]:
+            room = growth(self._idx + n + early)
+            self._relay(rows=self._rows, left=room, extra=n + room + early)
         self.keys = self.values = None  # see _write; keys and values are the model's, not views of ours
         self._k[: self._rows, :, self._end : self._end + n, :] = keys
         self._v[: self._rows, :, self._end : self._end + n, :] = values

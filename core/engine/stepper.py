@@ -291,8 +291,9 @@ class BudgetedBatchGenerator(BatchGenerator):
         if self.slots and not self._generation_batch.prompt_cache:
             # the first rows of a decoding batch: from here on, joins write into their slots
             most = self.completion_batch_size
-            batch.prompt_cache = [
-                SlotKVCache.adopt(c, most) if type(c) is BatchKVCache else c for c in batch.prompt_cache
+            batch.prompt_cache = [  # each layer re-lays at a step of its own (SlotKVCache.stagger)
+                SlotKVCache.adopt(c, most, stagger=i) if type(c) is BatchKVCache else c
+                for i, c in enumerate(batch.prompt_cache)
             ]
         self._generation_batch.extend(batch)
 
