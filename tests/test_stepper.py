@@ -21,12 +21,12 @@ def model(tiny_model_dir):
     return load(str(tiny_model_dir))[0]
 
 
-def make(model, budget: int | None, seen: list | None = None):
+def make(model, budget: int | None, seen: list | None = None, **extra):
     kw = dict(max_tokens=1000, completion_batch_size=16, prefill_batch_size=4, prefill_step_size=512)
     if budget is None:
         return BatchGenerator(model, **kw)
     return BudgetedBatchGenerator(
-        model, step_tokens=budget, on_prompt=(seen.extend if seen is not None else lambda r: None), **kw
+        model, step_tokens=budget, on_prompt=(seen.extend if seen is not None else lambda r: None), **kw, **extra
     )
 
 
@@ -63,6 +63,21 @@ class Counted:
         return getattr(self.model, name)
 
 
+def replies(gen, uids: list[int], first: list = (), calls: int = 40) -> dict[int, tuple[list[int], str | None]]:
+    """The tokens and finish of each of `uids`, from the responses `first` and those calls give."""
+    got: dict[int, list] = {u: [] for u in uids}
+    ends: dict[int, str] = {}
+    for responses in itertools.chain([first], (gen.next()[1] for _ in range(calls))):
+        for r in responses:
+            if r.uid in got:
+                got[r.uid].append(r.token)
+                if r.finish_reason:
+                    ends[r.uid] = r.finish_reason
+        if len(ends) == len(uids):
+            break
+    return {u: (got[u], ends.get(u)) for u in uids}
+
+
 @pytest.mark.parametrize("budget", [None, 256])
 def test_a_newcomers_last_prompt_token_runs_in_the_batchs_decode(model, budget):
     counted = Counted(model)
@@ -85,7 +100,7 @@ def test_a_newcomers_first_token_is_the_one_its_own_forward_would_give(model):
     a prompt whose last token is a stop token of its own (it must not stop there), a reply of
     one token, and a prompt of one token (no K/V before its last token: its own forward)."""
     stop = StopSequences([[39]])
-    replies = {}
+    got = {}
     for budget in (None, 256):
         gen = make(model, budget)
         running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(3)}
@@ -96,20 +111,10 @@ def test_a_newcomers_first_token_is_the_one_its_own_forward_would_give(model):
             stop_sequences=[stop, StopSequences(), StopSequences()],
         )
         uids += gen.insert([[21]], max_tokens=[4], stop_sequences=[StopSequences()])  # one token: no K/V yet
-        got: dict[int, list] = {u: [] for u in uids}
-        ends = {}
-        for _ in range(30):
-            for r in gen.next()[1]:
-                if r.uid in got:
-                    got[r.uid].append(r.token)
-                    if r.finish_reason:
-                        ends[r.uid] = r.finish_reason
-            if len(ends) == len(uids):
-                break
-        replies[budget] = [(got[u], ends.get(u)) for u in uids]
+        got[budget] = list(replies(gen, uids, calls=30).values())
         gen.close()
-    assert replies[256] == replies[None]
-    assert [len(t) for t, _ in replies[256]] == [6, 1, 5, 4] and replies[256][1][1] == "length"
+    assert got[256] == got[None]
+    assert [len(t) for t, _ in got[256]] == [6, 1, 5, 4] and got[256][1][1] == "length"
 
 
 def restored(model, prefix: list[int]) -> list:
@@ -276,21 +281,6 @@ class Rows(Counted):
         return super().__call__(inputs, *args, **kwargs)
 
 
-def replies(gen, uids: list[int], first: list = (), calls: int = 40) -> dict[int, tuple[list[int], str | None]]:
-    """The tokens and finish of each of `uids`, from the responses `first` and those calls give."""
-    got: dict[int, list] = {u: [] for u in uids}
-    ends: dict[int, str] = {}
-    for responses in itertools.chain([first], (gen.next()[1] for _ in range(calls))):
-        for r in responses:
-            if r.uid in got:
-                got[r.uid].append(r.token)
-                if r.finish_reason:
-                    ends[r.uid] = r.finish_reason
-        if len(ends) == len(uids):
-            break
-    return {u: (got[u], ends.get(u)) for u in uids}
-
-
 def test_a_hurried_newcomers_first_token_comes_out_of_a_step_without_the_batch(model):
     """An owner's first prompt (hurried by the engine) while others decode: the call that
     prefills it returns its first token, and every forward in that call runs its row alone,
@@ -395,16 +385,7 @@ def test_the_shared_prefill_is_cut_to_what_fits_its_time(model, prefill_s):
     running rows' prompts gave the cost) to MIN_CHUNK; without one, the token budget decides."""
     from radixchat.core.engine.stepper import MIN_CHUNK
 
-    gen = BudgetedBatchGenerator(
-        model,
-        step_tokens=256,
-        on_prompt=lambda r: None,
-        prefill_s=prefill_s,
-        max_tokens=1000,
-        completion_batch_size=16,
-        prefill_batch_size=4,
-        prefill_step_size=512,
-    )
+    gen = make(model, 256, prefill_s=prefill_s)
     running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(2)}
     decode_until_running(gen, running)
     insert(gen, list(range(3, 803)))
