@@ -145,9 +145,13 @@ def test_a_front_ends_end_users_each_have_their_own_bucket_and_an_ordinary_key_d
             mallory = [await post(front, BIG, "mallory") for _ in range(64)]
             alice = [await post(front, GOOD, "alice") for _ in range(3)]
             bob_codes = [await post(bobs, BIG, f"someone-{i}") for i in range(64)]
-        return mallory, alice, bob_codes
+            store.revoke_api_key(front)  # a key no longer a front end's: its headers name nobody
+            revoked = [await post(front, BIG, f"someone-{i}") for i in range(64)]
+        return mallory, alice, bob_codes, revoked
 
-    mallory, alice, bob_codes = asyncio.run(scenario())
+    mallory, alice, bob_codes, revoked = asyncio.run(scenario())
     assert mallory[:60] == [400] * 60 and set(mallory[60:]) == {429}, mallory
     assert alice == [200] * 3
     assert bob_codes[:60] == [400] * 60 and set(bob_codes[60:]) == {429}, bob_codes
+    # the first refusal still counts to its end user (the key was a front end's until then)
+    assert revoked.count(401) == 61 and set(revoked[-3:]) == {429}, revoked

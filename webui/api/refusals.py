@@ -69,8 +69,11 @@ class RefusalThrottle:
             return await self._refuse(send, math.ceil((1.0 - tokens) / self.per_s))
 
         async def counting_send(msg):
-            if msg["type"] == "http.response.start" and credential and (scope.get("state") or {}).get("front_end"):
-                self._remember(self._fronts, credential, True)  # its next requests: by end user
+            if msg["type"] == "http.response.start" and credential:
+                if (scope.get("state") or {}).get("front_end"):
+                    self._remember(self._fronts, credential, True)  # its next requests: by end user
+                elif msg["status"] == 401:  # revoked: its headers name nobody any more
+                    self._fronts.pop(credential, None)
             if msg["type"] == "http.response.start" and msg["status"] in REFUSALS:
                 self._take(client)
                 user = self._user_of(client, scope)
