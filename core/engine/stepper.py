@@ -29,11 +29,11 @@ count and stop matcher are set so that it neither counts nor stops there.
 
 Two things keep a newcomer's first token from waiting on others' work:
 - an owner's first prompt (the engine hurries it) when that owner has no row and others have
-  (the engine marks it `alone`), takes a step of its own (`_first_alone`: its prefill, its last token's forward and one step of its small
-  batch, no one else's rows), which returns its first token; it joins the decoding batch at
-  the next call. Its first token then costs the step in flight and its own work, not a step
-  of a flood's rows (their grammars' masks) or chunks (their long prefill); an ordinary step
-  always runs between two such;
+  (the engine marks it `alone`) takes a step of its own (`_first_alone`: its prefill, its
+  last token's forward and one step of its small batch, no one else's rows), which returns
+  its first token; it joins the decoding batch at the next call. Its first token then costs
+  the step in flight and its own work, not a step of a flood's rows (their grammars' masks)
+  or chunks (their long prefill); an ordinary step always runs between two such;
 - the step in flight is short: the shared prefill's chunk is cut to what fits `prefill_s` at
   the latest chunks' cost per token (`_timed`).
 
