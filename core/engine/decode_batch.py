@@ -14,8 +14,9 @@ launching the next step before waiting on this one, the per-row counts and stop 
 leaving rows filtered out (the rows that move, and the rows that join, written after one
 evaluation for every layer: core.cache.slots.one_eval). A batch with a row that has logits
 processors, or rows whose samplers differ, takes the library's step unchanged (the engine
-gives its rows neither: one `BatchSampler` samples every row). Logits are normalized as the library's step normalizes
-them (core.engine.unnormalized: not in the engine thread). Runs in the engine thread only.
+gives its rows neither: one `BatchSampler` samples every row). Logits are normalized as the
+library's step normalizes them (core.engine.unnormalized: not in the engine thread). Runs
+in the engine thread only.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._warming: set[int] = set()  # rows whose last prompt token the next decode runs
         self._hurried: set[int] = set()  # waiting prompts that join the prefill at the next step
         self._alone: set[int] = set()  # hurried prompts that may take a step of their own
-        self._since_alone = 1  # ordinary steps since the last step of newcomers alone (`_first_alone`)
+        self._was_alone = False  # the last call was a step of newcomers alone (`_first_alone`)
         self._side: GenerationBatch | None = None  # that step's rows, until they join the decoding batch
         self.batch_sampler = None  # every row's sampler, once make_generator has set it
         # the decoding batch keeps a step's logits whole (core.engine.decode_batch)
@@ -165,10 +165,10 @@ class BudgetedBatchGenerator(BatchGenerator):
             room = max(self.step_tokens - len(gen), self.step_tokens // 4)
             hurried = self._hurry_first()
             if hurried and (first := self._first_alone(hurried, room)) is not None:
-                self._since_alone = 0
+                self._was_alone = True
                 return [], first
             self._shared_prefill(self._timed(room), hurried)
-        self._since_alone += 1
+        self._was_alone = False
         responses = []
         if len(gen):
             tic = time.perf_counter()
@@ -259,8 +259,7 @@ class BudgetedBatchGenerator(BatchGenerator):
             batch = self._unstepped(prompts, last)
         else:
             inputs = mx.array([t[-1] for t in last], dtype=mx.uint32)
-            sampling = self.batch_sampler.sampling if self.batch_sampler else None
-            with sampling(prompts.uids, prompts.tokens, inputs) if sampling else nullcontext():
+            with self._sampling(prompts.uids, prompts.tokens, inputs):
                 batch = prompts.generate(last)
         if alone is not None:
             alone.append(batch)
@@ -286,6 +285,11 @@ class BudgetedBatchGenerator(BatchGenerator):
         if through:
             self.on_prompt(through)
 
+    def _sampling(self, uids: list[int], tokens: list[list[int]], inputs: mx.array):
+        """While rows other than the decoding batch's sample (BatchSampler.sampling), when the
+        engine's batch sampler is in place."""
+        return self.batch_sampler.sampling(uids, tokens, inputs) if self.batch_sampler else nullcontext()
+
     def _join(self, batch: GenerationBatch) -> None:
         """Rows that start decoding join the decoding batch."""
         if self.slots and not self._generation_batch.prompt_cache:
@@ -310,21 +314,22 @@ class BudgetedBatchGenerator(BatchGenerator):
         """A step of newcomers alone: the first of the `k` hurried waiting prompts that fit
         `room` together (in order, passing those that do not) are prefilled whole in a batch
         of their own, their last prompt token runs in a forward of their own (which samples
-        their first token), and one step of that small batch returns their first tokens. Nothing else runs in this call: not
-        others' prefill, whose chunks cost more as their context grows (SmolLM2 here: 64-token
-        chunks of four 1,500-token prompts took 0.8 to 1.9 s a step), nor the decoding batch,
-        whose rows (a flood's 32 of them, their grammars' masks) would otherwise be in the
-        step a newcomer's first token comes out of. The rows join the decoding batch at the
+        their first token), and one step of that small batch returns their first tokens.
+        Nothing else runs in this call: not others' prefill, whose chunks cost more as their
+        context grows (SmolLM2 here: 64-token chunks of four 1,500-token prompts took 0.8 to
+        1.9 s a step), nor the decoding batch, whose rows (a flood's 32 of them, their
+        grammars' masks) would otherwise be in the step a newcomer's first token comes out of. The rows join the decoding batch at the
         next call (`_merge`); its own step waits one short step.
 
         Only for prompts the engine marked `alone` (their owner had no row beside others'
         rows: one user's own stream of requests keeps the ordinary, batched order), when
-        others have work (a decoding batch, a prefill part-way), and never twice in a row: one ordinary step runs between two such, so a stream of newcomers (a flood
-        of one-token requests, each its owner's first in prefill) cannot stall the batch.
+        others have work (a decoding batch, a prefill part-way), and never twice in a row: one
+        ordinary step runs between two such, so a stream of newcomers (a flood of one-token
+        requests, each its owner's first in prefill) cannot stall the batch.
         The hurried prompts that do not fit stay hurried for the next step. Returns the
         responses, or None when this call is an ordinary one."""
         gen = self._generation_batch
-        if self._since_alone < 1 or not (len(gen) or self._currently_processing):
+        if self._was_alone or not (len(gen) or self._currently_processing):
             return None
         waiting = self._unprocessed_sequences
         free, tokens, alone, rest = self.completion_batch_size - len(gen), 0, [], []
@@ -356,9 +361,8 @@ class BudgetedBatchGenerator(BatchGenerator):
             side.extend(batch)
         self._side = side  # where extract_cache finds them until they join
         self.on_prompt(through)
-        sampling = self.batch_sampler.sampling if self.batch_sampler else None
         tic = time.perf_counter()
-        with sampling(side.uids, side.tokens, side._next_tokens) if sampling else nullcontext():
+        with self._sampling(side.uids, side.tokens, side._next_tokens):
             responses = side.next()
         self._counters.decode_time += time.perf_counter() - tic
         self._counters.generation_tokens += len(responses)
