@@ -163,6 +163,15 @@ REFUSED = [
         "messages.0",
         "text only",
     ),
+    (  # named where it is in the body, not by the union's branch ("content.str")
+        CHAT,
+        {**GOOD, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        400,
+        "invalid_value",
+        "messages.0.content.0.text",
+        "valid string",
+    ),
+    (CHAT, {**GOOD, "stop": 5}, 400, "invalid_value", "stop", "valid string"),
 ]
 
 

@@ -91,15 +91,32 @@ def test_tools_forced_streamed_and_answered(served):
         final = s.get_final_message()
     [streamed] = [b for b in final.content if b.type == "tool_use"]
     assert streamed.input == use.input and final.stop_reason == "tool_use"
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "snow, -3 C"}]}
     follow = [
         *ASK,
         {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "snow, -3 C"}]},
+        result,
     ]
     after = client.messages.create(model="plain", max_tokens=5, messages=follow, tools=[WEATHER], extra_body=GREEDY)
+    # what an agent sends back: the SDK's own blocks, as objects and as model_dump() (which
+    # adds "caller": None, "toolset_name": None to a tool_use, "citations": None to text)
+    for sent in (forced.content, [b.model_dump() for b in forced.content]):
+        again = [*ASK, {"role": "assistant", "content": sent}, result]
+        echo = client.messages.create(model="plain", max_tokens=5, messages=again, tools=[WEATHER], extra_body=GREEDY)
+        assert echo.content == after.content and echo.usage.input_tokens + echo.usage.cache_read_input_tokens == (
+            after.usage.input_tokens + after.usage.cache_read_input_tokens
+        )
     assert after.usage.input_tokens + after.usage.cache_read_input_tokens > forced.usage.input_tokens
     counted = client.messages.count_tokens(model="plain", messages=follow, tools=[WEATHER])
     assert counted.input_tokens == after.usage.input_tokens + after.usage.cache_read_input_tokens
+
+
+def _use(extra: dict) -> dict:
+    return {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "n", "input": {}, **extra}]}
+
+
+def _result() -> dict:
+    return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}
 
 
 def test_claude_codes_model_names_and_errors_in_anthropics_envelope(served):
@@ -125,6 +142,20 @@ def test_claude_codes_model_names_and_errors_in_anthropics_envelope(served):
         ({"model": "plain", "max_tokens": 3, "messages": ASK, "thinking": {"type": "enabled"}}, "thinking"),
         ({"model": "plain", "max_tokens": 3, "messages": [{"role": "user", "content": []}]}, "at least one block"),
         ({"model": "plain", "max_tokens": 3, "messages": ASK, "output_config": {"effort": "low"}}, "output_config"),
+        # a refused key on a block is named where it is, not as "content: not a string"
+        (
+            {"model": "plain", "max_tokens": 3, "messages": [*ASK, _use({"bogus": 1}), _result()]},
+            "messages.1.content.0.bogus: Extra inputs",
+        ),
+        (
+            {
+                "model": "plain",
+                "max_tokens": 3,
+                "messages": [*ASK, _use({"caller": {"type": "code_execution"}}), _result()],
+            },
+            "messages.1.content.0.caller.type",
+        ),
+        ({"model": "plain", "max_tokens": "3", "messages": ASK}, "max_tokens: Input should be a valid integer"),
     ]:
         r = httpx.post(srv.url + "/v1/messages", content=json.dumps(body), headers=headers, timeout=30)
         assert r.status_code == 400, r.text

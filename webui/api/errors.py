@@ -67,12 +67,48 @@ ANTHROPIC_TYPES = {
 }
 
 
+def _in_body(loc: tuple, body, kind: str) -> list[str]:
+    """The error's place as a path into the body the client sent. pydantic's place also names
+    the branch of a union it tried (`str`, `list[tagged-union[...]]`) and a tagged union's tag
+    (`tool_use`): those name nothing the client wrote, so they are left out. A missing field's
+    name is kept though the body lacks it."""
+    path, here = [], body
+    for i, p in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(here, dict) and isinstance(p, str) and p in here:
+            if not last and here.get("type") == p and isinstance(loc[i + 1], str):
+                continue  # a tag that is also a key: {"type": "text", "text": ...}
+            path.append(p)
+            here = here[p]
+        elif isinstance(here, list) and isinstance(p, int) and 0 <= p < len(here):
+            path.append(str(p))
+            here = here[p]
+        elif last and kind == "missing":
+            path.append(str(p))
+    return path
+
+
+def _first_error(errs: list[dict], body) -> tuple[dict, list[str]]:
+    """The error to report: the first, except a union's branch whose type did not match where
+    another branch got further (content as a list of blocks is not 'not a string')."""
+    placed = [(e, _in_body(tuple(p for p in e.get("loc", ()) if p != "body"), body, e.get("type", ""))) for e in errs]
+    for e, path in placed:
+        branch_miss = e.get("type", "").endswith("_type")
+        if not (branch_miss and any(len(q) > len(path) and q[: len(path)] == path for _, q in placed)):
+            return e, path
+    return placed[0]
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errs = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errs):
         return "the request body is not valid JSON", None
-    e = errs[0]
-    loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+    body = getattr(exc, "body", None)
+    if body is None:
+        e = errs[0]
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+    else:
+        e, loc = _first_error(errs, body)
     param = ".".join(loc) or None
     if param is None and e.get("type") in ("model_attributes_type", "dict_type"):
         return "the request body must be a JSON object", None

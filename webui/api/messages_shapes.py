@@ -9,7 +9,8 @@ older clients still send (left out: the model card's sampling). Accepted and ign
 they cannot change the reply here: `metadata`, `service_tier`, `speed`, `inference_geo`,
 `user_profile_id`, `workspace_id`, `diagnostics`, `cache_control` (top-level, on any block
 or tool: the prefix cache keeps every prompt's prefix anyway), `thinking` of type
-"disabled". Anything else (images, documents, thinking, `output_config`, `container`, server
+"disabled", and on a `tool_use` block `caller` (`direct`) and `toolset_name`, which the
+anthropic SDK's own blocks carry back. Anything else (images, documents, thinking, `output_config`, `container`, server
 tools, a last assistant message to continue) is refused by name. Tool calls are the model's tool-call format's (or the generic
 one), parsed out of the reply as the chat API does (webui/api/toolcalls.py) and sent as
 `tool_use` blocks; streamed, a call goes out whole at the end (`input_json_delta`). Usage:
@@ -45,11 +46,20 @@ class TextBlock(_Block):
     citations: None = None
 
 
+class DirectCaller(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["direct"]  # a server tool's caller (code execution) is not served here
+
+
 class ToolUseBlock(_Block):
     type: Literal["tool_use"]
     id: str = Field(min_length=1, max_length=256)
     name: str = Field(min_length=1, max_length=128)
     input: dict
+    # what the anthropic SDK's own block carries back (`model_dump()`): they inform, so
+    # they are accepted and left out of the prompt
+    caller: DirectCaller | None = None
+    toolset_name: str | None = Field(None, max_length=256)
 
 
 class ToolResultBlock(_Block):
