@@ -50,3 +50,23 @@ def test_held_back_prefix_flushed_at_finish():
 def test_earliest_of_several_stops_wins():
     sent, _ = run("one two three", ["three", "two"])
     assert sent == "one "
+
+
+def test_a_character_cut_by_the_last_token_is_held_back_not_sent_as_a_replacement():
+    # byte-level BPE spells an emoji over several tokens: a reply cut (max_tokens) between
+    # them must end before it, not in U+FFFD (seen in 2 of 25 cut replies)
+    from pathlib import Path
+
+    from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    tok = load_tokenizer(Path(__file__).parents[1] / "assets" / "model")
+    tokens = tok.encode("ok 🙂🙂", add_special_tokens=False)
+    whole = tok.decode(tokens)
+    for detok in (tok.detokenizer, NaiveStreamingDetokenizer(tok)):
+        for cut in range(1, len(tokens) + 1):
+            detok.reset()
+            ts = TextStream(detok, [])
+            sent = "".join(ts.add(t) for t in tokens[:cut]) + ts.finish()
+            assert "\ufffd" not in sent and whole.startswith(sent), (type(detok).__name__, cut, sent)
+        assert sent == whole

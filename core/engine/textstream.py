@@ -30,7 +30,9 @@ class TextStream:
         if self.stopped:
             return ""
         self._detok.finalize()
-        self.text += self._detok.last_segment
+        # what finalize forces out ends in U+FFFD where the last token stopped inside a
+        # character (a reply cut by max_tokens): that half character is not text to send
+        self.text += self._detok.last_segment.rstrip("\ufffd")
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
