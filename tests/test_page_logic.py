@@ -14,6 +14,7 @@ import pytest
 from radixchat.core.engine.requests import QueueFull, RequestError
 from radixchat.core.store import NotFound
 from radixchat.webui.cli import serve_banner
+from radixchat.webui.live_requests import LiveRequests
 from radixchat.webui.page import markup
 from radixchat.webui.page.dashboard import Presence, dashboard
 from radixchat.webui.page.logic import LOCAL_USER, ChatPage, PageError, visible_turns
@@ -565,6 +566,32 @@ def test_a_message_to_a_new_chat_lands_in_a_new_chat(engine, store, users):
     with pytest.raises(PageError, match="no message to answer"):
         reply(page, alice, None, None, regenerate=True)
     assert page.running == {} and engine.stats().inflight == 0
+
+
+def test_a_disabled_users_reply_stops_within_a_second(engine, store, users):
+    _, bob = users
+    live = LiveRequests(store, every_s=0.1)
+    page = ChatPage(engine, store, live=live)
+    conv = page.new_chat(bob)
+
+    async def disabled_midway():
+        shown = []
+        async for rows in page.reply(bob, conv.id, "tell me a long story", temperature=0, max_tokens=4000):
+            shown.append(rows)
+            if len(shown) == 2:
+                await asyncio.to_thread(store.set_disabled, "bob", True)
+                t0 = time.monotonic()
+        return shown, time.monotonic() - t0
+
+    try:
+        shown, took = asyncio.run(disabled_midway())
+    finally:
+        live.stop()
+        store.set_disabled("bob", False)
+    assert took < 1.0 and "stopped" in shown[-1][-1]["content"], (took, shown[-1][-1])
+    reply_msg = store.history(bob, conv.id)[-1]
+    stats = store.request_metrics([reply_msg.request])[reply_msg.request]
+    assert stats.finish_reason == "cancelled" and reply_msg.content
 
 
 def test_deleting_a_chat_stops_its_reply(engine, store, users):

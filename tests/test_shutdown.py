@@ -4,7 +4,8 @@
 The process exits within seconds (scaled by the machine's load) with status 0 and nothing
 like a traceback in its output, and its store, read after the exit, holds both: the page's
 reply with its text so far, stored as stopped (finish "cancelled"), and the API request's
-row, cancelled too. The API stream ends with its last event rather than being cut. What
+row, cancelled too. The API stream ends with its last event rather than being cut: an error
+event saying the server is shutting down. What
 the server does on a stop is webui/cli.py's; the replies' ends are the engine's and
 webui/request_end.py's. Screenshots go to test-output/shutdown/.
 """
@@ -108,12 +109,15 @@ def test_a_stop_with_a_page_reply_and_an_api_stream_running_ends_in_seconds(mode
         client.join(scaled(10))
         assert not client.is_alive(), "the API stream was still open after the server had exited"
 
-        # the stream ended with its last event, not cut mid-reply
+        # the stream ended with its last event, not cut mid-reply: an error that says why
+        # (a finish reason of "cancelled" is none an OpenAI client knows)
         assert "broken" not in got, got
         lines = got["lines"]
         assert lines[-1] == "data: [DONE]", lines[-3:]
-        finish = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in lines[:-1] if x.startswith("data: {")]
-        assert finish[-1] is not None, lines[-3:]
+        last = json.loads(lines[-2][6:])
+        assert "shutting down" in last["error"]["message"] and last["error"]["type"] == "server_error", last
+        finish = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in lines[:-2]]
+        assert set(finish) == {None}, lines[-3:]
 
         with sqlite3.connect(srv.db) as db:
             reply = db.execute(

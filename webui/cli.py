@@ -200,8 +200,10 @@ def cmd_serve(args, settings: Settings) -> None:
     lines += [f"radixchat: {m.sharded}"] if m.sharded else []
     lines += [f"radixchat: note: {m.notice}"] if m.notice else []
     lines += serve_banner(settings, len(store.list_users()))
+    app = None
     try:
-        server = _serving(build_app(models, settings, store), models, uvicorn_options(settings), lines)
+        app = build_app(models, settings, store)
+        server = _serving(app, models, uvicorn_options(settings), lines)
         # uvicorn catches both while it serves and puts these back when it is done, then raises
         # what it caught again: ignored, so that the stop goes on here (each wait of it bounded)
         # and a second Ctrl-C cannot cut the store's close short
@@ -210,6 +212,8 @@ def cmd_serve(args, settings: Settings) -> None:
         server.run()
     finally:
         removals.stop()
+        if app is not None and app.state.live is not None:
+            app.state.live.stop()
         settle(STOP_GRACE_S)  # replies cut short by the stop are written before the store closes
         models.stop()
         store.close()

@@ -35,6 +35,7 @@ from radixchat.webui.api.refusals import RefusalThrottle
 from radixchat.webui.api.routes import include_api
 from radixchat.webui.device_cookie import DeviceCookies
 from radixchat.webui.gate import GradioSide, PageGate
+from radixchat.webui.live_requests import LiveRequests
 from radixchat.webui.page.csp import ContentPolicy
 from radixchat.webui.signin import SignInGuard, SignInRefused
 from radixchat.webui.signin_door import SignInDoor
@@ -54,6 +55,9 @@ def build_app(
     metrics = Metrics(engines)
     # what the API routes' dependencies read (webui/api/deps.py)
     app.state.engines, app.state.settings, app.state.store, app.state.metrics = engines, settings, store, metrics
+    # what a user or key cut off has running stops within a second (its thread starts with the
+    # first request it holds, and stops with the app)
+    app.state.live = LiveRequests(store) if store is not None and not settings.no_auth else None
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RefusalThrottle)  # outside the body limit: a throttled body is never read
@@ -129,7 +133,7 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
         except SignInRefused as e:  # a lockout, or no room in the hashing queue
             raise HTTPException(429, str(e), headers={"Retry-After": str(math.ceil(e.retry_after_s))}) from None
 
-    page = build_page(engines, settings, store, metrics, sign_in=not settings.no_auth)
+    page = build_page(engines, settings, store, metrics, sign_in=not settings.no_auth, live=app.state.live)
     app.state.page = page
     signed_out.install(app)  # before the page's mount, which takes every path left
     shared.install(app, store, no_auth=settings.no_auth)  # /shared/{token}: read-only, signed-in users

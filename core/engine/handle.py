@@ -64,12 +64,17 @@ class RequestHandle:
         self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._async: asyncio.Queue[Event] | None = asyncio.Queue() if loop else None
         self.final: Finished | Failed | None = None
+        self.cancelled_because: str | None = None  # why the server cut it (`cancel(reason)`)
         self._done_lock = threading.Lock()
         self._done_callbacks: list[Callable[[Finished | Failed], None]] = []
 
-    def cancel(self) -> None:
-        """Ask the engine to stop this request at its next step (idempotent)."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Ask the engine to stop this request at its next step (idempotent). A `reason` is
+        the server's own (a user disabled while it ran), for the client still waiting: it
+        ends as cancelled all the same, and whoever frames the answer says why."""
         if self.final is None:
+            if reason is not None and self.cancelled_because is None:
+                self.cancelled_because = reason
             self._cancel(self.id)
 
     def add_done_callback(self, fn: Callable[[Finished | Failed], None]) -> None:

@@ -243,6 +243,23 @@ class AccountsMixin(StoreBase):
             if not db.execute(sql, args).rowcount:
                 raise NotFound(f"user {name!r} not found")
 
+    def cut_off(self, users: set[int], key_hashes: set[str]) -> tuple[set[int], set[str]]:
+        """Of these users and API keys (by `auth.api_key_hash`), those that may no longer
+        work: users removed or disabled, keys revoked, removed or of such a user (the server
+        stops what they have running: webui/live_requests.py)."""
+        ok_users, ok_keys = set(), set()
+        with self._tx(write=False) as db:
+            for chunk in _chunks(sorted(users)):
+                sql = f"SELECT id FROM users WHERE disabled IS NULL AND id IN ({','.join('?' * len(chunk))})"
+                ok_users |= {r[0] for r in db.execute(sql, chunk)}
+            for chunk in _chunks(sorted(key_hashes)):
+                sql = (
+                    "SELECT k.key_hash FROM api_keys k JOIN users u ON u.id = k.owner WHERE k.revoked IS NULL"
+                    f" AND u.disabled IS NULL AND k.key_hash IN ({','.join('?' * len(chunk))})"
+                )
+                ok_keys |= {r[0] for r in db.execute(sql, chunk)}
+        return users - ok_users, key_hashes - ok_keys
+
     def set_request_limit(self, name: str, limit: int | None) -> None:
         """How many requests `name` may have waiting or running at once (None: the server's
         --max-user-requests)."""
@@ -391,3 +408,8 @@ def new_password() -> str:
 def _new_key() -> str:
     """128 random bits as hex: a cache or session key (never derived from anything reused)."""
     return secrets.token_hex(16)
+
+
+def _chunks(items: list, size: int = 500) -> list[list]:
+    """SQLite's bound-parameter limit: an IN list a few hundred at a time."""
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from radixchat.core.engine.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta, owner_of
 from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api import replies as rp
-from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.schema import ChatCompletionRequest, CompletionRequest
@@ -44,7 +44,7 @@ async def chat_completions(
         raise ApiError(
             400, "reasoning_effort: this model's chat template has no thinking switch", param="reasoning_effort"
         )
-    ledger = Ledger(metrics, store, engine.info.model_id, user, "chat")
+    ledger = Ledger(metrics, store, engine.info.model_id, user, "chat", watch=watch_of(request, user))
     handles = await generation.submit_choices(
         ledger,
         body.n,
@@ -82,7 +82,7 @@ async def completions(
 ):
     engine = await engine_for(engines, body.model)
     owner = owner_of(user and user.cache_key)
-    ledger = Ledger(metrics, store, engine.info.model_id, user, "completions")
+    ledger = Ledger(metrics, store, engine.info.model_id, user, "completions", watch=watch_of(request, user))
     handles = await generation.submit_choices(
         ledger,
         body.n,

@@ -16,15 +16,18 @@ checking a key reads SQLite, so FastAPI runs it in a worker thread. No MLX here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 # imported for real, not under TYPE_CHECKING: FastAPI reads the annotations at start-up
 from radixchat.core.config import Settings
+from radixchat.core.engine.handle import RequestHandle
 from radixchat.core.engine.requests import RequestError
 from radixchat.core.engine.seam import EngineClient, Engines
 from radixchat.core.store import Store
+from radixchat.core.store.auth import api_key_hash
 from radixchat.core.store.types import AuthFailed, Invalid, User
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.metrics import Metrics
@@ -75,6 +78,7 @@ def _key_user(request: Request, settings: Settings, store: Store | None) -> User
         # the type is what clients map: litellm reads invalid_request_error as a bad request
         raise ApiError(401, "invalid or revoked API key", "authentication_error", "invalid_api_key") from None
     request.state.front_end = front_end  # its end users are clients of their own (webui/api/refusals.py)
+    request.state.key_hash = api_key_hash(key)  # what it runs stops if the key is revoked (`watch_of`)
     end = end_user_header(request.headers)
     if not (front_end and end):  # an ordinary key's headers name nobody: it is its owner's
         return user
@@ -95,6 +99,16 @@ def end_user_header(headers) -> str:
 
 
 UserDep = Annotated[User | None, Depends(current_user)]
+
+
+def watch_of(request: Request, user: User | None) -> Callable[[RequestHandle], None] | None:
+    """What notes an accepted request's handle under its user and key, so that it stops if
+    either is cut off while it runs (webui/live_requests.py); None with --no-auth."""
+    live = getattr(request.app.state, "live", None)
+    if live is None or user is None:
+        return None
+    key_hash = getattr(request.state, "key_hash", None)
+    return lambda handle: live.track(handle, user.id, key_hash)
 
 
 async def engine_for(engines: Engines, name: str) -> EngineClient:

@@ -62,6 +62,7 @@ class Ledger:
     model: str
     user: User | None
     route: str = "api"  # which API, for the log line and the row
+    watch: Callable[[RequestHandle], None] | None = None  # stops it if its user or key is cut off
     ends: list[RequestEnd] = field(default_factory=list)  # one per submitted choice
 
     def ended(self, final: Finished | Failed) -> Future | None:
@@ -142,6 +143,8 @@ async def submit(ledger: Ledger, build: Build) -> RequestHandle:
         ledger.ends.append(
             RequestEnd(handle, ledger.metrics, lambda final, _text: ledger.ended(final), model=ledger.model)
         )
+        if ledger.watch is not None:
+            ledger.watch(handle)
         return handle
     err.model = ledger.model
     raise err  # counted on /metrics, logged and stored by the error handler, with the others refused
@@ -191,7 +194,26 @@ async def wait_for_ends(request: Request, handles: list[RequestHandle], ledger: 
         raise ApiError(400, failed.message, "invalid_request_error", "invalid_schema")
     if failed is not None:
         raise ApiError(500, f"generation failed: {failed.message}", "server_error", "engine_error")
-    return finals, watcher.done() and not watcher.cancelled() and watcher.result()
+    gone = watcher.done() and not watcher.cancelled() and watcher.result()
+    cut = next((h for h, ev in zip(handles, finals) if _cut_by_server(ev)), None)
+    if cut is not None and not gone:
+        raise _why_cut(cut)
+    return finals, gone
+
+
+def _cut_by_server(ev) -> bool:
+    """Ended as cancelled while its client still waits: the server stopped it (its own stop,
+    or the user or key cut off), for "cancelled" is not a finish reason an API client knows."""
+    return isinstance(ev, Finished) and ev.finish_reason == "cancelled"
+
+
+def _why_cut(handle: RequestHandle) -> ApiError:
+    if handle.cancelled_because is not None:
+        return ApiError(403, handle.cancelled_because, "permission_error", "access_revoked")
+    return ApiError(503, STOPPING, "server_error", "server_stopping", headers={"Retry-After": "5"})
+
+
+STOPPING = "the server stopped before this reply was finished (it is shutting down): send it again"
 
 
 async def _cancel_when_gone(request: Request, handles: list[RequestHandle]) -> bool:
@@ -282,6 +304,8 @@ async def _events(handles: list[RequestHandle], framing: Framing, ledger: Ledger
             if isinstance(ev, TextDelta):
                 out = framing.delta(i, ev)
             else:
+                if _cut_by_server(ev):  # an error event saying why, where a client looks for one
+                    ev = Failed(message=_why_cut(handles[i]).message, usage=ev.usage)
                 finals[i] = ev
                 out = framing.failed(i, ev) if isinstance(ev, Failed) else framing.finished(i, ev)
                 if len(finals) == len(handles):

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from radixchat.core.engine.requests import ChatRequest, RequestError, Sampling, owner_of
 from radixchat.core.engine.seam import EngineClient, Engines
 from radixchat.webui.api import generation
-from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.messages_shapes import MessageEvents, MessagesRequest, message, new_id
@@ -60,7 +60,7 @@ async def create_message(
     messages, tools, grammar, family = _prepared(body, engine)
     fields = {**body.sampling(engine.info.sampling_defaults), "lark": grammar}
     model = engine.info.model_id
-    ledger = Ledger(metrics, store, model, user, "messages")
+    ledger = Ledger(metrics, store, model, user, "messages", watch=watch_of(request, user))
     handle = await generation.submit(
         ledger,
         lambda: engine.asubmit(

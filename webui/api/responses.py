@@ -39,7 +39,7 @@ from radixchat.core.engine.requests import ChatRequest, Sampling, owner_of
 from radixchat.core.store import Store
 from radixchat.core.store.types import Message, StoreError, User
 from radixchat.webui.api import generation
-from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.responses_shapes import ResponseEvents, ResponsesRequest, response_object
@@ -71,7 +71,7 @@ async def create_response(
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     fields = body.sampling(engine.info.sampling_defaults)
     model = engine.info.model_id
-    ledger = Ledger(metrics, store, model, user, "responses")
+    ledger = Ledger(metrics, store, model, user, "responses", watch=watch_of(request, user))
     handle = await generation.submit(
         ledger,
         lambda: engine.asubmit(

@@ -28,7 +28,7 @@ def build(page: gr.Blocks, handlers: AccountHandlers) -> gr.Tab:
             add = gr.Button("Add user", variant="primary", elem_id="add-user", scale=1)
 
         gr.Markdown(
-            "### A user\nDisabling ends their sign-ins and stops their API keys at once; "
+            "### A user\nDisabling ends their sign-ins, stops their API keys and what they have running at once; "
             "re-enabling lets them in again. An admin manages the users here; the last admin stays one."
         )
         who = gr.Dropdown(label="User", choices=[], elem_id="user-pick")

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from radixchat.core.engine.seam import EngineClient, Engines
     from radixchat.core.store import Store
     from radixchat.webui.api.metrics import Metrics
+    from radixchat.webui.live_requests import LiveRequests
 
 # what webui/server.py and the tests import from here
 __all__ = ["CSS", "UNDO_S", "View", "build_page", "load_presets", "sign_in_message", "theme"]
@@ -89,8 +90,9 @@ def build_page(
     metrics: Metrics | None = None,
     *,
     sign_in: bool = True,
+    live: LiveRequests | None = None,
 ) -> gr.Blocks:
-    chat = ChatPage(engines, store, metrics, default_max_tokens=settings.max_tokens, signed_in=sign_in)
+    chat = ChatPage(engines, store, metrics, default_max_tokens=settings.max_tokens, signed_in=sign_in, live=live)
     model = chat.engine.info  # the first model's: the header, the temperature's start
     presets = load_presets()
     handlers = Handlers(chat, Presence(), presets, model, sign_in=sign_in)

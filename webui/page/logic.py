@@ -34,6 +34,7 @@ from radixchat.webui.page.rows import chat_rows, row, visible_turns
 if TYPE_CHECKING:
     from radixchat.core.engine.seam import EngineClient, Engines
     from radixchat.webui.api.metrics import Metrics
+    from radixchat.webui.live_requests import LiveRequests
 
 # where the page's tests and handlers have always found them
 __all__ = ["LOCAL_USER", "ChatPage", "PageError", "chat_rows", "row", "title_from", "visible_turns"]
@@ -49,11 +50,13 @@ class ChatPage(Chats, Replies, ModelPick):
         metrics: Metrics | None = None,
         default_max_tokens: int = 256,
         signed_in: bool = True,
+        live: LiveRequests | None = None,
     ):
         # a reply goes to its chat's model (ModelPick); a delete is forgotten by every model
         self.engines = as_engines(engine)
         self.engine, self.store, self.metrics = self.engines.default, store, metrics  # engine: the first model's
         self.signed_in = signed_in  # False with --no-auth: everyone is the one local user
+        self.live_requests = live  # replies stopped when their user is disabled or removed
         self.default_max_tokens = default_max_tokens
         self.running: dict[int, LiveReply] = {}  # conversation id -> its reply being written
         self._claiming = threading.Lock()  # a new chat's conversation is picked and taken at once

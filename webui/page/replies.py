@@ -57,6 +57,7 @@ from radixchat.webui.request_end import RequestEnd
 if TYPE_CHECKING:
     from radixchat.core.engine.handle import RequestHandle
     from radixchat.core.engine.seam import EngineClient
+    from radixchat.webui.live_requests import LiveRequests
 
 log = logging.getLogger("radixchat.page")
 
@@ -129,6 +130,8 @@ async def stored(question: Future[Message]) -> Message:
 
 class Replies:
     """ChatPage's replies: one at a time per chat (`running`), each stored once."""
+
+    live_requests: LiveRequests | None = None  # ChatPage's: stops a cut-off user's replies
 
     def writing(self, user: User, conv_id: int | None) -> bool:
         """Whether a reply of this user's is being written in this chat (its button reads Stop)."""
@@ -313,11 +316,14 @@ class Replies:
             request = ChatRequest(
                 messages=messages, sampling=sampling, owner=self.owner(user), owner_limit=user.request_limit
             )
-            return await engine.asubmit(request)
+            handle = await engine.asubmit(request)
         except (RequestError, ValidationError) as e:
             if self.metrics is not None:
                 self.metrics.rejected()
             raise PageError(refusal(e)) from None
+        if self.live_requests is not None and self.signed_in:
+            self.live_requests.track(handle, user.id)
+        return handle
 
     def _ask(
         self, user: User, conv: Conversation, branch: Branch, turns: list[Message], text: str, edit: int | None
