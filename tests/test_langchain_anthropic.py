@@ -1,7 +1,8 @@
 """LangChain's `ChatAnthropic` against a real server of a small random model, speaking
 /v1/messages through the `anthropic` SDK underneath: a reply invoked (its usage metadata) and
 streamed (the same greedy text), a tool bound and forced on a model whose template has no
-tool format (the generic one serves it; the call's args come back parsed), what LangChain
+tool format (the generic one serves it; the call's args come back parsed), structured output by
+`with_structured_output(method="json_schema")`, what LangChain
 sends with its defaults (nothing refused), and a bad key raised as the SDK's exception."""
 
 from __future__ import annotations
@@ -93,6 +94,24 @@ def test_bind_tools_forced_gives_a_call_with_parsed_args(served):
     for c in llm.bind_tools([WEATHER], tool_choice="get_weather").stream(ASK):
         joined = c if joined is None else joined + c
     assert [t["args"] for t in joined.tool_calls] == [call["args"]]
+
+
+def test_with_structured_output_json_schema_gives_a_parsed_dict(served):
+    # langchain-anthropic's json_schema method sends output_config.format; the SDK's
+    # transform_schema moves maxLength into a description, so no free text here, where a
+    # random model's string would run past max_tokens
+    srv, key = served
+    dish = {
+        "title": "dish",
+        "description": "A dish",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["vegan", "course"],
+        "properties": {"vegan": {"type": "boolean"}, "course": {"enum": ["starter", "main", "dessert"]}},
+    }
+    llm = chat(srv, key, max_tokens=60, temperature=0).with_structured_output(dish, method="json_schema")
+    value = llm.invoke("A recipe?")
+    assert set(value) == {"vegan", "course"} and value["course"] in ("starter", "main", "dessert"), value
 
 
 def test_a_bad_key_raises_the_sdks_authentication_error(served):

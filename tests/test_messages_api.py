@@ -8,13 +8,16 @@ maps to its exceptions; litellm's `anthropic/` route."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import anthropic
 import httpx
 import pytest
+from pydantic import BaseModel
 
 from radixchat.core.store import Store
 from tests.support.clients import ANTHROPIC_WEATHER as WEATHER
+from tests.support.clients import RECIPE
 from tests.support.randmodel import build_random_model
 from tests.support.server import Server
 
@@ -109,6 +112,30 @@ def test_tools_forced_streamed_and_answered(served):
     assert after.usage.input_tokens + after.usage.cache_read_input_tokens > forced.usage.input_tokens
     counted = client.messages.count_tokens(model="plain", messages=follow, tools=[WEATHER])
     assert counted.input_tokens == after.usage.input_tokens + after.usage.cache_read_input_tokens
+
+
+class Dish(BaseModel):  # no free text: a random model's string could run past max_tokens
+    vegan: bool
+    course: Literal["starter", "main", "dessert"]
+
+
+def test_structured_output_through_output_config(served):
+    """output_config.format (what langchain-anthropic's json_schema method sends) takes the
+    grammar path of chat completions' response_format: even a random model's reply parses."""
+    _, client, _ = served
+    fmt = {"format": {"type": "json_schema", "schema": RECIPE}}
+    whole = client.messages.create(model="plain", max_tokens=60, messages=ASK, output_config=fmt, extra_body=GREEDY)
+    value = json.loads(whole.content[0].text)
+    assert whole.stop_reason == "end_turn" and set(value) == {"name", "vegan", "course"}, whole
+    assert value["course"] in ("starter", "main", "dessert") and len(value["name"]) <= 12
+    with client.messages.stream(model="plain", max_tokens=60, messages=ASK, output_config=fmt, extra_body=GREEDY) as s:
+        assert json.loads("".join(s.text_stream)) == value
+    parsed = client.messages.parse(model="plain", max_tokens=60, messages=ASK, output_format=Dish, extra_body=GREEDY)
+    assert isinstance(parsed.parsed_output, Dish), parsed
+    with pytest.raises(anthropic.BadRequestError, match="forced tool call"):
+        client.messages.create(
+            model="plain", max_tokens=9, messages=ASK, output_config=fmt, tools=[WEATHER], tool_choice={"type": "any"}
+        )
 
 
 def _use(extra: dict) -> dict:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from radixchat.core.store import Store
-from tests.support.clients import GOOD, client
+from tests.support.clients import GOOD, RECIPE, client
 from tests.support.metrics import metric_value
 from tests.support.procs import RADIXCHAT
 from tests.support.server import Server
@@ -610,18 +610,6 @@ def test_the_grafana_dashboard_asks_for_series_the_server_has(keyed):
         s.name for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text) for s in f.samples
     }
     assert len(asked) >= 12 and asked <= served, asked - served
-
-
-RECIPE = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name", "vegan", "course"],
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "vegan": {"type": "boolean"},
-        "course": {"enum": ["starter", "main", "dessert"]},
-    },
-}
 
 
 def test_structured_output_parses_and_validates_on_a_random_model(keyed):

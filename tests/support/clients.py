@@ -26,6 +26,19 @@ ANTHROPIC_WEATHER = {
         "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
     },
 }
+# a schema even a random model's reply follows (the grammar masks every other token)
+RECIPE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "vegan", "course"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "vegan": {"type": "boolean"},
+        "course": {"enum": ["starter", "main", "dessert"]},
+    },
+}
+
+
 API = "/gradio_api"
 GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -4,13 +4,14 @@ Anthropic's server-sent events (`MessageEvents`, a webui/api/generation.py Frami
 
 What is read: `system` (a string or text blocks), `messages` (text, `tool_use` and
 `tool_result` blocks), `max_tokens`, `stop_sequences`, `stream`, `tools` and `tool_choice`
-(auto, any, tool, none), and `temperature`, `top_p`, `top_k`, which Anthropic's API had and
+(auto, any, tool, none), `output_config.format` (a JSON schema the reply's text follows,
+compiled as chat completions' `response_format` is), and `temperature`, `top_p`, `top_k`, which Anthropic's API had and
 older clients still send (left out: the model card's sampling). Accepted and ignored, as
 they cannot change the reply here: `metadata`, `service_tier`, `speed`, `inference_geo`,
 `user_profile_id`, `workspace_id`, `diagnostics`, `cache_control` (top-level, on any block
 or tool: the prefix cache keeps every prompt's prefix anyway), `thinking` of type
 "disabled", and on a `tool_use` block `caller` (`direct`) and `toolset_name`, which the
-anthropic SDK's own blocks carry back. Anything else (images, documents, thinking, `output_config`, `container`, server
+anthropic SDK's own blocks carry back. Anything else (images, documents, thinking, `output_config.effort`, `container`, server
 tools, a last assistant message to continue) is refused by name. Tool calls are the model's tool-call format's (or the generic
 one), parsed out of the reply as the chat API does (webui/api/toolcalls.py) and sent as
 `tool_use` blocks; streamed, a call goes out whole at the end (`input_json_delta`). Usage:
@@ -131,6 +132,28 @@ class Thinking(BaseModel):
     type: Literal["disabled"]  # "enabled" is refused: no thinking budget here
 
 
+class JsonOutputFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["json_schema"]
+    schema_: dict = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    """Structured output (`format`), through the same grammar path as chat completions'
+    `response_format`; `effort` (a thinking budget) is not served here."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    format: JsonOutputFormat | None = None
+    effort: str | None = None
+
+    @field_validator("effort")
+    @classmethod
+    def _no_effort(cls, v):
+        if v is not None:
+            raise ValueError("not supported here (this server has no thinking budget)")
+        return v
+
+
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str
@@ -144,6 +167,7 @@ class MessagesRequest(BaseModel):
     stream: bool = False
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    output_config: OutputConfig | None = None
     # accepted and ignored: they cannot change the reply here
     metadata: Ignored = None
     service_tier: str | None = None
@@ -162,6 +186,19 @@ class MessagesRequest(BaseModel):
         (it reached the tokenizer, whose complaint named no field)."""
         refuse_lone_surrogate(data)
         return data
+
+    @model_validator(mode="after")
+    def _format_or_forced_call(self):
+        if self.schema() is not None and self.tool_choice is not None and self.tool_choice.type in ("any", "tool"):
+            raise ValueError(
+                "output_config.format: cannot be combined with a forced tool call (tool_choice any or tool)"
+            )
+        return self
+
+    def schema(self) -> dict | None:
+        """The JSON schema the reply's text must follow (None: free text)."""
+        fmt = self.output_config.format if self.output_config else None
+        return fmt.schema_ if fmt else None
 
     @model_validator(mode="after")
     def _ends_with_user(self):
@@ -227,6 +264,7 @@ class MessagesRequest(BaseModel):
             "top_k": self.top_k or 0,
             "max_tokens": self.max_tokens,
             "stop": self.stop_sequences or [],
+            "json_schema": self.schema(),
             **penalties(self, defaults),  # none in Anthropic's API: the card's, else off
         }
 
