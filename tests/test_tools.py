@@ -165,6 +165,60 @@ def test_a_required_call_round_trip_through_the_official_client(tool_server):
     assert after.usage.prompt_tokens > out.usage.prompt_tokens + 10
 
 
+def _responses_tool(tool: dict) -> dict:
+    """A chat completions tool in the Responses API's flat shape."""
+    return {"type": "function", **tool["function"]}
+
+
+def test_responses_function_calls_whole_streamed_and_sent_back(tool_server):
+    c = client(tool_server, "none")
+    tools = [_responses_tool(WEATHER), _responses_tool(TIME)]
+    ask = "What is the weather in Oslo for three days?"
+    named = {"type": "function", "name": "get_weather"}
+    out = c.responses.create(model="default", input=ask, tools=tools, tool_choice=named, temperature=0)
+    [item] = out.output  # calls only: no message item
+    assert out.status == "completed" and item.type == "function_call" and item.name == "get_weather", out
+    assert item.call_id.startswith("call_") and item.id.startswith("fc_")
+    args = json.loads(item.arguments)
+    assert set(args) == {"city", "days"} and args["city"] in ("Paris", "Oslo", "Lima")
+    # streamed: the SDK's events, the same call
+    with c.responses.stream(model="default", input=ask, tools=tools, tool_choice=named, temperature=0) as s:
+        kinds = [ev.type for ev in s]
+        final = s.get_final_response()
+    assert "response.function_call_arguments.done" in kinds and "response.output_text.delta" not in kinds, kinds
+    [streamed] = final.output
+    assert json.loads(streamed.arguments) == args and streamed.name == "get_weather"
+    # "required": one of the two
+    req = c.responses.create(
+        model="default", input=ask, tools=tools, tool_choice="required", temperature=1.0, extra_body={"seed": 3}
+    )
+    assert req.output[0].name in ("get_weather", "get_time") and json.loads(req.output[0].arguments)
+    # the round trip as an agent sends it: the output items back, then the function's output
+    follow = [
+        {"role": "user", "content": ask},
+        *[i.model_dump() for i in out.output],
+        {"type": "function_call_output", "call_id": item.call_id, "output": '{"forecast": "snow"}'},
+    ]
+    after = c.responses.create(model="default", input=follow, tools=tools, max_output_tokens=5, temperature=0)
+    assert after.status == "completed" and after.usage.input_tokens > out.usage.input_tokens + 10
+    chat = c.chat.completions.create(  # the same conversation through chat completions: the same prompt
+        model="default",
+        messages=[
+            {"role": "user", "content": ask},
+            {"role": "assistant", "content": None, "tool_calls": [_as_chat_call(item)]},
+            {"role": "tool", "tool_call_id": item.call_id, "content": '{"forecast": "snow"}'},
+        ],
+        tools=[WEATHER, TIME],
+        max_tokens=5,
+        temperature=0,
+    )
+    assert chat.usage.prompt_tokens == after.usage.input_tokens
+
+
+def _as_chat_call(item) -> dict:
+    return {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+
+
 def test_a_model_without_a_tool_format_calls_tools_in_the_generic_one(tmp_path):
     from tests.support.randmodel import TEMPLATE, build_random_model
 

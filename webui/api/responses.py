@@ -6,8 +6,12 @@ Current OpenAI SDKs and agent frameworks default to this API. What is served: te
 system message of this turn), streaming (the event sequence the SDK reads:
 response.created ... output_text.delta ... response.completed), `max_output_tokens`,
 `temperature`, `top_p`, `text.format` (json_object / json_schema through the same
-constrained decoding as chat), and `previous_response_id`. Everything else that would
-change the reply (tools, reasoning, images) is refused with a 400 that names it. The
+constrained decoding as chat), function `tools` and `tool_choice` (as chat's: the same
+template tools, forcing grammar and parsing, webui/api/toolcalls.py; calls are
+`function_call` output items, and come back as input items with their
+`function_call_output`), and `previous_response_id`. Everything else that would change the
+reply (hosted tools, reasoning, images) is refused with a 400 that names it. A turn that
+carries calls is not kept (the store holds text turns). The
 request and reply shapes are webui/api/responses_shapes.py's; submitting, waiting and
 streaming are webui/api/generation.py's, as for chat.
 
@@ -38,7 +42,7 @@ from fastapi.responses import JSONResponse, Response
 from radixchat.core.engine.requests import ChatRequest, Sampling, owner_of
 from radixchat.core.store import Store
 from radixchat.core.store.types import Message, StoreError, User
-from radixchat.webui.api import generation
+from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
@@ -58,7 +62,23 @@ async def create_response(
 ):
     engine = await engine_for(engines, body.model)
     turn = _turn(body)
-    keep = body.store and store is not None and user is not None
+    family = engine.info.tool_format if body.calls_tools() else None
+    try:
+        tools, lark = body.tool_side(family)
+    except toolcalls.ToolsUnsupported as e:
+        raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    # the store keeps text turns: one that carries calls or their outputs is answered, not kept
+    carries_calls = any(m["role"] == "tool" or m.get("tool_calls") for m in turn)
+    if carries_calls and body.previous_response_id:
+        raise ApiError(
+            400,
+            "input: function_call and function_call_output items go with the whole conversation as input,"
+            " not with previous_response_id (kept responses hold text only)",
+            param="previous_response_id",
+        )
+    keep = body.store and store is not None and user is not None and not carries_calls
     conv, history = None, []
     if body.previous_response_id:
         if user is None or store is None:
@@ -69,7 +89,7 @@ async def create_response(
             )
         conv, history = await asyncio.to_thread(continue_from, store, user, body.previous_response_id)
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    fields = body.sampling(engine.info.sampling_defaults)
+    fields = {**body.sampling(engine.info.sampling_defaults), "lark": lark}
     model = engine.info.model_id
     ledger = Ledger(metrics, store, model, user, "responses", watch=watch_of(request, user))
     handle = await generation.submit(
@@ -77,6 +97,7 @@ async def create_response(
         lambda: engine.asubmit(
             ChatRequest(
                 messages=system + history + turn,
+                tools=tools,
                 sampling=Sampling(**fields),
                 owner=owner_of(user and user.cache_key),
                 owner_limit=user and user.request_limit,
@@ -96,14 +117,17 @@ async def create_response(
             await asyncio.to_thread(store.append_message, user, conv, "assistant", text)
 
     if body.stream:
-        return generation.stream([handle], ResponseEvents(rid, model, previous, keep_reply, output_id(rid)), ledger)
+        events = ResponseEvents(rid, model, previous, keep_reply, output_id(rid), family, body.forced())
+        return generation.stream([handle], events, ledger)
     (final,), gone = await generation.wait_for_ends(request, [handle], ledger)
     await keep_reply(final.text)  # kept even when the client left: the page shows it
     if gone:
         return Response(status_code=CLIENT_GONE)
-    status = "completed" if final.finish_reason != "cancelled" else "incomplete"
+    content, calls, _ = toolcalls.reply(family, final.text, body.forced())
     return JSONResponse(
-        response_object(rid, model, final.text, status, final.usage, previous, output_id(rid), time.time())
+        response_object(
+            rid, model, content or "", "completed", final.usage, previous, output_id(rid), time.time(), calls
+        )
     )
 
 
@@ -123,8 +147,8 @@ def _turn(body: ResponsesRequest) -> list[dict]:
         body.schema()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    if not turn or turn[-1]["role"] != "user":
-        raise ApiError(400, "input: the last message must come from the user", param="input")
+    if not turn or turn[-1]["role"] not in ("user", "tool"):
+        raise ApiError(400, "input: the last item must be the user's message or a function_call_output", param="input")
     return turn
 
 
