@@ -38,6 +38,9 @@ def test_a_front_ends_end_users_are_users_of_their_own(store):
         assert ask(plain, **{"x-radixchat-user": "openwebui"}).status_code == 200  # ignored: bob is bob
         bad = ask(front, **{"x-radixchat-user": "../alice"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-radixchat-user"
+        bad = ask(front, **{"x-openwebui-user-id": "u 1/.."})  # named as the header it came in
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-openwebui-user-id", bad.text
+        assert bad.json()["error"]["message"].startswith("x-openwebui-user-id: bad end user name")
     u1, carol = store.get_user("openwebui/u-1"), store.get_user("openwebui/carol")
     owners = [r.owner for r in engine.requests]
     assert owners == [owner_of(k) for k in (u1.cache_key, carol.cache_key, webui.cache_key, bob.cache_key)]

@@ -79,13 +79,13 @@ def _key_user(request: Request, settings: Settings, store: Store | None) -> User
         raise ApiError(401, "invalid or revoked API key", "authentication_error", "invalid_api_key") from None
     request.state.front_end = front_end  # its end users are clients of their own (webui/api/refusals.py)
     request.state.key_hash = api_key_hash(key)  # what it runs stops if the key is revoked (`watch_of`)
-    end = end_user_header(request.headers)
+    header, end = end_user_header_named(request.headers)
     if not (front_end and end):  # an ordinary key's headers name nobody: it is its owner's
         return user
     try:
         return store.end_user(user, end)
     except Invalid as e:
-        raise ApiError(400, f"{END_USER_HEADERS[0]}: {e}", param=END_USER_HEADERS[0]) from None
+        raise ApiError(400, f"{header}: {e}", param=header) from None
 
 
 # who a trusted front end's request is for: radixchat's own header, then Open WebUI's (sent
@@ -95,7 +95,12 @@ END_USER_HEADERS = ("x-radixchat-user", "x-openwebui-user-id")
 
 def end_user_header(headers) -> str:
     """The end user a request's headers name (a mapping with lower-case keys), "" for none."""
-    return next((headers[h].strip() for h in END_USER_HEADERS if headers.get(h, "").strip()), "")
+    return end_user_header_named(headers)[1]
+
+
+def end_user_header_named(headers) -> tuple[str | None, str]:
+    """(the header that names the end user, its value), or (None, "")."""
+    return next(((h, headers[h].strip()) for h in END_USER_HEADERS if headers.get(h, "").strip()), (None, ""))
 
 
 UserDep = Annotated[User | None, Depends(current_user)]
