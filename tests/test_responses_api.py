@@ -134,7 +134,10 @@ def test_a_kept_response_reads_back_and_is_nobody_elses(keyed):
     "extra, words",
     [
         ({"tools": [{"type": "web_search_preview"}]}, "only function tools"),
-        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice"),
+        (
+            {"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
+            "tool_choice",
+        ),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"colour": "red"}, "unknown field"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "text only"),

@@ -14,6 +14,7 @@ Pure Python, no MLX: the engine thread (loading) and the CLI call it.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import logging
@@ -96,7 +97,18 @@ def resolve(name: str) -> Resolved:
                 f"serving the tiny bundled model instead, which only knows Python's reference texts"
             ),
         )
+    if "/" not in name and not Path(name).expanduser().exists():
+        # a hub id is always OWNER/NAME: a bare word is a mistyped short name, and asking
+        # the hub about it would only end in a network error
+        near = difflib.get_close_matches(key, SHORT_NAMES, n=1, cutoff=0.5)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        raise FileNotFoundError(
+            f"no model named {name!r} (short names: {', '.join(SHORT_NAMES)}; or a folder, a .gguf file or a hub id OWNER/NAME){hint}"
+        )
     return Resolved(name, None)
+
+
+SHORT_NAMES = ("default", "smollm2", "tiny")
 
 
 def served_id(name: str) -> str:
@@ -120,6 +132,8 @@ def served_id(name: str) -> str:
         except (OSError, ValueError):
             raise FileNotFoundError(f"no mlx-lm model folder (with config.json) at {local}") from None
         return str(config.get("_name_or_path") or local.name)
+    if local.is_file():
+        raise FileNotFoundError(f"{local} is not a model: give an mlx-lm folder (with config.json) or a .gguf file")
     if chosen.path.startswith(("/", ".", "~")):
         raise FileNotFoundError(f"no model folder or file at {local}")
     return chosen.path
