@@ -257,6 +257,9 @@ def test_unknown_v1_paths_are_openais_404(http):
             "param": None,
             "code": "not_found",
         }
+    r = http.post("/v1/embeddings", json={"model": "default", "input": "hi"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_served", r.text
+    assert "/v1/embeddings is not served" in r.json()["error"]["message"]
 
 
 def test_a_router_included_after_the_openai_ones_still_answers(engine):

@@ -25,8 +25,29 @@ OPENAI_ROUTERS = (models.router, chat.router, responses.router, messages.router)
 unknown_router = APIRouter(prefix="/v1", include_in_schema=False)
 
 
+# OpenAI's endpoints this server does not have: a client that tries one is told so plainly
+NOT_SERVED = (
+    "embeddings",
+    "images",
+    "audio",
+    "files",
+    "uploads",
+    "batches",
+    "moderations",
+    "fine_tuning",
+    "assistants",
+    "threads",
+    "vector_stores",
+    "realtime",
+)
+SERVED = "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and /v1/models"
+
+
 @unknown_router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
 def unknown(path: str):
+    if path.split("/")[0] in NOT_SERVED:
+        message = f"/v1/{path.split('/')[0]} is not served by this server (it serves {SERVED})"
+        raise ApiError(404, message, "invalid_request_error", "not_served")
     raise ApiError(404, f"unknown route /v1/{path}", "invalid_request_error", "not_found")
 
 
