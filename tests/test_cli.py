@@ -69,6 +69,22 @@ def test_ask_streams_reply_and_timings(tiny_model_dir):
     assert "first token" in out.stderr and "tok/s" in out.stderr
 
 
+def test_ask_goes_to_a_server_already_running_at_its_port(keyed):
+    server, key, _, _ = keyed
+    port = str(server.port)
+    t0 = time.monotonic()
+    out = run("ask", "What is a list?", "--port", port, "--api-key", key, "--max-new-tokens", "5")
+    took = time.monotonic() - t0
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr
+    assert f"asked the server at http://127.0.0.1:{port}" in out.stderr and "generated 5 tok" in out.stderr
+    print(f"ask through the server: {took:.1f} s")
+    # the key from the environment too; none at all says how to give one, or to load here
+    assert run("ask", "hi", "--port", port, "--max-new-tokens", "2", env={"RADIXCHAT_API_KEY": key}).returncode == 0
+    out = run("ask", "hi", "--port", port, env={"RADIXCHAT_API_KEY": ""})
+    assert out.returncode != 0 and "--api-key" in out.stderr and "--local" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_doctor_reports_blas_and_model(tiny_model_dir):
     out = run("doctor", "--model", str(tiny_model_dir))
     assert out.returncode == 0, out.stderr

@@ -89,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--temperature", type=float, default=0.0)
     ask.add_argument("--seed", type=int, default=None)
     ask.add_argument("--max-new-tokens", type=int, default=None, help="reply length (default: --max-tokens)")
+    ask.add_argument(
+        "--api-key",
+        default=os.environ.get("RADIXCHAT_API_KEY"),
+        help="a key for the server already running at --port, which answers instead of a model loaded here "
+        "(default: RADIXCHAT_API_KEY)",
+    )
+    ask.add_argument("--local", action="store_true", help="load the model here even if a server is running")
     _add_settings_flags(ask)
     _add_settings_flags(sub.add_parser("worker", help="serve one engine over HTTP to a front end (serve --engine)"))
     doctor = sub.add_parser("doctor", help="platform, MLX device, BLAS speed, model info")
@@ -453,6 +460,13 @@ def cmd_ask(args, settings: Settings) -> None:
         )
     except ValidationError as e:
         sys.exit(f"radixchat: {settings_error_line(e).removeprefix('invalid setting: ')}")
+    from radixchat.webui.cli_ask import ask_server, running_server
+
+    url = None if args.local else running_server(settings)
+    if url is not None:  # its model is loaded already: it answers in a moment
+        model = getattr(args, "model", None)
+        sampling = {"temperature": args.temperature, "seed": args.seed, "max_tokens": args.max_new_tokens}
+        return ask_server(url, args.api_key, model[0] if model else "default", messages, sampling)
     engine = _start_engine(settings)
     try:
         try:
