@@ -23,11 +23,11 @@ def test_short_names_resolve():
 
 
 def test_a_mistyped_short_name_or_a_file_that_is_no_model_says_so(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no model named 'smollm3'.*did you mean smollm2"):
+    with pytest.raises(FileNotFoundError, match=r"no model named 'smollm3'.*did you mean smollm2"):
         catalog.served_id("smollm3")  # before: taken for a hub id, a network error at load
     notes = tmp_path / "README.md"
     notes.write_text("# notes")
-    with pytest.raises(FileNotFoundError, match="README.md is not a model: give an mlx-lm folder"):
+    with pytest.raises(FileNotFoundError, match=r"README\.md is not a model: give an mlx-lm folder"):
         catalog.served_id(str(notes))
     assert catalog.resolve("HuggingFaceTB/SmolLM2-360M-Instruct").card is None  # a hub id stays one
 
