@@ -291,6 +291,7 @@ def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, u
     assert len(set(partials)) == len(partials) >= 1  # text grows between updates
     final = shown[-1][-1]["content"]
     assert "prompt tokens from cache" in final and "first token" in final and "tok/s" in final
+    assert f'<span class="rc-stats">{engine.info.model_id} · first token' in final  # who answered
     history = store.history(alice, conv.id)
     assert [m.role for m in history] == ["user", "assistant"] and history[1].request is not None
     stats = store.request_metrics([history[1].request])[history[1].request]
@@ -303,6 +304,8 @@ def test_reply_streams_is_stored_with_metrics_and_cached_prefix(engine, store, u
     shown = reply(page, alice, conv.id, "And dict.get?", temperature=0, max_tokens=8)
     second = store.history(alice, conv.id)[-1]
     assert store.request_metrics([second.request])[second.request].cached_tokens >= stats.prompt_tokens
+    assert stats.model == engine.info.model_id  # read back: a reload says who answered too
+    assert all(engine.info.model_id in r["content"] for r in page.messages(alice, conv.id) if r["role"] == "assistant")
     assert len(shown[-1]) == 4
 
 

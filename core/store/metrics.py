@@ -214,7 +214,7 @@ class MetricsMixin(StoreBase):
             for i in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
                 chunk = ids[i : i + 500]
                 rows = db.execute(
-                    "SELECT id, prompt_tokens, cached_tokens, ttft_ms, decode_tps, finish_reason, error "
+                    "SELECT id, prompt_tokens, cached_tokens, ttft_ms, decode_tps, finish_reason, error, coalesce(model, '') "
                     f"FROM requests WHERE id IN ({','.join('?' * len(chunk))})",
                     chunk,
                 )

@@ -188,7 +188,13 @@ class RequestRecord:
     def figures(self) -> RequestFigures:
         """What `Store.request_metrics` will read back for this record once it is stored."""
         return RequestFigures(
-            self.prompt_tokens, self.cached_tokens, self.ttft_ms, self.decode_tps, self.finish_reason, self.error
+            self.prompt_tokens,
+            self.cached_tokens,
+            self.ttft_ms,
+            self.decode_tps,
+            self.finish_reason,
+            self.error,
+            self.model or "",
         )
 
 
@@ -203,6 +209,7 @@ class RequestFigures:
     decode_tps: float | None
     finish_reason: str | None
     error: str | None
+    model: str = ""  # which model answered (the page says so under the answer)
 
 
 def check_text(value: Any, what: str, max_chars: int, *, allow_empty: bool = False) -> str:

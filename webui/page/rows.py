@@ -16,8 +16,8 @@ from radixchat.webui.page import markup, versions
 
 
 def stats_line(f: RequestFigures) -> str:
-    """What is shown under an answer."""
-    parts = []
+    """What is shown under an answer: which model wrote it first, then its figures."""
+    parts = [f.model] if f.model else []
     if f.ttft_ms is not None:
         parts.append(f"first token {f.ttft_ms:,.0f} ms")
     if f.decode_tps:
