@@ -249,6 +249,9 @@ def test_the_second_model_picked_answers_and_stays_picked_at_1280_and_390(server
         send(page, mark)
         assert answered(page, mark.split()[0])
         page.wait_for_function(LOADED)
+        # who answered: under the answer; the header names no one model
+        assert SECOND in page.locator("#chat [data-testid=bot] .rc-stats").last.inner_text()
+        assert FIRST not in page.locator("#header").inner_text() and "2 models" in page.locator("#header").inner_text()
         shot(page, f"answered-{name}")
 
         page.reload()

@@ -43,7 +43,8 @@ class ChatHandlers(PageView):
             f"signed in as **{user.name}**" if self.sign_in else "no sign-in: everyone here is the same local user"
         )
         shown = self.shown(user, self.chat.start(user), "", view, request)
-        return (header(self.model, who_line), *shown, self.chat.browser_key(user))
+        header_line = header(self.model, who_line, len(self.chat.model_ids()))
+        return (header_line, *shown, self.chat.browser_key(user))
 
     @notices(len(SHOWN))
     def switch(self, conv_id, stamp, query, view: View, request: gr.Request):

@@ -44,9 +44,12 @@ def sign_in_message(model: ModelInfo) -> str:
     )
 
 
-def header(model: ModelInfo, who_line: str) -> str:
+def header(model: ModelInfo, who_line: str, served: int = 1) -> str:
     """The line above the chat (Markdown): the server, the model, who is signed in, and the
-    card's note and where the card is."""
+    card's note and where the card is. With `served` models, no one model: each chat has its
+    own (the picker says which) and every answer says which wrote it."""
+    if served > 1:
+        return f"**radixchat** · {who_line} · {served} models: each chat picks its own"
     card = model.card
     facts = model_facts(model)
     model_line = f"`{model.model_id}`" + (f" ({facts})" if facts else "")
