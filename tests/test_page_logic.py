@@ -258,6 +258,10 @@ def test_refusals_are_readable_notices_and_store_nothing(store, users, error, wo
     assert engine.submitted == 1 and metrics.rejections == 1
     assert store.history(alice, conv.id) == [] and page.conversation(alice, conv.id).title == "New chat"
     assert page.running == {}
+    # the first message of a new chat refused: no empty "New chat" left in the sidebar
+    with pytest.raises(PageError):
+        reply(page, alice, None, "What is a set?")
+    assert page.conversations(alice) == [] and page.find(alice) == []
 
 
 def test_bad_input_is_refused_before_the_engine(store, users):

@@ -159,10 +159,15 @@ class ConversationsMixin(StoreBase):
         search: str | None = None,
         limit: int = 200,
         offset: int = 0,
+        with_messages: bool = False,
     ) -> list[Conversation]:
         """Most recently updated first. archived: False = active only, True = archived only,
-        None = both. `search` matches anywhere in the title, ignoring ASCII case."""
+        None = both. `search` matches anywhere in the title, ignoring ASCII case.
+        `with_messages`: only those with a message (a chat whose first message was refused
+        stays empty, and is no chat to list)."""
         sql, args = _CONV_COLUMNS + " WHERE owner = ? AND deleted IS NULL", [user_id(user)]
+        if with_messages:
+            sql += " AND leaf IS NOT NULL"
         if archived is not None:
             sql += " AND archived IS NOT NULL" if archived else " AND archived IS NULL"
         if search:

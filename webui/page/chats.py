@@ -68,8 +68,9 @@ class Chats:
     # ---- the sidebar ----
 
     def conversations(self, user: User) -> list[Conversation]:
-        """The sidebar's list: every conversation of the user's, newest activity first."""
-        return guard(self.store.list_conversations, user, archived=None, limit=LISTED)
+        """The sidebar's list: every conversation of the user's with a message, newest activity
+        first (an empty one, left by a refused first message, is the next new chat's)."""
+        return guard(self.store.list_conversations, user, archived=None, limit=LISTED, with_messages=True)
 
     def find(self, user: User, query: str = "") -> list[tuple[str, int]]:
         """The sidebar's list as (label, conversation id): with no query, every conversation,
