@@ -26,7 +26,7 @@ class OwnerCounts:
             mine = self._n[owner]
             if mine >= limit:
                 raise RequestError(
-                    f"you already have {mine} requests waiting or running, the most one "
+                    f"you already have {mine} request{'s' * (mine != 1)} waiting or running, the most one "
                     "user may have at once: retry when one has finished",
                     429,
                     "user_limit",

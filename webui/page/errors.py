@@ -26,13 +26,16 @@ class PageError(Exception):
 def refusal(e: Exception) -> str:
     """A readable sentence for why the engine or the store refused a request."""
     if isinstance(e, RequestError):
+        said = e.message.rstrip(". ")  # the engine's sentence, inside one of the page's
+        if e.code == "user_limit":  # this user's own limit, not a busy server
+            return said[:1].upper() + said[1:] + "."
         if e.status == 429:
-            return f"The server is busy ({e.message}). Try again in a moment."
+            return f"The server is busy ({said}). Try again in a moment."
         if e.status == 413:
-            return f"This is too long for the model: {e.message}. Start a new chat or send a shorter message."
+            return f"This is too long for the model: {said}. Start a new chat or send a shorter message."
         if e.status == 503:
-            return f"The model is not available right now: {e.message}."
-        return f"The engine refused this request: {e.message}."
+            return f"The model is not available right now: {said}."
+        return f"The engine refused this request: {said}."
     if isinstance(e, ValidationError):
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
