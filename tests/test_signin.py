@@ -121,6 +121,11 @@ def test_the_page_login_route_locks_out_a_guesser(tiny_model_dir, tmp_path):
         time.sleep(1.1)
         ok = login("correct horse battery")
         assert ok.status_code == 200 and ok.json() == {"success": True}
+        with Store(db) as store:  # disabled: the right password says so, a wrong one is only wrong
+            store.set_disabled("alice", True)
+        off = login("correct horse battery")
+        assert off.status_code == 403 and "This account is disabled" in off.text, off.text
+        assert login("wrong guess").status_code == 400
     finally:
         out = server.stop()
     assert "failed sign-in for 'alice' from 127.0.0.1" in out
@@ -189,3 +194,35 @@ def test_passwords_are_hashed_at_the_lowest_cpu_priority():
 
     assert asyncio.run(ask()) == 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # this thread is untouched
+
+
+def test_the_sign_in_page_says_why_a_sign_in_was_refused(tiny_model_dir, tmp_path, browser):
+    """Gradio's form shows only "Incorrect Credentials" (400); a disabled account (403) and a
+    lockout (429) are shown under the form by the page's own script, in Chromium."""
+    from tests.support.browser import WIDE
+    from tests.support.page import sign_in
+    from tests.support.server import CHEAP, page_server, stop_clean
+
+    srv = page_server(tiny_model_dir, tmp_path)
+    context = browser.new_context(viewport=WIDE)
+    try:
+        with Store(srv.db, scrypt=CHEAP) as store:
+            store.set_disabled("bob", True)
+        page = context.new_page()
+        sign_in(page, srv.url, "bob")  # his right password
+        notice = page.locator("#rc-login-notice")
+        notice.wait_for(timeout=15_000)
+        assert "This account is disabled" in notice.inner_text() and notice.get_attribute("role") == "alert"
+        said = ""
+        for _ in range(12):  # wrong passwords until the name is locked out (its lockouts are short)
+            page.locator("input[type=text]").fill("bob")  # the form empties both after a 400
+            page.locator("input[type=password]").fill("not bobs password")
+            page.get_by_role("button", name="Login").click()
+            page.wait_for_timeout(400)
+            said = page.evaluate("document.querySelector('#rc-login-notice')?.innerText || ''")
+            if "too many failed sign-ins" in said:
+                break
+        assert "too many failed sign-ins" in said, said
+    finally:
+        context.close()
+        stop_clean(srv)

@@ -28,7 +28,7 @@ from starlette.routing import Mount
 from radixchat.core.config import Settings, address_allowed, address_rule
 from radixchat.core.engine.models import as_engines
 from radixchat.core.engine.seam import EngineClient, Engines
-from radixchat.core.store import Store
+from radixchat.core.store import AccountDisabled, Store
 from radixchat.webui.api.errors import BodyLimit, error_response, install_error_handlers
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.api.refusals import RefusalThrottle
@@ -122,7 +122,7 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
-    from radixchat.webui.page import shared, signed_out
+    from radixchat.webui.page import login_notice, shared, signed_out
     from radixchat.webui.page.layout import CSS, build_page, sign_in_message, theme
 
     guard = app.state.signin
@@ -130,12 +130,15 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
     async def sign_in(username: str, password: str) -> bool:
         try:
             return await guard.sign_in(username, password)
+        except AccountDisabled as e:  # Gradio would say "Incorrect Credentials"
+            raise HTTPException(403, f"{str(e)[:1].upper()}{str(e)[1:]}.") from None
         except SignInRefused as e:  # a lockout, or no room in the hashing queue
             raise HTTPException(429, str(e), headers={"Retry-After": str(math.ceil(e.retry_after_s))}) from None
 
     page = build_page(engines, settings, store, metrics, sign_in=not settings.no_auth, live=app.state.live)
     app.state.page = page
     signed_out.install(app)  # before the page's mount, which takes every path left
+    login_notice.install(app)
     shared.install(app, store, no_auth=settings.no_auth)  # /shared/{token}: read-only, signed-in users
     gr.mount_gradio_app(
         app,
@@ -161,6 +164,8 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
     # the sign-in form and the page's calls get no bigger bodies than an API request; the gate,
     # outside this limit, caps the bodies it reads itself and refuses uploads unread
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, prefixes=("/gradio_api/", "/login"))
+    if not settings.no_auth:  # why a sign-in was refused, on the sign-in page
+        app.add_middleware(login_notice.LoginNotice)
     app.state.page_side = side = GradioSide(gradio_app, page, store)  # who a page cookie signs in
     app.add_middleware(
         PageGate, side=side, no_auth=settings.no_auth, max_body=settings.max_body_bytes

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from radixchat.core.store import MAX_NAME_CHARS, MAX_PASSWORD_CHARS, AuthFailed
+from radixchat.core.store import MAX_NAME_CHARS, MAX_PASSWORD_CHARS, AccountDisabled, AuthFailed
 from radixchat.webui.device_cookie import DeviceCookies
 from radixchat.webui.signin_queue import HashingLine, QueueFull, SignInRefused, address_lane
 
@@ -133,6 +133,8 @@ class SignInGuard:
         self._refuse_if_locked(keys)
         try:
             self._verify(name, password)
+        except AccountDisabled:
+            raise  # the right password: no failure to count; the page says why (webui/server.py)
         except AuthFailed:
             with self._lock:
                 self.failed += 1

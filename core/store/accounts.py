@@ -32,6 +32,7 @@ from radixchat.core.store.types import (
     MAX_LABEL_CHARS,
     MAX_PASSWORD_CHARS,
     NAME_RULE,
+    AccountDisabled,
     AlreadyExists,
     ApiKey,
     AuthFailed,
@@ -119,7 +120,9 @@ class AccountsMixin(StoreBase):
             password = ""
         if row is None:
             auth.burn_password_check(password, self._scrypt)
-        elif auth.verify_password(password, row[5]) and row[6] is None:  # a disabled user: as a wrong password
+        elif auth.verify_password(password, row[5]):
+            if row[6] is not None:  # only who knows the password learns that the account is disabled
+                raise AccountDisabled("this account is disabled: an admin can enable it again")
             return User(*row[:5])
         raise AuthFailed("wrong user name or password")
 

@@ -54,6 +54,10 @@ class AuthFailed(StoreError):
     status = 401
 
 
+class AccountDisabled(AuthFailed):
+    """The right password of a disabled user: told so, where a wrong one is only wrong."""
+
+
 @dataclass(frozen=True)
 class User:
     id: int
