@@ -132,6 +132,40 @@ def test_hybrid_multi_turn_still_hits_the_cache(hybrid_engine):
     assert a2.usage.cached_tokens > sys_end, (a2.usage.cached_tokens, sys_end)
 
 
+def test_continuing_an_answer_prompts_with_its_tokens_after_the_question(engine):
+    """continue_final: the question's prompt as any reply is written after, then the cut
+    answer's text as the model's own tokens (no end of turn), so the cache holds the question."""
+    tok = engine.loaded.tokenizer
+    question = [SYSTEM, {"role": "user", "content": "What is a set?"}]
+    first = engine.submit(ChatRequest(messages=question, sampling={"max_tokens": 6})).result()
+    assert isinstance(first, Finished) and first.finish_reason == "length"
+    cut = first.text.rstrip() or "A set"
+    going_on = ChatRequest(
+        messages=[*question, {"role": "assistant", "content": cut}], sampling={"max_tokens": 4}, continue_final=True
+    )
+    asked = list(tok.apply_chat_template(question, add_generation_prompt=True))
+    assert engine.template(going_on).tokens == asked + list(tok.encode(cut, add_special_tokens=False))
+    more = engine.submit(going_on).result()
+    assert isinstance(more, Finished) and more.usage.generated_tokens == 4
+    assert more.usage.cached_tokens >= len(asked), (more.usage.cached_tokens, len(asked))
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "hi"}],  # nothing to go on from
+        [{"role": "assistant", "content": "hi"}],  # nothing before it
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]}],
+    ],
+)
+def test_continuing_needs_an_answer_after_a_message(messages):
+    with pytest.raises(ValueError, match="continuing needs"):
+        ChatRequest(messages=messages, continue_final=True)
+    if messages[-1]["role"] == "assistant":  # and without the flag, an answer last is refused
+        with pytest.raises(ValueError, match="the last message must come from the user"):
+            ChatRequest(messages=messages)
+
+
 def test_a_submit_that_races_the_stop_is_answered(tiny_model_dir):
     """The stop drains the queue; a submit whose check passed before the stop but whose
     command lands after the drain must still get a final event, not hang."""

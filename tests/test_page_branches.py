@@ -155,6 +155,21 @@ def walk(page, server, name: str, shot) -> None:
                                    .some(c => c.innerText.trim() == '{want}')""")
         assert branch_of(server, name)[0][-1].id == target  # what the model sees next
     shot(page, f"{name}-{px}-browsed-1of3")
+
+    # Continue: the answer in view goes on, as one message (a fourth version: the three stay)
+    shown_before = history_text = branch_of(server, name)[0][-1].content.rstrip()
+    page.locator("#continue").click()
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('#chat [data-testid=bot] .rc-count')]
+                                   .some(c => c.innerText.trim() == '4/4')""",
+        timeout=60_000,
+    )
+    settled(page, 2, NEXT[name].split()[0])
+    history, branch, _ = branch_of(server, name)
+    assert history[-1].content.startswith(history_text) and len(history[-1].content) > len(history_text)
+    assert branch.versions[history[-1].id][:3] == tuple(answers)
+    assert shown_before[:20] in page.evaluate(LAST_BOT)
+    shot(page, f"{name}-{px}-continued-4of4")
     if px < 500:  # a phone: the controls fit, nothing scrolls sideways
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
@@ -178,7 +193,7 @@ def test_edit_regenerate_and_browse_versions_at_1280_and_390_px(browser, server)
         pages["bob"].set_viewport_size(WIDE)
         for name, page in pages.items():
             page.wait_for_timeout(400)
-            assert counts(page, "bot") == ["", "1/3"] and counts(page, "user") == ["1/2", ""]
+            assert counts(page, "bot") == ["", "4/4"] and counts(page, "user") == ["1/2", ""]
             shot(page, f"{name}-other-width")
     finally:
         for page in pages.values():

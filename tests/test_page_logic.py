@@ -460,6 +460,45 @@ def test_regenerate_shows_the_newest_reply_and_keeps_the_old(engine, store, user
     assert [m["role"] for m in page.messages(alice, conv.id)] == ["user", "assistant"] * 2
 
 
+def test_continue_goes_on_from_a_cut_answer_as_one_message(engine, store, users):
+    """Continue after the length limit: the answer's text, then more, stored as one new version
+    of the answer (the cut one stays); the model went on from the answer, not a new turn."""
+    alice, _ = users
+    page = ChatPage(engine, store)
+    conv = page.new_chat(alice)
+    reply(page, alice, conv.id, "What is a set?", temperature=0, max_tokens=6)
+    cut = store.history(alice, conv.id)[-1]
+    assert store.request_metrics([cut.request])[cut.request].finish_reason == "length"
+    shown = reply(page, alice, conv.id, None, temperature=0, max_tokens=5, go_on=True)
+    question, whole = store.history(alice, conv.id)
+    assert whole.id != cut.id and whole.parent == question.id == cut.parent
+    assert whole.content.startswith(cut.content.rstrip()) and len(whole.content) > len(cut.content.rstrip())
+    assert store.branch(alice, conv.id).versions[whole.id] == (cut.id, whole.id)
+    figures = store.request_metrics([whole.request])[whole.request]
+    assert figures.cached_tokens > 0  # the question's prompt, from the cache
+    # while it was written, the chat showed the cut text going on, never the answer twice
+    assert all(markup.shown(cut.content.rstrip()) in rows[-1]["content"] for rows in shown)
+    assert all(len(rows) == 2 for rows in shown)
+    assert markup.shown(whole.content) in shown[-1][-1]["content"]
+    # the next turn follows the whole answer
+    reply(page, alice, conv.id, "Thanks.", temperature=0, max_tokens=4)
+    assert store.history(alice, conv.id)[1].content == whole.content
+
+
+def test_continue_needs_an_answer_with_text(engine, store, users):
+    alice, _ = users
+    page = ChatPage(engine, store)
+    conv = page.new_chat(alice)
+    with pytest.raises(PageError, match="no message to answer again"):
+        reply(page, alice, None, None, go_on=True)
+    store.append_message(alice, conv.id, "user", "What is a set?")
+    with pytest.raises(PageError, match="no answer to continue"):
+        reply(page, alice, conv.id, None, go_on=True)
+    store.append_message(alice, conv.id, "assistant", "   ")
+    with pytest.raises(PageError, match="no text to go on from"):
+        reply(page, alice, conv.id, None, go_on=True)
+
+
 # ---- the Server tab ----
 
 

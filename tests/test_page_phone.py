@@ -20,9 +20,11 @@ from tests.support.server import page_server, stop_clean
 
 pytestmark = pytest.mark.slow
 
+LAPTOP = {"width": 1280, "height": 800}  # a laptop's page: shorter than WIDE's
+
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "page-phone"
 # phones people hold (the width) and how tall their browser's page is
-SIZES = [{"width": 360, "height": 740}, {"width": 390, "height": 844}, {"width": 414, "height": 896}, WIDE]
+SIZES = [{"width": 360, "height": 740}, {"width": 390, "height": 844}, {"width": 414, "height": 896}, WIDE, LAPTOP]
 ONE_LINE_PX = 44  # a line of the header's text, or the Sign out button beside it, with room
 
 
@@ -60,10 +62,19 @@ def test_header_is_one_line_and_the_box_and_send_are_on_screen_at_load(server, b
         sign_in(page, server.url, "bob")
         ready(page)
         page.wait_for_timeout(500)  # the sidebar settles
-        shots(page, f"load-{size['width']}")
+        shots(page, f"load-{size['width']}x{size['height']}")
         assert box_of(page, "#top-row")["height"] <= ONE_LINE_PX, page.locator("#header").inner_text()
         on_screen(page, "#message textarea")
         on_screen(page, "#send")
+        # what is done with the last answer, side by side, under the box
+        regenerate, go_on = on_screen(page, "#regenerate"), on_screen(page, "#continue")
+        assert regenerate["y"] == go_on["y"], (regenerate, go_on)
+        # the header's one line shows who is signed in, however long the model's name after it
+        name, line = page.evaluate(
+            """() => [[...document.querySelectorAll('#header strong')].find(s => s.innerText == 'bob')
+                        .getBoundingClientRect().right, document.querySelector('#header').getBoundingClientRect().right]"""
+        )
+        assert name <= line, (name, line)
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
         if size["width"] <= 768:
             # the drawer holds what the header's one line had no room for
@@ -71,7 +82,7 @@ def test_header_is_one_line_and_the_box_and_send_are_on_screen_at_load(server, b
             page.wait_for_function("document.querySelector('#sidebar').classList.contains('open')")
             page.wait_for_timeout(400)  # it slides
             about = page.locator("#side-about")
-            assert about.is_visible() and "signed in as bob" in about.inner_text()
+            assert about.is_visible() and "bob signed in" in about.inner_text()
             assert "Llama-3.2-3B-Instruct-long-name-4bit-mlx" in about.inner_text()
             shots(page, f"drawer-{size['width']}")
     finally:

@@ -143,3 +143,23 @@ def test_settings_are_kept_per_user_across_a_reload(server, browser, page, shots
     ready(page)
     page.wait_for_timeout(1000)
     assert page.evaluate(numbers) != [str(max_tokens), str(temperature)]
+
+
+def test_a_first_visit_says_where_the_chats_will_be(server, browser):
+    """A new user's sidebar is not blank: it says where their chats will be, until there is one."""
+    with Store(server.db, scrypt=CHEAP) as store:
+        store.create_user("carol", "carol-password")
+    page = browser.new_context(viewport=WIDE).new_page()
+    try:
+        page.goto(server.url)
+        page.locator("input[type=text]").fill("carol")
+        page.locator("input[type=password]").fill("carol-password")
+        page.get_by_role("button", name="Login").click()
+        ready(page)
+        page.locator("#chats-none").wait_for(state="visible")
+        assert "listed here" in page.locator("#chats-none").inner_text()
+        say(page, "Yak-1 says hello")
+        page.wait_for_function("document.querySelectorAll('#conv-list label').length == 1")
+        assert not page.locator("#chats-none").is_visible()
+    finally:
+        page.context.close()

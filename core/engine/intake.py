@@ -204,6 +204,10 @@ class Intake:
         if self.loaded is None:
             raise RequestError("the engine is not running", 503, "engine_unavailable")
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        # going on from a cut answer: the prompt it was written after, then its text as the
+        # model's own tokens (what a template's continue_final_message does, for any template
+        # and without its stripping), so the prefix cache still holds most of it
+        going_on = messages.pop()["content"] if request.continue_final else None
         tok = self.loaded.tokenizer
         hybrid = self.prefix is not None and self.prefix.hybrid
         extra = {}
@@ -229,6 +233,8 @@ class Intake:
                     head = list(tok.apply_chat_template(messages[:k], **extra))
                     if prompt[: len(head)] == head:
                         ends[k] = len(head)
+                if going_on:
+                    prompt += tok.encode(going_on, add_special_tokens=False)
             except Exception as e:  # a template may reject an order of roles
                 raise RequestError(f"the model's chat template rejected these messages: {e}") from e
         boundaries = sorted(ends.values()) if hybrid else []

@@ -146,13 +146,19 @@ class ChatRequest(BaseModel):
     # how many requests the owner may have waiting or running at once, their own limit where an
     # admin set one (None: the server's --max-user-requests)
     owner_limit: int | None = Field(default=None, ge=1)
+    # the last message is an answer of the assistant's cut short (by max_tokens, or a client's
+    # prefill): the reply goes on from its text, in the same turn, rather than answering it
+    continue_final: bool = False
 
-    @field_validator("messages")
-    @classmethod
-    def _ends_with_user(cls, v: list[ChatMessage]) -> list[ChatMessage]:
-        if v[-1].role == "assistant":
-            raise ValueError("the last message must come from the user or system, not the assistant")
-        return v
+    @model_validator(mode="after")
+    def _last_turn(self) -> ChatRequest:
+        last = self.messages[-1]
+        if not self.continue_final:
+            if last.role == "assistant":
+                raise ValueError("the last message must come from the user or system, not the assistant")
+        elif last.role != "assistant" or last.tool_calls or len(self.messages) < 2:
+            raise ValueError("continuing needs an assistant's text after another message to go on from")
+        return self
 
 
 class PromptRequest(BaseModel):

@@ -32,7 +32,7 @@ def sign_in(page, url: str, name: str) -> None:
 def ready(page, timeout: float = 30_000) -> None:
     """Wait until the page after sign-in has loaded (its header names who is signed in)."""
     page.wait_for_function(
-        "(document.querySelector('#header')?.innerText || '').includes('signed in as')", timeout=timeout
+        "(document.querySelector('#header')?.innerText || '').includes(' signed in')", timeout=timeout
     )
 
 

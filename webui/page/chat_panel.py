@@ -1,5 +1,5 @@
 """The chat area and what is under it: the messages, the bar of an edit under way, the message
-box with its one Send/Stop button, Regenerate, and the hidden pair the controls inside a
+box with its one Send/Stop button, Regenerate and Continue, and the hidden pair the controls inside a
 message press.
 
 Components only: what they do is webui/page/handlers.py's and webui/page/sending.py's, their
@@ -24,6 +24,7 @@ class ChatArea:
     message: gr.Textbox
     send: gr.Button  # reads Stop while a reply is written in the chat in view
     regenerate: gr.Button
+    go_on: gr.Button  # Continue: the last answer, then more (after a length limit or Stop)
     versions_go: gr.Button  # pressed by the browser for ‹ › or Edit in a message
     asked: gr.Textbox  # what was clicked there
 
@@ -66,9 +67,10 @@ def chat_area() -> ChatArea:
                 min_width=0,
             )
             send = gr.Button(SEND, variant="primary", scale=0, min_width=72, elem_id="send")
-        with gr.Row():
-            regenerate = gr.Button("Regenerate", size="sm", elem_id="regenerate")
+        with gr.Row(elem_id="again-row"):
+            regenerate = gr.Button("Regenerate", size="sm", elem_id="regenerate", min_width=0)
+            go_on = gr.Button("Continue", size="sm", elem_id="continue", min_width=0)
         # pressed by the browser (versions.LISTEN) for a click on ‹ › or Edit in a message
         versions_go = gr.Button(visible="hidden", elem_id="versions-go")
         asked = gr.Textbox(visible=False, elem_id="versions-asked")
-    return ChatArea(chatbot, edit_bar, cancel_edit, message, send, regenerate, versions_go, asked)
+    return ChatArea(chatbot, edit_bar, cancel_edit, message, send, regenerate, go_on, versions_go, asked)

@@ -39,9 +39,7 @@ class ChatHandlers(PageView):
         """The header, the chat to open, and the user's browser key: what the browser keeps
         their settings and drafts under (webui/page/scripts.py, shortcuts.py)."""
         user = self.who(request)
-        who_line = (
-            f"signed in as **{user.name}**" if self.sign_in else "no sign-in: everyone here is the same local user"
-        )
+        who_line = f"**{user.name}** signed in" if self.sign_in else "no sign-in: everyone here is the same local user"
         shown = self.shown(user, self.chat.start(user), "", view, request)
         header_line = header(self.model, who_line, len(self.chat.model_ids()))
         return (header_line, *shown, self.chat.browser_key(user))

@@ -56,7 +56,8 @@ def header(model: ModelInfo, who_line: str, served: int = 1) -> str:
     note_line = (f"  \n*{card.note}*" if card and card.note else "") + (
         f" Its card: `{card.link}` in radixchat's repository." if card and card.link else ""
     )
-    # who comes before the model: on a phone the line is cut short at its end (webui/page/style.py)
+    # who comes before the model, their name first: on a phone the line is cut short at its end
+    # (webui/page/style.py)
     return f"**radixchat** · {who_line} · {model_line}{note_line}"
 
 

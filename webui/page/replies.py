@@ -15,8 +15,10 @@ the request, so it is stored once even if the event loop closes mid-stream. Per
 message the page reads the store once, before the reply, and writes the message and the
 reply; what the chat area shows meanwhile and afterwards is built from what it already holds
 (webui/page/rows.py). Stop cancels the request in the engine. Regenerate writes another
-answer to the last message, and a message edited and sent again is a new version of it
-(`reply(edit=)`); either way the new version is shown, and the older ones stay.
+answer to the last message, Continue (`reply(go_on=)`) an answer that goes on from where the
+last one was cut (by the length limit, or Stop): its text, then more, as one message; and a
+message edited and sent again is a new version of it (`reply(edit=)`). Each way the new
+version is shown, and the older ones stay.
 
 Threads: a reply's writing and its watchers run on the event loop and send reads and writes
 to worker threads; the page's writes run on its own two threads, so they finish even if the
@@ -77,6 +79,12 @@ class Asked:
     system_prompt: str
     started: Callable[[int], None] | None
     model: str | None
+    go_on: bool = False  # Continue: the last answer, then more
+
+    @property
+    def again(self) -> bool:
+        """It answers a message already stored (Regenerate, Continue): no new one is written."""
+        return self.regenerate or self.go_on
 
 
 def prompt_of(conv: Conversation, turns: list[Message]) -> list[dict]:
@@ -120,6 +128,20 @@ def prompt_for(
     return turns, prompt_of(conv, turns) + [{"role": "user", "content": text}], None
 
 
+def going_on(conv: Conversation, branch: Branch) -> tuple[list[Message], list[dict], int, str]:
+    """What Continue sends: the turns before the last answer, then that answer's text, for the
+    model to go on from (ChatRequest.continue_final); the message it answers, and its text (less
+    the whitespace at its end, which the model writes again if it belongs there)."""
+    turns = visible_turns(branch.messages)
+    if not turns or turns[-1].role != "assistant":
+        raise PageError("There is no answer to continue yet.")
+    *before, cut = turns
+    text = cut.content.rstrip()
+    if not text or not before:
+        raise PageError("The last answer has no text to go on from: press Regenerate.")
+    return before, prompt_of(conv, turns[:-1]) + [{"role": "assistant", "content": text}], before[-1].id, text
+
+
 async def stored(question: Future[Message]) -> Message:
     """The user's message once it is stored."""
     try:  # shielded: leaving now must not undo a write that may commit anyway
@@ -161,9 +183,10 @@ class Replies:
         system_prompt: str = "",
         started: Callable[[int], None] | None = None,
         model: str | None = None,
+        go_on: bool = False,
     ) -> AsyncIterator[list[dict]]:
-        """Send `text` (or, with regenerate, answer the last message again) and stream the
-        reply: yields what the chat area shows, first at once, then as text arrives, last
+        """Send `text` (or, with regenerate, answer the last message again; with go_on, write
+        the last answer again as itself and what follows it) and stream the reply: yields what the chat area shows, first at once, then as text arrives, last
         with the figures. Raises PageError when refused (nothing is stored then).
         The reply is the server's (`_write`, started here): leaving this stream (the page
         went away) leaves it running; it is stored when it ends, once, watched or not.
@@ -174,7 +197,7 @@ class Replies:
         `system_prompt` and `model`), whose id `started` is told before anything else happens
         there. The reply is written by the chat's model (`model_of`), loaded now if it is not."""
         run = LiveReply(user.id)
-        ask = Asked(text, temperature, max_tokens, regenerate, edit, system_prompt, started, model)
+        ask = Asked(text, temperature, max_tokens, regenerate, edit, system_prompt, started, model, go_on)
         start(self._write(run, user, conv_id, ask))
         async for rows in run.watch():
             yield rows
@@ -194,28 +217,33 @@ class Replies:
         try:
             conv_id = await self._take(user, conv_id, ask, run)
             conv, branch, figures = await asyncio.to_thread(guard, self._tab, user, conv_id)
-            turns, messages, answered = prompt_for(conv, branch, ask.text, regenerate=ask.regenerate, edit=ask.edit)
+            if ask.go_on:
+                turns, messages, answered, run.text = going_on(conv, branch)
+            else:
+                turns, messages, answered = prompt_for(conv, branch, ask.text, regenerate=ask.regenerate, edit=ask.edit)
             engine = await self.engine_for(self.model_of(conv))
-            handle = run.handle = await self._submit(user, engine, messages, ask.temperature, ask.max_tokens)
+            handle = run.handle = await self._submit(
+                user, engine, messages, ask.temperature, ask.max_tokens, go_on=ask.go_on
+            )
             # the reply answers the message the model saw last; a question's id is known once
             # it is stored, which is before the reply is (RequestEnd keeps a reply only then)
-            answers = (lambda: answered) if ask.regenerate else (lambda: question.result().id)
+            answers = (lambda: answered) if ask.again else (lambda: question.result().id)
             served_by = engine.info.model_id
             end = RequestEnd(
                 handle,
                 self.metrics,
-                functools.partial(self._store_reply, user, conv_id, answers, served_by),
+                functools.partial(self._store_reply, user, conv_id, answers, served_by, run.text),
                 executor=self._writes,
                 reader=True,
                 model=served_by,
             )
             if run.stopping:
                 handle.cancel()
-            if not ask.regenerate:
+            if not ask.again:
                 question = self._ask(user, conv, branch, turns, ask.text, ask.edit)
                 branch = branch.grow(await stored(question))
             run.live = True
-            shown = chat_rows(branch, figures, streaming="")
+            shown = chat_rows(branch, figures, streaming=run.text)
             run.show(shown)
             final = await self._stream(run, handle, shown)
             branch = await self._ended(end, question, run, conv_id, branch, figures)
@@ -268,7 +296,7 @@ class Replies:
                 )
             self.running[conv_id] = run
             return conv_id
-        if ask.regenerate:
+        if ask.again:
             raise PageError("There is no message to answer again yet.")
         if ask.edit is not None:
             raise PageError("There is no message to edit in a new chat.")
@@ -301,7 +329,14 @@ class Replies:
             return conv.id
 
     async def _submit(
-        self, user: User, engine: EngineClient, messages: list[dict], temperature: float, max_tokens: int | None
+        self,
+        user: User,
+        engine: EngineClient,
+        messages: list[dict],
+        temperature: float,
+        max_tokens: int | None,
+        *,
+        go_on: bool = False,
     ) -> RequestHandle:
         """The request, taken by `engine`; a refusal is counted and raised as a PageError."""
         try:
@@ -314,7 +349,11 @@ class Replies:
             # templated in a worker thread; the owner keeps this conversation in the user's
             # own part of the prefix cache and counts it against the user's share
             request = ChatRequest(
-                messages=messages, sampling=sampling, owner=self.owner(user), owner_limit=user.request_limit
+                messages=messages,
+                sampling=sampling,
+                owner=self.owner(user),
+                owner_limit=user.request_limit,
+                continue_final=go_on,
             )
             handle = await engine.asubmit(request)
         except (RequestError, ValidationError) as e:
@@ -391,13 +430,15 @@ class Replies:
         conv_id: int,
         answers: Callable[[], int],
         model: str,
+        went_on: str,
         final: Finished | Failed,
         text_so_far: str,
     ) -> tuple[Message, RequestFigures] | None:
         """A reply that ended (finished, stopped or failed), with its request metrics under the
         model that wrote it, and the figures that will be read back for it; None when its chat
-        was deleted meanwhile (Delete stops the reply: there is nothing left to store it in)."""
-        text = final.text if isinstance(final, Finished) else text_so_far
+        was deleted meanwhile (Delete stops the reply: there is nothing left to store it in).
+        A reply that went on from a cut answer (`went_on`, its text) is stored whole, as one."""
+        text = went_on + final.text if isinstance(final, Finished) else text_so_far
         record = RequestRecord.from_usage(
             final.usage,
             model=model,

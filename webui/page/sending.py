@@ -1,4 +1,4 @@
-"""Sending from the page: a message (Enter or Send), Regenerate, Stop, following a reply
+"""Sending from the page: a message (Enter or Send), Regenerate, Continue, Stop, following a reply
 sent before (`follow_reply`), and the two events scripted clients send (`new_tab`, `respond`).
 
 A reply streams into the chat area while its chat is in view; it keeps streaming when its
@@ -110,6 +110,7 @@ class Sending(PageView):
         view: View,
         request: gr.Request,
         again=False,
+        go_on=False,
     ):
         """Stream a reply into the chat area while its chat is in view (outputs: `REPLYING`). A
         refusal leaves the typed text in the box and shows a notice; an empty box does nothing. A new chat (conv_id None)
@@ -117,7 +118,7 @@ class Sending(PageView):
         None: the one picked in this session, else the first), and shown with it unless the
         browser moved on meanwhile.
         After "Edit" in this chat the message is a new version of the one edited; the edit
-        ends once it is stored (a refusal keeps it)."""
+        ends once it is stored (a refusal keeps it). `again`: Regenerate, or with `go_on`, Continue."""
         skip = gr.skip()
         if not again and not (text or "").strip():
             # Enter or Send on an empty box: nothing happens (a notice each time stacked up)
@@ -136,7 +137,8 @@ class Sending(PageView):
                 text,
                 temperature=temp,
                 max_tokens=n_tokens,
-                regenerate=again,
+                regenerate=again and not go_on,
+                go_on=go_on,
                 edit=edit,
                 system_prompt=system_text or "",
                 started=send.started,
@@ -163,6 +165,13 @@ class Sending(PageView):
     async def respond_again(self, conv_id, stamp, query, temp, n_tokens, view: View, request: gr.Request):
         async for out in self.send_message(
             None, conv_id, "", stamp, query, temp, n_tokens, None, view, request, again=True
+        ):
+            yield out
+
+    async def continue_answer(self, conv_id, stamp, query, temp, n_tokens, view: View, request: gr.Request):
+        """Continue: the last answer goes on from where it was cut, as one message."""
+        async for out in self.send_message(
+            None, conv_id, "", stamp, query, temp, n_tokens, None, view, request, again=True, go_on=True
         ):
             yield out
 

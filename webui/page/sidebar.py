@@ -1,5 +1,5 @@
 """The sidebar: "New chat", a search over one's chats (saying when nothing matched), "Undo
-delete", the list of chats, and on a phone the header's words in full (the header itself is
+delete", the list of chats (saying where they will be while there are none), and on a phone the header's words in full (the header itself is
 one line there, webui/page/style.py).
 
 Gradio's `Sidebar`: beside the chat on a wide screen, a drawer over it at 768 px and less,
@@ -38,6 +38,8 @@ def sidebar() -> Sidebar:
         )
         # shown by the page's CSS (webui/page/style.py) while a search is typed and lists nothing
         gr.Markdown("No chat matches this search.", elem_id="search-none")
+        # and while nothing is typed and the list is empty: a first visit, before a first message
+        gr.Markdown("Your chats will be listed here once you send a first message.", elem_id="chats-none")
         undo = gr.Button("Undo delete", size="sm", visible=False, elem_id="undo")
         conv_list = gr.Radio(show_label=False, container=False, elem_id="conv-list")
         undo_timer = gr.Timer(UNDO_S, active=False)

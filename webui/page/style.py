@@ -35,12 +35,15 @@ CSS = """
 .rc-branch .rc-off { opacity: 0.35; }
 .rc-branch .rc-count { padding: 0 2px; font-variant-numeric: tabular-nums; }
 #edit-bar { align-items: center; flex-wrap: nowrap; }
+#again-row { flex-wrap: nowrap; }
 /* the Server tab's row names break between words, not inside them, on a phone */
 :is(#server-summary, #your-usage) :is(th, td) { overflow-wrap: normal; word-break: normal; }
 #side-about { display: none; }
 /* a search that lists nothing says so: the box holds text and the list has no chat in it */
-#search-none { display: none; }
+#search-none, #chats-none { display: none; }
 #sidebar:has(#search :is(textarea, input):not(:placeholder-shown)):not(:has(#conv-list label)) #search-none
+  { display: block; opacity: 0.75; }
+#sidebar:has(#search :is(textarea, input):placeholder-shown):not(:has(#conv-list label)) #chats-none
   { display: block; opacity: 0.75; }
 /* a phone: the header is one line (who and the model, cut short; all of it is in the drawer),
    room is left on the left for the drawer's button, and the message box and Send stay on

@@ -206,6 +206,7 @@ def wire_sends(p: Parts, h: Handlers, config: Settings) -> None:
     )
     again = [p.current, p.epoch, p.side.search, panel.temperature, panel.max_tokens, p.view]
     area.regenerate.click(h.respond_again, again, replying, **generating).then(**noted)
+    area.go_on.click(h.continue_answer, again, replying, **generating).then(**noted)
     # no browser presses it: scripted clients call its two events by name (sending.py)
     scripted = gr.Button(visible=False)
     scripted.click(h.new_tab, [panel.system, p.view], [p.side.conv_list, p.current, *p.named(SHOWN)[2:]], **PRIVATE)
