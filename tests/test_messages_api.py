@@ -203,6 +203,39 @@ def test_claude_codes_model_names_and_errors_in_anthropics_envelope(served):
     assert ok.content
 
 
+def test_a_prefilled_answer_is_gone_on_from(served):
+    """An assistant message last is the start of the answer (Anthropic's prefill): the prompt
+    holds its tokens, with no end of turn, and the reply is only what follows it."""
+    srv, client, key = served
+    prefill = [*ASK, {"role": "assistant", "content": "The weather in Oslo is"}]
+    plain = client.messages.count_tokens(model="plain", messages=ASK).input_tokens
+    started = client.messages.count_tokens(model="plain", messages=prefill).input_tokens
+    # the generation prompt, then the prefill's own tokens: one at least for each of its five words
+    assert started - plain >= 5, (plain, started)
+    going_on = client.messages.create(model="plain", max_tokens=6, messages=prefill, extra_body=GREEDY)
+    assert going_on.stop_reason in ("end_turn", "max_tokens") and going_on.usage.output_tokens > 0
+    assert going_on.usage.input_tokens + going_on.usage.cache_read_input_tokens == started
+    # the same prefill again finds the question and the prefill in the cache, and says the same
+    again = client.messages.create(model="plain", max_tokens=6, messages=prefill, extra_body=GREEDY)
+    assert again.content == going_on.content and again.usage.cache_read_input_tokens > plain // 2
+    headers = {"x-api-key": key, "content-type": "application/json"}
+    for body, words in [
+        ({"messages": [*ASK, {"role": "assistant", "content": "It is "}]}, "trailing whitespace"),
+        (
+            {"messages": [*ASK, _use({}), _result(), _use({})]},
+            "text an answer starts with",
+        ),
+        (
+            {"messages": prefill, "output_config": {"format": {"type": "json_schema", "schema": RECIPE}}},
+            "prefilled answer",
+        ),
+    ]:
+        body = {"model": "plain", "max_tokens": 3, **body}
+        r = httpx.post(srv.url + "/v1/messages", content=json.dumps(body), headers=headers, timeout=30)
+        assert r.status_code == 400, r.text
+        assert words in r.json()["error"]["message"], r.json()
+
+
 def test_litellms_anthropic_route(served, monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price list at import
     import litellm

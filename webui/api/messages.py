@@ -70,6 +70,7 @@ async def create_message(
                 sampling=Sampling(**fields),
                 owner=owner_of(user and user.cache_key),
                 owner_limit=user and user.request_limit,
+                continue_final=body.prefilled(),
             )
         ),
     )
@@ -92,7 +93,12 @@ async def count_tokens(body: CountTokensRequest, user: UserDep, engines: Engines
     messages, tools, _, _ = _prepared(body, engine)
     try:
         n = await engine.count_tokens(
-            ChatRequest(messages=messages, tools=tools, owner=owner_of(user and user.cache_key))
+            ChatRequest(
+                messages=messages,
+                tools=tools,
+                owner=owner_of(user and user.cache_key),
+                continue_final=body.prefilled(),
+            )
         )
     except RequestError as e:
         raise ApiError(e.status, e.message, code=e.code) from None

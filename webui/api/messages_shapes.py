@@ -201,12 +201,24 @@ class MessagesRequest(BaseModel):
         return fmt.schema_ if fmt else None
 
     @model_validator(mode="after")
-    def _ends_with_user(self):
-        if self.messages[-1].role != "user":
-            raise ValueError(
-                "messages: the last message must come from the user (continuing an assistant message is not supported)"
-            )
+    def _ends_with_user_or_prefill(self):
+        """The last message is the user's, or the start of the answer (a prefill) for the
+        reply to go on from: text only, after a user's message, as Anthropic's API takes it."""
+        last = self.messages[-1]
+        if last.role == "user":
+            return self
+        blocks = [TextBlock(type="text", text=last.content)] if isinstance(last.content, str) else last.content
+        if not all(isinstance(b, TextBlock) for b in blocks) or len(self.messages) < 2:
+            raise ValueError("messages: the last message must come from the user, or be the text an answer starts with")
+        if "".join(b.text for b in blocks) != "".join(b.text for b in blocks).rstrip():
+            raise ValueError("messages: final assistant content cannot end with trailing whitespace")
+        if self.schema() is not None:
+            raise ValueError("output_config.format: cannot be combined with a prefilled answer")
         return self
+
+    def prefilled(self) -> bool:
+        """The last message starts the answer: the reply is what follows it."""
+        return self.messages[-1].role == "assistant"
 
     def calls_tools(self) -> bool:
         return bool(self.tools) and (self.tool_choice is None or self.tool_choice.type != "none")
