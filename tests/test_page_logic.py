@@ -499,6 +499,20 @@ def test_continue_needs_an_answer_with_text(engine, store, users):
         reply(page, alice, conv.id, None, go_on=True)
 
 
+def test_exporting_a_chat_with_no_message_says_there_is_nothing(store, users):
+    alice, bob = users
+    page = ChatPage(Refusing(QueueFull(1)), store)
+    empty = page.new_chat(alice)
+    for conv_id in (None, empty.id):
+        with pytest.raises(PageError, match="nothing to export"):
+            page.export(alice, conv_id, "md")
+    store.append_message(alice, empty.id, "user", "What is a list?")
+    name, text = page.export(alice, empty.id, "md")
+    assert name.endswith(".md") and "What is a list?" in text
+    with pytest.raises(PageError, match="no longer exists"):  # someone else's: as if none
+        page.export(bob, empty.id, "md")
+
+
 # ---- the Server tab ----
 
 

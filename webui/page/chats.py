@@ -183,7 +183,8 @@ class Chats:
     def export(self, user: User, conv_id: int | None, fmt: str) -> tuple[str, str]:
         """The conversation as the store exports it ("md" or "json"), with a file name.
         Someone else's conversation is "not found"."""
-        if conv_id is None:
+        if conv_id is None or not visible_turns(guard(self.store.history, user, conv_id)):
+            # a file of a title alone would be saved without a word, and look like nothing happened
             raise PageError("Send a first message: there is nothing to export in a new chat yet.")
         text = guard(self.store.export_conversation, user, conv_id, fmt)
         title = guard(self.store.get_conversation, user, conv_id).title
