@@ -83,6 +83,9 @@ def test_a_chats_replies_go_to_its_model_and_a_change_goes_on_with_the_next(tiny
     conv = page.conversations(alice)[0]
     assert conv.model == SECOND and page.model_of(conv) == SECOND
     assert "a reply from second-random" in shown[-1][-1]["content"]
+    # before it was loaded, the chat said so under the message sent, not nothing for seconds
+    assert "Walrus-1" in shown[0][0]["content"] and f"Loading {SECOND}" in shown[0][-1]["content"]
+    assert not any("Loading" in rows[-1]["content"] for rows in shown[1:])
     assert list(made) == [FIRST, SECOND] and made[FIRST].requests == []  # loaded for it, the first untouched
     assert made[SECOND].requests[0].sampling.top_p == 0.5  # its own card's recommendation
     assert page.loaded_info(SECOND).card == SECOND_CARD

@@ -142,6 +142,15 @@ def going_on(conv: Conversation, branch: Branch) -> tuple[list[Message], list[di
     return before, prompt_of(conv, turns[:-1]) + [{"role": "assistant", "content": text}], before[-1].id, text
 
 
+def waiting(turns: list[Message], figures: dict[int, RequestFigures], asked: str | None, why: str) -> list[dict]:
+    """What the chat area shows before a reply can begin: the turns the model will see, the
+    message being sent (`asked`), and in the reply's place why it has not begun."""
+    rows = [row(m.role, m.content, figures.get(m.request)) for m in turns]
+    if asked is not None:
+        rows.append(row("user", asked))
+    return [*rows, row("assistant", f"*{why}*", streaming=True)]
+
+
 async def stored(question: Future[Message]) -> Message:
     """The user's message once it is stored."""
     try:  # shielded: leaving now must not undo a write that may commit anyway
@@ -221,7 +230,10 @@ class Replies:
                 turns, messages, answered, run.text = going_on(conv, branch)
             else:
                 turns, messages, answered = prompt_for(conv, branch, ask.text, regenerate=ask.regenerate, edit=ask.edit)
-            engine = await self.engine_for(self.model_of(conv))
+            model = self.model_of(conv)
+            if self.loaded_info(model) is None:  # its load takes seconds: say why nothing comes yet
+                run.show(waiting(turns, figures, None if ask.again else ask.text, f"Loading {model} for this reply…"))
+            engine = await self.engine_for(model)
             handle = run.handle = await self._submit(
                 user, engine, messages, ask.temperature, ask.max_tokens, go_on=ask.go_on
             )

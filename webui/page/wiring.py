@@ -182,7 +182,9 @@ def wire_system_prompt(p: Parts, h: Handlers) -> None:
 def wire_model(p: Parts, h: Handlers) -> None:
     panel = p.settings
     # `input`, not `change`: a chat coming into view sets the picker too, and must not store it
-    panel.model.input(h.model_picked, [panel.model, p.current, p.view], [panel.model_note], **PRIVATE)
+    panel.model.input(
+        h.model_picked, [panel.model, p.current, p.view], [panel.model_note], show_progress="hidden", **PRIVATE
+    )
 
 
 def wire_sends(p: Parts, h: Handlers, config: Settings) -> None:
@@ -197,7 +199,13 @@ def wire_sends(p: Parts, h: Handlers, config: Settings) -> None:
     replying = p.named(REPLYING)
     asked = [p.current, panel.system, p.epoch, p.side.search, panel.temperature, panel.max_tokens, panel.model, p.view]
     # after a send, the line under the picker again: the model may have loaded for its reply
-    noted = {"fn": h.model_shown, "inputs": [panel.model], "outputs": [panel.model_note], **PRIVATE}
+    noted = {
+        "fn": h.model_shown,
+        "inputs": [panel.model],
+        "outputs": [panel.model_note],
+        "show_progress": "hidden",  # a timer ("0.0s") over the note otherwise
+        **PRIVATE,
+    }
     area.message.submit(h.send_message, [area.message, *asked], replying, **generating).then(**noted)
     # one click, two events: each acts only if the button read its word when pressed
     area.send.click(h.send_pressed, [area.send, area.message, *asked], replying, **generating).then(**noted)
