@@ -46,7 +46,7 @@ from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
-from radixchat.webui.api.responses_shapes import ResponseEvents, ResponsesRequest, response_object
+from radixchat.webui.api.responses_shapes import ResponseEvents, ResponsesRequest, ended, response_object
 
 router = APIRouter(prefix="/v1", tags=["responses"])
 
@@ -124,9 +124,10 @@ async def create_response(
     if gone:
         return Response(status_code=CLIENT_GONE)
     content, calls, _ = toolcalls.reply(family, final.text, body.forced())
+    status, why = ended(final)
     return JSONResponse(
         response_object(
-            rid, model, content or "", "completed", final.usage, previous, output_id(rid), time.time(), calls
+            rid, model, content or "", status, final.usage, previous, output_id(rid), time.time(), calls, why
         )
     )
 

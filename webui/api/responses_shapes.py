@@ -198,6 +198,12 @@ def function_call_item(call: dict, status: str = "completed") -> dict:
     }
 
 
+def ended(final: Finished) -> tuple[str, str | None]:
+    """A finished reply's status, and why it is incomplete: cut by max_output_tokens (the
+    context's end included), as OpenAI says it, or completed."""
+    return ("incomplete", "max_output_tokens") if final.finish_reason == "length" else ("completed", None)
+
+
 def response_object(
     rid: str,
     model: str,
@@ -208,13 +214,15 @@ def response_object(
     msg_id: str,
     created: float,
     calls: list[dict] | None = None,
+    why: str | None = None,
 ) -> dict:
     """OpenAI's Response object; `usage` is the engine's (None: not known); `calls` the
     function calls parsed out of the reply (an output item each, after the message, which is
-    left out when the reply is calls only)."""
+    left out when the reply is calls only); `why` an incomplete one's reason."""
     out = []
     if status != "in_progress":
-        out = [message_item(msg_id, text, "completed")] if text or not calls else []
+        item_status = "incomplete" if why else "completed"
+        out = [message_item(msg_id, text, item_status)] if text or not calls else []
         out += [function_call_item(c) for c in calls or []]
     body = {
         "id": rid,
@@ -225,7 +233,7 @@ def response_object(
         "output": out,
         "previous_response_id": previous,
         "error": None,
-        "incomplete_details": None,
+        "incomplete_details": {"reason": why} if why else None,
         "instructions": None,
         "metadata": {},
         "parallel_tool_calls": False,
@@ -286,8 +294,10 @@ class ResponseEvents:
         self.n += 1
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': self.n - 1, **fields})}\n\n"
 
-    def _response(self, text: str, status: str, usage=None, calls=None) -> dict:
-        return response_object(self.rid, self.model, text, status, usage, self.previous, self.msg, self.created, calls)
+    def _response(self, text: str, status: str, usage=None, calls=None, why=None) -> dict:
+        return response_object(
+            self.rid, self.model, text, status, usage, self.previous, self.msg, self.created, calls, why
+        )
 
     def _open(self) -> list[str]:
         self.opened = True
@@ -326,6 +336,7 @@ class ResponseEvents:
             return []
         (final,) = finals
         await self.keep(final.text)
+        status, why = ended(final)
         out, calls = [], None
         if self.stream:
             rest, calls = self.stream.finish()
@@ -340,7 +351,9 @@ class ResponseEvents:
                 self._event("response.output_text.done", **ids, text=text, logprobs=[]),
                 self._event("response.content_part.done", **ids, part=part),
                 self._event(
-                    "response.output_item.done", output_index=0, item=message_item(self.msg, text, "completed")
+                    "response.output_item.done",
+                    output_index=0,
+                    item=message_item(self.msg, text, "incomplete" if why else "completed"),
                 ),
             ]
         at = int(self.opened)
@@ -359,5 +372,5 @@ class ResponseEvents:
                 ),
                 self._event("response.output_item.done", output_index=at + k, item=item),
             ]
-        done = self._response(self.shown if self.stream else final.text, "completed", final.usage, calls or None)
-        return [*out, self._event("response.completed", response=done)]
+        done = self._response(self.shown if self.stream else final.text, status, final.usage, calls or None, why)
+        return [*out, self._event(f"response.{status}", response=done)]
