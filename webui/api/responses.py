@@ -4,7 +4,8 @@ engine, with `previous_response_id` kept in the store as the user's conversation
 Current OpenAI SDKs and agent frameworks default to this API. What is served: text input
 (a string, or messages whose content is text or input_text parts), `instructions` (the
 system message of this turn), streaming (the event sequence the SDK reads:
-response.created ... output_text.delta ... response.completed), `max_output_tokens`,
+response.created ... output_text.delta ... response.completed, or response.incomplete for a
+reply cut by it), `max_output_tokens`,
 `temperature`, `top_p`, `text.format` (json_object / json_schema through the same
 constrained decoding as chat), function `tools` and `tool_choice` (as chat's: the same
 template tools, forcing grammar and parsing, webui/api/toolcalls.py; calls are
