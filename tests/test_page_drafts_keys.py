@@ -499,6 +499,7 @@ def test_a_sync_answers_only_what_changed(tmp_path):
     h = Handlers(ChatPage(engine, store), Presence(), {}, engine.info, sign_in=True)
     alice, skip = SimpleNamespace(username="alice", headers={}), gr.skip()
     conv = h.chat.new_chat(store.get_user("alice"))
+    store.append_message(store.get_user("alice"), conv.id, "user", "Hi-6")  # listed once it has one
     here, elsewhere = View(conv=conv.id), View(conv=conv.id)
 
     listed, bumped, titled = h.synced("", conv.id, 0, "", here, alice)
