@@ -123,7 +123,8 @@ class Settings(BaseSettings):
         None,
         ge=0,
         description="K/V byte budget shared by the running batch "
-        "and the prefix cache (default: a fifth of this machine's memory)" + SIZES_HELP,
+        "and the prefix cache (default: a fifth of this machine's memory, less where the "
+        "process could then take more than three quarters of it)" + SIZES_HELP,
     )
     mlx_cache_bytes: ByteSize | None = Field(
         None,
@@ -377,6 +378,9 @@ class Settings(BaseSettings):
         return self
 
 
+MLX_CACHE_MOST = 256 << 20  # MLX's buffer cache by default, at its largest (`mlx_cache_limit`)
+
+
 def machine_memory() -> int:
     """This machine's physical memory in bytes (8 GiB when it cannot be read)."""
     try:
@@ -386,11 +390,15 @@ def machine_memory() -> int:
 
 
 def kv_budget(settings: Settings) -> int:
-    """The K/V byte budget: --cache-bytes, else a fifth of physical memory (at least 256 MiB),
-    which leaves the weights, the OS and everything else the rest."""
+    """The K/V byte budget: --cache-bytes, else a fifth of physical memory, less where what the
+    process may take beyond it would pass three quarters of the machine (at least 256 MiB):
+    on a 23 GiB machine a fifth was 4.7 GiB, and the process's bound all of its memory."""
     if settings.cache_bytes is not None:
         return settings.cache_bytes
-    return max(256 << 20, machine_memory() // 5)
+    from radixchat.core.platform.memory import fitting_kv_budget  # it reads these settings' module
+
+    machine = machine_memory()
+    return max(256 << 20, min(machine // 5, fitting_kv_budget(machine)))
 
 
 def mlx_cache_limit(settings: Settings, kv_bytes: int) -> int:
@@ -401,7 +409,7 @@ def mlx_cache_limit(settings: Settings, kv_bytes: int) -> int:
     of buffers, peak RSS x1.07, output tok/s x0.87 against 64 MiB)."""
     if settings.mlx_cache_bytes is not None:
         return settings.mlx_cache_bytes
-    return min(256 << 20, max(32 << 20, kv_bytes // 8))
+    return min(MLX_CACHE_MOST, max(32 << 20, kv_bytes // 8))
 
 
 def memory_budget(settings: Settings) -> int:

@@ -32,6 +32,22 @@ def test_the_default_budget_is_a_share_of_memory():
     assert kv_budget(Settings()) >= 256 << 20
 
 
+@pytest.mark.parametrize("gib", [8, 16, 23, 64, 192])
+def test_at_the_default_budget_the_process_bound_fits_three_quarters_of_the_machine(monkeypatch, gib):
+    """What doctor and the Server tab state the process may take (weights aside) stays within
+    three quarters of the machine: on a 23 GiB machine it said 23.2 GiB with a fifth as budget."""
+    from radixchat.core import config
+    from radixchat.core.platform.memory import ARRAYS_OVER_KV, REST_BYTES, process_bound
+
+    monkeypatch.setattr(config, "machine_memory", lambda: gib << 30)
+    settings = Settings()
+    budget = kv_budget(settings)
+    beyond = int(ARRAYS_OVER_KV * budget)  # the measured share; a small model's batch caps it lower
+    *_, (_, total) = process_bound(0, budget, beyond, config.mlx_cache_limit(settings, budget))
+    assert total <= (gib << 30) * 3 // 4, (total / 2**30, gib)
+    assert budget <= (gib << 30) // 5 and total - REST_BYTES > (gib << 30) // 2  # and not much less
+
+
 @pytest.fixture(scope="module")
 def two_fit(tiny_model_dir, engine):
     need = (len(PROMPT) + REPLY) * engine.kv_bytes_per_token

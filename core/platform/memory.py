@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 
 from radixchat.core.cache.layout import layout_tokens, spare_bound
-from radixchat.core.config import Settings, mlx_cache_limit
+from radixchat.core.config import MLX_CACHE_MOST, Settings, mlx_cache_limit
 from radixchat.core.engine.admission import over_cap
 
 # Measured by `python -m loadtests.bench_memory` (SmolLM2-135M float32, 32 users, --cache-bytes
@@ -42,6 +42,14 @@ from radixchat.core.engine.admission import over_cap
 # its peak: Python, Gradio, the tokenizer, OpenBLAS, glibc's arenas.
 ARRAYS_OVER_KV = 3.5  # times the K/V budget, beyond it
 REST_BYTES = 1200 << 20
+
+
+def fitting_kv_budget(machine: int) -> int:
+    """The largest K/V budget whose process bound, weights aside, fits three quarters of a
+    machine of `machine` bytes: the budget, what MLX's arrays take beyond it (ARRAYS_OVER_KV),
+    the buffer cache and the rest. The weights have their own check (core.config.memory_budget:
+    a model loads only where its weights and budget fit)."""
+    return max(0, int((machine * 3 // 4 - REST_BYTES - MLX_CACHE_MOST) / (1 + ARRAYS_OVER_KV)))
 
 
 def process_rss() -> tuple[int, int] | None:
