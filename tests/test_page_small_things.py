@@ -167,3 +167,23 @@ def test_a_first_visit_says_where_the_chats_will_be(server, browser):
         assert not page.locator("#chats-none").is_visible()
     finally:
         page.context.close()
+
+
+ANNOUNCED = """() => { window.__said = []; const seen = new WeakSet();
+  const watch = () => document.querySelectorAll('[aria-live]').forEach(el => {
+    if (seen.has(el) || el.closest('#chat')) return; seen.add(el);
+    new MutationObserver(() => { const t = el.innerText.trim(); if (t) window.__said.push(t); })
+      .observe(el, {childList: true, subtree: true, characterData: true}); });
+  watch(); new MutationObserver(watch).observe(document.body, {childList: true, subtree: true}); }"""
+
+
+def test_what_screen_readers_are_told_is_words_not_keys(page):
+    """Gradio announces an event's end to screen readers; its English lacked the words, and
+    "common.complete" was read out."""
+    page.evaluate(ANNOUNCED)
+    say(page, f"Heron-{page.width} says hello")
+    page.evaluate("window.__said = []")
+    page.locator("#rename").click()  # an event of the page's with Gradio's progress shown
+    page.wait_for_function("window.__said.length > 0", timeout=15_000)  # after 5 s at most
+    said = page.evaluate("window.__said")
+    assert said and not any("common." in s for s in said), said  # "Done"

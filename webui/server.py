@@ -157,6 +157,9 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
         # Gradio's traffic monitoring showed any signed-in user every handler's calls, an
         # admin's among them (/monitoring/summary); /metrics, loopback only, is the server's
         enable_monitoring=False,
+        # what Gradio tells screen readers when an event ends: its English lacks these two, and
+        # "common.complete" was read out
+        i18n=gr.I18n(en={"common.complete": "Done", "common.error": "Error"}),
     )
     gradio_app = app.state.gradio = next(
         r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None
