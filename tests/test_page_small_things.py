@@ -187,3 +187,38 @@ def test_what_screen_readers_are_told_is_words_not_keys(page):
     page.wait_for_function("window.__said.length > 0", timeout=15_000)  # after 5 s at most
     said = page.evaluate("window.__said")
     assert said and not any("common." in s for s in said), said  # "Done"
+
+
+def test_a_code_blocks_copy_button_covers_none_of_its_code(page, shots):
+    """On a phone a code block's copy button sat over its first line."""
+    say(
+        page,
+        f"Ibis-{page.width} how do I print?\n```python\nprint('a long first line of code, longer than a phone is wide')\n```",
+    )
+    wrap = page.locator("#chat [data-testid=user]").last.locator(".code_wrap").first
+    wrap.scroll_into_view_if_needed()
+    shots(page, f"code-block-{page.width}")
+    # the button's box against every box of the code's first line as laid out (it may wrap)
+    button, line = page.evaluate(
+        """(wrap) => { const b = wrap.querySelector('.copy_code_button').getBoundingClientRect();
+            const code = wrap.querySelector('code'), r = document.createRange();
+            const first = code.textContent.indexOf('\\n');
+            const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+            let n, at = 0, start = null, end = null;
+            while ((n = walker.nextNode())) {
+              if (!start) start = [n, 0];
+              if (at + n.length >= first) { end = [n, first - at]; break; }
+              at += n.length; }
+            r.setStart(...start); r.setEnd(...end);
+            const box = (x) => ({left: x.left, right: x.right, top: x.top, bottom: x.bottom});
+            return [box(b), [...r.getClientRects()].map(box)]; }""",
+        wrap.element_handle(),
+    )
+    for part in line:
+        apart = (
+            part["right"] <= button["left"]
+            or part["left"] >= button["right"]
+            or part["bottom"] <= button["top"]
+            or part["top"] >= button["bottom"]
+        )
+        assert apart, (button, part)

@@ -36,6 +36,8 @@ CSS = """
 .rc-branch .rc-count { padding: 0 2px; font-variant-numeric: tabular-nums; }
 #edit-bar { align-items: center; flex-wrap: nowrap; }
 #again-row { flex-wrap: nowrap; }
+/* a code block's copy button sits in its top right corner: the code starts below it */
+#chat .code_wrap pre { padding-top: 34px !important; }
 /* the Server tab's row names break between words, not inside them, on a phone */
 :is(#server-summary, #your-usage) :is(th, td) { overflow-wrap: normal; word-break: normal; }
 #side-about { display: none; }
