@@ -432,7 +432,8 @@ def test_in_the_browser_a_key_is_made_and_revoked_and_a_password_change_ends_onl
     from tests.support.browser import OUTPUT, PHONE, VIOLATIONS, WIDE, Shots
     from tests.support.page import ready, sign_in
 
-    server, viewport = accounts_server, {"wide": WIDE, "phone": PHONE}[size]
+    laptop = {**WIDE, "height": 800}  # where a new key was shown at the bottom edge
+    server, viewport = accounts_server, {"wide": laptop, "phone": PHONE}[size]
     shot = Shots(OUTPUT / f"page-accounts-{viewport['width']}")
     ctx, outside = browser.new_context(viewport=viewport), []
     ctx.on("request", lambda r: r.url.startswith((server.url, "data:", "blob:")) or outside.append(r.url))
@@ -464,6 +465,12 @@ def test_in_the_browser_a_key_is_made_and_revoked_and_a_password_change_ends_onl
     page.locator("#create-key").click()
     page.wait_for_function("(document.querySelector('#new-key textarea, #new-key input')?.value || '').length > 10")
     secret = page.locator("#new-key textarea, #new-key input").first.input_value()
+    # the key, shown this once, is in view: the box and its copy button
+    page.wait_for_function(
+        """() => { const r = document.querySelector('#new-key').getBoundingClientRect();
+                   return r.top >= 0 && r.bottom <= window.innerHeight; }""",
+        timeout=5_000,
+    )
     page.wait_for_function("document.querySelector('#key-list').innerText.includes('laptop')")
     table = page.locator("#key-list").inner_text()
     assert secret[:10] in table and "active" in table and secret not in table

@@ -13,6 +13,10 @@ import gradio as gr
 
 from radixchat.webui.page.accounts_handlers import KEY_HEADERS, AccountHandlers
 
+# a new key is shown once, under the form: brought into view (on a laptop it was at the edge)
+SHOW_KEY = """() => setTimeout(() => document.querySelector('#new-key')
+  ?.scrollIntoView({block: 'center', behavior: 'instant'}), 50)"""
+
 
 def build(handlers: AccountHandlers) -> gr.Tab:
     with gr.Tab("Account", id="account", elem_id="account-tab") as tab:
@@ -47,7 +51,7 @@ def build(handlers: AccountHandlers) -> gr.Tab:
     change.click(
         handlers.change_password, inputs=[current, new, again], outputs=[current, new, again, done, sign_in_again]
     )
-    create.click(handlers.create_key, inputs=[label], outputs=[secret, table, pick, label])
-    label.submit(handlers.create_key, inputs=[label], outputs=[secret, table, pick, label])
+    for made in (create.click, label.submit):
+        made(handlers.create_key, inputs=[label], outputs=[secret, table, pick, label]).then(None, js=SHOW_KEY)
     revoke.click(handlers.revoke_key, inputs=[pick], outputs=[table, pick, secret])
     return tab
