@@ -48,6 +48,8 @@ CHATS = "[...document.querySelectorAll('#conv-list label')].map(l => l.innerText
 PICKED = "document.querySelector('#conv-list label.selected')?.innerText.trim() || ''"
 DRAFTS = "Object.keys(localStorage).filter(k => k.startsWith('radixchat.draft.')).sort()"
 USERS = {"1280": ("alice", WIDE), "390": ("bob", PHONE)}
+TOAST_TITLES = """() => new MutationObserver(() => document.querySelectorAll('.toast-title')
+  .forEach(t => window.__toastTitle(t.innerText.trim()))).observe(document.body, {childList: true, subtree: true})"""
 
 
 class Running:
@@ -179,8 +181,13 @@ def test_drafts_survive_a_reload_and_a_restart_each_users_own_and_go_when_sent(b
         box_reads(page, in_new)
         pick(page, mark)
 
+        # while the server is away, the page says it is reconnecting (Gradio's toast said "Error")
+        titles: list[str] = []
+        page.expose_binding("__toastTitle", lambda source, text: titles.append(text))
+        page.evaluate(TOAST_TITLES)
         server.restart()
         reload(page)
+        assert "Reconnecting" in titles and "Error" not in titles, titles
         box_reads(page, in_chat)
         new_chat(page)
         box_reads(page, in_new)

@@ -10,7 +10,8 @@ watches the page's calls to /gradio_api/ and on such a refusal loads the page ag
 the server answers with the sign-in page (or the page of whoever is signed in now); the
 refused call is left unanswered so that nothing shows an error meanwhile.
 It also reloads a page brought back from the browser's back-forward cache, so Back after
-signing out does not show the chats again.
+signing out does not show the chats again, and titles Gradio's toast for a lost connection
+"Reconnecting" (Gradio titles it "Error", though the page reloads itself once the server is back).
 
 `install` serves it from the app as a file of the server's own origin (the page's
 Content-Security-Policy runs no inline script but Gradio's own), and `HEAD` loads it into the
@@ -46,6 +47,16 @@ SCRIPT = """\
   window.addEventListener("pageshow", (event) => {
     if (event.persisted) window.location.reload();
   });
+  // Gradio titles a toast by its kind, and a lost connection is an "Error": it is a wait (the
+  // page reloads itself once the server answers again), so it is titled as one
+  new MutationObserver(() => {
+    for (const toast of document.querySelectorAll(".toast-body.error")) {
+      const title = toast.querySelector(".toast-title")?.firstChild;
+      if (title?.nodeValue?.trim() === "Error" && /connection to the server was lost/i.test(toast.innerText)) {
+        title.nodeValue = "Reconnecting ";
+      }
+    }
+  }).observe(document.documentElement, {childList: true, subtree: true});
 })();
 """
 
