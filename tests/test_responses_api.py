@@ -178,3 +178,22 @@ def test_no_auth_keeps_no_responses(tiny_model_dir, tmp_path):
         assert got.status_code == 404 and "only kept with store for signed-in users" in got.json()["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_a_response_that_offers_tools_is_answered_not_kept(keyed):
+    """Its reply may be calls, which the store's text turns cannot hold (read back, they were
+    the model's raw call markup): answered, and not found afterwards."""
+    import openai
+
+    server, key, _, _ = keyed
+    c = client(server, key)
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    out = c.responses.create(model="default", input="Weather in Oslo?", tools=[tool], max_output_tokens=4)
+    assert out.output
+    with pytest.raises(openai.NotFoundError, match="without tools"):
+        c.responses.retrieve(out.id)

@@ -12,7 +12,7 @@ template tools, forcing grammar and parsing, webui/api/toolcalls.py; calls are
 `function_call` output items, and come back as input items with their
 `function_call_output`), and `previous_response_id`. Everything else that would change the
 reply (hosted tools, reasoning, images) is refused with a 400 that names it. A turn that
-carries calls is not kept (the store holds text turns). The
+carries calls, or offers tools, is not kept (the store holds text turns). The
 request and reply shapes are webui/api/responses_shapes.py's; submitting, waiting and
 streaming are webui/api/generation.py's, as for chat.
 
@@ -54,7 +54,7 @@ router = APIRouter(prefix="/v1", tags=["responses"])
 # what any id this API made looks like (the random ones, and the older kind that named the
 # conversation and message); anything else is unknown without asking the store
 ID = re.compile(r"^resp_[0-9a-z_]{1,64}$")
-ONLY_KEPT = "responses are only kept with store for signed-in users"
+ONLY_KEPT = "responses are only kept with store for signed-in users, and without tools"
 
 
 @router.post("/responses")
@@ -70,8 +70,9 @@ async def create_response(
         raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    # the store keeps text turns: one that carries calls or their outputs is answered, not kept
-    carries_calls = any(m["role"] == "tool" or m.get("tool_calls") for m in turn)
+    # the store keeps text turns: one that carries calls or their outputs, or offers tools (its
+    # reply may be calls), is answered, not kept
+    carries_calls = any(m["role"] == "tool" or m.get("tool_calls") for m in turn) or bool(body.tools)
     if carries_calls and body.previous_response_id:
         raise ApiError(
             400,
