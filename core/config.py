@@ -380,6 +380,24 @@ class Settings(BaseSettings):
 
 MLX_CACHE_MOST = 256 << 20  # MLX's buffer cache by default, at its largest (`mlx_cache_limit`)
 
+# Measured by `python -m loadtests.bench_memory` (SmolLM2-135M float32, 32 users, --cache-bytes
+# 512MiB, 2-core Linux). MLX's arrays peaked 0.9-1.15 GB above the weights and the K/V budget in
+# three runs, up to 3.1 times the budget: the decoding batch's spare rows and columns (core.cache.
+# layout: the rows padded to the longest are within the budget) and a step's activations, which
+# rose by up to 0.8 GB. Before the batch was admitted by its padded rows, nine runs peaked at
+# 1.8-2.3 GB (4.3 times). Beyond MLX's arrays and buffer cache the process held 0.3-1.2 GB at
+# its peak: Python, Gradio, the tokenizer, OpenBLAS, glibc's arenas.
+ARRAYS_OVER_KV = 3.5  # times the K/V budget, beyond it
+REST_BYTES = 1200 << 20
+
+
+def fitting_kv_budget(machine: int) -> int:
+    """The largest K/V budget whose process bound, weights aside, fits three quarters of a
+    machine of `machine` bytes: the budget, what MLX's arrays take beyond it (ARRAYS_OVER_KV),
+    the buffer cache and the rest. The weights have their own check (`memory_budget`:
+    a model loads only where its weights and budget fit)."""
+    return max(0, int((machine * 3 // 4 - REST_BYTES - MLX_CACHE_MOST) / (1 + ARRAYS_OVER_KV)))
+
 
 def machine_memory() -> int:
     """This machine's physical memory in bytes (8 GiB when it cannot be read)."""
@@ -395,8 +413,6 @@ def kv_budget(settings: Settings) -> int:
     on a 23 GiB machine a fifth was 4.7 GiB, and the process's bound all of its memory."""
     if settings.cache_bytes is not None:
         return settings.cache_bytes
-    from radixchat.core.platform.memory import fitting_kv_budget  # it reads these settings' module
-
     machine = machine_memory()
     return max(256 << 20, min(machine // 5, fitting_kv_budget(machine)))
 

@@ -21,7 +21,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from radixchat.core.store import StoreError
+from radixchat.webui.store_poller import StorePoller
 
 if TYPE_CHECKING:
     from radixchat.core.engine.handle import RequestHandle
@@ -33,13 +33,14 @@ USER_CUT_OFF = "this user was disabled or removed while the request ran"
 KEY_CUT_OFF = "this API key was revoked (or its user disabled) while the request ran"
 
 
-class LiveRequests:
+class LiveRequests(StorePoller):
+    WHAT = "running requests' users"
+
     def __init__(self, store: Store, every_s: float = 0.5):
-        self.store, self.every_s = store, every_s
+        super().__init__(every_s, "radixchat-live-requests")
+        self.store = store
         self._lock = threading.Lock()
         self._live: dict[str, tuple[RequestHandle, int, str | None]] = {}  # handle id -> (handle, user, key hash)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="radixchat-live-requests", daemon=True)
 
     def track(self, handle: RequestHandle, user: int, key_hash: str | None = None) -> None:
         with self._lock:
@@ -68,17 +69,3 @@ class LiveRequests:
         if n:
             log.info("cancelled %d running request(s) of cut-off users or keys", n)
         return n
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.poll()
-            except StoreError as e:  # a busy or closing store: the next poll tries again
-                log.warning("running requests' users not checked: %s", e)
-            except Exception:
-                log.exception("running requests' users not checked")

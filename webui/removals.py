@@ -18,26 +18,23 @@ connection; `stop` from whoever started it.
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import TYPE_CHECKING
 
 from radixchat.core.engine.requests import owner_of
-from radixchat.core.store import StoreError
+from radixchat.webui.store_poller import StorePoller
 
 if TYPE_CHECKING:
     from radixchat.core.engine.seam import Engines
     from radixchat.core.store import Store
 
-log = logging.getLogger("radixchat.removals")
 
+class RemovalWatch(StorePoller):
+    WHAT = "removed users"
 
-class RemovalWatch:
     def __init__(self, store: Store, engine: Engines, every_s: float = 2.0):
-        self.store, self.engine, self.every_s = store, engine, every_s
+        super().__init__(every_s, "radixchat-removals")
+        self.store, self.engine = store, engine
         self.seen = 0  # the last removal read (a row id of `removed_users`)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="radixchat-removals", daemon=True)
 
     def poll(self) -> int:
         """Forget the users removed since the last poll; how many there were."""
@@ -50,19 +47,3 @@ class RemovalWatch:
     def start(self) -> RemovalWatch:
         self._thread.start()
         return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.poll()
-            except StoreError as e:  # a busy or closing store: the next poll tries again
-                log.warning("removed users not read: %s", e)
-            except Exception:
-                log.exception("removed users not read")
-            if self._stop.wait(self.every_s):
-                return

@@ -7,7 +7,7 @@ them: it sets MLX's buffer-cache limit (--mlx-cache-bytes) when the engine start
 the counters after every step; any thread reads its last `figures` (the seam's
 MlxMemoryStats). `process_bound` states what the whole process will take: the weights, the
 K/V budget, MLX's arrays beyond it (the decoding batch's spare room, a step's activations: a
-measured share of the budget, capped by the batch's geometry), MLX's buffer cache at its
+measured share of the budget, core.config's ARRAYS_OVER_KV, capped by the batch's geometry), MLX's buffer cache at its
 limit and a measured allowance for the rest (Python, Gradio, the tokenizer, glibc's
 arenas). `give_back_memory` asks glibc to return what Python and the tokenizers freed
 (`malloc_trim`): a process that let go of a model (core.engine.models unloads idle ones) would
@@ -30,26 +30,8 @@ import re
 from pathlib import Path
 
 from radixchat.core.cache.layout import layout_tokens, spare_bound
-from radixchat.core.config import MLX_CACHE_MOST, Settings, mlx_cache_limit
+from radixchat.core.config import ARRAYS_OVER_KV, REST_BYTES, Settings, mlx_cache_limit
 from radixchat.core.engine.admission import over_cap
-
-# Measured by `python -m loadtests.bench_memory` (SmolLM2-135M float32, 32 users, --cache-bytes
-# 512MiB, 2-core Linux). MLX's arrays peaked 0.9-1.15 GB above the weights and the K/V budget in
-# three runs, up to 3.1 times the budget: the decoding batch's spare rows and columns (core.cache.
-# layout: the rows padded to the longest are within the budget) and a step's activations, which
-# rose by up to 0.8 GB. Before the batch was admitted by its padded rows, nine runs peaked at
-# 1.8-2.3 GB (4.3 times). Beyond MLX's arrays and buffer cache the process held 0.3-1.2 GB at
-# its peak: Python, Gradio, the tokenizer, OpenBLAS, glibc's arenas.
-ARRAYS_OVER_KV = 3.5  # times the K/V budget, beyond it
-REST_BYTES = 1200 << 20
-
-
-def fitting_kv_budget(machine: int) -> int:
-    """The largest K/V budget whose process bound, weights aside, fits three quarters of a
-    machine of `machine` bytes: the budget, what MLX's arrays take beyond it (ARRAYS_OVER_KV),
-    the buffer cache and the rest. The weights have their own check (core.config.memory_budget:
-    a model loads only where its weights and budget fit)."""
-    return max(0, int((machine * 3 // 4 - REST_BYTES - MLX_CACHE_MOST) / (1 + ARRAYS_OVER_KV)))
 
 
 def process_rss() -> tuple[int, int] | None:
