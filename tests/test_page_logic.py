@@ -638,23 +638,26 @@ def test_a_message_to_a_new_chat_lands_in_a_new_chat(engine, store, users):
     assert page.running == {} and engine.stats().inflight == 0
 
 
+async def acting_midway(page, user, conv_id, act) -> tuple[list, float]:
+    """A long reply, `act` done (in a worker thread) once it is streaming; what it showed, and
+    the seconds from `act` to its end."""
+    shown, t0 = [], None
+    async for rows in page.reply(user, conv_id, "tell me a long story", temperature=0, max_tokens=4000):
+        shown.append(rows)
+        if len(shown) == 2:
+            await asyncio.to_thread(act)
+            t0 = time.monotonic()
+    return shown, time.monotonic() - t0
+
+
 def test_a_disabled_users_reply_stops_within_a_second(engine, store, users):
     _, bob = users
     live = LiveRequests(store, every_s=0.1)
     page = ChatPage(engine, store, live=live)
     conv = page.new_chat(bob)
 
-    async def disabled_midway():
-        shown = []
-        async for rows in page.reply(bob, conv.id, "tell me a long story", temperature=0, max_tokens=4000):
-            shown.append(rows)
-            if len(shown) == 2:
-                await asyncio.to_thread(store.set_disabled, "bob", True)
-                t0 = time.monotonic()
-        return shown, time.monotonic() - t0
-
     try:
-        shown, took = asyncio.run(disabled_midway())
+        shown, took = asyncio.run(acting_midway(page, bob, conv.id, lambda: store.set_disabled("bob", True)))
     finally:
         live.stop()
         store.set_disabled("bob", False)
@@ -669,15 +672,7 @@ def test_deleting_a_chat_stops_its_reply(engine, store, users):
     page = ChatPage(engine, store)
     conv = page.new_chat(alice)
 
-    async def delete_midway():
-        shown = []
-        async for rows in page.reply(alice, conv.id, "tell me a long story", temperature=0, max_tokens=4000):
-            shown.append(rows)
-            if len(shown) == 2:
-                await asyncio.to_thread(page.delete, alice, conv.id)
-        return shown
-
-    asyncio.run(delete_midway())
+    asyncio.run(acting_midway(page, alice, conv.id, lambda: page.delete(alice, conv.id)))
     assert page.running == {} and engine.stats().inflight == 0
     assert page.conversations(alice) == []
     page.undo_delete(alice, conv.id)  # back, with the question; the stopped reply had nowhere to go
