@@ -154,7 +154,8 @@ def _remote(settings: Settings):
     from radixchat.webui.remote_engines import StartError, connect_engines
 
     try:
-        return connect_engines(settings.engines, settings.service_key and settings.service_key.get_secret_value())
+        key = settings.service_key.get_secret_value() if settings.service_key else None
+        return connect_engines(settings.engines, key)
     except StartError as e:
         _refuse(str(e))
 
@@ -277,7 +278,8 @@ def _serving(app, models, options: dict, lines: list[str]):
                     await asyncio.wait_for(self.lifespan.shutdown(), 1.0)
             close_page_queue(app)  # its loops end now that no page waits on them
 
-    return Serving(uvicorn.Config(quiet, **options, timeout_graceful_shutdown=STOP_GRACE_S))
+    # uvicorn waits a float's seconds; its hint says int
+    return Serving(uvicorn.Config(quiet, **options, timeout_graceful_shutdown=STOP_GRACE_S))  # type: ignore[arg-type]
 
 
 async def _wind_down(server, models, app) -> None:
@@ -409,9 +411,9 @@ def _room_for_connections(max_connections: int, spare: int = 256) -> None:
 
 def lan_addresses() -> list[str]:
     """This machine's IPv4 addresses that other machines may reach (no packet is sent)."""
-    found = set()
+    found: set[str] = set()
     try:
-        found.update(info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET))
+        found.update(str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET))
     except OSError:
         pass
     try:

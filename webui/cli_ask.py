@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import httpx
 
@@ -39,7 +40,8 @@ def ask_server(url: str, key: str | None, model: str, messages: list[dict], samp
     body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
     body |= {k: v for k, v in sampling.items() if v is not None}
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    t0, first, finish, usage = time.perf_counter(), None, None, {}
+    t0, first, finish = time.perf_counter(), None, None
+    usage: dict[str, Any] = {}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=None) as r:
         if r.status_code != 200:
             r.read()

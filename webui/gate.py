@@ -285,7 +285,8 @@ class PageGate:
         await self.app(scope, receive, send)
 
     async def _api(self, rest: str, scope, receive, send):
-        kind = ROUTES.get(rest) or (HEARTBEAT if heartbeat_session(rest) else None)
+        session = heartbeat_session(rest)
+        kind = ROUTES.get(rest) or (HEARTBEAT if session else None)
         if kind is None:
             raise Refused(404, "Not Found")
         if kind == OPEN:
@@ -294,7 +295,7 @@ class PageGate:
         if caller is None:
             raise Refused(401, "Not authenticated")
         if kind == HEARTBEAT:
-            self.owners.claim(heartbeat_session(rest), caller)
+            self.owners.claim(session or "", caller)
         elif kind == DATA:
             self.owners.check(one_query_value(scope, "session_hash"), caller)
         elif scope["method"] == "POST":  # JOIN or CANCEL; Gradio answers other methods 405

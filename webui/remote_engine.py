@@ -189,7 +189,7 @@ class RemoteEngine:
         if data.get("type") == "ping":
             return False
         ev = event_of(data)
-        handle._push(ev)
+        handle.push(ev)
         self._outbox.flush()
         return not isinstance(ev, TextDelta)
 
@@ -198,7 +198,7 @@ class RemoteEngine:
             where = self._where(handle.id)
             log.warning("the engine at %s stopped answering: request %s failed", where, handle.id)
             self._stats = DOWN
-            handle._push(Failed(f"the engine at {where} stopped answering"))
+            handle.push(Failed(f"the engine at {where} stopped answering"))
             self._outbox.flush()
 
     async def _read(self, resp: httpx.Response, lines, handle: RequestHandle) -> None:

@@ -127,7 +127,9 @@ class RequestEnd(Generic[T]):
 
     def _record(self) -> None:
         try:
-            self._done.set_result(self._write(self._final, self._text))
+            final = self._final
+            assert final is not None  # `_go` records only an ended request
+            self._done.set_result(self._write(final, self._text))
         except Exception as e:  # a waiter, if any, gets it too; the log is for when none is left
             log.exception("could not record the end of a request")
             self._done.set_exception(e)

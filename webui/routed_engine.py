@@ -95,8 +95,8 @@ class RoutedEngine(RemoteEngine):
                     f"the workers behind the router at {url} serve {', '.join(models)}: one model a router"
                 )
         except StartError:
-            for e in workers.values():
-                e.stop()
+            for worker in workers.values():
+                worker.stop()
             raise
         engine = cls(url.rstrip("/"), key, workers)
         engine._poller.start()

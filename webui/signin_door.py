@@ -87,15 +87,15 @@ class SignInDoor:
 def cross_site(scope, bare_allowed: bool) -> str | None:
     """Why this request is to be taken for one another site made, or None when it is not
     (see the module's docstring for the rules)."""
-    site = header(scope, b"sec-fetch-site")
-    if site is not None:
-        site = site.decode("latin-1").strip().lower()
+    fetched = header(scope, b"sec-fetch-site")
+    if fetched is not None:
+        site = fetched.decode("latin-1").strip().lower()
         return None if site in ("same-origin", "none") else f"Sec-Fetch-Site: {site}"
     host = header(scope, b"host")
     for name in (b"origin", b"referer"):
-        value = header(scope, name)
-        if value is not None:
-            value = value.decode("latin-1")
+        raw = header(scope, name)
+        if raw is not None:
+            value = raw.decode("latin-1")
             if host is not None and same_origin(value, host.decode("latin-1")):
                 return None
             return f"{name.decode().title()}: {value}"

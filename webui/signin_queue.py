@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import ipaddress
 import math
@@ -199,7 +200,11 @@ class HashingLine:
                 continue
             self._busy += 1
             job = self._pool.submit(fn)
-            job.add_done_callback(lambda job, done=done: _call_soon(loop, self._finished, loop, job, done))
+            job.add_done_callback(functools.partial(self._when_done, loop, done))
+
+    def _when_done(self, loop, done, job) -> None:
+        """A job ended, in the pool's thread: its end is the event loop's to handle."""
+        _call_soon(loop, self._finished, loop, job, done)
 
     def _finished(self, loop, job, done) -> None:
         self._busy -= 1

@@ -220,7 +220,7 @@ def serve_worker(settings: Settings, start: Callable[[Settings], EngineClient], 
             await super().shutdown(sockets)
 
     app = build_worker(engine, key, 4 * settings.max_body_bytes)
-    server = Serving(uvicorn.Config(app, **options, timeout_graceful_shutdown=5.0))
+    server = Serving(uvicorn.Config(app, **options, timeout_graceful_shutdown=5))
     try:
         # uvicorn catches both while it serves, puts these back when done and raises what it
         # caught again: ignored, so that a stop ends here without a KeyboardInterrupt

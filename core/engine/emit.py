@@ -87,7 +87,7 @@ class Emit:
             a.unsent.append(entry)
         delta = a.stream.add(token)
         if delta:
-            self._output.add(a.handle._push, self._delta(a, delta))
+            self._output.add(a.handle.push, self._delta(a, delta))
 
     # ---- the output thread (core.engine.output) -----------------------------------------
 
@@ -100,10 +100,10 @@ class Emit:
         except Exception:
             log.exception("request %s: its text failed", a.handle.id)
             a.handle.cancel()  # the engine stops computing it; its end is not sent again (above)
-            a.handle._push(Failed(message=INTERNAL_ERROR))
+            a.handle.push(Failed(message=INTERNAL_ERROR))
             return
         if delta:
-            a.handle._push(TextDelta(delta))
+            a.handle.push(TextDelta(delta))
 
     def _end_out(self, a: Active, reason: str, usage) -> None:
         """The request's last text and its end; the engine has let go of it."""
@@ -112,7 +112,7 @@ class Emit:
         try:
             tail = a.stream.finish()
             if tail or a.unsent:
-                a.handle._push(self._delta(a, tail))
+                a.handle.push(self._delta(a, tail))
             final = Finished(
                 text=a.stream.text,
                 finish_reason=reason,
@@ -123,7 +123,7 @@ class Emit:
         except Exception:
             log.exception("request %s: its last text failed", a.handle.id)
             final = Failed(message=INTERNAL_ERROR, usage=usage)
-        a.handle._push(final)
+        a.handle.push(final)
 
     @staticmethod
     def _delta(a: Active, text: str) -> TextDelta:

@@ -294,7 +294,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 a = self._active[cmd.rid]
                 if a.uid is None and a.stream is None:  # not admitted yet: nothing computed, nothing to cache
                     self._release(a)
-                    self._output.add(a.handle._push, Finished("", "cancelled", a.usage()))
+                    self._output.add(a.handle.push, Finished("", "cancelled", a.usage()))
                 else:
                     self._finish(a, "cancelled")
             elif isinstance(cmd, Forget):
@@ -455,7 +455,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             self._gen.remove([a.uid])
             self._record(Fail(a.uid))
         self._release(a)
-        self._output.add(a.handle._push, Failed(message=message, usage=a.usage()))
+        self._output.add(a.handle.push, Failed(message=message, usage=a.usage()))
 
     def _release(self, a: Active) -> None:
         """Forget a request that has left the batch, and drop its prefix-cache lock (once)."""
@@ -478,6 +478,6 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         """Fail every admitted or deferred request (engine thread)."""
         for a in list(self._active.values()):
             self._release(a)
-            self._output.add(a.handle._push, Failed(message=message, usage=a.usage()))
+            self._output.add(a.handle.push, Failed(message=message, usage=a.usage()))
         self._by_uid.clear()
         self._fair.clear()

@@ -42,7 +42,7 @@ class _Quiet:
     def __init__(self, rid: str):
         self.id = rid
 
-    def _push(self, event) -> None:
+    def push(self, event) -> None:
         pass
 
 

@@ -1,6 +1,7 @@
 """The caller's side of one request: a stream of events, readable from threads or asyncio.
 
-The engine pushes events (from its output thread, core.engine.output); callers iterate (`for ev in handle` or
+The engine pushes events (`push`, the producer's side: from its output thread, core.engine.output;
+a remote engine's reader, webui/remote_engine.py, does the same for a worker's); callers iterate (`for ev in handle` or
 `async for ev in handle`) until the final `Finished` or `Failed`. Events for asyncio
 callers go through an `Outbox` that the engine flushes once per step: one wake-up of each
 event loop per step instead of one per token, which kept the HTTP thread from holding the
@@ -13,7 +14,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from radixchat.core.engine.requests import Event, Failed, Finished, TextDelta
 
@@ -24,11 +25,11 @@ class Outbox:
     The engine's output thread puts and flushes; after the engine stopped, a submitter that lost
     the race with the stop fails its own request through here too, hence the lock."""
 
-    def __init__(self):
-        self._pending: dict[asyncio.AbstractEventLoop, list] = {}
+    def __init__(self) -> None:
+        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Event], Event]]] = {}
         self._lock = threading.Lock()
 
-    def put(self, loop, q: asyncio.Queue, ev: Event) -> None:
+    def put(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue[Event], ev: Event) -> None:
         with self._lock:
             self._pending.setdefault(loop, []).append((q, ev))
 
@@ -42,7 +43,7 @@ class Outbox:
                 pass
 
 
-def _deliver(items) -> None:
+def _deliver(items: list[tuple[asyncio.Queue[Event], Event]]) -> None:
     for q, ev in items:
         q.put_nowait(ev)
 
@@ -89,25 +90,29 @@ class RequestHandle:
                 return
         fn(self.final)
 
-    # engine side
-    def _push(self, ev: Event) -> None:
-        callbacks = []
-        if isinstance(ev, (Finished, Failed)):
+    # the producer's side: the engine's (or a remote engine's reader's)
+    def push(self, ev: Event) -> None:
+        """Hand the caller one event; the final one (Finished or Failed) ends the request and
+        runs the done callbacks. From one thread at a time, in order."""
+        final = ev if isinstance(ev, (Finished, Failed)) else None
+        callbacks: list[Callable[[Finished | Failed], None]] = []
+        if final is not None:
             with self._done_lock:
-                self.final = ev
+                self.final = final
                 callbacks, self._done_callbacks = self._done_callbacks, []
-        if self._async is not None:
+        if self._async is not None and self._loop is not None:
             self._outbox.put(self._loop, self._async, ev)
         else:
             self._sync.put(ev)
-        for fn in callbacks:
-            try:
-                fn(ev)
-            except Exception:  # a caller's bookkeeping must not hurt the engine
-                logging.getLogger("radixchat.engine").exception("done callback failed")
+        if final is not None:
+            for fn in callbacks:
+                try:
+                    fn(final)
+                except Exception:  # a caller's bookkeeping must not hurt the engine
+                    logging.getLogger("radixchat.engine").exception("done callback failed")
 
     # caller side
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Event]:
         if self._async is not None:
             raise TypeError("this handle was created inside an event loop: use `async for`")
         while True:
@@ -116,7 +121,7 @@ class RequestHandle:
             if not isinstance(ev, TextDelta):
                 return
 
-    async def __aiter__(self):
+    async def __aiter__(self) -> AsyncIterator[Event]:
         if self._async is None:
             raise TypeError("this handle was created outside an event loop: use `for`")
         while True:
@@ -125,7 +130,7 @@ class RequestHandle:
             if not isinstance(ev, TextDelta):
                 return
 
-    async def batched(self):
+    async def batched(self) -> AsyncIterator[Event]:
         """Like `async for`, but text that arrived while the caller was busy (a slow client,
         a busy loop) comes as one delta: a client that falls behind gets fewer, larger events
         instead of one per token, and the server serializes and sends less."""
@@ -137,7 +142,8 @@ class RequestHandle:
             if not isinstance(ev, TextDelta):
                 yield ev
                 return
-            merged, end = [ev], None
+            merged: list[TextDelta] = [ev]
+            end: Event | None = None
             while end is None and not q.empty():
                 nxt = q.get_nowait()
                 if isinstance(nxt, TextDelta):

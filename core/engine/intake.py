@@ -378,5 +378,5 @@ class Intake:
             if isinstance(cmd, Submit):
                 self._give_slot(cmd.active.owner)
                 cmd.active.done = True
-                cmd.active.handle._push(Failed(message=message))
+                cmd.active.handle.push(Failed(message=message))
                 self._outbox.flush()

@@ -13,7 +13,7 @@ may sum in another order). Greedy decoding (temperature 0) ignores the seed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -38,7 +38,7 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     # tool calling (core/engine/tools.py): an assistant's calls, and which call a tool answers
-    tool_calls: list[dict] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
 
@@ -73,7 +73,7 @@ class Sampling(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     # the reply is JSON valid against this schema ({"type": "object"}: any JSON object),
     # enforced while sampling (core/engine/constrain.py)
-    json_schema: dict | None = None
+    json_schema: dict[str, Any] | None = None
     # or this llguidance Lark grammar (tool_choice "required" or a named function)
     lark: str | None = None
 
@@ -83,7 +83,7 @@ class Sampling(BaseModel):
         return self.json_schema is not None or self.lark is not None
 
     @model_validator(mode="after")
-    def _schema_ends(self):
+    def _schema_ends(self) -> Sampling:
         if self.constrained and self.ignore_eos:
             raise ValueError("ignore_eos cannot be used with a JSON schema: the reply ends where the JSON does")
         if self.json_schema is not None and self.lark is not None:
@@ -117,6 +117,10 @@ class Sampling(BaseModel):
 OWNER_PREFIX = "key:"
 
 
+@overload
+def owner_of(cache_key: str) -> str: ...
+@overload
+def owner_of(cache_key: None) -> None: ...
 def owner_of(cache_key: str | None) -> str | None:
     """The `owner` of a signed-in user's requests, one for the page and the API alike, so the
     same person has one namespace in the prefix cache and one share of the engine (None: the
@@ -135,7 +139,7 @@ class ChatRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     sampling: Sampling = Field(default_factory=Sampling)
     # functions the model may call, given to its chat template (OpenAI's `tools` shape)
-    tools: list[dict] | None = None
+    tools: list[dict[str, Any]] | None = None
     # the chat template's thinking switch (enable_thinking), for a model whose template has
     # one (ModelInfo.thinking_switch); None: mlx-lm's default (on where the tokenizer has
     # thinking tokens)

@@ -22,7 +22,7 @@ their turn in the fair queue or for their prefix to come back from disk).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from radixchat.core.engine.catalog import Card
@@ -48,7 +48,7 @@ class ModelInfo:
     weights_bytes: int = 0  # what its weights take in memory here
 
     @property
-    def sampling_defaults(self) -> dict:
+    def sampling_defaults(self) -> dict[str, float]:
         """What the model's card recommends (temperature, top_p) for requests that leave them out."""
         return dict(self.card.sampling) if self.card else {}
 
@@ -200,7 +200,7 @@ class EngineClient(Protocol):
         them. Returns at once; entries a running request holds go as well (it ends as usual)."""
         ...
 
-    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+    def forget_conversation(self, owner: str | None, messages: list[dict[str, Any]]) -> None:
         """Drop `owner`'s prefix-cache entries of a deleted conversation, in memory and on
         disk: `messages` is how its prompts begin (its system message, if any, and one
         version of its first user message). What other prompts share (a system message, a
@@ -270,6 +270,6 @@ class Engines(Protocol):
         """EngineClient's `forget` on every model, also those loaded later."""
         ...
 
-    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+    def forget_conversation(self, owner: str | None, messages: list[dict[str, Any]]) -> None:
         """EngineClient's `forget_conversation` on every loaded model."""
         ...

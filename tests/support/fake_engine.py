@@ -55,7 +55,7 @@ class FakeEngine:
             handle = self._open.pop(request_id, None)
             self._held = [(h, r) for h, r in self._held if h.id != request_id]
         if handle is not None:
-            handle._push(Finished("", "cancelled"))
+            handle.push(Finished("", "cancelled"))
             self._outbox.flush()
 
     def forget(self, owner: str) -> None:
@@ -106,9 +106,9 @@ class FakeEngine:
         cut = limit is not None and limit < len(words)
         words = words[:limit] if cut else words
         for i, w in enumerate(words):
-            handle._push(TextDelta(w if i == 0 else " " + w))
+            handle.push(TextDelta(w if i == 0 else " " + w))
         usage = Usage(prompt_tokens=handle.prompt_tokens, generated_tokens=len(words), ttft_ms=1.0, total_ms=2.0)
         with self._lock:
             self._open.pop(handle.id, None)
-        handle._push(Finished(" ".join(words), "length" if cut else "stop", usage))
+        handle.push(Finished(" ".join(words), "length" if cut else "stop", usage))
         self._outbox.flush()

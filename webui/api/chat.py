@@ -11,10 +11,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixchat.core.engine.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta, owner_of
+from radixchat.core.engine.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta
 from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api import replies as rp
-from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, watch_of
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, owner_of_user, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.schema import ChatCompletionRequest, CompletionRequest
@@ -38,7 +38,7 @@ async def chat_completions(
     except toolcalls.ToolsUnsupported as e:
         raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
     messages = [m.for_template() for m in body.messages]
-    owner = owner_of(user and user.cache_key)
+    owner = owner_of_user(user)
     thinking = body.thinking()
     if thinking is not None and not engine.info.thinking_switch:
         raise ApiError(
@@ -81,7 +81,7 @@ async def completions(
     metrics: MetricsDep,
 ):
     engine = await engine_for(engines, body.model)
-    owner = owner_of(user and user.cache_key)
+    owner = owner_of_user(user)
     ledger = Ledger(metrics, store, engine.info.model_id, user, "completions", watch=watch_of(request, user))
     handles = await generation.submit_choices(
         ledger,
@@ -92,7 +92,7 @@ async def completions(
         ),
     )
     frames = CompletionFrames(
-        engine.info.model_id, len(handles), _include_usage(body), body.prompt if body.echo else ""
+        engine.info.model_id, len(handles), _include_usage(body), str(body.prompt) if body.echo else ""
     )
     if body.stream:
         return generation.stream(handles, frames, ledger)
@@ -170,7 +170,8 @@ class ChatFrames(_Frames):
         return [self._chunk(i, content=text, logprobs=ev.logprobs)] if text else []
 
     def finished(self, i: int, ev: Finished) -> list[str]:
-        out, finish = [], ev.finish_reason
+        out: list[str] = []
+        finish: str = ev.finish_reason
         if self.streams:
             rest, calls = self.streams[i].finish()
             if rest:

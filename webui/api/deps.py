@@ -24,7 +24,7 @@ from fastapi import Depends, Request
 # imported for real, not under TYPE_CHECKING: FastAPI reads the annotations at start-up
 from radixchat.core.config import Settings
 from radixchat.core.engine.handle import RequestHandle
-from radixchat.core.engine.requests import RequestError
+from radixchat.core.engine.requests import RequestError, owner_of
 from radixchat.core.engine.seam import EngineClient, Engines
 from radixchat.core.store import Store
 from radixchat.core.store.auth import api_key_hash
@@ -65,6 +65,8 @@ def current_user(request: Request, settings: SettingsDep, store: StoreDep) -> Us
 def _key_user(request: Request, settings: Settings, store: Store | None) -> User | None:
     if settings.no_auth:
         return None
+    if store is None:  # a server with sign-in has a store (webui/cli.py)
+        raise ApiError(503, "the server has no store of users", "server_error", "no_store")
     scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
     key = bearer.strip() if scheme.lower() == "bearer" else ""
     key = key or request.headers.get("x-api-key", "").strip()
@@ -104,6 +106,11 @@ def end_user_header_named(headers) -> tuple[str | None, str]:
 
 
 UserDep = Annotated[User | None, Depends(current_user)]
+
+
+def owner_of_user(user: User | None) -> str | None:
+    """The engine's `owner` of a request of `user` (None under --no-auth: the one local user)."""
+    return owner_of(user.cache_key) if user is not None else None
 
 
 def watch_of(request: Request, user: User | None) -> Callable[[RequestHandle], None] | None:

@@ -108,7 +108,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         e = errs[0]
         loc = [str(p) for p in e.get("loc", ()) if p != "body"]
     else:
-        e, loc = _first_error(errs, body)
+        e, loc = _first_error(list(errs), body)
     param = ".".join(loc) or None
     if param is None and e.get("type") in ("model_attributes_type", "dict_type"):
         return "the request body must be a JSON object", None

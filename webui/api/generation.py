@@ -314,8 +314,8 @@ async def _events(handles: list[RequestHandle], framing: Framing, ledger: Ledger
                 yield message
             if isinstance(ev, Failed):
                 break
-        ok = len(finals) == len(handles) and not any(isinstance(ev, Failed) for ev in finals.values())
-        for message in await framing.closing([finals[i] for i in range(len(handles))] if ok else None):
+        whole = [ev for i in range(len(handles)) if isinstance(ev := finals.get(i), Finished)]
+        for message in await framing.closing(whole if len(whole) == len(handles) else None):
             yield message
     finally:
         OPEN_STREAMS.closed()

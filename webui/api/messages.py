@@ -17,10 +17,10 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixchat.core.engine.requests import ChatRequest, RequestError, Sampling, owner_of
+from radixchat.core.engine.requests import ChatRequest, RequestError, Sampling
 from radixchat.core.engine.seam import EngineClient, Engines
 from radixchat.webui.api import generation
-from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, watch_of
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, owner_of_user, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.messages_shapes import MessageEvents, MessagesRequest, message, new_id
@@ -30,7 +30,7 @@ router = APIRouter(prefix="/v1", tags=["messages"])
 
 
 class CountTokensRequest(MessagesRequest):
-    max_tokens: int | None = None  # not part of a count
+    max_tokens: int | None = None  # type: ignore[assignment]  # not part of a count: optional here
 
 
 async def _engine(engines: Engines, name: str) -> EngineClient:
@@ -68,7 +68,7 @@ async def create_message(
                 messages=messages,
                 tools=tools,
                 sampling=Sampling(**fields),
-                owner=owner_of(user and user.cache_key),
+                owner=owner_of_user(user),
                 owner_limit=user and user.request_limit,
                 continue_final=body.prefilled(),
             )
@@ -96,7 +96,7 @@ async def count_tokens(body: CountTokensRequest, user: UserDep, engines: Engines
             ChatRequest(
                 messages=messages,
                 tools=tools,
-                owner=owner_of(user and user.cache_key),
+                owner=owner_of_user(user),
                 continue_final=body.prefilled(),
             )
         )

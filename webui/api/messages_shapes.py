@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -189,13 +189,17 @@ class MessagesRequest(BaseModel):
 
     @model_validator(mode="after")
     def _format_or_forced_call(self):
-        if self.schema() is not None and self.tool_choice is not None and self.tool_choice.type in ("any", "tool"):
+        if (
+            self.reply_schema() is not None
+            and self.tool_choice is not None
+            and self.tool_choice.type in ("any", "tool")
+        ):
             raise ValueError(
                 "output_config.format: cannot be combined with a forced tool call (tool_choice any or tool)"
             )
         return self
 
-    def schema(self) -> dict | None:
+    def reply_schema(self) -> dict | None:
         """The JSON schema the reply's text must follow (None: free text)."""
         fmt = self.output_config.format if self.output_config else None
         return fmt.schema_ if fmt else None
@@ -212,7 +216,7 @@ class MessagesRequest(BaseModel):
             raise ValueError("messages: the last message must come from the user, or be the text an answer starts with")
         if "".join(b.text for b in blocks) != "".join(b.text for b in blocks).rstrip():
             raise ValueError("messages: final assistant content cannot end with trailing whitespace")
-        if self.schema() is not None:
+        if self.reply_schema() is not None:
             raise ValueError("output_config.format: cannot be combined with a prefilled answer")
         return self
 
@@ -226,7 +230,7 @@ class MessagesRequest(BaseModel):
     def chat_messages(self) -> list[dict]:
         """The conversation as chat messages: tool uses as an assistant's tool_calls, tool
         results as tool messages (before the user's text of the same turn)."""
-        out = []
+        out: list[dict[str, Any]] = []
         if self.system:
             text = self.system if isinstance(self.system, str) else "\n".join(b.text for b in self.system)
             out.append({"role": "system", "content": text})
@@ -258,7 +262,7 @@ class MessagesRequest(BaseModel):
                 "type": "function",
                 "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema},
             }
-            for t in self.tools
+            for t in self.tools or []
         ]
 
     def grammar(self, family: str | None) -> str | None:
@@ -276,7 +280,7 @@ class MessagesRequest(BaseModel):
             "top_k": self.top_k or 0,
             "max_tokens": self.max_tokens,
             "stop": self.stop_sequences or [],
-            "json_schema": self.schema(),
+            "json_schema": self.reply_schema(),
             **penalties(self, defaults),  # none in Anthropic's API: the card's, else off
         }
 

@@ -36,15 +36,16 @@ import asyncio
 import re
 import secrets
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixchat.core.engine.requests import ChatRequest, Sampling, owner_of
+from radixchat.core.engine.requests import ChatRequest, Sampling
 from radixchat.core.store import Store
 from radixchat.core.store.types import Message, StoreError, User
 from radixchat.webui.api import generation, toolcalls
-from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, watch_of
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, owner_of_user, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.responses_shapes import ResponseEvents, ResponsesRequest, ended, response_object
@@ -81,7 +82,8 @@ async def create_response(
             param="previous_response_id",
         )
     keep = body.store and store is not None and user is not None and not carries_calls
-    conv, history = None, []
+    conv: int | None = None
+    history: list[dict[str, Any]] = []
     if body.previous_response_id:
         if user is None or store is None:
             raise ApiError(
@@ -101,13 +103,14 @@ async def create_response(
                 messages=system + history + turn,
                 tools=tools,
                 sampling=Sampling(**fields),
-                owner=owner_of(user and user.cache_key),
+                owner=owner_of_user(user),
                 owner_limit=user and user.request_limit,
             )
         ),
     )
     rid, previous = new_response_id(), body.previous_response_id
     if keep:
+        assert store is not None and user is not None  # what `keep` needs
         try:
             conv = await asyncio.to_thread(start_turn, store, user, conv, turn, rid)
         except StoreError as e:
@@ -115,7 +118,7 @@ async def create_response(
             raise ApiError(400, f"input: {e}") from None
 
     async def keep_reply(text: str) -> None:
-        if keep:
+        if keep and store is not None and user is not None and conv is not None:
             await asyncio.to_thread(store.append_message, user, conv, "assistant", text)
 
     if body.stream:
@@ -147,7 +150,7 @@ def _turn(body: ResponsesRequest) -> list[dict]:
     """This turn's input as chat messages; a bad input or format is this route's 400."""
     try:
         turn = body.messages()
-        body.schema()
+        body.reply_schema()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
     if not turn or turn[-1]["role"] not in ("user", "tool"):
@@ -226,5 +229,7 @@ def start_turn(store: Store, user: User, conv: int | None, turn: list[dict], rid
     for m in turn:
         if m["role"] in ("user", "assistant"):
             last = store.append_message(user, conv, m["role"], m["content"])
+    if last is None:  # `_turn` ends every kept turn with the user's message
+        raise ApiError(400, "input: no message of the user's to keep", param="input")
     store.name_turn(user, conv, last.id, rid)
     return conv

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -90,12 +90,12 @@ class ResponsesRequest(BaseModel):
             return None, None
         if family is None:
             raise toolcalls.ToolsUnsupported("tools: this model's chat template has no tool-call format")
-        if self.schema() is not None:
+        if self.reply_schema() is not None:
             raise ValueError("text.format: cannot be combined with tools")
         # as chat completions hands its tools to the template: what was not given is left out
         tools = [
             {"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type", "strict"})}
-            for t in self.tools
+            for t in self.tools or []
         ]
         if self.tool_choice == "required":
             return tools, formats.grammar(family, tools)
@@ -114,14 +114,14 @@ class ResponsesRequest(BaseModel):
             **with_defaults(self.temperature, self.top_p, defaults),
             "max_tokens": self.max_output_tokens,
             "seed": self.seed,
-            "json_schema": self.schema(),
+            "json_schema": self.reply_schema(),
         }
 
     def messages(self) -> list[dict]:
         """This turn's input as chat messages."""
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
-        out = []
+        out: list[dict[str, Any]] = []
         for i, item in enumerate(self.input):
             kind = item.get("type", "message")
             if kind in ("function_call", "function_call_output"):
@@ -146,7 +146,7 @@ class ResponsesRequest(BaseModel):
             out.append({"role": role, "content": content})
         return out
 
-    def schema(self) -> dict | None:
+    def reply_schema(self) -> dict | None:
         fmt = (self.text or {}).get("format") or {"type": "text"}
         kind = fmt.get("type")
         if kind == "text":
@@ -345,7 +345,7 @@ class ResponseEvents:
         if self.opened or not calls:  # a reply of calls only has no message
             out += [] if self.opened else self._open()
             text = self.shown if self.stream else final.text
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             ids = {"item_id": self.msg, "output_index": 0, "content_index": 0}
             out += [
                 self._event("response.output_text.done", **ids, text=text, logprobs=[]),

@@ -10,7 +10,7 @@ Validation runs on the server's event loop (FastAPI reads the body there); no ML
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -92,7 +92,7 @@ class Message(BaseModel):
 
     def for_template(self) -> dict:
         """The message as chat templates take it (arguments as objects, as HF templates expect)."""
-        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
         if self.tool_calls:
             out["tool_calls"] = [
                 {
@@ -201,7 +201,7 @@ class ResponseFormat(BaseModel):
             raise ValueError("json_schema: give it exactly with type json_schema")
         return self
 
-    def schema(self) -> dict | None:
+    def reply_schema(self) -> dict | None:
         """The JSON schema the reply must follow (None: free text)."""
         if self.type == "json_object":
             return {"type": "object"}
@@ -252,7 +252,7 @@ class ChatCompletionRequest(_Sampling):
         return bool(self.tools) and self.tool_choice != "none"
 
     def sampling(self, defaults: dict | None = None) -> dict:
-        schema = self.response_format.schema() if self.response_format else None
+        schema = self.response_format.reply_schema() if self.response_format else None
         return {**super().sampling(defaults), "json_schema": schema}
 
     def _top(self) -> int | None:

@@ -1,0 +1,55 @@
+"""Types as a test: mypy checks webui/ against the seam's types, and the seam itself strictly
+(pyproject.toml's [tool.mypy]). The repository's folders are `radixchat.<folder>` only once
+installed (setuptools' editable finder, which mypy cannot follow), so the check runs in a
+folder where `radixchat` is a package of links to them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SEAM = ["radixchat.core.engine.seam", "radixchat.core.engine.requests", "radixchat.core.engine.handle"]
+
+
+@pytest.fixture(scope="module")
+def linked(tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("types")
+    (where / "radixchat").mkdir()
+    for part in ("core", "webui", "assets"):
+        (where / "radixchat" / part).symlink_to(REPO / part)
+    return where
+
+
+def mypy(where: Path, *targets: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"), *targets],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_webui_and_the_seam_type_check(linked):
+    targets = [x for m in ["radixchat.webui", *SEAM] for x in ("-p", m)]
+    out = mypy(linked, *targets)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_check_sees_the_seams_types(linked):
+    """Not Any: a caller that hands a handle a string, or an engine request a list, is refused."""
+    (linked / "misuse.py").write_text(
+        "from radixchat.core.engine.handle import RequestHandle\n"
+        "from radixchat.core.engine.requests import owner_of\n"
+        "def feed(h: RequestHandle) -> None:\n"
+        "    h.push('some text')\n"
+        "owner: str = owner_of(None)\n"
+    )
+    out = mypy(linked, "misuse.py")
+    assert out.returncode == 1, out.stdout
+    assert 'Argument 1 to "push" of "RequestHandle" has incompatible type "str"' in out.stdout, out.stdout
+    assert "misuse.py:5: error" in out.stdout, out.stdout
