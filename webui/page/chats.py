@@ -1,8 +1,8 @@
 """The chats of the page, without the replies: who is asking, the sidebar's list, opening,
 naming, deleting and sharing a chat, its branch in view, and its export.
 
-A mixin of `ChatPage` (webui/page/logic.py), over its store, its running replies and the
-lock a new chat is claimed under; writing a reply is webui/page/replies.py. The sidebar lists
+A part of `ChatPage` (webui/page/logic.py), over the replies (webui/page/replies.py, which
+writes them) and the state every part shares (webui/page/state.py). The sidebar lists
 all of the user's conversations, newest first (the store's "archived" means nothing here: an
 archived one is listed like any other), or, with a search, those whose title or messages hold
 its words (the store's full-text index). "New chat" makes nothing: the first message of a new
@@ -25,10 +25,10 @@ import logging
 import re
 import secrets
 
-from radixchat.core.engine.requests import RequestError, owner_of
-from radixchat.core.store import AlreadyExists, Branch, Conversation, NotFound, RequestFigures, StoreError, User
+from radixchat.core.engine.requests import RequestError
+from radixchat.core.store import AlreadyExists, Conversation, NotFound, StoreError, User
 from radixchat.webui.page.errors import PageError, check_text, guard, refusal
-from radixchat.webui.page.replies import TITLE_CHARS
+from radixchat.webui.page.replies import TITLE_CHARS, Replies
 from radixchat.webui.page.rows import chat_rows, visible_turns
 
 log = logging.getLogger("radixchat.page")
@@ -38,7 +38,7 @@ SEARCH_HITS = 50  # the most conversations a search lists
 LISTED = 200  # the most conversations the sidebar lists
 
 
-class Chats:
+class Chats(Replies):
     """ChatPage's chats: every method takes the signed-in user, whose chats alone it reaches."""
 
     # ---- who ----
@@ -59,11 +59,6 @@ class Chats:
     def browser_key(self, user: User) -> str:
         """What the user's page keeps in a browser is kept under (the store's, never reused)."""
         return guard(self.store.browser_key, user.name) or ""
-
-    def owner(self, user: User) -> str | None:
-        """Whose requests these are, for the engine's cache scope and fair share (None: the
-        one trusted user of --no-auth)."""
-        return owner_of(user.cache_key if self.signed_in else None)
 
     # ---- the sidebar ----
 
@@ -200,13 +195,13 @@ class Chats:
             return []
         branch, figures = guard(self._turns, user, conv_id)
         run = self.running.get(conv_id)
-        live = run is not None and run.live and run.user_id == user.id
-        return chat_rows(branch, figures, run.text if live else None)
+        live = run.text if run is not None and run.live and run.user_id == user.id else None
+        return chat_rows(branch, figures, live)
 
     def show_version(self, user: User, conv_id: int | None, message_id: int) -> list[dict]:
         """Bring a version of a message into view (‹ i/n ›) with the branch last written through
         it: what the chat area shows, and the model sees next, from now on."""
-        self._idle(user, conv_id)
+        conv_id = self._idle(user, conv_id)
         try:
             branch = self.store.show_version(user, conv_id, message_id)
         except NotFound:  # someone else's message, or chat, reads the same as a stale id
@@ -224,13 +219,10 @@ class Chats:
             raise PageError("That message is not in this chat any more. Reload the page.")
         return mine.content
 
-    def _idle(self, user: User, conv_id: int | None) -> None:
-        """Refuse to change a chat's branch while a reply is being written in it."""
+    def _idle(self, user: User, conv_id: int | None) -> int:
+        """Refuse to change a chat's branch while a reply is being written in it; the chat."""
         if conv_id is None:
             raise PageError("There is nothing to change in a new chat.")
         if self.writing(user, conv_id):
             raise PageError("A reply is still being written in this chat: wait for it or press Stop.")
-
-    def _turns(self, user: User, conv_id: int) -> tuple[Branch, dict[int, RequestFigures]]:
-        branch = self.store.branch(user, conv_id)
-        return branch, self.store.request_metrics(m.request for m in visible_turns(branch.messages))
+        return conv_id

@@ -2,7 +2,8 @@
 
 `ChatPage` holds the store, the served models' engines and the metrics, and every method
 takes the signed-in user, so the page (webui/page/layout.py) is only layout and wiring, and
-these can be tested without a browser. It is made of three parts: the chats
+these can be tested without a browser. It is made of three parts, a chain over the state they
+share (webui/page/state.py): the chats
 (webui/page/chats.py: who is asking, the sidebar's list, opening, renaming, deleting, sharing
 and exporting a chat, the branch in view and its other versions), the replies
 (webui/page/replies.py: a message sent, its reply streamed, stop, and its end stored once),
@@ -27,8 +28,7 @@ from radixchat.core.store import Store
 from radixchat.webui.page.chats import LOCAL_USER, Chats
 from radixchat.webui.page.errors import PageError
 from radixchat.webui.page.live import LiveReply
-from radixchat.webui.page.model_pick import ModelPick
-from radixchat.webui.page.replies import Replies, title_from
+from radixchat.webui.page.replies import title_from
 from radixchat.webui.page.rows import chat_rows, row, visible_turns
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["LOCAL_USER", "ChatPage", "PageError", "chat_rows", "row", "title_from", "visible_turns"]
 
 
-class ChatPage(Chats, Replies, ModelPick):
+class ChatPage(Chats):
     """The page's logic for every user at once, over the served models, one store and metrics."""
 
     def __init__(

@@ -101,7 +101,8 @@ def _opener(line: str) -> tuple[str, str, str] | None:
     indent, fence, info = m.groups()
     if fence[0] == "`" and "`" in info:  # not a fence in CommonMark: inline code
         return None
-    language = LANGUAGE.match(info.strip()).group()
+    named = LANGUAGE.match(info.strip())
+    language = named.group() if named else ""
     return indent, fence, "" if language in UNSAFE_LANGUAGES else language
 
 

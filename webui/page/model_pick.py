@@ -1,6 +1,7 @@
 """Which model each chat chats with, when the server serves several (`--model`, repeatable).
 
-A mixin of `ChatPage` (webui/page/logic.py), over its engines (the seam's `Engines`,
+A part of `ChatPage` (webui/page/logic.py), over the state every part shares
+(webui/page/state.py): its engines (the seam's `Engines`,
 core.engine.seam) and its store. A conversation names its model in the store (None: the
 server's first); one the server no longer serves (restarted without it) chats with the first
 model meanwhile, and keeps its name, so it goes back to it once that model is served again.
@@ -24,12 +25,13 @@ from typing import TYPE_CHECKING
 from radixchat.core.engine.requests import RequestError
 from radixchat.core.store import Conversation, User
 from radixchat.webui.page.errors import PageError, guard, refusal
+from radixchat.webui.page.state import PageState
 
 if TYPE_CHECKING:
     from radixchat.core.engine.seam import EngineClient, ModelInfo
 
 
-class ModelPick:
+class ModelPick(PageState):
     """ChatPage's models: which one each chat chats with, and its engine for a reply."""
 
     def model_ids(self) -> list[str]:

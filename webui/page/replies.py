@@ -1,8 +1,8 @@
 """The page's replies: a message sent (or answered again, or edited), the reply streamed, and
 its end stored once.
 
-A mixin of `ChatPage` (webui/page/logic.py), over its engines, store, metrics and writer
-threads; the chats it writes in are webui/page/chats.py's. A reply streams from the engine of
+A part of `ChatPage` (webui/page/logic.py), over the models (webui/page/model_pick.py) and
+the state every part shares (webui/page/state.py: engines, store, metrics, writer threads); the chats it writes in are webui/page/chats.py's. A reply streams from the engine of
 its chat's model (webui/page/model_pick.py: the chat's own while served, else the first; a new
 chat's is the one picked for it), sampled with the top-p that model's card recommends;
 it is stored with its request metrics when it ends, finished, stopped or failed, exactly
@@ -53,13 +53,13 @@ from radixchat.core.store import (
 )
 from radixchat.webui.page.errors import PageError, check_text, guard, refusal
 from radixchat.webui.page.live import LiveReply, start
-from radixchat.webui.page.rows import chat_rows, row, visible_turns
+from radixchat.webui.page.model_pick import ModelPick
+from radixchat.webui.page.rows import chat_rows, figures_of, row, visible_turns
 from radixchat.webui.request_end import RequestEnd
 
 if TYPE_CHECKING:
     from radixchat.core.engine.handle import RequestHandle
     from radixchat.core.engine.seam import EngineClient
-    from radixchat.webui.live_requests import LiveRequests
 
 log = logging.getLogger("radixchat.page")
 
@@ -145,7 +145,7 @@ def going_on(conv: Conversation, branch: Branch) -> tuple[list[Message], list[di
 def waiting(turns: list[Message], figures: dict[int, RequestFigures], asked: str | None, why: str) -> list[dict]:
     """What the chat area shows before a reply can begin: the turns the model will see, the
     message being sent (`asked`), and in the reply's place why it has not begun."""
-    rows = [row(m.role, m.content, figures.get(m.request)) for m in turns]
+    rows = [row(m.role, m.content, figures_of(m, figures)) for m in turns]
     if asked is not None:
         rows.append(row("user", asked))
     return [*rows, row("assistant", f"*{why}*", streaming=True)]
@@ -159,10 +159,8 @@ async def stored(question: Future[Message]) -> Message:
         raise PageError(refusal(e)) from None
 
 
-class Replies:
+class Replies(ModelPick):
     """ChatPage's replies: one at a time per chat (`running`), each stored once."""
-
-    live_requests: LiveRequests | None = None  # ChatPage's: stops a cut-off user's replies
 
     def writing(self, user: User, conv_id: int | None) -> bool:
         """Whether a reply of this user's is being written in this chat (its button reads Stop)."""
@@ -221,8 +219,9 @@ class Replies:
         """A reply's whole life, as a task no tab owns (live.py's `start`): the chat taken, the
         request, the user's message stored, the stream, the end stored; what the chat area
         shows on the way, and the end, go to `run`'s watchers. A refusal ends `run` with it."""
-        end: RequestEnd[tuple[Message, RequestFigures]] | None = None
+        end: RequestEnd[tuple[Message, RequestFigures] | None] | None = None
         question: Future[Message] | None = None  # the user's message, being stored
+        answered: int | None  # the message a reply to a stored one answers
         try:
             conv_id = await self._take(user, conv_id, ask, run)
             conv, branch, figures = await asyncio.to_thread(guard, self._tab, user, conv_id)
@@ -237,9 +236,17 @@ class Replies:
             handle = run.handle = await self._submit(
                 user, engine, messages, ask.temperature, ask.max_tokens, go_on=ask.go_on
             )
-            # the reply answers the message the model saw last; a question's id is known once
-            # it is stored, which is before the reply is (RequestEnd keeps a reply only then)
-            answers = (lambda: answered) if ask.again else (lambda: question.result().id)
+
+            def answers() -> int:
+                """The message the reply answers: the one the model saw last. A question's id
+                is known once it is stored, which is before the reply is (RequestEnd keeps a
+                reply only then)."""
+                if ask.again:
+                    assert answered is not None
+                    return answered
+                assert question is not None
+                return question.result().id
+
             served_by = engine.info.model_id
             end = RequestEnd(
                 handle,
@@ -252,15 +259,18 @@ class Replies:
             if run.stopping:
                 handle.cancel()
             if not ask.again:
-                question = self._ask(user, conv, branch, turns, ask.text, ask.edit)
+                question = self._ask(user, conv, branch, turns, ask.text or "", ask.edit)
                 branch = branch.grow(await stored(question))
             run.live = True
             shown = chat_rows(branch, figures, streaming=run.text)
             run.show(shown)
             final = await self._stream(run, handle, shown)
             branch = await self._ended(end, question, run, conv_id, branch, figures)
-            failed = isinstance(final, Failed)
-            why = PageError(f"The reply failed: {final.message}. What it wrote so far is kept.") if failed else None
+            why = (
+                PageError(f"The reply failed: {final.message}. What it wrote so far is kept.")
+                if isinstance(final, Failed)
+                else None
+            )
             run.end(chat_rows(branch, figures), why)
         except PageError as e:
             run.end(error=e)
@@ -272,9 +282,9 @@ class Replies:
             run.end(error=e)
         finally:
             run.end()  # never leaves a watcher waiting
-            if self.running.get(conv_id) is run:
+            if conv_id is not None and self.running.get(conv_id) is run:
                 del self.running[conv_id]
-            if end is not None and not end.released:  # failed (or cancelled) mid-reply
+            if end is not None and not end.released and run.handle is not None:  # failed mid-reply
                 run.handle.cancel()
                 self._let_go(end, question, run.text)
 

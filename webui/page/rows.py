@@ -32,6 +32,11 @@ def stats_line(f: RequestFigures) -> str:
     return " · ".join(parts)
 
 
+def figures_of(message: Message, figures: dict[int, RequestFigures]) -> RequestFigures | None:
+    """The figures of the request that wrote an answer (None for a user's message)."""
+    return figures.get(message.request) if message.request is not None else None
+
+
 def visible_turns(history: list[Message] | tuple[Message, ...]) -> list[Message]:
     """The branch in view as shown and as the model sees it: its user and assistant messages
     (the store's history is one branch: other versions of a message are not in it)."""
@@ -76,7 +81,7 @@ def chat_rows(
         row(
             m.role,
             m.content,
-            figures.get(m.request),
+            figures_of(m, figures),
             controls=versions.controls(m.id, m.role, branch.versions.get(m.id, (m.id,)), editable=True) if idle else "",
         )
         for m in turns

@@ -16,7 +16,7 @@ once, when the page is built; no MLX.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from radixchat.webui.page.server_tab import ServerTab
     from radixchat.webui.page.sidebar import Sidebar
 
-PRIVATE = {"api_visibility": "private"}
+PRIVATE: dict[str, Any] = {"api_visibility": "private"}
 
 
 def following(p: Parts, h: Handlers) -> dict:
@@ -189,7 +189,7 @@ def wire_model(p: Parts, h: Handlers) -> None:
 
 def wire_sends(p: Parts, h: Handlers, config: Settings) -> None:
     area, panel = p.area, p.settings
-    generating = {
+    generating: dict[str, Any] = {
         "concurrency_id": "generate",
         "show_progress": "hidden",
         "trigger_mode": "multiple",
@@ -199,7 +199,7 @@ def wire_sends(p: Parts, h: Handlers, config: Settings) -> None:
     replying = p.named(REPLYING)
     asked = [p.current, panel.system, p.epoch, p.side.search, panel.temperature, panel.max_tokens, panel.model, p.view]
     # after a send, the line under the picker again: the model may have loaded for its reply
-    noted = {
+    noted: dict[str, Any] = {
         "fn": h.model_shown,
         "inputs": [panel.model],
         "outputs": [panel.model_note],
