@@ -34,7 +34,10 @@ def wheel(tmp_path_factory) -> Path:
         check=True,
     ).stdout
     for rel in filter(None, tracked.decode().split("\0")):
-        if rel.split("/")[0] in ("pyproject.toml", "README.md", "core", "webui", "assets") and (REPO / rel).is_file():
+        if (
+            rel.split("/")[0] in ("pyproject.toml", "README.md", "LICENSE", "core", "webui", "assets")
+            and (REPO / rel).is_file()
+        ):
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, src / rel)
     subprocess.run(
@@ -67,6 +70,7 @@ def test_wheel_holds_the_code_and_the_bundled_model_but_no_tests(wheel):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"radixchat"}, tops
     assert "radixchat/__init__.py" not in names  # a namespace package: the folders map onto it
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
     # every package folder of the checkout is in the wheel (pyproject.toml lists them by hand)
     for top in ("core", "webui", "assets"):
         for init in (REPO / top).rglob("__init__.py"):
