@@ -414,3 +414,44 @@ def test_a_model_info_with_a_tool_format_turns_calls_into_tool_calls(store, alic
     deltas = [e["choices"][0] for e in streamed[:-1]]
     assert [d["finish_reason"] for d in deltas if d["finish_reason"]] == ["tool_calls"]
     assert not any(d["delta"]["content"] for d in deltas)  # the call's text is never shown
+
+
+class Hangs:
+    """A request whose client hangs up after `after` seconds (or never: None)."""
+
+    def __init__(self, after: float | None):
+        self.after = after
+
+    async def receive(self):
+        if self.after is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.after)
+        return {"type": "http.disconnect"}
+
+
+def test_work_for_a_client_that_hung_up_is_cancelled():
+    """What a route awaits for a whole answer (a token count's templating) stops when its client
+    goes: it ran on for 12 s after 244 abandoned counts."""
+    stopped = []
+
+    async def slow():
+        try:
+            await asyncio.sleep(10)
+            return 1
+        except asyncio.CancelledError:
+            stopped.append(True)
+            raise
+
+    async def quick():
+        return 7
+
+    async def run():
+        t0 = asyncio.get_running_loop().time()
+        gone = await generation.unless_gone(Hangs(0.05), slow())
+        took = asyncio.get_running_loop().time() - t0
+        await asyncio.sleep(0)  # the cancelled work's handler runs
+        return gone, took, await generation.unless_gone(Hangs(None), quick())
+
+    (result, gone), took, kept = asyncio.run(run())
+    assert result is None and gone and took < 1.0 and stopped == [True]
+    assert kept == (7, False)

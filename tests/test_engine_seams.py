@@ -223,3 +223,30 @@ def test_a_request_queued_behind_a_hung_step_gets_the_fatal_reason(tiny_model_di
     finally:
         release.set()
         eng.stop()
+
+
+def test_a_count_is_charged_to_its_owner_like_a_request(tiny_model_dir):
+    """A token count templates in its owner's turn and counts against their limit while it
+    runs: an owner at the limit is refused a count too (a flood of counts ran uncounted)."""
+    eng = Engine(
+        Settings(model=str(tiny_model_dir), max_batch=4, max_tokens=2000, max_user_requests=1, max_queue=8)
+    ).start(timeout=120)
+    try:
+        owner = "o" * 16
+        asked = ChatRequest(messages=[SYSTEM, {"role": "user", "content": "hi"}], owner=owner)
+        running = eng.submit(
+            ChatRequest(
+                messages=[SYSTEM, {"role": "user", "content": "tell"}], owner=owner, sampling={"max_tokens": 2000}
+            )
+        )
+        with pytest.raises(RequestError) as refused:
+            asyncio.run(eng.count_tokens(asked))
+        assert refused.value.status == 429, refused.value
+        other = ChatRequest(messages=asked.messages, owner="p" * 16)
+        assert asyncio.run(eng.count_tokens(other)) > 0  # another owner is not held up
+        running.cancel()
+        running.result()
+        assert asyncio.run(eng.count_tokens(asked)) == asyncio.run(eng.count_tokens(other))
+        assert eng.stats().inflight == 0  # every count gave its slot back
+    finally:
+        eng.stop()

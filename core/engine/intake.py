@@ -140,9 +140,16 @@ class Intake:
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """The prompt tokens `request` would take, its chat template (and tools) applied:
-        templated in the preparation pool in its owner's turn, queued nowhere."""
+        templated in the preparation pool in its owner's turn, queued nowhere. It counts
+        against the queue and its owner's limit while it runs, as a request does: a flood of
+        counts is refused at the limit like any other."""
         self._check_bounds(request)
-        [templated] = await prepare.await_all([self._pool().submit(request.owner, self.template, request, serial=True)])
+        self._take_slot(request.owner, request.owner_limit)
+        try:
+            job = self._pool().submit(request.owner, self.template, request, serial=True)
+            [templated] = await prepare.await_all([job])
+        finally:
+            self._give_slot(request.owner)
         return len(templated.tokens)
 
     def _pool(self) -> prepare.FairPool:

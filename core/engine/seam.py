@@ -210,7 +210,8 @@ class EngineClient(Protocol):
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """The prompt tokens `request` would take once templated (its tools too); nothing is
-        queued. RequestError as `submit` refuses what it cannot template."""
+        queued, but it counts against its owner's limit while it runs. RequestError as
+        `submit` refuses what it cannot template, or an owner at their limit."""
         ...
 
     def tokenize(self, text: str) -> list[int]:

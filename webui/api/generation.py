@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -47,6 +47,7 @@ from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.request_end import RequestEnd
 
+T = TypeVar("T")
 log = logging.getLogger("radixchat.api")
 CLIENT_GONE = 499  # nginx's "client closed request"; never sent, the connection is gone
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -216,10 +217,10 @@ def _why_cut(handle: RequestHandle) -> ApiError:
 STOPPING = "the server stopped before this reply was finished (it is shutting down): send it again"
 
 
-async def _cancel_when_gone(request: Request, handles: list[RequestHandle]) -> bool:
-    """Cancel `handles` once the client disconnects, and say so (True). Run it as a task
-    beside a reader that sends nothing until the end (a whole reply), and cancel it when
-    the reader is done.
+async def _disconnected(request: Request) -> bool:
+    """True once the client disconnects; False at once where the server cannot say (the work
+    then runs to its end). Run it as a task beside work that sends nothing until the end, and
+    cancel it when the work is done.
 
     The body is read by then, so the next ASGI message is `http.disconnect`, and waiting on
     `receive` wakes the moment the server sees the close (polling `is_disconnected()` would
@@ -230,12 +231,35 @@ async def _cancel_when_gone(request: Request, handles: list[RequestHandle]) -> b
             # anything else breaks the ASGI contract (the body is done); a server that
             # answers at once would make this spin, so it becomes a slow poll instead
             await asyncio.sleep(0.5)
-    except Exception:  # a server that can't say: the request just runs to its end
+    except Exception:
         log.debug("cannot watch the connection for a disconnect", exc_info=True)
+        return False
+    return True
+
+
+async def _cancel_when_gone(request: Request, handles: list[RequestHandle]) -> bool:
+    """Cancel `handles` once the client disconnects, and say so (True)."""
+    if not await _disconnected(request):
         return False
     for handle in handles:
         handle.cancel()
     return True
+
+
+async def unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> tuple[T | None, bool]:
+    """(`work`'s result, False), or (None, True) when the client disconnected first: the work
+    is cancelled then, so what it waits for stops costing anyone (a count's templating still
+    in the preparation pool leaves the queue)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done and watcher.result():
+            return None, True
+        return await task, False
+    finally:
+        watcher.cancel()
+        task.cancel()  # no-op once it is done
 
 
 class _OpenStreams:

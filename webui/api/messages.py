@@ -88,18 +88,22 @@ async def create_message(
 
 
 @router.post("/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, user: UserDep, engines: EnginesDep):
+async def count_tokens(request: Request, body: CountTokensRequest, user: UserDep, engines: EnginesDep):
+    """A count is a request of its user's like any other: within their request limit, and
+    stopped when its client hangs up (its templating waits in the preparation pool)."""
     engine = await _engine(engines, body.model)
     messages, tools, _, _ = _prepared(body, engine)
+    asked = ChatRequest(
+        messages=messages,
+        tools=tools,
+        owner=owner_of_user(user),
+        owner_limit=user and user.request_limit,
+        continue_final=body.prefilled(),
+    )
     try:
-        n = await engine.count_tokens(
-            ChatRequest(
-                messages=messages,
-                tools=tools,
-                owner=owner_of_user(user),
-                continue_final=body.prefilled(),
-            )
-        )
+        n, gone = await generation.unless_gone(request, engine.count_tokens(asked))
     except RequestError as e:
         raise ApiError(e.status, e.message, code=e.code) from None
+    if gone:
+        return Response(status_code=CLIENT_GONE)
     return {"input_tokens": n}
