@@ -104,6 +104,10 @@ class Message(BaseModel):
             raise ValueError("content: at least one block")
         return self
 
+    def blocks(self) -> list[Block]:
+        """Its content as blocks: a string is one text block."""
+        return [TextBlock(type="text", text=self.content)] if isinstance(self.content, str) else self.content
+
 
 class Tool(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -211,10 +215,11 @@ class MessagesRequest(BaseModel):
         last = self.messages[-1]
         if last.role == "user":
             return self
-        blocks = [TextBlock(type="text", text=last.content)] if isinstance(last.content, str) else last.content
+        blocks = last.blocks()
         if not all(isinstance(b, TextBlock) for b in blocks) or len(self.messages) < 2:
             raise ValueError("messages: the last message must come from the user, or be the text an answer starts with")
-        if "".join(b.text for b in blocks) != "".join(b.text for b in blocks).rstrip():
+        text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+        if text != text.rstrip():
             raise ValueError("messages: final assistant content cannot end with trailing whitespace")
         if self.reply_schema() is not None:
             raise ValueError("output_config.format: cannot be combined with a prefilled answer")
@@ -235,7 +240,7 @@ class MessagesRequest(BaseModel):
             text = self.system if isinstance(self.system, str) else "\n".join(b.text for b in self.system)
             out.append({"role": "system", "content": text})
         for m in self.messages:
-            blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+            blocks = m.blocks()
             text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
             if m.role == "assistant":
                 calls = [

@@ -353,7 +353,7 @@ class ResponseEvents:
                 self._event(
                     "response.output_item.done",
                     output_index=0,
-                    item=message_item(self.msg, text, "incomplete" if why else "completed"),
+                    item=message_item(self.msg, text, status),
                 ),
             ]
         at = int(self.opened)

@@ -195,8 +195,8 @@ class Chats(Replies):
             return []
         branch, figures = guard(self._turns, user, conv_id)
         run = self.running.get(conv_id)
-        live = run.text if run is not None and run.live and run.user_id == user.id else None
-        return chat_rows(branch, figures, live)
+        streaming = run.text if run is not None and run.live and run.user_id == user.id else None
+        return chat_rows(branch, figures, streaming)
 
     def show_version(self, user: User, conv_id: int | None, message_id: int) -> list[dict]:
         """Bring a version of a message into view (‹ i/n ›) with the branch last written through

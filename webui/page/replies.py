@@ -148,6 +148,8 @@ def waiting(turns: list[Message], figures: dict[int, RequestFigures], asked: str
     rows = [row(m.role, m.content, figures_of(m, figures)) for m in turns]
     if asked is not None:
         rows.append(row("user", asked))
+    # not chat_rows: with text streaming, it drops the answers at the end (they are being
+    # written again), and a new message's turns end with the answer before it
     return [*rows, row("assistant", f"*{why}*", streaming=True)]
 
 
