@@ -62,6 +62,50 @@ def test_lockout_doubles_refuses_before_hashing_and_clears_on_success():
     asyncio.run(main())
 
 
+def test_failing_a_name_now_and_then_does_not_keep_it_locked():
+    """Wrong passwords one every 300 s after a burst kept alice's name locked (429, 300 s) for
+    every browser she had not used: the count never fell. Now each lockout is half the last."""
+    clock = Clock()
+    guard, _calls = make_guard(clock)  # the server's settings: 5 free, up to 300 s, one forgiven each 2 minutes
+
+    async def fail_from_a_new_address(i):
+        while True:  # a guesser waits out each lockout
+            try:
+                return await guard.sign_in("alice", "wrong", addr=f"10.9.0.{i}")
+            except TooManyFailures as e:
+                clock.now += e.retry_after_s + 0.01
+
+    async def main():
+        for i in range(12):
+            await fail_from_a_new_address(i)
+        for i in range(12, 20):
+            clock.now += 300
+            await fail_from_a_new_address(i)
+        clock.now += 2  # alice, from a browser she has not used, seconds after the last failure
+        assert await guard.sign_in("alice", "right", addr="10.1.1.1") is True
+
+    asyncio.run(main())
+
+
+def test_guessing_at_full_speed_is_held_near_one_try_in_two_minutes():
+    clock = Clock()
+    guard, calls = make_guard(clock)
+    start = clock.now
+
+    async def main():
+        for i in range(30):
+            while True:
+                try:
+                    await guard.sign_in("alice", "wrong", addr=f"10.8.{i}.1")
+                    break
+                except TooManyFailures as e:
+                    clock.now += e.retry_after_s + 0.01
+
+    asyncio.run(main())
+    assert clock.now - start > 25 * 80  # 30 guesses: the free 5, then about one each 2 minutes
+    assert len(calls) == 30  # and nothing hashed while locked
+
+
 def test_a_guessing_address_is_locked_out_for_every_name_and_a_guessed_name_from_every_address():
     clock = Clock()
     guard, _calls = make_guard(clock, free_failures=2)

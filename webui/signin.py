@@ -4,7 +4,10 @@
 user name and per client address; after `free_failures` of either, each further failure
 doubles a lockout (1 s, 2 s, 4 s ... up to `max_lockout_s`) during which sign-ins for that
 name or from that address are refused with 429 before any password is hashed, the right
-password included, so guessing stays slow whoever guesses.
+password included, so guessing stays slow whoever guesses. A count forgets one failure every
+`forgive_s` without one, so failing a name now and then (one every five minutes) keeps its count
+low and locks it for a second at most, where a count that never fell kept it locked for good;
+guessing at full speed is held near one try per `forgive_s` (two minutes).
 
 Those lockouts alone would let anyone keep a user out by failing their password now and then
 from addresses of their own. So a browser that signed in as a user before (it holds a valid
@@ -77,6 +80,7 @@ def begin(attempt: Attempt) -> None:
 class _Failures:
     count: int = 0
     locked_until: float = 0.0
+    since: float = 0.0  # when the count last lost a failure to time (or began)
 
 
 class SignInGuard:
@@ -86,6 +90,7 @@ class SignInGuard:
         *,
         free_failures: int = 5,
         max_lockout_s: float = 300.0,
+        forgive_s: float = 120.0,
         hash_workers: int = 1,
         devices: DeviceCookies | None = None,
         queue_per_address: int = 64,
@@ -96,6 +101,7 @@ class SignInGuard:
         self.devices = devices  # None: no browser is ever trusted
         self.free_failures = free_failures
         self.max_lockout_s = max_lockout_s
+        self.forgive_s = forgive_s
         self._clock = clock
         self._failures: OrderedDict[tuple[str, str], _Failures] = OrderedDict()
         self._line = HashingLine(hash_workers, per_lane=queue_per_address, total=queue_total)
@@ -178,10 +184,15 @@ class SignInGuard:
         return max(0.0, f.locked_until - self._clock()) if f else 0.0
 
     def _fail(self, key) -> None:
-        f = self._failures.pop(key, None) or _Failures()
+        now = self._clock()
+        f = self._failures.pop(key, None) or _Failures(since=now)
         self._failures[key] = f  # most recent last: the oldest go first when over MAX_TRACKED
+        forgiven = int((now - f.since) // self.forgive_s)
+        if forgiven:
+            f.count = max(0, f.count - forgiven)
+            f.since = now if f.count == 0 else f.since + forgiven * self.forgive_s
         f.count += 1
         if f.count >= self.free_failures:
-            f.locked_until = self._clock() + min(self.max_lockout_s, 2.0 ** (f.count - self.free_failures))
+            f.locked_until = now + min(self.max_lockout_s, 2.0 ** (f.count - self.free_failures))
         while len(self._failures) > MAX_TRACKED:
             self._failures.popitem(last=False)
