@@ -164,3 +164,34 @@ def test_penalized_rows_are_not_processed_row_by_row_and_reply_as_through_the_li
     assert [f.text for f in batched] == [f.text for f in library]
     plain = engine.submit(chat(WORDS[0], max_tokens=16)).result()
     assert plain.text != batched[0].text or plain.text != batched[3].text  # the penalties did something
+
+
+SCHEMA = {"type": "object", "properties": {"word": {"type": "string"}, "n": {"type": "integer"}}, "required": ["word"]}
+
+
+def test_a_steps_grammar_rows_are_masked_together_one_call_an_owner_and_reply_as_alone(engine, monkeypatch):
+    """Each grammar row was masked by its own call on the engine thread, one after another;
+    now a step masks one owner's rows in one call (llguidance's threads, the GIL released),
+    and every row still replies as it does alone: greedy, seeded, beside free rows."""
+    calls: list[int] = []
+    real = batch_sampler.masks
+
+    def counted(rows, vocab):
+        calls.append(len(rows))
+        return real(rows, vocab)
+
+    monkeypatch.setattr(batch_sampler, "masks", counted)
+
+    def req(i: int) -> ChatRequest:
+        grammar = dict(json_schema=SCHEMA) if i < 4 else {}
+        r = chat(WORDS[i], max_tokens=16, **grammar, **(dict(temperature=0.9, seed=30 + i) if i % 2 else {}))
+        return r.model_copy(update={"owner": f"grammar-{i % 2}"})
+
+    alone = [engine.submit(req(i)).result() for i in range(6)]
+    calls.clear()
+    batched = together(engine, [req(i) for i in range(6)])
+    assert [f.text for f in batched] == [f.text for f in alone]
+    for f in batched[:4]:  # the grammar held (a random model's string may outlast max_tokens)
+        assert f.text.startswith('{"word":"'), f.text
+    assert max(calls) >= 2  # rows masked together...
+    assert max(calls) <= 2  # ...each owner's apart (two grammar rows each)

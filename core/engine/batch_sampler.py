@@ -15,8 +15,11 @@ reads the rows' order from the decoding batch and each row's `Draw` from the eng
 - sampled rows (a `Draw`): grouped by their filters (top-p, top-k, min-p: mlx-lm's, which
   work on a batch), the temperature a per-row column, and the draw one vmapped
   `mx.random.categorical` over per-row keys;
-- anything else a row was given (a grammar's constrained sampler, logit_bias): that row's
-  own function on its own row, as the library would have called it.
+- grammar rows (a `Constrained`): every one's mask filled in one call on llguidance's threads
+  while the step's forward runs, applied with one `where`, then drawn as their own sampler
+  says (greedy, a `Draw` with the others);
+- anything else a row was given (logit_bias): that row's own function on its own row, as the
+  library would have called it.
 
 Penalties (repetition, presence, frequency) come first, for every penalized row at once: the
 same arithmetic as mlx-lm's processors over the same context (a row's last PENALTY_CONTEXT
@@ -36,8 +39,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from radixchat.core.engine.constrain import Constrained, masks
 from radixchat.core.engine.unnormalized import normalized
 
 _MASK64 = 2**64 - 1
@@ -175,6 +180,20 @@ class BatchSampler:
         if any(pens):  # a row without penalties takes neutral ones, which change nothing
             logits = penalize(logits, [p or NEUTRAL for p in pens], tokens, inputs)
         specs = [getattr(r, "sampler", None) for r in requests]
+        grammar = [i for i, s in enumerate(specs) if isinstance(s, Constrained)]
+        if not grammar:
+            return self._sample(logits, specs)
+        rows = [specs[i] for i in grammar]
+        logits, masked = _masked(logits, requests, grammar, rows)
+        for i, c in zip(grammar, rows):  # each masked row draws by its own sampler; a failed one its argmax
+            specs[i] = c.inner if i in masked else None
+        out = self._sample(logits, specs)
+        for i, c in zip(grammar, rows):
+            if i in masked:
+                c.constraint.chose(out[i : i + 1])
+        return out
+
+    def _sample(self, logits: mx.array, specs: list) -> mx.array:
         if all(s is None for s in specs):
             return mx.argmax(logits, axis=-1)
         groups: dict[tuple, list[int]] = {}
@@ -184,7 +203,7 @@ class BatchSampler:
                 groups.setdefault(s.filters, []).append(i)
             elif s is not None:
                 custom.append(i)
-        b = len(uids)
+        b = len(specs)
         if len(groups) == 1 and not custom and len(next(iter(groups.values()))) == b:
             return draw(logits, specs)  # every row samples alike: the common case
         tokens = mx.argmax(logits, axis=-1)
@@ -194,3 +213,32 @@ class BatchSampler:
         for i in custom:
             tokens[i : i + 1] = specs[i](logits[i : i + 1]).astype(tokens.dtype)
         return tokens
+
+
+def _masked(logits: mx.array, requests: list, grammar: list[int], rows: list[Constrained]) -> tuple[mx.array, set]:
+    """`logits` with each grammar row's forbidden tokens at -inf, and the rows masked (a row
+    whose grammar failed is not: its request's `error` says why, and it ends). The step's
+    forward is launched first, so it runs while llguidance fills the masks; the masks are
+    filled one owner at a time, so each owner's rows are timed by their own grammars
+    (core.engine.mask_share charges them to that owner)."""
+    mx.async_eval(logits)
+    by_owner: dict[object, list[int]] = {}
+    for k, i in enumerate(grammar):
+        by_owner.setdefault(getattr(requests[i], "owner", None), []).append(k)
+    allowed: dict[int, np.ndarray] = {}  # batch row -> its mask
+    for ks in by_owner.values():
+        ok, failed = masks([rows[k].constraint for k in ks], logits.shape[-1])
+        for j, (k, f) in enumerate(zip(ks, failed)):
+            if f is None:
+                allowed[grammar[k]] = ok[j]
+            elif (r := rows[k].request or requests[grammar[k]]) is not None:
+                r.error = f
+    if not allowed:
+        return logits, set()
+    masked = sorted(allowed)
+    keep = mx.array(np.stack([allowed[i] for i in masked]))
+    if len(masked) == logits.shape[0]:  # every row has a grammar: one where over the batch
+        return mx.where(keep, logits, -mx.inf), set(masked)
+    idx = mx.array(masked)
+    logits[idx] = mx.where(keep, logits[idx], -mx.inf)
+    return logits, set(masked)

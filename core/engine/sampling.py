@@ -3,8 +3,8 @@
 mlx-lm's `make_sampler` draws from MLX's global random state, which every request in a
 batch shares; here each request carries its own. A plain sampled request gets a `Draw`
 (core.engine.batch_sampler), which the decoding batch draws with its other sampled rows in
-one call; a grammar or a logit_bias wraps it (or an argmax) in a function of the request's
-own row. The top-p, top-k and min-p filters are mlx-lm's. Greedy requests get `None`, so a
+one call; a logit_bias wraps it (or an argmax) in a function of the request's own row, and a
+grammar in a `Constrained` (core.engine.constrain), whose rows the batch sampler masks together. The top-p, top-k and min-p filters are mlx-lm's. Greedy requests get `None`, so a
 batch of them is one argmax. Penalties go to the batch sampler too (`processors`), or to
 mlx-lm's per-row processors where it is not there or the request asked for log-probabilities.
 
@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
 from radixchat.core.engine.batch_sampler import PENALTY_CONTEXT, Draw, Penalty
+from radixchat.core.engine.constrain import Constrained
 from radixchat.core.engine.requests import Sampling
 from radixchat.core.engine.unnormalized import normalized
 
@@ -70,19 +71,7 @@ def make_request_sampler(s: Sampling, constraint=None):
     """Return a sampler `logprobs (1, V) -> token (1,)`, or None for plain greedy.
     `constraint` (core.engine.constrain.Constraint) masks what its grammar forbids first."""
     if constraint is not None:
-        inner = make_request_sampler(s) or (lambda logprobs: mx.argmax(logprobs, axis=-1))
-
-        def constrained(logprobs: mx.array) -> mx.array:
-            token = inner(constraint.mask(logprobs))
-            constraint.chose(token)
-            return token
-
-        def rewind(delivered: int) -> None:
-            constraint.rewind(delivered)
-            getattr(inner, "rewind", lambda n: None)(delivered)
-
-        constrained.rewind = rewind
-        return constrained
+        return Constrained(constraint, make_request_sampler(s))
     bias = _biased(s.logit_bias) if s.logit_bias else None
     if s.temperature == 0:
         if bias is None:
@@ -105,6 +94,9 @@ def guarded(a, sampler):
     not the batch: the step goes on with the argmax for that row."""
     if sampler is None or isinstance(sampler, Draw):
         return sampler  # (a Draw runs no code of its own that could fail for one request)
+    if isinstance(sampler, Constrained):
+        sampler.request = a  # (the batch sampler masks its rows together: it notes failures there)
+        return sampler
 
     def guarded_sampler(logprobs):
         try:
