@@ -155,3 +155,49 @@ def test_a_front_ends_end_users_each_have_their_own_bucket_and_an_ordinary_key_d
     assert bob_codes[:60] == [400] * 60 and set(bob_codes[60:]) == {429}, bob_codes
     # the first refusal still counts to its end user (the key was a front end's until then)
     assert revoked.count(401) == 61 and set(revoked[-3:]) == {429}, revoked
+
+
+def test_a_user_at_their_limit_is_refused_before_the_body_is_read_through_any_key(store):
+    """Only the engine counted a user's requests, after their bodies were parsed and checked:
+    mallory at her limit re-sending 64 KB schemas kept the event loop ~75% busy. Now a POST of
+    hers past her limit is 429 `user_limit` before its body is read (a body that would be a
+    400 gets the 429), through any key of hers; alice is not; and a request stops counting as
+    its answer ends, so one sent at once after it is not refused."""
+    mallory, alice = store.create_user("mallory", "pw-mallory-1"), store.create_user("alice", "pw-alice-12")
+    store.set_request_limit("mallory", 2)
+    keys = [store.create_api_key(mallory)[1] for _ in range(2)]
+    _, alices = store.create_api_key(alice)
+    engine = FakeEngine()
+    app = build_app(engine, Settings(), store)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+
+            async def post(key, body):
+                return await c.post(CHAT, json=body, headers={"Authorization": f"Bearer {key}"})
+
+            for k in keys:  # each learnt as hers (her limit 2) at its first answer
+                assert (await post(k, GOOD)).status_code == 200
+            assert (await post(keys[0], GOOD)).status_code == 200  # (the last one no longer counts)
+            engine.hold = True
+            held = [asyncio.create_task(post(keys[i], GOOD)) for i in range(2)]
+            while len(engine._held) < 2:
+                await asyncio.sleep(0.01)
+            refused = [await post(k, BIG) for k in keys]
+            engine.hold = False
+            hers = await post(alices, GOOD)
+            engine.release()
+            done = [(await t).status_code for t in held]
+            again = await post(keys[1], GOOD)
+        return refused, hers, done, again
+
+    refused, hers, done, again = asyncio.run(scenario())
+    for r in refused:
+        assert r.status_code == 429, r.text
+        assert (
+            r.json()["error"]["code"] == "user_limit" and "you already have 2 requests" in r.json()["error"]["message"]
+        )
+        assert r.headers["retry-after"] == "2"
+    assert hers.status_code == 200
+    assert done == [200, 200] and again.status_code == 200

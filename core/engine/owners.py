@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from radixchat.core.engine.requests import RequestError
+from radixchat.core.engine.requests import UserLimit
 
 
 class OwnerCounts:
@@ -25,12 +25,7 @@ class OwnerCounts:
         with self._lock:
             mine = self._n[owner]
             if mine >= limit:
-                raise RequestError(
-                    f"you already have {mine} request{'s' * (mine != 1)} waiting or running, the most one "
-                    "user may have at once: retry when one has finished",
-                    429,
-                    "user_limit",
-                )
+                raise UserLimit(mine)
             self._n[owner] = mine + 1
 
     def give(self, owner: str) -> None:

@@ -28,6 +28,18 @@ class RequestError(ValueError):
         self.code = code
 
 
+class UserLimit(RequestError):
+    """A user who already has `mine` requests in flight, the most they may have at once."""
+
+    def __init__(self, mine: int):
+        super().__init__(
+            f"you already have {mine} request{'s' * (mine != 1)} waiting or running, the most one "
+            "user may have at once: retry when one has finished",
+            429,
+            "user_limit",
+        )
+
+
 class QueueFull(RequestError):
     def __init__(self, depth: int):
         super().__init__(f"server busy: {depth} requests already queued, retry shortly", 429, "queue_full")
