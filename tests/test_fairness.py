@@ -428,6 +428,37 @@ def test_the_preparation_pool_serves_the_least_served_owner_first():
     assert order == ["a0", "m0", "m1", "m2", "m3"], order
 
 
+def test_a_newcomers_job_starts_at_once_while_a_flood_holds_every_worker():
+    """Two workers, both compiling mallory's slow grammars: alice's templating waited for one
+    of them to end (~155 ms for a 64 KB regex schema here). Now it starts at once, on a
+    thread beyond the two; mallory never runs more than two at a time."""
+    pool = FairPool(2)
+    gate, running, most = threading.Event(), Counter(), [0]
+    lock = threading.Lock()
+
+    def slow(who):
+        with lock:
+            running[who] += 1
+            most[0] = max(most[0], running["mallory"])
+        gate.wait(10)
+        with lock:
+            running[who] -= 1
+
+    flood = [pool.submit("mallory", slow, "mallory") for _ in range(6)]
+    deadline = time.time() + 5
+    while running["mallory"] < 2 and time.time() < deadline:
+        time.sleep(0.005)
+    mine = pool.submit("alice", lambda: "templated")
+    assert mine.result(2) == "templated"  # before any of the flood's ended
+    assert not any(f.done() for f in flood)
+    second = [pool.submit("alice", lambda: "again"), pool.submit("bob", lambda: "bob's")]
+    assert [f.result(2) for f in second] == ["again", "bob's"]
+    gate.set()
+    for f in flood:
+        f.result(10)
+    assert most[0] == 2
+
+
 def test_serial_jobs_run_one_at_a_time_and_leave_a_worker_to_the_others():
     """Two workers: while one runs a serial job (templating holds the tokenizer), the other
     takes a plain job (a grammar to compile) rather than block behind the serial one."""

@@ -9,9 +9,10 @@ tokenizer or the compiler, a text longer than the context could hold whatever it
 and a grammar over the size limit; and `FairPool` runs what is left on a few threads of
 its own (never asyncio's default executor, which any library shares), one FIFO queue per
 owner, the next job taken from the owner with the fewest jobs started (an owner coming back
-from idle starts level with the least served, as the engine's fair queue lifts it): a user
-whose request arrives behind another user's flood of slow preparations waits for a worker
-to be free, about one preparation, however many the flood has queued. Jobs marked `serial`
+from idle starts level with the least served, as the engine's fair queue lifts it). An owner
+with nothing running starts at once even when every worker is busy with others' jobs, on a
+thread beyond them (`_may_start`): a user whose request arrives behind another user's flood
+of slow preparations waits for none of them. Jobs marked `serial`
 (those that hold the tokenizer's lock) run one at a time, so a worker never sits blocked
 on that lock holding a job while another owner's job could run.
 
@@ -49,7 +50,8 @@ class _Job:
 
 
 class FairPool:
-    """Up to `workers` threads running jobs, each owner's in the order given. The next job
+    """Up to `workers` jobs running at once (and, beyond them, one each of owners with nothing
+    else running, up to as many again), each owner's in the order given. The next job
     is the one of the owner with the fewest jobs started so far; an owner who had nothing
     queued or running comes in at the lowest count of those who have (no credit saved up
     while away, as the engine's fair queue does it), and wins ties with owners already
@@ -78,7 +80,10 @@ class FairPool:
                 self._served[owner] = min(self._served.values(), default=0)
                 self._last[owner] = -1
             self._queues.setdefault(owner, deque()).append(job)
-            if self._threads < self.workers:
+            idle = self._threads - sum(self._running.values())
+            if self._threads < self.workers or (
+                idle <= 0 and self._threads < 2 * self.workers and self._may_start(owner)
+            ):
                 self._threads += 1
                 self._started += 1
                 name = f"{self._name}-{self._started}"
@@ -90,7 +95,11 @@ class FairPool:
         """The next job to run (with the lock held), of the least-served owner whose next
         job can run now: a serial job waits while another serial job runs."""
         while True:
-            ready = [o for o, jobs in self._queues.items() if not (jobs[0].serial and self._serial_busy)]
+            ready = [
+                o
+                for o, jobs in self._queues.items()
+                if not (jobs[0].serial and self._serial_busy) and self._may_start(o)
+            ]
             if not ready:
                 return None
             owner = min(ready, key=lambda o: (self._served[o], self._last[o]))
@@ -105,6 +114,15 @@ class FairPool:
                 self._serial_busy |= job.serial
                 return job
             self._forget_if_idle(owner)  # its caller gave up while it waited: nothing to run
+
+    def _may_start(self, owner: Hashable) -> bool:
+        """May a job of `owner` start now (the lock held)? While fewer than `workers` jobs
+        run, any; beyond that, only one of an owner with nothing running, on a thread beyond
+        `workers` (at most as many again): a flood's slow jobs (a 64 KB regex schema
+        compiles in ~155 ms here) hold every worker, and a newcomer's short templating
+        waited for one of them to end."""
+        running = sum(self._running.values())
+        return running < self.workers or (self._running[owner] == 0 and running < 2 * self.workers)
 
     def _forget_if_idle(self, owner: Hashable) -> None:
         if owner not in self._queues and not self._running[owner]:
