@@ -536,7 +536,12 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     started = time.time()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    server = start_server(model, db, port, args, work / "server.log")
+    try:
+        server = start_server(model, db, port, args, work / "server.log")
+    except BaseException:  # (a server that cannot start must not leave them spinning)
+        for b in busy:
+            b.kill()
+        raise
     print(f"model {model}; {time.strftime('%Y-%m-%d %H:%M')}; server log {work / 'server.log'}")
     if busy:
         print(f"{len(busy)} CPU-bound processes running beside the server ({os.cpu_count()} cores)")
