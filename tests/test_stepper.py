@@ -396,3 +396,38 @@ def test_the_shared_prefill_is_cut_to_what_fits_its_time(model, prefill_s):
         before = gen._counters.prompt_tokens
     assert chunks == [254 if not prefill_s else MIN_CHUNK] * 3, chunks
     gen.close()
+
+
+def test_a_newcomer_waiting_ends_the_shared_prefill_after_a_piece(model):
+    """A chunk of a flood's long prompts ran as one forward, and a newcomer's first prompt
+    waited for all of it. Now, where the engine asks for it (`newcomer`), the chunk runs in
+    pieces of about PIECE_S (here MIN_CHUNK at first: a token is made to cost 1 ms), and a newcomer
+    waiting ends it after the piece in flight; the reply is the one the whole chunk gives."""
+    from radixchat.core.engine.stepper import MIN_CHUNK
+
+    def run(pieces: bool, waiting_at: set[int]):
+        gen = make(model, 256, prefill_s=10.0)
+        calls = itertools.count()
+        step = [0]
+        if pieces:
+            gen.newcomer = lambda: (next(calls), step[0] in waiting_at)[1]
+        running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(2)}
+        decode_until_running(gen, running)
+        long = insert(gen, list(range(3, 803)))
+        chunks, before = [], gen._counters.prompt_tokens
+        for step[0] in range(4):
+            gen._token_s = 1e-3  # a millisecond a token: the first piece is MIN_CHUNK (PIECE_S 0.05)
+            gen.next()
+            chunks.append(gen._counters.prompt_tokens - before)
+            before = gen._counters.prompt_tokens
+        out = replies(gen, [long], calls=40)[long][0][:8]
+        gen.close()
+        return chunks, out
+
+    whole, reply = run(False, set())
+    assert whole[:3] == [254] * 3  # (one forward a step: the token budget decides)
+    pieced, pieced_reply = run(True, set())
+    assert pieced == whole  # nobody waiting: every piece of the room runs
+    cut, cut_reply = run(True, {1, 2})
+    assert cut[0] == 254 and cut[1:3] == [MIN_CHUNK, MIN_CHUNK] and cut[3] == 254, cut
+    assert pieced_reply == reply == cut_reply and len(reply) == 8

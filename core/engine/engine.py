@@ -35,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from radixchat.core.cache.scope import CacheScope
@@ -72,9 +73,10 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._info: ModelInfo | None = None  # what the seam tells of it, once started
         self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()  # guards _inflight only: the engine thread takes it too
+        self._lock = threading.Lock()  # guards _inflight and _arriving: the engine thread takes it too
         self._tok_lock = threading.Lock()  # the tokenizer and its chat template, one caller at a time
         self._inflight = 0
+        self._arriving: Counter = Counter()  # owners of the Submits in the command queue
         self._active: dict[str, Active] = {}  # engine thread only
         self._by_uid: dict[int, Active] = {}  # engine thread only
         self._fair = FairQueue()  # engine thread only: requests waiting for a batch slot
@@ -266,17 +268,33 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def _new_generator(self):
         from mlx_lm.generate import StopSequences
 
-        from radixchat.core.engine.stepper import make_generator
+        from radixchat.core.engine.stepper import BudgetedBatchGenerator, make_generator
 
         # every insert names its stop sequences (eos, or none with ignore_eos)
         self._eos_stops = StopSequences([[t] for t in sorted(self.loaded.tokenizer.eos_token_ids)])
         self._no_stops = StopSequences()
         # the ranks of a sharded server would have to agree on drafts too: not built
         speculate = 0 if self._sharded else self.settings.speculate
-        gen = make_generator(self.loaded.model, self.settings, self._mx_stream, self._on_prompt, speculate)
+        settings = self.settings
+        if self._sharded:  # every rank cuts its chunks alike: not by its own timings
+            settings = settings.model_copy(update={"prefill_s": 0.0})
+        gen = make_generator(self.loaded.model, settings, self._mx_stream, self._on_prompt, speculate)
         if getattr(gen, "batch_sampler", None) is not None:  # a row's sampling is its request's
             gen.batch_sampler.request = self._by_uid.get
+        if isinstance(gen, BudgetedBatchGenerator) and settings.prefill_s:
+            gen.newcomer = self._newcomer_waiting
         return gen
+
+    def _newcomer_waiting(self) -> bool:
+        """Is a request waiting in the command queue whose owner has no row (one that would
+        take a step of its own)? Asked by the step in flight, between pieces of its prefill
+        (core.engine.stepper): the commands are drained between steps, so `_arriving` counts them."""
+        with self._lock:
+            if not self._arriving:
+                return False
+            owners = list(self._arriving)
+        busy = {a.owner for a in self._by_uid.values()}
+        return any(o not in busy for o in owners)
 
     def _drain_commands(self, block: bool) -> None:
         try:  # a sharded rank 0 wakes up to check on the others now and then
@@ -286,6 +304,10 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         while True:
             if isinstance(cmd, Submit):
                 a = cmd.active
+                with self._lock:
+                    self._arriving[a.owner] -= 1
+                    if self._arriving[a.owner] <= 0:
+                        del self._arriving[a.owner]
                 if self.prefix is not None:
                     a.key = self.scope.key(a.prompt, a.shared_len, a.owner)
                 self._active[a.handle.id] = a

@@ -9,14 +9,15 @@ core.engine.prepare.check_bounds); templating, tokenizing and grammar compiling 
 in core.engine.prepare's pool, shared fairly by owner, never in the caller's thread nor
 asyncio's shared executor. It never takes the engine thread's place: everything it hands
 over goes through the command queue (`Submit`, `Cancel`), and the only state it shares
-with the engine thread is the in-flight counters under `self._lock`. The tokenizer has a
+with the engine thread is the in-flight counters and the owners of the Submits on their way
+(`_arriving`) under `self._lock`. The tokenizer has a
 lock of its own (`self._tok_lock`), never the one the engine thread takes to free a slot.
 No MLX here beyond what the tokenizer and the grammar compiler do.
 
 Uses of the engine's fields: `settings`, `loaded`, `prefix` (whether the model is hybrid,
 whether the cache is on, its figures), `link`, `in_step`, `steps`, `started_at`,
 `kv_budget`, `kv_bytes_per_token`, `batch_room`, `alive`, `_gen` (its speculator's
-counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `owners`,
+counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `_arriving`, `owners`,
 `_ids`, `_by_uid` (its length), `_ready`, `_stopping`, `_closed`, `fatal`, `_info`,
 `_fail_all`.
 """
@@ -300,6 +301,8 @@ class Intake:
             loop = None
         rid = f"req-{next(self._ids)}"
         handle = RequestHandle(rid, len(prompt), self.cancel, loop, self._outbox)
+        with self._lock:
+            self._arriving[owner] += 1  # until the engine thread takes it (Engine._newcomer_waiting)
         self._cmds.put(
             Submit(
                 Active(

@@ -35,7 +35,8 @@ Two things keep a newcomer's first token from waiting on others' work:
   the step in flight and its own work, not a step of a flood's rows (their grammars' masks)
   or chunks (their long prefill); an ordinary step always runs between two such;
 - the step in flight is short: the shared prefill's chunk is cut to what fits `prefill_s` at
-  the latest chunks' cost per token (`_timed`).
+  the latest chunks' cost per token (`_timed`), and runs in forwards of about PIECE_S, after
+  any of which a newcomer waiting for a step alone ends it (`newcomer`, the engine's).
 
 The engine learns about prefill progress through `on_prompt`, called inside the step at
 the moment the caches match what the responses say (a segment's end before the next
@@ -96,6 +97,7 @@ _ROWS = (
 TIME_PLAIN_EVERY = 8  # with speculation on, one plain step in so many is timed (core.engine.speculate)
 MIN_CHUNK = 64  # the least prompt tokens a step gives each long prompt being prefilled
 TOKEN_EMA = 0.5  # weight of the latest chunk in the cost of a prompt token (`_timed`)
+PIECE_S = 0.05  # a forward of the shared prefill, about, where a newcomer may cut it short (`_piece`)
 NEVER_STOPS = StopSequences()  # a matcher of it never completes a stop sequence
 
 
@@ -139,6 +141,8 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._hurried: set[int] = set()  # waiting prompts that join the prefill at the next step
         self._alone: set[int] = set()  # hurried prompts that may take a step of their own
         self._was_alone = False  # the last call was a step of newcomers alone (`_first_alone`)
+        # is a newcomer waiting who would take a step alone? (the engine's; None: never asked)
+        self.newcomer: Callable[[], bool] | None = None
         self._side: GenerationBatch | None = None  # that step's rows, until they join the decoding batch
         self.batch_sampler = None  # every row's sampler, once make_generator has set it
         # the decoding batch keeps a step's logits whole (core.engine.decode_batch)
@@ -269,7 +273,10 @@ class BudgetedBatchGenerator(BatchGenerator):
 
     def _shared_prefill(self, room: int, hurried: int) -> None:
         """The step's prefill: waiting prompts join as `_joining` says (the first `hurried`
-        always), and every prompt being prefilled gets an equal chunk of `room`."""
+        always), and every prompt being prefilled gets an equal chunk of `room`, run in
+        pieces of about PIECE_S where the chunk would take longer (`_piece`): after each, a
+        newcomer waiting to take a step alone (`newcomer`) ends the prefill there, so its
+        first prompt waits for a piece, not the whole chunk."""
         n = min(
             max(self.prefill_batch_size - len(self._prompt_batch), hurried),
             self.completion_batch_size - len(self._generation_batch),
@@ -279,11 +286,23 @@ class BudgetedBatchGenerator(BatchGenerator):
         if n > 0:
             self._prompt_batch.extend(self._make_batch(n))
         through = self._start_decoding()  # restored from the cache up to the last token
-        if self._currently_processing:
-            self.on_prompt(self._prefill_chunk(room))
-        through += self._start_decoding()
+        while self._currently_processing and room > 0:
+            piece = self._piece(room)
+            responses, used = self._prefill_chunk(piece)
+            self.on_prompt(responses)
+            through += self._start_decoding()
+            room -= used
+            if piece >= room + used or self.newcomer is None or self.newcomer():
+                break  # (the whole room in one forward, as without pieces)
         if through:
             self.on_prompt(through)
+
+    def _piece(self, room: int) -> int:
+        """The tokens of the chunk's next forward: all of `room`, or what fits PIECE_S at the
+        latest chunks' cost per token (never under MIN_CHUNK) when a newcomer may cut it short."""
+        if self.newcomer is None or not self._token_s:
+            return room
+        return min(room, max(MIN_CHUNK, int(PIECE_S / self._token_s)))
 
     def _sampling(self, uids: list[int], tokens: list[list[int]], inputs: mx.array):
         """While rows other than the decoding batch's sample (BatchSampler.sampling), when the
@@ -352,7 +371,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         try:
             through = self._start_decoding(started)  # restored from the cache up to the last token
             while self._currently_processing:
-                self.on_prompt(self._prefill_chunk(room, timed=False))
+                self.on_prompt(self._prefill_chunk(room, timed=False)[0])
                 through += self._start_decoding(started)
         finally:
             self._prompt_batch, self._currently_processing = shared
@@ -409,10 +428,11 @@ class BudgetedBatchGenerator(BatchGenerator):
             k += 1
         return k
 
-    def _prefill_chunk(self, room: int, timed: bool = True) -> list:
+    def _prefill_chunk(self, room: int, timed: bool = True) -> tuple[list, int]:
         """Prefill every waiting prompt by an equal chunk that fits `room` tokens; a chunk
-        never crosses a segment's end. A `timed` chunk's cost per token is what `_timed`
-        sizes the next ones by (a newcomer's short prompt alone says little about them)."""
+        never crosses a segment's end. Returns the responses and the tokens it took. A
+        `timed` chunk's cost per token is what `_timed` sizes the next ones by (a newcomer's
+        short prompt alone says little about them)."""
         rows = self._currently_processing
         per_row = max(1, min(self.prefill_step_size, room // len(rows)))
         prompts, responses = [], []
@@ -438,7 +458,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         if timed:
             last = took / n
             self._token_s = (1 - TOKEN_EMA) * self._token_s + TOKEN_EMA * last if self._token_s else last
-        return responses
+        return responses, n
 
     def _unstepped(self, prompts: PromptProcessingBatch, last: list[list[int]]) -> GenerationBatch:
         """These prompts as decoding rows whose next input is their last prompt token (what
