@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from radixchat.core.engine.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta
 from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api import replies as rp
-from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, owner_of_user, watch_of
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.schema import ChatCompletionRequest, CompletionRequest
@@ -38,7 +38,6 @@ async def chat_completions(
     except toolcalls.ToolsUnsupported as e:
         raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
     messages = [m.for_template() for m in body.messages]
-    owner = owner_of_user(user)
     thinking = body.thinking()
     if thinking is not None and not engine.info.thinking_switch:
         raise ApiError(
@@ -54,8 +53,7 @@ async def chat_completions(
                 messages=messages,
                 tools=tools,
                 sampling=sampling.model_copy(update={"lark": lark}),
-                owner=owner,
-                owner_limit=user and user.request_limit,
+                **charged_to(user),
                 thinking=thinking,
             )
         ),
@@ -81,15 +79,12 @@ async def completions(
     metrics: MetricsDep,
 ):
     engine = await engine_for(engines, body.model)
-    owner = owner_of_user(user)
     ledger = Ledger(metrics, store, engine.info.model_id, user, "completions", watch=watch_of(request, user))
     handles = await generation.submit_choices(
         ledger,
         body.n,
         body.sampling(engine.info.sampling_defaults),
-        lambda sampling: engine.asubmit(
-            PromptRequest(prompt=body.prompt, sampling=sampling, owner=owner, owner_limit=user and user.request_limit)
-        ),
+        lambda sampling: engine.asubmit(PromptRequest(prompt=body.prompt, sampling=sampling, **charged_to(user))),
     )
     frames = CompletionFrames(
         engine.info.model_id, len(handles), _include_usage(body), str(body.prompt) if body.echo else ""

@@ -113,6 +113,12 @@ def owner_of_user(user: User | None) -> str | None:
     return owner_of(user.cache_key) if user is not None else None
 
 
+def charged_to(user: User | None) -> dict:
+    """A request's `owner` and `owner_limit` for `user`: whose share, cache scope and limit of
+    requests in flight it counts against (the server's --max-user-requests where they have none)."""
+    return {"owner": owner_of_user(user), "owner_limit": user.request_limit if user is not None else None}
+
+
 def watch_of(request: Request, user: User | None) -> Callable[[RequestHandle], None] | None:
     """What notes an accepted request's handle under its user and key, so that it stops if
     either is cut off while it runs (webui/live_requests.py); None with --no-auth."""

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from radixchat.core.engine.requests import ChatRequest, RequestError, Sampling
 from radixchat.core.engine.seam import EngineClient, Engines
 from radixchat.webui.api import generation
-from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, owner_of_user, watch_of
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.messages_shapes import MessageEvents, MessagesRequest, message, new_id
@@ -68,8 +68,7 @@ async def create_message(
                 messages=messages,
                 tools=tools,
                 sampling=Sampling(**fields),
-                owner=owner_of_user(user),
-                owner_limit=user and user.request_limit,
+                **charged_to(user),
                 continue_final=body.prefilled(),
             )
         ),
@@ -96,8 +95,7 @@ async def count_tokens(request: Request, body: CountTokensRequest, user: UserDep
     asked = ChatRequest(
         messages=messages,
         tools=tools,
-        owner=owner_of_user(user),
-        owner_limit=user and user.request_limit,
+        **charged_to(user),
         continue_final=body.prefilled(),
     )
     try:

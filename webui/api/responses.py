@@ -45,7 +45,7 @@ from radixchat.core.engine.requests import ChatRequest, Sampling
 from radixchat.core.store import Store
 from radixchat.core.store.types import Message, StoreError, User
 from radixchat.webui.api import generation, toolcalls
-from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, engine_for, owner_of_user, watch_of
+from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.responses_shapes import ResponseEvents, ResponsesRequest, ended, response_object
@@ -103,8 +103,7 @@ async def create_response(
                 messages=system + history + turn,
                 tools=tools,
                 sampling=Sampling(**fields),
-                owner=owner_of_user(user),
-                owner_limit=user and user.request_limit,
+                **charged_to(user),
             )
         ),
     )
