@@ -24,8 +24,9 @@ remembered, least recently used forgotten first.
 
 A user's requests in flight are counted here too, and so is their limit (theirs, or
 --max-user-requests), both learnt from the API's sign-in: a POST from a user who already has
-that many is answered 429 `user_limit` before its body is read (GENERATING's), as the engine would answer it
-after. Before, only the engine counted, after the body was parsed and checked: a user at
+that many is answered 429 `user_limit` before its body is read (GENERATING's), as the engine
+would answer it after; the limit is read from the store again first, since an admin may have
+raised it. Before, only the engine counted, after the body was parsed and checked: a user at
 their limit sending 64 KB schemas again and again (18 a second, 68% of them refused) kept
 the event loop ~75% busy on the bundled model (py-spy), slowing everyone's steps. A request
 stops counting when its answer's last part goes out, before the client can see it, so a
@@ -41,6 +42,8 @@ import hashlib
 import math
 import time
 from collections import Counter, OrderedDict
+
+import anyio
 
 from radixchat.core.engine.requests import UserLimit
 from radixchat.webui.api.deps import end_user_header
@@ -69,6 +72,7 @@ class RefusalThrottle:
         self._users: OrderedDict[bytes, bytes] = OrderedDict()  # a credential's client -> its user's
         self._fronts: OrderedDict[bytes, bool] = OrderedDict()  # credentials known as a front end's
         self._limits: OrderedDict[bytes, int] = OrderedDict()  # a user's bucket -> their request limit
+        self._names: OrderedDict[bytes, str] = OrderedDict()  # a user's bucket -> their name
         self._inflight: Counter[bytes] = Counter()  # a user's bucket -> their POSTs under way
         self.throttled = 0  # requests answered 429 here
 
@@ -86,7 +90,9 @@ class RefusalThrottle:
             return await self._refuse(send, math.ceil((1.0 - tokens) / self.per_s))
         counted = user if scope["path"] in GENERATING and scope.get("method") == "POST" else None
         if counted is not None:
-            if self._inflight[counted] >= self._limits.get(counted, math.inf):
+            if self._inflight[counted] >= self._limits.get(counted, math.inf) and (
+                self._inflight[counted] >= await self._fresh_limit(scope, counted)
+            ):
                 if scope.get("app") is not None:
                     count_refusal(scope["app"], scope["path"], "user_limit")
                 return await self._at_limit(send, self._inflight[counted])
@@ -131,6 +137,18 @@ class RefusalThrottle:
         bucket = self._user_of(client, scope)
         if bucket is not None:
             self._remember(self._limits, bucket, user.request_limit or app.state.settings.max_user_requests)
+            self._remember(self._names, bucket, user.name)
+
+    async def _fresh_limit(self, scope, bucket: bytes) -> float:
+        """The user's limit as the store has it now, asked where the one learnt would refuse:
+        an admin may have raised it since (one read of SQLite, in a worker thread)."""
+        app, name = scope.get("app"), self._names.get(bucket)
+        store = getattr(app.state, "store", None) if app is not None else None
+        if store is None or name is None:
+            return self._limits.get(bucket, math.inf)
+        limit = await anyio.to_thread.run_sync(store.request_limit, name)
+        self._remember(self._limits, bucket, limit or app.state.settings.max_user_requests)
+        return self._limits[bucket]
 
     @staticmethod
     def _credential(scope) -> bytes | None:
