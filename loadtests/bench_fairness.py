@@ -47,14 +47,15 @@ model (context 8,192) with its default budget. The run prints what it found.
 
     python -m loadtests.bench_fairness [--model tiny | --model default | --model PATH]
         [--flood-kind long --flood-kind n16 | --kinds long,n16] [--turns 20] [--duration 45]
-        [--cache-bytes N] [--flood-model default] [--busy 2] [--front-end] [--quick]
+        [--cache-bytes N] [--flood-model default] [--busy 2] [--front-end] [--messages] [--quick]
 
 With --flood-model, the server serves that model beside alice's, and mallory floods it:
 what one user's flood on one model costs a user of another (each model has an engine
 thread of its own, and they share the cores). With --busy N, N CPU-bound processes run
 beside the server for the whole run (alone included), as other programs do on a desktop.
 With --front-end, alice and mallory are two end users of one front end's key (Open WebUI's
-X-OpenWebUI-User-Id header names each), each a user of their own to the server.
+X-OpenWebUI-User-Id header names each), each a user of their own to the server. With
+--messages, mallory's floods go through Anthropic's Messages API (alice stays on OpenAI's).
 """
 
 from __future__ import annotations
@@ -78,7 +79,17 @@ import httpx
 from loadtests.bench_prepare import body_of
 from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.figures import pct
-from loadtests.floods import BODY_CHARS, KINDS, LONG_MAX_TOKENS, LONG_PROMPT_TOKENS, MORE, Server, plan, run_flood
+from loadtests.floods import (
+    BODY_CHARS,
+    KINDS,
+    LONG_MAX_TOKENS,
+    LONG_PROMPT_TOKENS,
+    MORE,
+    Server,
+    over_messages,
+    plan,
+    run_flood,
+)
 from radixchat import assets
 from radixchat.core.config import Settings
 from radixchat.core.store import Store
@@ -504,6 +515,11 @@ def main() -> None:
         help="CPU-bound processes (a Python busy loop each) running beside the server for the whole run, "
         "alone included: a server shares its machine with other programs",
     )
+    p.add_argument(
+        "--messages",
+        action="store_true",
+        help="mallory floods through Anthropic's Messages API (/v1/messages), without ignore_eos; not the n16 kind",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     if args.quick:
@@ -577,6 +593,8 @@ def main() -> None:
                 plans[kind] = plan(kind, server_facts, QUESTIONS[1], args.flood, args.flood_max_tokens)
                 if args.front_end:
                     plans[kind] = dataclasses.replace(plans[kind], end_user="mallory")
+                if args.messages:
+                    plans[kind] = over_messages(plans[kind])
             alone = summary(b_turns(http, "alone", args, rng))
             print(f"  alone: TTFT p50 {alone['p50']:.3f} / p95 {alone['p95']:.3f} s")
             for kind in kinds:

@@ -37,6 +37,7 @@ the stop counts the time since its last token as a gap). Traffic to 127.0.0.1 on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import random
@@ -82,6 +83,7 @@ class Flood:
     note: str  # how this kind is sized, for the report
     keys: int = 1  # how many of mallory's API keys the workers take turns with
     end_user: str = ""  # sent as X-OpenWebUI-User-Id (the keys are then a front end's: Open WebUI's)
+    path: str = "/v1/chat/completions"  # or /v1/messages (`over_messages`)
 
 
 def heavy_pattern(i: int) -> str:
@@ -169,6 +171,20 @@ def _flood(kind: str, workers: int, body: dict, stream: bool, target: int, note:
     return Flood(kind, workers, json.dumps(body).encode(), stream, target, note)
 
 
+def over_messages(flood: Flood) -> Flood:
+    """The same flood through Anthropic's Messages API: the body in its shape (a json_schema
+    as `output_config.format`; no `ignore_eos`, which Messages lacks: replies may end sooner);
+    n16 has no Messages form."""
+    body = json.loads(flood.body)
+    if "n" in body:
+        raise ValueError(f"the {flood.kind} flood has no Messages form (n is OpenAI's)")
+    out = {k: body[k] for k in ("model", "max_tokens", "messages", "stream", "temperature") if k in body}
+    fmt = (body.get("response_format") or {}).get("json_schema")
+    if fmt:
+        out["output_config"] = {"format": {"type": "json_schema", "schema": fmt["schema"]}}
+    return dataclasses.replace(flood, body=json.dumps(out).encode(), path="/v1/messages")
+
+
 # ---- the child process ---------------------------------------------------------------------
 
 
@@ -200,7 +216,7 @@ async def _run(flood: Flood, url, keys, waits, limit_s, seed, stop, shared) -> d
         auth = {"Authorization": f"Bearer {key}"}
         if flood.end_user:
             auth["X-OpenWebUI-User-Id"] = flood.end_user
-        async with http.stream("POST", "/v1/chat/completions", content=body, headers=auth) as r:
+        async with http.stream("POST", flood.path, content=body, headers=auth) as r:
             if r.status_code != 200:
                 raw = await r.aread()
                 try:
@@ -211,7 +227,7 @@ async def _run(flood: Flood, url, keys, waits, limit_s, seed, stop, shared) -> d
             outcomes["accepted"] += 1  # at its headers: a stream cut at the stop was accepted too
             if not flood.stream:
                 usage = json.loads(await r.aread()).get("usage") or {}
-                tokens.append((time.time(), usage.get("completion_tokens", 0)))
+                tokens.append((time.time(), usage.get("completion_tokens", usage.get("output_tokens", 0))))
                 return 200, "", 0.0
             s = {"start": time.time(), "first": None, "last": None, "gap": 0.0, "timed_gap": 0.0, "end": None}
             streams.append(s)
@@ -219,10 +235,11 @@ async def _run(flood: Flood, url, keys, waits, limit_s, seed, stop, shared) -> d
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
-                if "error" in chunk:
+                if "error" in chunk:  # (an error event of either API)
                     s["end"] = "failed"
                     continue
                 k = sum(1 for ch in chunk.get("choices") or [] if (ch.get("delta") or {}).get("content"))
+                k += chunk.get("type") == "content_block_delta" and bool((chunk.get("delta") or {}).get("text"))
                 if k:
                     now = time.time()
                     tokens.append((now, k))
