@@ -231,8 +231,8 @@ def _masked(logits: mx.array, requests: list, grammar: list[int], rows: list[Con
         for j, (k, f) in enumerate(zip(ks, failed)):
             if f is None:
                 allowed[grammar[k]] = ok[j]
-            elif (r := rows[k].request or requests[grammar[k]]) is not None:
-                r.error = f
+            else:
+                requests[grammar[k]].error = f  # (the Active whose sampler it is)
     if not allowed:
         return logits, set()
     masked = sorted(allowed)

@@ -112,12 +112,11 @@ class Constraint:
         if self.matcher.is_error():
             raise SchemaError(self.matcher.get_error())
         self.vocab_size = vocab_size
-        self.bitmask = allocate_token_bitmask(1, vocab_size)
         # The first token's mask, made here (the preparation pool) and thrown away: a grammar
         # that admits no text at all (a schema defined only by itself, `{"$ref": "#"}`) or
         # whose first mask already runs into llguidance's limits (a required child of its own
         # type) failed at the request's first step, a 500 or an error after a 200's first chunk
-        fill_next_token_bitmask(self.matcher, self.bitmask, 0)
+        fill_next_token_bitmask(self.matcher, allocate_token_bitmask(1, vocab_size), 0)
         if self.matcher.is_error():
             raise SchemaError(EMPTY)  # (llguidance's own words name its internals)
         self.previous = None  # the token array the last call returned
@@ -125,21 +124,14 @@ class Constraint:
         self.last_s = self.avg_s = 0.0  # time of the latest mask, and a moving average (core.engine.mask_share)
 
     def mask(self, logprobs):
-        """`logprobs` (1, V) with every token the grammar forbids at -inf (one row alone; a
-        decoding batch's rows are masked together by `masks`)."""
+        """`logprobs` (1, V) with every token the grammar forbids at -inf (one row alone, as
+        `masks` does a decoding batch's rows)."""
         import mlx.core as mx
-        from llguidance.numpy import fill_next_token_bitmask
 
-        if self.previous is not None:  # waits for the last step's forward: not the mask's time
-            mx.eval(self.previous)
-        tic = time.perf_counter()
-        self._consume()
-        fill_next_token_bitmask(self.matcher, self.bitmask, 0)
-        if self.matcher.is_error():  # the mask is then the end of text alone: not an answer
-            raise ConstraintFailed(self.matcher.get_error())
-        allowed = np.unpackbits(self.bitmask[0].view(np.uint8), bitorder="little")[: logprobs.shape[-1]]
-        self._timed(time.perf_counter() - tic)
-        return mx.where(mx.array(allowed.astype(bool)), logprobs, -mx.inf)
+        allowed, failed = masks([self], logprobs.shape[-1])
+        if failed[0] is not None:
+            raise failed[0]
+        return mx.where(mx.array(allowed), logprobs, -mx.inf)
 
     def _consume(self) -> None:
         """The matcher takes the token the last call chose (evaluated by the caller)."""
@@ -198,6 +190,9 @@ class Constrained:
             rewind(delivered)
 
 
+_pool = None
+
+
 def _executor():
     """llguidance's thread pool for batched masks, made once."""
     global _pool
@@ -207,9 +202,6 @@ def _executor():
 
             _pool = llguidance.LLExecutor()
         return _pool
-
-
-_pool = None
 
 
 def masks(rows: list[Constraint], vocab: int) -> tuple[np.ndarray, list[ConstraintFailed | None]]:
