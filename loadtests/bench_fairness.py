@@ -35,7 +35,8 @@ engine between alice's turns, mallory's output tokens/s while alice was timed (w
 batch still does), her streams' first-token wait and longest stall between two of her
 tokens while alice was timed (p50/p95: what a preemption costs the preempted, for
 long_max_tokens above all), and the preemptions (and the tokens the preempted held)
-counted during the flood where the server's /metrics has vLLM's num_preemptions. Alice
+counted during the flood where the server's /metrics has vLLM's num_preemptions, and the
+server's CPU (all its threads, of one core) while alice was timed, alone and under each. Alice
 is timed in this process's main thread; mallory's event loop runs in a child process.
 Traffic to 127.0.0.1 only, bounded by --turns and --duration per phase: the default run
 on the tiny model takes about 10 minutes, --quick under 2.
@@ -304,7 +305,15 @@ def summary(rows: list[dict]) -> dict:
 # ---- one flood -------------------------------------------------------------------------------
 
 
-def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: random.Random, ctx) -> dict:
+def server_cpu(pid: int):
+    """The server process's CPU seconds so far, all its threads (a callable; psutil comes with Locust)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    return lambda: sum(proc.cpu_times()[:2])
+
+
+def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: random.Random, ctx, cpu) -> dict:
     """Mallory's `flood` from a child process while alice's turns are timed; the figures."""
     stop, results, sent, timed = ctx.Event(), ctx.Queue(), ctx.Value("i", 0), ctx.Value("d", 0.0)
     limit_s = 3 * args.duration + args.settle + 120
@@ -324,8 +333,9 @@ def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: r
         time.sleep(args.settle)
         samples: list[int] = []
         t0 = timed.value = time.time()
+        c0 = cpu()
         rows = b_turns(http, flood.kind, args, rng, on_think=lambda: samples.append(in_flight(http)))
-        t1 = time.time()
+        t1, c1 = time.time(), cpu()
         stop.set()
         a = results.get(timeout=120)
         child.join(30)
@@ -343,6 +353,7 @@ def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: r
         "b": summary(rows),
         "a": a,
         "window": (t0, t1),
+        "cpu": (c1 - c0) / max(t1 - t0, 1e-9),
         "reached": reached,
         "samples": samples,
         "preempted": None if before is None or after is None else (after[0] - before[0], _less(after[1], before[1])),
@@ -421,7 +432,7 @@ def report(alone: dict, floods: dict, plans: dict) -> None:
 
     print(
         f"\n{'mallory':<16} {'wants':>5} {'sent':>6} {'accepted':>8} {'429':>6} {'400':>6} {'413':>5} {'other':>5} "
-        f"{'at engine':>9} {'tok/s':>7} {'preempt':>7}"
+        f"{'at engine':>9} {'tok/s':>7} {'preempt':>7} {'srv CPU':>7}"
     )
     for kind, f in floods.items():
         a, by = f["a"], outcome_counts(f["a"]["outcomes"])
@@ -432,10 +443,11 @@ def report(alone: dict, floods: dict, plans: dict) -> None:
         pre = "n/a" if f["preempted"] is None else f"{f['preempted'][0]:g}"
         print(
             f"{kind:<16} {plans[kind].workers:>5} {a['sent']:>6} {by['accepted']:>8} {by['429']:>6} {by['400']:>6} "
-            f"{by['413']:>5} {by['other']:>5} {med:>9g} {rate:>7.1f} {pre:>7}"
+            f"{by['413']:>5} {by['other']:>5} {med:>9g} {rate:>7.1f} {pre:>7} {f['cpu']:>7.0%}"
         )
     print("\n(at engine: running and waiting requests, all users', median between alice's turns; tok/s while")
-    print(" alice was timed; preempt: num_preemptions during the flood, n/a where /metrics has none)")
+    print(" alice was timed; preempt: num_preemptions during the flood, n/a where /metrics has none; srv CPU:")
+    print(f" the server's CPU while alice was timed, of one core; alone {alone['cpu']:.0%})")
     for kind, f in floods.items():
         a = f["a"]
         codes = ", ".join(f"{n} x {label}" for label, n in sorted(a["outcomes"].items()))
@@ -595,10 +607,13 @@ def main() -> None:
                     plans[kind] = dataclasses.replace(plans[kind], end_user="mallory")
                 if args.messages:
                     plans[kind] = over_messages(plans[kind])
+            cpu = server_cpu(server.pid)
+            t0, c0 = time.time(), cpu()
             alone = summary(b_turns(http, "alone", args, rng))
+            alone["cpu"] = (cpu() - c0) / max(time.time() - t0, 1e-9)
             print(f"  alone: TTFT p50 {alone['p50']:.3f} / p95 {alone['p95']:.3f} s")
             for kind in kinds:
-                floods[kind] = f = one_flood(plans[kind], url, more_keys, http, args, rng, ctx)
+                floods[kind] = f = one_flood(plans[kind], url, more_keys, http, args, rng, ctx, cpu)
                 print(
                     f"  under {kind}: TTFT p50 {f['b']['at_least']}{f['b']['p50']:.3f} / "
                     f"p95 {f['b']['at_least']}{f['b']['p95']:.3f} s",

@@ -162,3 +162,24 @@ def test_the_banner_comes_once_the_socket_listens(tiny_model_dir, tmp_path):
 )
 def test_openblas_kernel_family_from_cpu_flags(flags, core):
     assert coretype_for_cpu(f"processor\t: 0\nflags\t\t: {flags}\n") == core
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is Linux's CPU BLAS")
+def test_openblas_workers_sleep_between_matmuls():
+    """A server steps back to back: an OpenBLAS worker that spins waiting for the next
+    matmul takes a core the event loop and the preparation threads need (core.platform.blas).
+    After the re-exec, a process idle after a matmul costs next to no CPU."""
+    assert find_openblas(), "the test setup installs libopenblas0-pthread"
+    code = (
+        "from radixchat.core.platform.blas import reexec_with_openblas\n"
+        "reexec_with_openblas('openblas')\n"
+        "import time, mlx.core as mx\n"
+        "a = mx.random.normal((768, 768))\n"
+        "for _ in range(5): mx.eval(a @ a)\n"
+        "t = time.process_time(); time.sleep(0.4); print(time.process_time() - t)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENBLAS_") and k != "LD_PRELOAD"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    idle_cpu = float(out.stdout.split()[-1])
+    assert idle_cpu < 0.03, f"{idle_cpu:.3f} s of CPU in 0.4 s of idling: OpenBLAS's workers spin"

@@ -7,6 +7,13 @@ current process with it set. On virtual CPUs that report a generic model, OpenBL
 detection falls back to its oldest x86-64 kernels ("Prescott", ~30 GFLOP/s here); the
 re-exec then names the kernel family the CPU's flags support (OPENBLAS_CORETYPE:
 SkylakeX for AVX-512, ~160 GFLOP/s here), unless the environment already names one.
+The re-exec also sets OPENBLAS_THREAD_TIMEOUT (unless set): OpenBLAS's worker threads
+otherwise spin (sched_yield) for about 2^28 cycles after each matmul waiting for the next,
+and a server steps back to back, so they never sleep: under a flood of grammar-constrained
+requests on 2 cores its one worker took 56-71% of a core, most of it spinning, beside the
+event loop, the preparation threads and llguidance's that needed it. At the floor (2^4
+cycles) it sleeps at once: ~10% of a core there, the same decode and prefill speed on a
+quiet machine (BENCHMARKS.md, "OpenBLAS's spinning workers").
 Measuring is `matmul_gflops`. Nothing here applies on macOS, where MLX runs on the GPU.
 """
 
@@ -19,6 +26,7 @@ import time
 import warnings
 
 REEXEC_MARK = "RADIXCHAT_BLAS_REEXEC"
+THREAD_TIMEOUT = "4"  # log2 of the cycles an idle OpenBLAS worker spins before it sleeps (OpenBLAS's floor)
 _CANDIDATES = (
     "/usr/lib/*-linux-gnu/libopenblas.so.0",
     "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -71,11 +79,12 @@ def openblas_core() -> str | None:
 
 
 def openblas_env(env: dict) -> dict:
-    """`env` plus OPENBLAS_CORETYPE for this CPU, unless it already names one."""
+    """`env` plus OPENBLAS_CORETYPE for this CPU and OPENBLAS_THREAD_TIMEOUT, unless it
+    already names them."""
     core = coretype_for_cpu()
     if core and "OPENBLAS_CORETYPE" not in env:
         env = {**env, "OPENBLAS_CORETYPE": core}
-    return env
+    return {"OPENBLAS_THREAD_TIMEOUT": THREAD_TIMEOUT, **env}
 
 
 def active_blas() -> str:
