@@ -369,7 +369,7 @@ def test_a_newcomer_goes_alone_past_a_hurried_prompt_too_long_for_the_step(model
     running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(4)}
     decode_until_running(gen, running)
     earlier = insert(gen, list(range(100, 160)))
-    long, short = insert(gen, list(range(3, 403))), insert(gen, list(range(10, 30)))
+    long, short = insert(gen, [3 + i % 390 for i in range(400)]), insert(gen, list(range(10, 30)))
     gen.hurry([long, short])
     assert [r.uid for r in gen.next()[1]] == [short]
     gen.next()
@@ -388,7 +388,8 @@ def test_the_shared_prefill_is_cut_to_what_fits_its_time(model, prefill_s):
     gen = make(model, 256, prefill_s=prefill_s)
     running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(2)}
     decode_until_running(gen, running)
-    insert(gen, list(range(3, 803)))
+    # token ids within the model's vocabulary (400): an id past it reads whatever memory lies there
+    insert(gen, [3 + i % 390 for i in range(800)])
     chunks, before = [], gen._counters.prompt_tokens
     for _ in range(3):
         gen.next()
@@ -413,7 +414,7 @@ def test_a_newcomer_waiting_ends_the_shared_prefill_after_a_piece(model):
             gen.newcomer = lambda: (next(calls), step[0] in waiting_at)[1]
         running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(2)}
         decode_until_running(gen, running)
-        long = insert(gen, list(range(3, 803)))
+        long = insert(gen, [3 + i % 390 for i in range(800)])
         chunks, before = [], gen._counters.prompt_tokens
         for step[0] in range(4):
             gen._token_s = 1e-3  # a millisecond a token: the first piece is MIN_CHUNK (PIECE_S 0.05)
