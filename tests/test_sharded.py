@@ -89,8 +89,15 @@ class Sharded:
         else:
             self.stop()
             raise AssertionError(f"sharded server did not start:\n{self.log.read_text()[-3000:]}")
-        found = re.findall(r"rank (\d) on \S+ pid (\d+)", self.log.read_text())
-        self.pids = {int(r): int(p) for r, p in found}
+        # rank 0's start-up lines reach the log through mlx.launch, which relays them: one CI
+        # run read the log empty just after /health answered
+        deadline = time.time() + 30
+        while True:
+            found = re.findall(r"rank (\d) on \S+ pid (\d+)", self.log.read_text())
+            self.pids = {int(r): int(p) for r, p in found}
+            if set(self.pids) == {0, 1} or time.time() > deadline:
+                break
+            time.sleep(0.2)
         assert set(self.pids) == {0, 1}, self.log.read_text()
 
     @property
