@@ -4,7 +4,9 @@ listener that records what a page fetches from elsewhere. The harness they use i
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,56 @@ from tests.support.procs import scaled
 from tests.support.randmodel import build_random_model
 
 pytest_plugins = ["pytester"]  # tests/test_harness.py runs the suite's own hooks in a pytest of its own
+
+_fast_test: list[str] = []  # the test being set up or run, while it is one not marked slow
+_popen_inits: list = []  # Popen.__init__ as it was before this conftest's run (a pytester run nests one)
+
+
+def pytest_configure(config):
+    inner = subprocess.Popen.__init__
+    _popen_inits.append(inner)
+
+    def tiered(self, *args, **kwargs):
+        if _fast_test:
+            what = args[0] if args else kwargs.get("args")
+            raise pytest.fail.Exception(
+                f"{_fast_test[0]} starts a process ({what!r}) and is not marked slow: mark it "
+                "(`@pytest.mark.slow`, or `pytestmark = pytest.mark.slow` for its module)",
+                pytrace=False,
+            )
+        inner(self, *args, **kwargs)
+
+    subprocess.Popen.__init__ = tiered
+
+
+def pytest_unconfigure(config):
+    subprocess.Popen.__init__ = _popen_inits.pop()
+
+
+@contextlib.contextmanager
+def _tiered(item):
+    fast = item.get_closest_marker("slow") is None
+    if fast:
+        _fast_test.append(item.nodeid)
+    try:
+        yield
+    finally:
+        _fast_test.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """The tiers cannot drift: a test not marked slow that starts a process (a server, a
+    browser, mlx.launch, the CLI), in its body or in a fixture it is the first to use, fails
+    and says so, so `pytest -m "not slow"` (the fast tier) starts none."""
+    with _tiered(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _tiered(item):
+        yield
 
 
 @pytest.hookimpl(tryfirst=True)

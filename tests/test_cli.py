@@ -31,6 +31,7 @@ def run(*args, env=None, timeout=120):
         (["ask", "hi", "--dtype", "float8"], {}, "--dtype"),
     ],
 )
+@pytest.mark.slow
 def test_invalid_setting_is_one_line_naming_it(args, env, name):
     out = run(*args, env=env)
     assert out.returncode == 2  # a usage error, as argparse's own
@@ -38,6 +39,7 @@ def test_invalid_setting_is_one_line_naming_it(args, env, name):
     assert len(lines) == 1 and name in lines[0] and "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_byte_flags_take_human_sizes():
     # a bad port stops start-up before anything loads; the size beside it is not named
     out = run("serve", "--port", "abc", "--cache-disk-bytes", "2e9", "--memory-bytes", "4GiB")
@@ -49,18 +51,21 @@ def test_byte_flags_take_human_sizes():
     assert "--cache-disk-bytes" in lines[0] and "'2X'" in lines[0] and "2GiB" in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_serve_help_says_what_sizes_look_like():
     out = run("serve", "--help")
     assert out.returncode == 0 and "--cache-disk-bytes" in out.stdout
     assert "2GiB" in out.stdout and "2e9" in out.stdout, out.stdout
 
 
+@pytest.mark.slow
 def test_missing_model_is_a_clear_error(tmp_path):
     out = run("ask", "hi", "--model", str(tmp_path / "nothing"))
     assert out.returncode != 0 and "no mlx-lm model folder" in out.stderr
     assert "Traceback" not in out.stderr and "terminate called" not in out.stderr
 
 
+@pytest.mark.slow
 def test_ask_streams_reply_and_timings(tiny_model_dir):
     out = run("ask", "What is a list?", "--model", str(tiny_model_dir), "--max-new-tokens", "7")
     assert out.returncode == 0, out.stderr
@@ -69,6 +74,7 @@ def test_ask_streams_reply_and_timings(tiny_model_dir):
     assert "first token" in out.stderr and "tok/s" in out.stderr
 
 
+@pytest.mark.slow
 def test_ask_goes_to_a_server_already_running_at_its_port(keyed):
     server, key, _, _ = keyed
     port = str(server.port)
@@ -85,6 +91,7 @@ def test_ask_goes_to_a_server_already_running_at_its_port(keyed):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_doctor_reports_blas_and_model(tiny_model_dir):
     out = run("doctor", "--model", str(tiny_model_dir))
     assert out.returncode == 0, out.stderr
@@ -110,6 +117,7 @@ def serve(model_dir, tmp_path) -> tuple[subprocess.Popen, int]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), port
 
 
+@pytest.mark.slow
 def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
     proc, port = serve(tiny_model_dir, tmp_path)
     try:
@@ -132,6 +140,7 @@ def test_serve_answers_health_and_stops_cleanly(tiny_model_dir, tmp_path):
     assert "terminate called" not in out
 
 
+@pytest.mark.slow
 def test_the_banner_comes_once_the_socket_listens(tiny_model_dir, tmp_path):
     """A script that waits for "open http://..." connects at once and is answered."""
     proc, port = serve(tiny_model_dir, tmp_path)
@@ -164,6 +173,7 @@ def test_openblas_kernel_family_from_cpu_flags(flags, core):
     assert coretype_for_cpu(f"processor\t: 0\nflags\t\t: {flags}\n") == core
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is Linux's CPU BLAS")
 def test_openblas_workers_sleep_between_matmuls():
     """A server steps back to back: an OpenBLAS worker that spins waiting for the next

@@ -90,6 +90,7 @@ def _cut(srv, key: str, action) -> tuple[dict, float]:
     ],
     ids=["disabled", "removed", "key-revoked"],
 )
+@pytest.mark.slow
 def test_a_stream_stops_when_its_user_or_key_is_cut_off(served, who, action, words):
     srv, db, keys = served
     with Store(db, scrypt=CHEAP) as store:
@@ -111,6 +112,7 @@ def _auth(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
+@pytest.mark.slow
 def test_a_whole_reply_of_a_disabled_user_is_a_403_and_another_user_goes_on(served):
     srv, db, keys = served
     with Store(db, scrypt=CHEAP) as store:

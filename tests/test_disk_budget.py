@@ -253,6 +253,7 @@ def test_the_numbers():
     assert room.refused == 2
 
 
+@pytest.mark.slow
 def test_serve_has_the_tier_on_unless_told_otherwise(tiny_model_dir, tmp_path):
     """`radixchat serve` with no disk setting keeps a system prompt across a restart; a
     --cache-disk-bytes (0 too) is kept as given; under mlx.launch the default is off, a

@@ -141,6 +141,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_kill_9_during_writes_never_serves_a_torn_entry(tiny_model_dir, tmp_path, reference):
     """Killed mid-work again and again: every file a restart sees is whole (its checksum
     holds, none is dropped), a torn temporary file is never adopted, and the answers

@@ -56,6 +56,7 @@ def test_a_front_ends_end_users_are_users_of_their_own(store):
     assert [k.front_end for k in store.list_api_keys(bob)] == [False]
 
 
+@pytest.mark.slow
 def test_the_admin_command_makes_a_front_end_key(tmp_path):
     db = str(tmp_path / "admin.db")
     cmd = [str(Path(sys.executable).with_name("radixchat"))]

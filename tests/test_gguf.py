@@ -189,6 +189,7 @@ def test_unrunnable_files_are_refused_in_one_line(case, tiny, tmp_path, cache):
     assert not cache.exists() or not any(cache.iterdir())  # nothing trusted, no leftovers
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_truncated_file_in_one_line_without_a_traceback(tiny, tmp_path):
     path = _cut(tiny, tmp_path / "half.gguf", 0.5)
     radixchat = shutil.which("radixchat", path=os.path.dirname(sys.executable)) or "radixchat"

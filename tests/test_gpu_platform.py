@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import mlx.core as mx
+import pytest
 from mlx.utils import tree_flatten
 
 from radixchat.core.engine import model as model_module
@@ -63,6 +64,7 @@ def test_doctor_names_the_device_and_its_memory():
     assert here.startswith(str(mx.default_device()) + " (")
 
 
+@pytest.mark.slow
 def test_setup_refuses_a_switch_it_does_not_know():
     """`.ci/setup` takes --test and --cuda in any order; anything else is a usage line, not a
     half-done setup."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,7 @@ def assert_all_gone(pids: list[int]) -> None:
         os.kill(leader, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_start_that_times_out_kills_and_reaps_its_group(tmp_path, monkeypatch):
     script, pids = never_ready(tmp_path)
@@ -74,6 +76,7 @@ def test_a_start_that_times_out_kills_and_reaps_its_group(tmp_path, monkeypatch)
     assert not procs._running
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_server_that_never_answers_is_killed_and_reaped(tmp_path, monkeypatch):
     script, pids = never_ready(tmp_path)
@@ -83,6 +86,7 @@ def test_a_server_that_never_answers_is_killed_and_reaped(tmp_path, monkeypatch)
     assert_all_gone(pids_of(pids))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_an_interrupted_start_is_killed_and_reaped(tmp_path, monkeypatch):
     script, pids = never_ready(tmp_path)
@@ -129,6 +133,7 @@ def test_a_tests_timeout_stretches_with_load(pytester, monkeypatch, load, timeou
     result.stdout.fnmatch_lines([f"* TIMER {timeout}"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_stopping_ends_the_whole_group(tmp_path, monkeypatch):
     script, pids = never_ready(tmp_path, STUBBORN)
@@ -139,3 +144,38 @@ def test_stopping_ends_the_whole_group(tmp_path, monkeypatch):
     procs.stop_process(proc, timeout=5)  # the shell ends on SIGTERM, its child does not
     assert_all_gone([leader, child])
     assert proc not in procs._running
+
+
+@pytest.mark.slow  # its pytest run's tests start a process
+def test_a_test_not_marked_slow_may_not_start_a_process(pytester):
+    """The tiers cannot drift: `pytest -m "not slow"` (the fast tier) starts no process,
+    because a test not marked slow that starts one, itself or through a fixture, fails."""
+    pytester.makeconftest(Path(__file__).with_name("conftest.py").read_text())
+    pytester.makepyfile(
+        """
+        import subprocess, sys
+        import pytest
+
+        @pytest.fixture
+        def helper():
+            return subprocess.run([sys.executable, "-c", "pass"]).returncode
+
+        def test_runs_one():
+            subprocess.run([sys.executable, "-c", "pass"])
+
+        def test_through_a_fixture(helper):
+            pass
+
+        @pytest.mark.slow
+        def test_marked(helper):
+            assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+
+        def test_starts_none():
+            pass
+        """
+    )
+    before = subprocess.Popen.__init__
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(passed=2, failed=1, errors=1)
+    result.stdout.fnmatch_lines(["*test_runs_one starts a process*is not marked slow*"])
+    assert subprocess.Popen.__init__ is before  # that run's guard is gone with it

@@ -37,6 +37,7 @@ def chat(srv, key, **kw) -> ChatAnthropic:
     return ChatAnthropic(base_url=srv.url, api_key=key, model="plain", max_retries=0, **kw)
 
 
+@pytest.mark.slow
 def test_invoke_and_stream_give_the_same_greedy_text_with_usage(served):
     srv, key = served
     llm = chat(srv, key, max_tokens=12, temperature=0)
@@ -56,6 +57,7 @@ def test_invoke_and_stream_give_the_same_greedy_text_with_usage(served):
     assert joined.usage_metadata["output_tokens"] == usage["output_tokens"]
 
 
+@pytest.mark.slow
 def test_what_langchain_sends_by_default_is_accepted(served, monkeypatch):
     """No max_tokens, temperature or anything else set: LangChain fills its own max_tokens
     (its fallback for a model it has no profile of, far above this model's context) and a
@@ -80,6 +82,7 @@ def test_what_langchain_sends_by_default_is_accepted(served, monkeypatch):
     assert all(b["max_tokens"] > 2048 for b in sent)  # more than the context: the reply ends at it
 
 
+@pytest.mark.slow
 def test_bind_tools_forced_gives_a_call_with_parsed_args(served):
     srv, key = served
     llm = chat(srv, key, max_tokens=60, temperature=0)
@@ -96,6 +99,7 @@ def test_bind_tools_forced_gives_a_call_with_parsed_args(served):
     assert [t["args"] for t in joined.tool_calls] == [call["args"]]
 
 
+@pytest.mark.slow
 def test_with_structured_output_json_schema_gives_a_parsed_dict(served):
     # langchain-anthropic's json_schema method sends output_config.format; the SDK's
     # transform_schema moves maxLength into a description, so no free text here, where a
@@ -114,6 +118,7 @@ def test_with_structured_output_json_schema_gives_a_parsed_dict(served):
     assert set(value) == {"vegan", "course"} and value["course"] in ("starter", "main", "dessert"), value
 
 
+@pytest.mark.slow
 def test_a_bad_key_raises_the_sdks_authentication_error(served):
     srv, _ = served
     with pytest.raises(anthropic.AuthenticationError):

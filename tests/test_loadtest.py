@@ -17,6 +17,7 @@ def long_context_model(tmp_path_factory):
     return build_random_model(tmp_path_factory.mktemp("lt") / "tiny-2k", context=2048)
 
 
+@pytest.mark.slow
 def test_short_seed_run_has_no_failures_and_hits_the_cache(long_context_model, tmp_path):
     out = tmp_path / "report"
     run = subprocess.run(
@@ -64,6 +65,7 @@ def test_short_seed_run_has_no_failures_and_hits_the_cache(long_context_model, t
         assert (out / png).stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_locust_as_its_users_run_it(long_context_model, tmp_path):
     """`locust -f loadtests/locustfile.py --host URL` with Locust's own flags: no accounts file
     (the page users are skipped, with a word why), no hidden bound on requests."""

@@ -36,6 +36,7 @@ def served(tmp_path_factory):
     assert "Traceback" not in srv.stop()
 
 
+@pytest.mark.slow
 def test_a_reply_whole_and_streamed_with_its_usage(served):
     srv, client, _ = served
     system = "You answer questions about Python lists, briefly and precisely. " * 4
@@ -65,6 +66,7 @@ def test_a_reply_whole_and_streamed_with_its_usage(served):
     assert set(events[3:-3]) == {"content_block_delta"}
 
 
+@pytest.mark.slow
 def test_a_stop_sequence_is_named_where_it_ended_the_reply(served):
     _, client, _ = served
     full = client.messages.create(model="plain", max_tokens=24, messages=ASK, extra_body=GREEDY).content[0].text
@@ -75,6 +77,7 @@ def test_a_stop_sequence_is_named_where_it_ended_the_reply(served):
     assert cut.content[0].text == full[: full.index(stop)]
 
 
+@pytest.mark.slow
 def test_tools_forced_streamed_and_answered(served):
     _, client, _ = served
     forced = client.messages.create(
@@ -119,6 +122,7 @@ class Dish(BaseModel):  # no free text: a random model's string could run past m
     course: Literal["starter", "main", "dessert"]
 
 
+@pytest.mark.slow
 def test_structured_output_through_output_config(served):
     """output_config.format (what langchain-anthropic's json_schema method sends) takes the
     grammar path of chat completions' response_format: even a random model's reply parses."""
@@ -146,6 +150,7 @@ def _result() -> dict:
     return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}
 
 
+@pytest.mark.slow
 def test_claude_codes_model_names_and_errors_in_anthropics_envelope(served):
     srv, client, key = served
     claude = client.messages.create(model="claude-sonnet-4-5", max_tokens=3, messages=ASK, extra_body=GREEDY)
@@ -203,6 +208,7 @@ def test_claude_codes_model_names_and_errors_in_anthropics_envelope(served):
     assert ok.content
 
 
+@pytest.mark.slow
 def test_a_prefilled_answer_is_gone_on_from(served):
     """An assistant message last is the start of the answer (Anthropic's prefill): the prompt
     holds its tokens, with no end of turn, and the reply is only what follows it."""
@@ -236,6 +242,7 @@ def test_a_prefilled_answer_is_gone_on_from(served):
         assert words in r.json()["error"]["message"], r.json()
 
 
+@pytest.mark.slow
 def test_litellms_anthropic_route(served, monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price list at import
     import litellm
@@ -251,6 +258,7 @@ def test_litellms_anthropic_route(served, monkeypatch):
         litellm.completion(messages=[{"role": "user", "content": "lists " * 4000}], **route)
 
 
+@pytest.mark.slow
 def test_a_forced_call_cut_short_is_no_text(served):
     """A call the request forced, cut by max_tokens before it closed, comes back as nothing
     with stop_reason max_tokens, not as the call's raw markup in a text block."""

@@ -286,6 +286,7 @@ def listed(url: str) -> dict:
     return {m["id"]: m["loaded"] for m in httpx.get(url + "/v1/models").json()["data"]}
 
 
+@pytest.mark.slow
 def test_two_models_served_together_answer_as_each_alone(tiny_model_dir, second_model, tmp_path):
     ids = ["tiny-random", "second-random"]
     alone = {}

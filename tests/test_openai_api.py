@@ -23,6 +23,7 @@ from tests.support.server import Server
 SYSTEM = "You are a helpful Python tutor. Answer briefly about lists, dicts and generators."
 
 
+@pytest.mark.slow
 def test_official_client_non_streaming_and_cached_tokens(keyed):
     server, key, _, db = keyed
     c = client(server, key)
@@ -48,6 +49,7 @@ def test_official_client_non_streaming_and_cached_tokens(keyed):
     assert any(cached > 0 for _, _, cached in rows)
 
 
+@pytest.mark.slow
 def test_official_client_streaming(keyed):
     server, key, _, _ = keyed
     c = client(server, key)
@@ -70,6 +72,7 @@ def test_official_client_streaming(keyed):
     assert plain.choices[0].message.content == text  # greedy: streaming changes nothing
 
 
+@pytest.mark.slow
 def test_completions_and_models(keyed):
     server, key, _, _ = keyed
     c = client(server, key)
@@ -170,6 +173,7 @@ def bad_cases(key, revoked):
     ]
 
 
+@pytest.mark.slow
 def test_fields_that_ask_for_nothing_are_accepted(keyed):
     """What clients send by default (off values, informational fields) is not an error."""
     server, key, _, _ = keyed
@@ -209,6 +213,7 @@ def server_model_id(http, auth) -> str:
     return http.get("/v1/models", headers=auth).json()["data"][0]["id"]
 
 
+@pytest.mark.slow
 def test_errors_carry_the_types_clients_map_to_their_exceptions(keyed):
     """The official client (and litellm, which reads the type and the wording) raise the
     exception a caller catches: a bad key is an AuthenticationError, a prompt over the
@@ -231,6 +236,7 @@ def test_errors_carry_the_types_clients_map_to_their_exceptions(keyed):
     )
 
 
+@pytest.mark.slow
 def test_litellm_raises_what_its_callers_catch(keyed):
     """litellm maps by status, type and OpenAI's wording: a bad key is its AuthenticationError,
     a prompt over the context its ContextWindowExceededError (what agents catch to trim)."""
@@ -256,6 +262,7 @@ def test_litellm_raises_what_its_callers_catch(keyed):
     assert ask(key, "hi").choices[0].message.content is not None
 
 
+@pytest.mark.slow
 def test_bad_requests_get_clear_errors_and_server_goes_on(keyed):
     server, key, revoked, _ = keyed
     cases = bad_cases(key, revoked)
@@ -274,6 +281,7 @@ def test_bad_requests_get_clear_errors_and_server_goes_on(keyed):
         assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
 
 
+@pytest.mark.slow
 def test_disconnect_mid_stream_cancels_in_engine(keyed):
     server, key, _, _ = keyed
     cancelled_before = server.metric("radixchat:request_success_total", finished_reason="cancelled")
@@ -300,6 +308,7 @@ def test_disconnect_mid_stream_cancels_in_engine(keyed):
         assert server.metric("radixchat:request_success_total", finished_reason="cancelled") == cancelled_before + 1
 
 
+@pytest.mark.slow
 def test_queue_full_is_429_with_retry_after(tmp_path):
     from tests.support.randmodel import build_random_model
 
@@ -356,6 +365,7 @@ def test_each_api_request_is_recorded_once(engine, store, tiny_model_dir):
     assert (ended, refused, cancelled, metric_value(text, "radixchat:request_failure_total")) == (3, 1, 0, 0)
 
 
+@pytest.mark.slow
 def test_no_auth_on_lan_needs_explicit_flag(tiny_model_dir, tmp_path):
     out = subprocess.run(
         [
@@ -377,6 +387,7 @@ def test_no_auth_on_lan_needs_explicit_flag(tiny_model_dir, tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_logprobs_and_top_logprobs_through_the_official_client(keyed):
     server, key, _, _ = keyed
     c = client(server, key)
@@ -407,6 +418,7 @@ def test_logprobs_and_top_logprobs_through_the_official_client(keyed):
     assert c.chat.completions.create(model="default", messages=msgs, max_tokens=2).choices[0].logprobs is None
 
 
+@pytest.mark.slow
 def test_completions_echo_starts_with_the_prompt(keyed):
     server, key, _, _ = keyed
     c = client(server, key)
@@ -423,6 +435,7 @@ def test_completions_echo_starts_with_the_prompt(keyed):
     assert streamed == echoed.choices[0].text
 
 
+@pytest.mark.slow
 def test_completions_logprobs_in_the_legacy_shape(keyed):
     server, key, _, _ = keyed
     out = client(server, key).completions.create(
@@ -435,6 +448,7 @@ def test_completions_logprobs_in_the_legacy_shape(keyed):
     assert lp.text_offset[0] == 0 and all(v <= 0 for v in lp.token_logprobs)
 
 
+@pytest.mark.slow
 def test_logit_bias_moves_the_choice(keyed, tiny_model_dir):
     import mlx.core as mx
     from mlx_lm import load
@@ -473,6 +487,7 @@ def test_logit_bias_moves_the_choice(keyed, tiny_model_dir):
         ({"logit_bias": {"99999999": 1}}, "vocabulary"),
     ],
 )
+@pytest.mark.slow
 def test_bad_logprobs_and_bias_are_refused(keyed, extra, words):
     server, key, _, _ = keyed
     r = httpx.post(
@@ -484,6 +499,7 @@ def test_bad_logprobs_and_bias_are_refused(keyed, extra, words):
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
 
 
+@pytest.mark.slow
 def test_n_choices_share_one_prompt_computation(keyed):
     server, key, _, db = keyed
     c = client(server, key)
@@ -529,6 +545,7 @@ def test_n_choices_share_one_prompt_computation(keyed):
     assert [texts[i] for i in range(3)] == [ch.message.content for ch in out.choices]
 
 
+@pytest.mark.slow
 def test_metrics_have_vllms_names_types_and_labels(keyed):
     """Dashboards built for vLLM work with the prefix changed: the names, counters for totals,
     histograms from 1 ms, model_name on every series, refusals counted by reason."""
@@ -591,6 +608,7 @@ def test_metrics_have_vllms_names_types_and_labels(keyed):
     assert metric_value(text, "radixchat:inter_token_latency_seconds_count") >= 4
 
 
+@pytest.mark.slow
 def test_the_grafana_dashboard_asks_for_series_the_server_has(keyed):
     from pathlib import Path
 
@@ -614,6 +632,7 @@ def test_the_grafana_dashboard_asks_for_series_the_server_has(keyed):
     assert len(asked) >= 12 and asked <= served, asked - served
 
 
+@pytest.mark.slow
 def test_structured_output_parses_and_validates_on_a_random_model(keyed):
     """Even a random model's reply follows the schema: the grammar masks every other token."""
     server, key, _, _ = keyed
@@ -657,6 +676,7 @@ def test_structured_output_parses_and_validates_on_a_random_model(keyed):
     )
 
 
+@pytest.mark.slow
 def test_json_object_and_a_free_reply_side_by_side(keyed):
     """A constrained row in the batch leaves a free one's greedy reply as it is alone."""
     server, key, _, _ = keyed
@@ -699,6 +719,7 @@ def test_json_object_and_a_free_reply_side_by_side(keyed):
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}, "schema"),
     ],
 )
+@pytest.mark.slow
 def test_bad_response_formats_are_refused(keyed, fmt, words):
     server, key, _, _ = keyed
     r = httpx.post(

@@ -50,6 +50,7 @@ def wheel(tmp_path_factory) -> Path:
     return whl
 
 
+@pytest.mark.slow
 def test_wheel_holds_the_code_and_the_bundled_model_but_no_tests(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for must in (
@@ -81,6 +82,7 @@ def test_wheel_holds_the_code_and_the_bundled_model_but_no_tests(wheel):
     assert any("locust" in line and 'extra == "bench"' in line for line in meta.splitlines())
 
 
+@pytest.mark.slow
 def test_wheel_installs_beside_a_distribution_with_its_own_core_package(wheel, tmp_path):
     """Another distribution that ships top-level `core`, `webui` and `assets` packages neither
     breaks radixchat nor is broken by it."""
@@ -279,6 +281,7 @@ def test_no_import_circles():
         visit(n)
 
 
+@pytest.mark.slow
 def test_serving_imports_load_no_mlx_outside_the_engine():
     """Importing the server, the page and the API pulls in no MLX: only the engine thread loads it."""
     code = (

@@ -117,6 +117,7 @@ def test_uploads_and_files_are_refused(server):
     assert bob_http.get("/").status_code == 200
 
 
+@pytest.mark.slow
 def test_gradios_traffic_monitoring_is_off(server):
     """Gradio's /monitoring/summary showed any signed-in user every page handler's calls
     (an admin's account actions among them); the server's own /metrics answers loopback only."""

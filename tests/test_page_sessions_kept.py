@@ -33,6 +33,7 @@ def restart(srv, tiny_model_dir) -> Server:
     return again
 
 
+@pytest.mark.slow
 def test_a_restart_keeps_sign_ins_and_sign_out_ends_them_for_good(first, tiny_model_dir):
     alice, bob = signed_in(first.url, "alice"), signed_in(first.url, "bob")
     assert status(first.url, alice) == status(first.url, bob) == 200
@@ -57,6 +58,7 @@ def test_a_restart_keeps_sign_ins_and_sign_out_ends_them_for_good(first, tiny_mo
         stop_clean(srv)
 
 
+@pytest.mark.slow
 def test_a_password_change_or_the_expiry_ends_a_kept_sign_in(first, tiny_model_dir):
     alice, bob = signed_in(first.url, "alice"), signed_in(first.url, "bob")
     stop_clean(first)

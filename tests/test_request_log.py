@@ -8,10 +8,12 @@ import sqlite3
 import time
 
 import httpx
+import pytest
 
 from tests.support.clients import GOOD
 
 
+@pytest.mark.slow
 def test_each_request_and_each_refusal_is_a_line_on_the_log(keyed):
     server, key, _, _ = keyed
     auth = {"authorization": f"Bearer {key}"}
@@ -52,6 +54,7 @@ def _last_id(db) -> int:
         conn.close()
 
 
+@pytest.mark.slow
 def test_every_answer_has_its_row_stored_before_the_client_reads_it(keyed):
     """Served and refused alike: the row is committed when the answer arrives (read at once,
     with no wait), with its route, status, reason and the field at fault."""

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from radixchat.core.store import Store
 from tests.support.clients import GOOD
@@ -21,6 +22,7 @@ from tests.support.server import CHEAP, Server
 BUSY = "while True: pass"
 
 
+@pytest.mark.slow
 def test_answered_requests_keep_their_rows_through_a_kill_under_load(tiny_model_dir, tmp_path):
     db = tmp_path / "rows.db"
     with Store(db, scrypt=CHEAP) as store:

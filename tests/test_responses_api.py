@@ -11,6 +11,7 @@ from tests.support.clients import client
 from tests.support.server import Server
 
 
+@pytest.mark.slow
 def test_a_response_then_its_follow_up_in_the_users_conversation(keyed):
     from radixchat.core.store import Store
 
@@ -74,6 +75,7 @@ def test_a_response_then_its_follow_up_in_the_users_conversation(keyed):
     assert branch.id.split("_")[1] != first.id.split("_")[1]
 
 
+@pytest.mark.slow
 def test_another_users_response_is_not_found(keyed):
     import openai
 
@@ -94,6 +96,7 @@ def test_another_users_response_is_not_found(keyed):
         )
 
 
+@pytest.mark.slow
 def test_a_kept_response_reads_back_and_is_nobody_elses(keyed):
     import openai
 
@@ -150,6 +153,7 @@ def test_a_kept_response_reads_back_and_is_nobody_elses(keyed):
         ({"text": {"format": {"type": "xml"}}}, "text.format"),
     ],
 )
+@pytest.mark.slow
 def test_what_the_responses_api_does_not_do_is_refused_by_name(keyed, extra, words):
     server, key, _, _ = keyed
     r = httpx.post(
@@ -161,6 +165,7 @@ def test_what_the_responses_api_does_not_do_is_refused_by_name(keyed, extra, wor
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
 
 
+@pytest.mark.slow
 def test_no_auth_keeps_no_responses(tiny_model_dir, tmp_path):
     srv = Server(tiny_model_dir, tmp_path / "n.db", "--no-auth")
     try:
@@ -180,6 +185,7 @@ def test_no_auth_keeps_no_responses(tiny_model_dir, tmp_path):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_a_response_that_offers_tools_is_answered_not_kept(keyed):
     """Its reply may be calls, which the store's text turns cannot hold (read back, they were
     the model's raw call markup): answered, and not found afterwards."""

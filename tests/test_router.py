@@ -76,6 +76,7 @@ def worker_of(router: Router, owner: str) -> str:
     return r.headers.get("x-smg-routed-worker-id", "").rstrip("/")
 
 
+@pytest.mark.slow
 def test_greedy_answers_through_the_router_equal_a_plain_servers(routed):
     front, key, plain = routed["front"], routed["keys"][0], routed["plain"]
     alone = chat(plain, routed["plain_key"], QUESTION)
@@ -94,6 +95,7 @@ def test_greedy_answers_through_the_router_equal_a_plain_servers(routed):
     ]
 
 
+@pytest.mark.slow
 def test_four_users_second_turns_find_their_first_cached(routed):
     front = routed["front"]
     system = {"role": "system", "content": "Answer briefly."}  # short: most of a prompt is the user's own
@@ -111,6 +113,7 @@ def test_four_users_second_turns_find_their_first_cached(routed):
         assert cached >= 0.8 * prompt, (i, usage)
 
 
+@pytest.mark.slow
 def test_the_owner_counts_only_with_the_service_key(routed):
     worker, router = routed["workers"][0], routed["router"]
     model = httpx.get(worker.url + "/v1/models").json()["data"][0]["id"]
@@ -134,6 +137,7 @@ def test_the_owner_counts_only_with_the_service_key(routed):
     assert good.status_code == 200 and good.text.splitlines()[-1].startswith('{"type":"finished"'), good.text
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_stops_its_request_on_its_worker(routed):
     """The stream goes through smg; the cancel goes to the worker smg chose, by its URL."""
     front, key = routed["front"], routed["keys"][2]
@@ -203,6 +207,7 @@ def _two_streams(routed, victim, other):
     return a, b, out, started, threads
 
 
+@pytest.mark.slow
 def test_a_killed_worker_fails_only_its_streams_and_comes_back(routed):
     front, router, workers = routed["front"], routed["router"], routed["workers"]
     victim = workers[0]
@@ -235,6 +240,7 @@ def test_a_killed_worker_fails_only_its_streams_and_comes_back(routed):
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 def test_a_hung_worker_fails_only_its_streams_and_carries_on_when_it_wakes(routed):
     front, workers = routed["front"], routed["workers"]
     victim = workers[1]
@@ -282,6 +288,7 @@ def _serve(engine_url: str, key: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(60), env=env)
 
 
+@pytest.mark.slow
 def test_a_router_with_no_healthy_worker_is_refused_or_answered_503(routed, tmp_path):
     """Runs last: it stops the module's workers."""
     empty = Router([f"http://127.0.0.1:{free_port()}"], expect=0)

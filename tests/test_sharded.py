@@ -212,6 +212,7 @@ def test_the_ring_ports_bind_while_closed_connections_hold_ephemeral_ports():
         srv.close()
 
 
+@pytest.mark.slow
 def test_greedy_answers_equal_one_process_for_concurrent_users(model, tmp_path):
     port = free_port()
     alone = start_radixchat(str(model), tmp_path / "one.sqlite", port, tmp_path / "one.log", "--no-auth")
@@ -236,6 +237,7 @@ def test_greedy_answers_equal_one_process_for_concurrent_users(model, tmp_path):
     assert shards["messages"] > 0 and shards["message_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_a_cancelled_stream_leaves_no_row_on_either_rank(llama, tmp_path):
     server = Sharded(llama, tmp_path)
     try:
@@ -325,6 +327,7 @@ def test_a_lost_ranks_stop_signals_only_once_the_streams_have_sent_their_end(mon
     assert signals == [signal.SIGTERM]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["killed", "hung"])
 def test_a_lost_rank_ends_the_server_with_a_clear_error(llama, tmp_path, fault):
     server = Sharded(llama, tmp_path, "--shard-timeout-s", "3")
@@ -353,6 +356,7 @@ def test_a_lost_rank_ends_the_server_with_a_clear_error(llama, tmp_path, fault):
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_model_whose_heads_do_not_split_is_refused_in_one_line(llama, tmp_path):
     """4 attention heads over 3 ranks: mlx-lm would floor them and compute garbage."""
     log = tmp_path / "three.log"
@@ -383,6 +387,7 @@ def test_a_model_whose_heads_do_not_split_is_refused_in_one_line(llama, tmp_path
     assert "Traceback" not in text
 
 
+@pytest.mark.slow
 def test_speculation_under_mlx_launch_is_refused_in_one_line(llama, tmp_path):
     """Drafts would be one more thing the ranks must agree on: not built, so not silently off."""
     log = tmp_path / "spec.log"
@@ -433,6 +438,7 @@ def test_the_shape_digest_tells_trees_apart():
     assert shape_digest(a, 0) != shape_digest(b, 0)
 
 
+@pytest.mark.slow
 def test_doctor_under_mlx_launch_prints_each_rank_and_the_sharding(llama, tmp_path):
     cmd = [
         str(BIN / "mlx.launch"),

@@ -75,6 +75,7 @@ def _running(url: str) -> int:
     return httpx.get(url + "/health", timeout=10).json()["active_requests"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_with_a_page_reply_and_an_api_stream_running_ends_in_seconds(model, browser, shots, tmp_path, sig):
     srv = page_server(model, tmp_path, "--max-tokens", str(MAX_TOKENS))

@@ -194,6 +194,7 @@ def test_prefill_keeps_a_share_when_the_batch_is_larger_than_the_budget(model):
     gen.close()
 
 
+@pytest.mark.slow
 def test_the_engine_keeps_mlx_lms_order_when_the_generator_is_not_the_one_it_knows(tiny_model_dir, monkeypatch, caplog):
     """Another mlx-lm whose BatchGenerator lacks the parts the budgeted step reorders: the
     engine says so and serves with the library's own order instead of failing every step."""

@@ -579,6 +579,7 @@ def test_new_file_is_private_and_closed_store_refuses(tmp_path):
     assert store.dropped == 1
 
 
+@pytest.mark.slow
 def test_store_imports_neither_mlx_nor_http():
     code = (
         "import sys, radixchat.core.store, radixchat.webui.cli_admin; "

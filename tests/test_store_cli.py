@@ -43,6 +43,7 @@ def pwfile(tmp_path):
     return str(f)
 
 
+@pytest.mark.slow
 def test_users_keys_lifecycle(db, pwfile):
     out = run("users", "add", "alice", "--password-file", pwfile, "--db", db)
     assert out.returncode == 0 and out.stdout.strip() == "added user alice (admin)", out.stderr  # the first
@@ -75,6 +76,7 @@ def test_users_keys_lifecycle(db, pwfile):
     assert refused(run("users", "remove", "alice", "--db", db), "user 'alice' not found")
 
 
+@pytest.mark.slow
 def test_users_add_admin_makes_an_admin(db, pwfile):
     assert run("users", "add", "alice", "--password-file", pwfile, "--db", db).returncode == 0
     out = run("users", "add", "bob", "--password-file", pwfile, "--db", db)
@@ -87,6 +89,7 @@ def test_users_add_admin_makes_an_admin(db, pwfile):
     assert "admin" in listed["carol"] and "admin" not in listed["bob"]
 
 
+@pytest.mark.slow
 def test_users_admin_makes_an_admin_and_off_ends_it_but_never_the_last(db, pwfile):
     for name in ("alice", "bob"):
         assert run("users", "add", name, "--password-file", pwfile, "--db", db).returncode == 0
@@ -100,6 +103,7 @@ def test_users_admin_makes_an_admin_and_off_ends_it_but_never_the_last(db, pwfil
         assert [(a.name, a.admin) for a in store.accounts()] == [("alice", False), ("bob", True)]
 
 
+@pytest.mark.slow
 def test_export_json_and_markdown(db):
     with Store(db, scrypt=CHEAP) as store:
         alice = store.create_user("alice", "alice-password")
@@ -122,6 +126,7 @@ def test_export_json_and_markdown(db):
     assert refused(run("export", "carol", str(conv.id), "--db", db), "user 'carol' not found")
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line(db, pwfile, tmp_path):
     assert refused(run("users", "add", "bad name", "--password-file", pwfile, "--db", db), "bad user name")
     short = tmp_path / "short"
@@ -140,6 +145,7 @@ def test_bad_input_is_one_line(db, pwfile, tmp_path):
     assert refused(run("users", "list", "--db", str(junk)), "cannot open")
 
 
+@pytest.mark.slow
 def test_default_db_is_in_the_user_data_folder(tmp_path, pwfile):
     env = {k: v for k, v in os.environ.items() if k != "RADIXCHAT_DB"}
     env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "data"))

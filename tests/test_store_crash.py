@@ -90,6 +90,7 @@ def run_and_kill(path: Path, uid: int, seed: int) -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_sigkill_loses_no_acknowledged_row(tmp_path, seed):
     path = tmp_path / "crash.db"

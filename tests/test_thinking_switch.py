@@ -5,6 +5,7 @@ says so; on a model without one it is a 400 naming it (tests/test_openai_api.py)
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.support.randmodel import TEMPLATE, build_random_model
 from tests.support.server import Server, stop_clean
@@ -17,6 +18,7 @@ SWITCH = TEMPLATE.replace(
 )
 
 
+@pytest.mark.slow
 def test_reasoning_effort_flips_the_templates_thinking_switch(tmp_path):
     assert SWITCH != TEMPLATE
     model = build_random_model(tmp_path / "switch", template=SWITCH)

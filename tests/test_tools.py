@@ -128,6 +128,7 @@ def check_weather(call) -> dict:
     return args
 
 
+@pytest.mark.slow
 def test_a_required_call_round_trip_through_the_official_client(tool_server):
     c = client(tool_server, "none")
     msgs = [{"role": "user", "content": "What is the weather in Oslo for three days?"}]
@@ -170,6 +171,7 @@ def _responses_tool(tool: dict) -> dict:
     return {"type": "function", **tool["function"]}
 
 
+@pytest.mark.slow
 def test_responses_function_calls_whole_streamed_and_sent_back(tool_server):
     c = client(tool_server, "none")
     tools = [_responses_tool(WEATHER), _responses_tool(TIME)]
@@ -220,6 +222,7 @@ def _as_chat_call(item) -> dict:
     return {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
 
 
+@pytest.mark.slow
 def test_a_model_without_a_tool_format_calls_tools_in_the_generic_one(tmp_path):
     from tests.support.randmodel import TEMPLATE, build_random_model
 
@@ -285,6 +288,7 @@ def test_the_generic_format_rewrites_calls_and_results_for_a_plain_template():
     assert formats.held_back("generic", " {") == 0 and formats.held_back("generic", "It") == 2
 
 
+@pytest.mark.slow
 def test_a_required_call_cut_short_is_no_content(tool_server):
     """A forced call cut by max_tokens: finish_reason length, and neither content nor a call
     (the call's raw markup is not the answer)."""

@@ -34,12 +34,14 @@ def mypy(where: Path, *targets: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_webui_and_the_seam_type_check(linked):
     targets = [x for m in ["radixchat.webui", *SEAM] for x in ("-p", m)]
     out = mypy(linked, *targets)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_the_check_sees_the_seams_types(linked):
     """Not Any: a caller that hands a handle a string, or an engine request a list, is refused."""
     (linked / "misuse.py").write_text(

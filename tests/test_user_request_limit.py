@@ -43,6 +43,7 @@ def at_once(srv, key: str, n: int) -> list[int]:
     return sorted(r.status_code for r in answers)
 
 
+@pytest.mark.slow
 def test_a_users_own_limit_holds_them_and_only_them(limited):
     srv, keys, db = limited
     assert at_once(srv, keys["bob"], 4).count(429) >= 1  # one at a time is bob's limit

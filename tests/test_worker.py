@@ -39,6 +39,7 @@ def pair(tiny_model_dir, tmp_path_factory):
         assert "Traceback" not in worker.stop()
 
 
+@pytest.mark.slow
 def test_greedy_answers_through_a_worker_equal_a_plain_servers(pair):
     worker, front, front_key, plain, plain_key = pair
     whole = chat(front, front_key, QUESTION)
@@ -52,6 +53,7 @@ def test_greedy_answers_through_a_worker_equal_a_plain_servers(pair):
     assert [m["id"] for m in models["data"]] == [httpx.get(worker.url + "/v1/models").json()["data"][0]["id"]]
 
 
+@pytest.mark.slow
 def test_a_users_second_turn_finds_their_prefix_cached_on_the_worker(pair):
     _, front, front_key, _, _ = pair
     first = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name three rivers."}]
@@ -63,6 +65,7 @@ def test_a_users_second_turn_finds_their_prefix_cached_on_the_worker(pair):
     assert two["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, two["usage"]
 
 
+@pytest.mark.slow
 def test_a_caller_without_the_service_key_is_refused_and_claims_no_owner(pair):
     worker = pair[0]
     body = {"kind": "chat", "request": {"messages": QUESTION, "owner": "key:someone-elses-cache-key"}}
@@ -76,6 +79,7 @@ def test_a_caller_without_the_service_key_is_refused_and_claims_no_owner(pair):
     assert good.status_code == 200 and good.text.splitlines()[-1].startswith('{"type":"finished"')
 
 
+@pytest.mark.slow
 def test_bad_engines_are_one_line_start_up_errors(pair, tmp_path):
     worker, front = pair[0], pair[1]
     cases = [
@@ -93,6 +97,7 @@ def test_bad_engines_are_one_line_start_up_errors(pair, tmp_path):
         assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.slow
 def test_a_worker_refuses_to_start_without_a_key(tiny_model_dir, tmp_path):
     cmd = [
         RADIXCHAT,
@@ -108,6 +113,7 @@ def test_a_worker_refuses_to_start_without_a_key(tiny_model_dir, tmp_path):
     assert done.returncode == 2 and "--service-key" in done.stderr, done
 
 
+@pytest.mark.slow
 def test_a_killed_worker_fails_only_its_stream_and_the_front_end_answers_503(tmp_path_factory):
     folder = tmp_path_factory.mktemp("killed")
     model = build_random_model(folder / "slow-model", dim=128, layers=4, context=2048)  # a stream lasts a while
