@@ -35,7 +35,6 @@ def make_guard(clock, **kw):
     return SignInGuard(verify, clock=clock, **kw), calls
 
 
-@pytest.mark.slow
 def test_lockout_doubles_refuses_before_hashing_and_clears_on_success():
     clock = Clock()
     guard, calls = make_guard(clock, free_failures=3)
@@ -63,7 +62,6 @@ def test_lockout_doubles_refuses_before_hashing_and_clears_on_success():
     asyncio.run(main())
 
 
-@pytest.mark.slow
 def test_failing_a_name_now_and_then_does_not_keep_it_locked():
     """Wrong passwords one every 300 s after a burst kept alice's name locked (429, 300 s) for
     every browser she had not used: the count never fell. Now each lockout is half the last."""
@@ -89,7 +87,6 @@ def test_failing_a_name_now_and_then_does_not_keep_it_locked():
     asyncio.run(main())
 
 
-@pytest.mark.slow
 def test_guessing_at_full_speed_is_held_near_one_try_in_two_minutes():
     clock = Clock()
     guard, calls = make_guard(clock)
@@ -109,7 +106,6 @@ def test_guessing_at_full_speed_is_held_near_one_try_in_two_minutes():
     assert len(calls) == 30  # and nothing hashed while locked
 
 
-@pytest.mark.slow
 def test_a_guessing_address_is_locked_out_for_every_name_and_a_guessed_name_from_every_address():
     clock = Clock()
     guard, _calls = make_guard(clock, free_failures=2)
@@ -128,7 +124,6 @@ def test_a_guessing_address_is_locked_out_for_every_name_and_a_guessed_name_from
     asyncio.run(main())
 
 
-@pytest.mark.slow
 def test_hashing_runs_one_at_a_time_however_many_sign_in_at_once():
     active, peak, lock = [0], [0], threading.Lock()
 
@@ -181,7 +176,6 @@ def test_the_page_login_route_locks_out_a_guesser(tiny_model_dir, tmp_path):
     assert "Traceback" not in out
 
 
-@pytest.mark.slow
 def test_a_burst_sent_at_once_is_hashed_only_until_the_lockout():
     """Forty wrong sign-ins arriving together queue for the one hashing thread; the lockout
     must stop them there, not after all forty were hashed."""
@@ -227,7 +221,6 @@ def test_a_locked_out_address_is_answered_before_the_page_runs(tiny_model_dir, t
         server.stop()
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own priority is Linux's")
 def test_passwords_are_hashed_at_the_lowest_cpu_priority():
     """A flood of wrong sign-ins keeps a hashing thread busy: at nice 19 it takes the cores

@@ -114,7 +114,6 @@ def recording_verify(right: dict[str, str], delay: float = 0.002):
     return verify, hashed
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("addresses", [1, 3])
 def test_a_crowd_of_failed_sign_ins_costs_alice_about_a_hash_per_crowded_address(addresses):
     """300 wrong sign-ins with random names from one or three addresses, then alice from her
@@ -141,7 +140,6 @@ def test_a_crowd_of_failed_sign_ins_costs_alice_about_a_hash_per_crowded_address
     assert len(hashed) == 300 - len(refused) + 1
 
 
-@pytest.mark.slow
 def test_a_trusted_browser_goes_ahead_of_a_crowd_from_many_addresses():
     keys = {"alice": "alice-session-key"}
     verify, hashed = recording_verify({"alice": "right"})
@@ -173,7 +171,6 @@ def cookie_of(set_cookie: str | None) -> dict[str, str]:
     return {name: rest.split(";")[0]}
 
 
-@pytest.mark.slow
 def test_a_browser_that_signed_in_before_is_not_locked_out_by_anyone_elses_failures():
     keys = {"alice": "k-alice", "bob": "k-bob"}
     verify, _ = recording_verify({"alice": "right", "bob": "bobs"}, delay=0)

@@ -208,7 +208,6 @@ def test_the_generator_gives_the_same_tokens_and_caches_with_speculation_on_and_
         assert offset == width == n_all, i  # the finished cache holds exactly its tokens
 
 
-@pytest.mark.slow
 def test_the_engine_replies_the_same_with_speculation_and_counts_it(tiny_model_dir):
     from radixchat.core.config import Settings
     from radixchat.core.engine.engine import Engine

@@ -53,7 +53,6 @@ def test_the_steps_logsumexp_is_zero_only_in_a_thread_that_asked():
     assert generate.mx.array is mx.array and generate.mx.library is mx
 
 
-@pytest.mark.slow
 def test_reported_log_probabilities_are_mlx_lms_normalized_ones(engine, tiny_model_dir):
     """The engine's step skips the normalization; a request's logprobs must not show it."""
     from mlx_lm import load
@@ -78,7 +77,6 @@ def test_reported_log_probabilities_are_mlx_lms_normalized_ones(engine, tiny_mod
         assert [round(v, 3) for _, v in got.top] == [round(v, 3) for v in top]
 
 
-@pytest.mark.slow
 def test_the_prompt_step_leaves_mlxs_buffer_cache_to_its_limit(engine, monkeypatch):
     """mlx-lm's prompt step emptied MLX's buffer cache after every chunk; in the engine
     thread it no longer does (the cache has a limit), and elsewhere it still does."""
