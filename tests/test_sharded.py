@@ -98,7 +98,9 @@ class Sharded:
             if set(self.pids) == {0, 1} or time.time() > deadline:
                 break
             time.sleep(0.2)
-        assert set(self.pids) == {0, 1}, self.log.read_text()
+        if set(self.pids) != {0, 1}:
+            self.stop()  # the caller never gets a Sharded to stop: it must not outlive the test
+            raise AssertionError(f"no rank lines in the log:\n{self.log.read_text()[-3000:]}")
 
     @property
     def url(self) -> str:
