@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from radixchat.core.platform.blas import coretype_for_cpu, find_openblas
+from radixchat.core.platform.blas import REEXEC_MARK, coretype_for_cpu, find_openblas
 from tests.support.procs import RADIXCHAT, free_port
 
 
@@ -188,7 +188,9 @@ def test_openblas_workers_sleep_between_matmuls():
         "for _ in range(5): mx.eval(a @ a)\n"
         "t = time.process_time(); time.sleep(0.4); print(time.process_time() - t)\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENBLAS_") and k != "LD_PRELOAD"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("OPENBLAS_") and k not in ("LD_PRELOAD", REEXEC_MARK)
+    }
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     idle_cpu = float(out.stdout.split()[-1])

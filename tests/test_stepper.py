@@ -30,6 +30,12 @@ def make(model, budget: int | None, seen: list | None = None, **extra):
     )
 
 
+def ids(n: int) -> list[int]:
+    """A prompt of `n` token ids, all within the model's vocabulary (400): an id past it
+    reads whatever memory lies there, and replies differ from run to run."""
+    return [3 + i % 390 for i in range(n)]
+
+
 def insert(gen, prompt: list[int]) -> int:
     return gen.insert([prompt], max_tokens=[1000], stop_sequences=[StopSequences()])[0]
 
@@ -194,7 +200,6 @@ def test_prefill_keeps_a_share_when_the_batch_is_larger_than_the_budget(model):
     gen.close()
 
 
-@pytest.mark.slow
 def test_the_engine_keeps_mlx_lms_order_when_the_generator_is_not_the_one_it_knows(tiny_model_dir, monkeypatch, caplog):
     """Another mlx-lm whose BatchGenerator lacks the parts the budgeted step reorders: the
     engine says so and serves with the library's own order instead of failing every step."""
@@ -370,7 +375,7 @@ def test_a_newcomer_goes_alone_past_a_hurried_prompt_too_long_for_the_step(model
     running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(4)}
     decode_until_running(gen, running)
     earlier = insert(gen, list(range(100, 160)))
-    long, short = insert(gen, [3 + i % 390 for i in range(400)]), insert(gen, list(range(10, 30)))
+    long, short = insert(gen, ids(400)), insert(gen, list(range(10, 30)))
     gen.hurry([long, short])
     assert [r.uid for r in gen.next()[1]] == [short]
     gen.next()
@@ -389,8 +394,7 @@ def test_the_shared_prefill_is_cut_to_what_fits_its_time(model, prefill_s):
     gen = make(model, 256, prefill_s=prefill_s)
     running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(2)}
     decode_until_running(gen, running)
-    # token ids within the model's vocabulary (400): an id past it reads whatever memory lies there
-    insert(gen, [3 + i % 390 for i in range(800)])
+    insert(gen, ids(800))
     chunks, before = [], gen._counters.prompt_tokens
     for _ in range(3):
         gen.next()
@@ -415,7 +419,7 @@ def test_a_newcomer_waiting_ends_the_shared_prefill_after_a_piece(model):
             gen.newcomer = lambda: (next(calls), step[0] in waiting_at)[1]
         running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(2)}
         decode_until_running(gen, running)
-        long = insert(gen, [3 + i % 390 for i in range(800)])
+        long = insert(gen, ids(800))
         chunks, before = [], gen._counters.prompt_tokens
         for step[0] in range(4):
             gen._token_s = 1e-3  # a millisecond a token: the first piece is MIN_CHUNK (PIECE_S 0.05)
