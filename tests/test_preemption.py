@@ -189,6 +189,13 @@ def test_a_users_slow_grammar_masks_are_paid_from_their_share_of_a_step(tiny_mod
     monkeypatch.setattr(constrain.Constraint, "_consume", consume)
     schema = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}
     eng = Engine(Settings(model=str(tiny_model_dir), max_batch=32, max_tokens=64)).start(timeout=120)
+    removed, remove = [], eng._gen.remove
+
+    def counted(uids, *args, **kw):
+        removed.append(len(uids))
+        return remove(uids, *args, **kw)
+
+    eng._gen.remove = counted
     try:
         peak, done = [0], threading.Event()
 
@@ -214,5 +221,7 @@ def test_a_users_slow_grammar_masks_are_paid_from_their_share_of_a_step(tiny_mod
         budget = max(MASK_FLOOR_S, eng._model_step_s / 2)
         assert eng.stats().preemptions > 0
         assert 1 <= peak[0] <= max(1, int(budget / 0.03)) + 1, (peak[0], budget)
+        # the rows over her share left the batch together: one filter of its buffers, not one each
+        assert max(removed) >= 3 and len(removed) < eng.stats().preemptions, removed
     finally:
         eng.stop()

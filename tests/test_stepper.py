@@ -13,6 +13,7 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, StopSequences
 
+from radixchat.core.engine.generator import Generator, LibraryGenerator
 from radixchat.core.engine.stepper import BudgetedBatchGenerator, check_layout
 
 
@@ -211,12 +212,33 @@ def test_the_engine_keeps_mlx_lms_order_when_the_generator_is_not_the_one_it_kno
     monkeypatch.setattr(stepper, "check_layout", lambda gen: False)
     eng = Engine(Settings(model=str(tiny_model_dir), max_batch=4, max_prefill_batch=2, max_tokens=4)).start(timeout=120)
     try:
-        assert type(eng._gen) is BatchGenerator
+        assert type(eng._gen) is LibraryGenerator and isinstance(eng._gen, BatchGenerator)
         final = eng.submit_tokens([5, 6, 7, 8], Sampling(max_tokens=3, ignore_eos=True)).result()
         assert isinstance(final, Finished) and final.usage.generated_tokens == 3
     finally:
         eng.stop()
     assert "its own order" in caplog.text
+
+
+@pytest.mark.parametrize("step_tokens", [0, 256])
+def test_every_generator_the_engine_builds_answers_one_interface(model, step_tokens):
+    """The budgeted generator and mlx-lm's own (--step-tokens 0) have the same parts, so the
+    engine calls them without probing which one it has; the library's extras are idle."""
+    from tests.support.step_count import engine
+
+    gen = engine(model, 4, step_tokens=step_tokens)
+    try:
+        assert isinstance(gen, Generator)
+        assert isinstance(gen, BudgetedBatchGenerator) == bool(step_tokens)
+        if not step_tokens:
+            assert gen.speculator is None and gen.batch_sampler is None
+            gen.hurry([0], alone=[0])  # its own prefill order: nothing to hurry
+        (uid,) = gen.insert_segments([[[5, 6, 7, 8]]], max_tokens=[2])
+        gen.hurry([uid], alone=[uid])
+        outs = [r for _ in range(6) for r in gen.next()[1] if r.uid == uid]
+        assert [r.finish_reason for r in outs][-1] == "length"
+    finally:
+        gen.close()
 
 
 def test_short_prompts_join_the_prefill_together_and_long_ones_a_few_at_a_time(model):

@@ -58,8 +58,9 @@ from radixchat.core.engine.seam import ModelInfo
 from radixchat.core.engine.textstream import TextStream
 from radixchat.core.platform.memory import MlxMemory, give_back_memory
 
-if TYPE_CHECKING:  # both import MLX, which only the engine thread may load
+if TYPE_CHECKING:  # they import MLX, which only the engine thread may load
     from radixchat.core.cache.kv import PrefixStore
+    from radixchat.core.engine.generator import Generator
     from radixchat.core.engine.model import LoadedModel
 
 
@@ -106,7 +107,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._prefetch: dict[str, object] = {}  # request id -> node it holds while its prefix is read from disk
         # under mlx.launch (core.engine.lockstep) rank 0 records what it changes for the others
         self.link = None  # core.engine.lockstep.Link, set by the engine thread when sharded
-        self._gen = None  # the batch generator, made by the engine thread once the model loads
+        self._gen: Generator | None = None  # the batch generator, made by the engine thread once the model loads
         self._sharded = launched() is not None
         self._ops: list[Op] | None = [] if self._sharded else None  # rank 0: not yet sent
         self._busy_since = 0.0  # rank 0: when the message or step under way began (0: none)
@@ -268,7 +269,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def _new_generator(self):
         from mlx_lm.generate import StopSequences
 
-        from radixchat.core.engine.stepper import BudgetedBatchGenerator, make_generator
+        from radixchat.core.engine.stepper import make_generator
 
         # every insert names its stop sequences (eos, or none with ignore_eos)
         self._eos_stops = StopSequences([[t] for t in sorted(self.loaded.tokenizer.eos_token_ids)])
@@ -279,9 +280,9 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         if self._sharded:  # every rank cuts its chunks alike: not by its own timings
             settings = settings.model_copy(update={"prefill_s": 0.0})
         gen = make_generator(self.loaded.model, settings, self._mx_stream, self._on_prompt, speculate)
-        if getattr(gen, "batch_sampler", None) is not None:  # a row's sampling is its request's
+        if gen.batch_sampler is not None:  # a row's sampling is its request's
             gen.batch_sampler.request = self._by_uid.get
-        if isinstance(gen, BudgetedBatchGenerator) and settings.prefill_s:
+        if settings.prefill_s:
             gen.newcomer = self._newcomer_waiting
         return gen
 
@@ -406,7 +407,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             prefixes.append(tokens[: a.hit])
         # segments make the generator pause at message ends, so snapshots can be taken there
         stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in rows]
-        batched = getattr(self._gen, "batch_sampler", None) is not None
+        batched = self._gen.batch_sampler is not None
         samplers = [None] * len(rows) if batched else samplers  # it asks for each row's (_new_generator)
         uids = self._gen.insert_segments(
             prompts,
@@ -420,8 +421,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         for a, uid in zip(rows, uids):
             a.uid = uid
             self._by_uid[uid] = a
-        if hasattr(self._gen, "hurry"):  # (mlx-lm's own generator prefills in its order)
-            self._gen.hurry([a.uid for a in rows if a.hurry], alone=[a.uid for a in rows if a.alone])
+        self._gen.hurry([a.uid for a in rows if a.hurry], alone=[a.uid for a in rows if a.alone])
 
     def _step(self) -> None:
         self._step_started = time.perf_counter()  # a request's queue time ends where its prefill begins
@@ -466,6 +466,15 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         out, and a preempted one's (core.engine.preempt)."""
         if final is None and a.uid is not None:
             final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
+        self._left_batch(a, final)
+
+    def _leave_batch_all(self, rows: list[Active]) -> None:
+        """`_leave_batch` for several rows, out of the generator in one call (one filter)."""
+        finals = self._gen.remove([a.uid for a in rows], return_prompt_caches=self.prefix is not None)
+        for a in rows:
+            self._left_batch(a, finals.get(a.uid))
+
+    def _left_batch(self, a: Active, final) -> None:
         live = None
         if final is not None and final[0] is not None:
             live = self._store(a, final[1], final[0])

@@ -87,7 +87,8 @@ class Intake:
         """A snapshot for /health, /metrics and the Server tab; safe from any thread (reads only)."""
         bpt, prefix = self.kv_bytes_per_token, self.prefix  # (an engine unloading drops its prefix)
         running = len(self._by_uid)
-        spec = getattr(self._gen, "speculator", None)  # a plain BatchGenerator has none
+        gen = self._gen  # None while no model is loaded (stats come from any thread)
+        spec = gen.speculator if gen is not None else None
         link = self.link
         return EngineStats(
             alive=self.alive,

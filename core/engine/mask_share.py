@@ -44,7 +44,7 @@ class MaskShare:
         budget = self._mask_budget()
         if budget is None:
             return
-        spent, mine = Counter(), {}
+        spent, mine, victims = Counter(), {}, []
         for a in self._by_uid.values():
             if a.constraint is not None and a.prefilled:
                 spent[a.owner] += a.constraint.avg_s
@@ -54,7 +54,8 @@ class MaskShare:
             while s > budget and len(rows) > 1:
                 victim = rows.pop()
                 s -= victim.constraint.avg_s
-                self._preempt(victim)
+                victims.append(victim)
+        self._preempt(victims)
 
     def _mask_waits(self, a: Active, picked: list[Active]) -> bool:
         """Must constrained request `a` wait because its owner's masks fill their share?"""

@@ -66,7 +66,7 @@ class Preempt:
 
     def _growth(self) -> int:
         """Tokens one step adds to a row: one, or one and its drafts."""
-        spec = getattr(self._gen, "speculator", None)
+        spec = self._gen.speculator
         return 1 + (spec.k if spec is not None else 0)
 
     def _make_room(self) -> None:
@@ -77,12 +77,14 @@ class Preempt:
         room = self.batch_room() // bpt
         rows = list(self._by_uid.values())
         growth = self._growth()
+        victims = []
         while self._batch_tokens(rows, growth) > room and len(rows) > 1:
             victim = self._victim(rows)
             if victim is None:
-                return
+                break
             rows.remove(victim)
-            self._preempt(victim)
+            victims.append(victim)
+        self._preempt(victims)
 
     def _room_for_the_owed(self) -> None:
         """Preempt for the first waiting request of an owner below their fair share of the room,
@@ -100,14 +102,16 @@ class Preempt:
         want = self._row_size(head)
         if held[head.owner] + want > share:
             return  # at their share: they wait for room like anyone
+        victims = []
         while self._batch_tokens([*rows, head], HEADROOM) > room:
             over = [a for a in rows if a.owner != head.owner and held[a.owner] > share]
             victim = self._victim(over)
             if victim is None:
-                return
+                break
             held[victim.owner] -= self._row_size(victim)
             rows.remove(victim)
-            self._preempt(victim)
+            victims.append(victim)
+        self._preempt(victims)
 
     def _victim(self, rows: list[Active]) -> Active | None:
         """The latest admitted decoding request of the owner holding the most K/V."""
@@ -120,10 +124,20 @@ class Preempt:
         owner = max(held, key=lambda o: (held[o], self._fair.served.get(o, 0.0)))
         return max((a for a in rows if a.owner == owner), key=lambda a: (a.joined, self._held(a)))
 
-    def _preempt(self, a: Active) -> None:
-        """Send a running request back to the fair queue; cache what it computed."""
-        del self._by_uid[a.uid]  # what the batch holds (the cache's reserve) no longer counts it
-        self._leave_batch(a)  # as a finished one leaves; the other ranks do the same
+    def _preempt(self, victims: list[Active]) -> None:
+        """Send running requests back to the fair queue; cache what they computed. They leave
+        the generator in one call: each call filters the batch's buffers (a re-lay of every
+        layer, after the step in flight), and preemptions come several at a time (a newcomer
+        owed room, an owner whose masks outgrow their share)."""
+        if not victims:
+            return
+        for a in victims:
+            del self._by_uid[a.uid]  # what the batch holds (the cache's reserve) no longer counts it
+        self._leave_batch_all(victims)  # as finished ones leave; the other ranks do the same
+        for a in victims:
+            self._requeue(a)
+
+    def _requeue(self, a: Active) -> None:
         if self.prefix is not None:
             self.prefix.release(a.match)
             a.match = None

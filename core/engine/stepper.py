@@ -65,6 +65,7 @@ from radixchat.core.cache.slots import SlotKVCache, swap_order
 from radixchat.core.engine.admission import over_cap
 from radixchat.core.engine.batch_sampler import BatchSampler
 from radixchat.core.engine.decode_batch import DecodingBatch
+from radixchat.core.engine.generator import Generator, LibraryGenerator
 from radixchat.core.engine.speculate import Speculator, usable, verify_step
 
 _LAYOUT = (
@@ -488,7 +489,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         return kept
 
 
-def make_generator(model, settings, stream, on_prompt, speculate: int):
+def make_generator(model, settings, stream, on_prompt, speculate: int) -> Generator:
     """The engine's batch generator: this module's budgeted one (--step-tokens), or mlx-lm's
     own where the installed BatchGenerator is not the one it reorders. The budgeted one has a
     `batch_sampler`: rows go in without samplers of their own, and it asks the engine for each
@@ -523,4 +524,4 @@ def make_generator(model, settings, stream, on_prompt, speculate: int):
             "this mlx-lm's BatchGenerator is not the one --step-tokens reorders: "
             "running with its own order (decode, then prefill)"
         )
-    return BatchGenerator(model, **kwargs)
+    return LibraryGenerator(model, **kwargs)
