@@ -22,7 +22,7 @@ from radixchat.core.engine.requests import (
     Sampling,
     TextDelta,
 )
-from radixchat.core.engine.seam import EngineClient, EngineStats, ModelInfo
+from radixchat.core.engine.seam import EngineClient, EngineStats, Lifecycle, ModelInfo
 from tests.support.fake_engine import FakeEngine
 
 LONG = 1900  # tokens of a reply that runs until it is cancelled: seconds on `slow_model`
@@ -207,3 +207,37 @@ def test_forgetting_returns_at_once_and_the_engine_goes_on(subject):
     assert time.monotonic() - tic < 5
     final = events_of(eng.submit(ask("Still there?", max_tokens=2)))[-1]
     assert isinstance(final, Finished)
+
+
+def test_a_set_of_models_halts_each_and_reports_a_fatal_stop():
+    """The composition root drives a set of engines as it drives one (Lifecycle)."""
+    from radixchat.core.engine.models import ModelSet
+
+    fake = FakeEngine()
+    models = ModelSet.one(fake)
+    assert isinstance(models, Lifecycle) and models.fatal is None
+    fake.hold = True
+    handle = models.default.submit(ask("Wait for me.", max_tokens=4))
+    models.halt()
+    final = events_of(handle)[-1]
+    assert isinstance(final, Finished) and final.finish_reason == "cancelled"
+    fake.fatal = "a rank was lost"
+    assert models.fatal == "a rank was lost"
+    models.stop()  # the server reads it after the stop, when the set holds no engine any more
+    assert models.fatal == "a rank was lost"
+
+
+# last for each engine (a module's tests run in order for each of its params): it stops it
+def test_halting_ends_what_is_in_flight_as_cancelled(subject):
+    eng = subject.engine
+    assert isinstance(eng, Lifecycle) and eng.fatal is None
+    handle = eng.submit(subject.long_request())
+    try:
+        deadline = time.monotonic() + 30
+        while eng.stats().inflight < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        eng.halt()
+        final = events_of(handle)[-1]
+        assert isinstance(final, Finished) and final.finish_reason == "cancelled"
+    finally:
+        subject.done_holding()

@@ -225,8 +225,8 @@ def cmd_serve(args, settings: Settings) -> None:
         settle(STOP_GRACE_S)  # replies cut short by the stop are written before the store closes
         models.stop()
         store.close()
-    if engine.fatal:
-        sys.exit(f"radixchat: {engine.fatal}")
+    if models.fatal:
+        sys.exit(f"radixchat: {models.fatal}")
 
 
 def serve_disk(settings: Settings, sharded: bool) -> Settings:

@@ -65,6 +65,10 @@ class RemoteEngines:
         for e in self._engines:
             e.halt()
 
+    @property
+    def fatal(self) -> str | None:
+        return None  # a worker that stops is waited for (its requests fail), never fatal here
+
     def stop(self) -> None:
         for e in self._engines:
             e.stop()

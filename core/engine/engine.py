@@ -152,6 +152,11 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._cmds.put(Wake())
         self._thread.join(timeout=30)
 
+    def halt(self) -> None:
+        """The server is stopping (core.engine.seam.Lifecycle): `stop`, the model kept until
+        the process ends."""
+        self.stop()
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self._ready.is_set() and not self._stopping

@@ -33,15 +33,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from radixchat.core.config import Settings, kv_budget, memory_budget
 from radixchat.core.engine.owners import OwnerCounts
 from radixchat.core.engine.requests import RequestError
-from radixchat.core.engine.seam import EngineClient, Engines, ServedModel
+from radixchat.core.engine.seam import EngineClient, Engines, Lifecycle, ServedModel
 
 log = logging.getLogger("radixchat.models")
 
 ALIASES = ("default", "default_model")  # names of the first model, whatever it is
+
+
+class ServedEngine(EngineClient, Lifecycle, Protocol):
+    """A model's engine as the set holds it: the web layer's calls, and its lifecycle."""
 
 
 @dataclass
@@ -50,7 +55,7 @@ class _Slot:
     aliases: tuple[str, ...]
     settings: Settings | None  # what its engine is made with (None: it came made)
     pinned: bool  # never unloaded
-    engine: EngineClient | None = None
+    engine: ServedEngine | None = None
     last_used: float = field(default_factory=time.monotonic)  # a request named it, or it had some in flight
     loading: threading.Lock = field(default_factory=threading.Lock)  # one load at a time
     need: int = 0  # bytes of weights (estimated until loaded) and K/V budget: its share of --memory-bytes
@@ -61,7 +66,7 @@ class ModelSet:
     engine serving `settings.model` that counts each user's requests in `owners` (one count
     for every model: `--max-user-requests` holds across them), or raises why it could not."""
 
-    def __init__(self, slots: list[_Slot], make: Callable[..., EngineClient] | None, idle_s: float, budget: int = 0):
+    def __init__(self, slots: list[_Slot], make: Callable[..., ServedEngine] | None, idle_s: float, budget: int = 0):
         self._slots, self._make, self.idle_s = slots, make, idle_s
         self.budget = budget  # --memory-bytes (0: no limit)
         self.owners = OwnerCounts()
@@ -69,10 +74,11 @@ class ModelSet:
         self._forgotten: list[str] = []  # owners removed: a model loaded later forgets them too
         self._lock = threading.Lock()  # guards each slot's `engine` and `_forgotten`
         self._stop = threading.Event()
+        self._fatal: str | None = None  # a stopped engine's reason for stopping on its own
         self._idle = threading.Thread(target=self._unload_idle, name="radixchat-models", daemon=True)
 
     @classmethod
-    def of(cls, settings: Settings, make: Callable[..., EngineClient]) -> ModelSet:
+    def of(cls, settings: Settings, make: Callable[..., ServedEngine]) -> ModelSet:
         """The models of `settings` (`model` and `extra_models`, or its `models` file); raises
         ValueError (or FileNotFoundError) for a bad file, a name that does not resolve, or a
         name served twice."""
@@ -96,7 +102,7 @@ class ModelSet:
         return cls(slots, make, settings.model_idle_s, memory_budget(settings))
 
     @classmethod
-    def one(cls, engine: EngineClient) -> ModelSet:
+    def one(cls, engine: ServedEngine) -> ModelSet:
         """One engine, already started, as the only model (tests, and servers of one model)."""
         slot = _Slot(engine.info.model_id, ALIASES, None, pinned=True, engine=engine)
         return cls([slot], None, 0.0)
@@ -123,6 +129,7 @@ class ModelSet:
                 engine, slot.engine = slot.engine, None
             if engine is not None:
                 engine.stop()
+                self._fatal = self._fatal or engine.fatal  # the server reports it after the stop
 
     def halt(self) -> None:
         """The server is stopping: no model loads any more, and every loaded engine stops, what
@@ -130,7 +137,12 @@ class ModelSet:
         that comes meanwhile gets the engine's own refusal, not a missing model; `stop` follows."""
         self._stop.set()
         for engine in self.serving():
-            engine.stop()
+            engine.halt()
+
+    @property
+    def fatal(self) -> str | None:
+        """The first loaded engine's reason for stopping on its own, if one did."""
+        return self._fatal or next((e.fatal for e in self.serving() if e.fatal), None)
 
     # ---- what the web layer asks ---------------------------------------------------------
 
@@ -148,7 +160,7 @@ class ModelSet:
         s = self._slot(name)
         return ServedModel(s.model_id, s.aliases, s.engine is not None, s.pinned)
 
-    def serving(self) -> list[EngineClient]:
+    def serving(self) -> list[ServedEngine]:
         with self._lock:
             return [s.engine for s in self._slots if s.engine is not None]
 

@@ -10,7 +10,8 @@ implementation (a second model's engine, an engine on another machine) can stand
 same routes and page. core.engine.engine.Engine is the in-process one;
 tests/support/fake_engine.py is one with no model at all, for the web layer's unit tests.
 `Engines` is the served models, by name, each an EngineClient (core.engine.models.ModelSet
-is the one there is): the routes pick a request's engine by its `model`.
+is the one there is): the routes pick a request's engine by its `model`. `Lifecycle` (halt,
+stop, fatal) is what only the composition root calls, on each of them.
 
 Value types only here (no MLX, no threads): `stats()` is safe from any thread and is a
 copy, so a reader may keep it. Counts mean one thing everywhere they are shown (/health,
@@ -273,4 +274,26 @@ class Engines(Protocol):
 
     def forget_conversation(self, owner: str | None, messages: list[dict[str, Any]]) -> None:
         """EngineClient's `forget_conversation` on every loaded model."""
+        ...
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    """What the composition root (radixchat.webui.cli) does with the engines it built, beside
+    what the web layer asks of them: an engine, a remote one and a set of them alike. The
+    routes and the page never call it."""
+
+    @property
+    def fatal(self) -> str | None:
+        """Why it stopped on its own (a sharded server's lost rank), or None: the server
+        reports it and exits with an error."""
+        ...
+
+    def halt(self) -> None:
+        """The server is stopping: it takes no more work, and what it has in flight ends as
+        cancelled (a reply's text so far kept). Bounded; `stop` follows."""
+        ...
+
+    def stop(self) -> None:
+        """Let go of everything (threads, connections, the model); what is left in flight fails."""
         ...

@@ -74,6 +74,19 @@ class FakeEngine:
             waiting = len(self._held)
             return EngineStats(alive=True, running=len(self._open) - waiting, waiting=waiting, max_batch=8)
 
+    # its lifecycle (core.engine.seam.Lifecycle), as a server would drive it
+    fatal: str | None = None
+
+    def halt(self) -> None:
+        """End every open request as cancelled."""
+        with self._lock:
+            open_ids = list(self._open)
+        for rid in open_ids:
+            self.cancel(rid)
+
+    def stop(self) -> None:
+        self.halt()
+
     def release(self) -> None:
         """Answer every held request now."""
         with self._lock:
