@@ -119,9 +119,20 @@ class Constraint:
         fill_next_token_bitmask(self.matcher, allocate_token_bitmask(1, vocab_size), 0)
         if self.matcher.is_error():
             raise SchemaError(EMPTY)  # (llguidance's own words name its internals)
+        self._fresh()
+
+    def _fresh(self) -> None:
         self.previous = None  # the token array the last call returned
         self.consumed = 0  # tokens the matcher has consumed
         self.last_s = self.avg_s = 0.0  # time of the latest mask, and a moving average (core.engine.mask_share)
+
+    def copy(self) -> Constraint:
+        """Another request's state of the same grammar, where this one is: a copy of the
+        matcher, compiled already (core.engine.grammar_cache copies one never moved on)."""
+        twin = object.__new__(Constraint)
+        twin.matcher, twin.vocab_size = self.matcher.deep_copy(), self.vocab_size
+        twin._fresh()
+        return twin
 
     def mask(self, logprobs):
         """`logprobs` (1, V) with every token the grammar forbids at -inf (one row alone, as

@@ -44,6 +44,7 @@ from radixchat.core.engine import admission
 from radixchat.core.engine.active import Active, Cancel, Command, Forget, Submit, Wake
 from radixchat.core.engine.emit import INTERNAL_ERROR, Emit
 from radixchat.core.engine.fairness import FairQueue
+from radixchat.core.engine.grammar_cache import CompiledGrammars
 from radixchat.core.engine.handle import Outbox
 from radixchat.core.engine.intake import Intake
 from radixchat.core.engine.lockstep import IDLE_TICK_S, LOST, Watchdog, launched
@@ -78,6 +79,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._tok_lock = threading.Lock()  # the tokenizer and its chat template, one caller at a time
         self._inflight = 0
         self._arriving: Counter = Counter()  # owners of the Submits in the command queue
+        self._grammars = CompiledGrammars()  # what users' earlier requests compiled, copied for the next
         self._active: dict[str, Active] = {}  # engine thread only
         self._by_uid: dict[int, Active] = {}  # engine thread only
         self._fair = FairQueue()  # engine thread only: requests waiting for a batch slot

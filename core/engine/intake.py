@@ -19,13 +19,14 @@ whether the cache is on, its figures), `link`, `in_step`, `steps`, `started_at`,
 `kv_budget`, `kv_bytes_per_token`, `batch_room`, `alive`, `_gen` (its speculator's
 counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `_arriving`, `owners`,
 `_ids`, `_by_uid` (its length), `_ready`, `_stopping`, `_closed`, `fatal`, `_info`,
-`_fail_all`.
+`_fail_all`, `_grammars` (core.engine.grammar_cache).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import queue
 import time
 
@@ -178,7 +179,7 @@ class Intake:
         before any templating, and the two may run side by side."""
         pool, owner, jobs = self._pool(), request.owner, []
         if request.sampling.constrained:
-            jobs.append(pool.submit(owner, self.constraint, request.sampling))
+            jobs.append(pool.submit(owner, self.constraint, request.sampling, owner))
         if isinstance(request, PromptRequest):  # both hold the tokenizer's lock: serial
             jobs.insert(0, pool.submit(owner, self.tokenize, request.prompt, serial=True))
         else:
@@ -294,7 +295,7 @@ class Intake:
                 f"vocabulary of {self.loaded.vocab_size} tokens"
             )
         if constraint is None and sampling.constrained:
-            constraint = self.constraint(sampling)
+            constraint = self.constraint(sampling, owner)
         max_tokens = min(sampling.max_tokens or self.settings.max_tokens, ctx - len(prompt))
         try:
             loop = asyncio.get_running_loop()
@@ -330,17 +331,23 @@ class Intake:
             return None
         return family(getattr(self.loaded.tokenizer, "chat_template", None)) or "generic"
 
-    def constraint(self, sampling: Sampling):
+    def constraint(self, sampling: Sampling, owner: str | None = None):
         """The request's grammar, compiled into its matcher before it is queued (in the
         preparation pool, or submit_tokens's caller's thread): a bad one is refused there,
         and however long a user's schema takes to compile (its size and llguidance's limits
-        bound it), the engine thread, which every stream waits on, never compiles anything."""
+        bound it), the engine thread, which every stream waits on, never compiles anything.
+        A grammar `owner` sent before is a copy of the one compiled then (core.engine.grammar_cache)."""
         from radixchat.core.engine import constrain
 
-        lark = sampling.lark
-        try:
+        lark, m = sampling.lark, self.loaded
+
+        def build() -> constrain.Constraint:
             grammar = constrain.grammar_for(sampling.json_schema) if lark is None else constrain.grammar_of_lark(lark)
-            return constrain.Constraint(grammar, self.loaded.tokenizer, self.loaded.vocab_size)
+            return constrain.Constraint(grammar, m.tokenizer, m.vocab_size)
+
+        source = "json " + json.dumps(sampling.json_schema) if lark is None else "lark " + lark
+        try:
+            return self._grammars.constraint(owner, source, build)
         except constrain.SchemaError as e:
             raise RequestError(
                 f"{'response_format' if lark is None else 'tools'}: {e}", code="invalid_schema"

@@ -14,7 +14,7 @@ The tree, its K/V and the files are core.cache's; who may share what is core.cac
 
 Uses of the engine's fields: `settings`, `loaded`, `prefix`, `scope`, `_active`,
 `_by_uid`, `_cmds`, `_disk_first`, `_prefetch`, `_forgotten`, `cache_owners`, `alive`,
-`submit`, `_record`, `_inflight`.
+`submit`, `_record`, `_inflight`, `_grammars`.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class PrefixUse:
 
     def forget(self, owner: str) -> None:
         """The seam's `forget` (any thread): the engine thread drops `owner`'s namespace in
-        its next turn (`_forget`)."""
+        its next turn (`_forget`); what their requests compiled goes now."""
+        self._grammars.forget(owner)
         self._cmds.put(Forget(owner))
 
     def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
