@@ -534,3 +534,37 @@ def test_only_a_newcomer_beside_others_work_takes_a_step_of_its_own(tiny_model_d
         assert alone == ["alice"], alone
     finally:
         eng.stop()
+
+
+def test_heavy_jobs_leave_a_core_and_a_newcomers_compile_still_starts():
+    """One heavy job at a time (a 2-core machine's all but one): mallory's grammar compiles
+    run one after another beside the engine's forward, while another user's compile and
+    anyone's light jobs start at once."""
+    pool = FairPool(2, heavy=1)
+    gate, running, most = threading.Event(), Counter(), Counter()
+    lock = threading.Lock()
+
+    def compile_(who):
+        with lock:
+            running[who] += 1
+            most[who] = max(most[who], running[who])
+        gate.wait(10)
+        with lock:
+            running[who] -= 1
+
+    flood = [pool.submit("mallory", compile_, "mallory", heavy=True) for _ in range(4)]
+    deadline = time.time() + 5
+    while running["mallory"] < 1 and time.time() < deadline:
+        time.sleep(0.005)
+    light = pool.submit("mallory", lambda: "templated")  # queued behind her compiles: her order
+    theirs = pool.submit("alice", compile_, "alice", heavy=True)
+    deadline = time.time() + 5
+    while running["alice"] < 1 and time.time() < deadline:
+        time.sleep(0.005)
+    assert running["alice"] == 1 and running["mallory"] == 1  # hers started beside mallory's one
+    assert pool.submit("bob", lambda: "bob's").result(2) == "bob's"
+    gate.set()
+    for f in [*flood, theirs]:
+        f.result(10)
+    assert light.result(10) == "templated"
+    assert most["mallory"] == 1

@@ -179,7 +179,7 @@ class Intake:
         before any templating, and the two may run side by side."""
         pool, owner, jobs = self._pool(), request.owner, []
         if request.sampling.constrained:
-            jobs.append(pool.submit(owner, self.constraint, request.sampling, owner))
+            jobs.append(pool.submit(owner, self.constraint, request.sampling, owner, heavy=True))
         if isinstance(request, PromptRequest):  # both hold the tokenizer's lock: serial
             jobs.insert(0, pool.submit(owner, self.tokenize, request.prompt, serial=True))
         else:

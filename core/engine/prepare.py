@@ -14,7 +14,10 @@ with nothing running starts at once even when every worker is busy with others' 
 thread beyond them (`_may_start`): a user whose request arrives behind another user's flood
 of slow preparations waits for none of them. Jobs marked `serial`
 (those that hold the tokenizer's lock) run one at a time, so a worker never sits blocked
-on that lock holding a job while another owner's job could run.
+on that lock holding a job while another owner's job could run. Jobs marked `heavy`
+(grammar compiles, each a core's work for tens of milliseconds) run at most one fewer at
+once than there are cores, but for one of each owner with none running, so a flood's
+compiles leave the engine's forward a core.
 
 Left to others: what a job does (core.engine.intake templates, tokenizes and compiles), the
 per-user and queue limits (Intake counts a request before it reaches this pool).
@@ -29,6 +32,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import json
+import os
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
@@ -47,6 +51,7 @@ class _Job:
     fn: Callable
     args: tuple
     serial: bool
+    heavy: bool = False
 
 
 class FairPool:
@@ -57,8 +62,12 @@ class FairPool:
     while away, as the engine's fair queue does it), and wins ties with owners already
     served, so a newcomer's job is next once a worker is free."""
 
-    def __init__(self, workers: int, name: str = "radixchat-prepare"):
+    def __init__(self, workers: int, name: str = "radixchat-prepare", heavy: int | None = None):
         self.workers = workers
+        # heavy jobs (grammar compiles: a core each, GIL released) at once: all cores but one,
+        # which the engine's forward keeps (`_may_compile`)
+        self.heavy = max(1, (os.cpu_count() or 2) - 1) if heavy is None else heavy
+        self._heavy: Counter = Counter()  # heavy jobs running, by owner
         self._name = name
         self._cond = threading.Condition()
         self._queues: dict[Hashable, deque[_Job]] = {}  # owners with jobs queued
@@ -71,10 +80,11 @@ class FairPool:
         self._started = 0
         self._serial_busy = False
 
-    def submit(self, owner: Hashable, fn: Callable, *args, serial: bool = False) -> Future:
+    def submit(self, owner: Hashable, fn: Callable, *args, serial: bool = False, heavy: bool = False) -> Future:
         """Queue `fn(*args)` as one of `owner`'s jobs; its future holds the answer. Cancelling
-        the future before a worker takes the job means it never runs."""
-        job = _Job(owner, Future(), fn, args, serial)
+        the future before a worker takes the job means it never runs. `heavy`: it keeps a core
+        busy for long (`_may_compile`)."""
+        job = _Job(owner, Future(), fn, args, serial, heavy)
         with self._cond:
             if owner not in self._served:
                 self._served[owner] = min(self._served.values(), default=0)
@@ -98,7 +108,9 @@ class FairPool:
             ready = [
                 o
                 for o, jobs in self._queues.items()
-                if not (jobs[0].serial and self._serial_busy) and self._may_start(o)
+                if not (jobs[0].serial and self._serial_busy)
+                and not (jobs[0].heavy and not self._may_compile(o))
+                and self._may_start(o)
             ]
             if not ready:
                 return None
@@ -111,6 +123,7 @@ class FairPool:
                 self._served[owner] += 1
                 self._last[owner] = next(self._turns)
                 self._running[owner] += 1
+                self._heavy[owner] += job.heavy
                 self._serial_busy |= job.serial
                 return job
             self._forget_if_idle(owner)  # its caller gave up while it waited: nothing to run
@@ -124,9 +137,18 @@ class FairPool:
         running = sum(self._running.values())
         return running < self.workers or (self._running[owner] == 0 and running < 2 * self.workers)
 
+    def _may_compile(self, owner: Hashable) -> bool:
+        """May a heavy job of `owner` start now (the lock held)? While fewer than `heavy` run,
+        any; beyond that, only one of an owner with none running (up to as many again). Under
+        a flood of 64 KB regex schemas on 2 cores, two of a user's compiles at once beside the
+        forward made 11-18 of the engine's steps in 50 s take over 200 ms, one at a time 2-5
+        (alice's first token p95 0.19-0.30 s against 0.16-0.23 s)."""
+        heavy = sum(self._heavy.values())
+        return heavy < self.heavy or (self._heavy[owner] == 0 and heavy < 2 * self.heavy)
+
     def _forget_if_idle(self, owner: Hashable) -> None:
         if owner not in self._queues and not self._running[owner]:
-            del self._served[owner], self._last[owner], self._running[owner]
+            del self._served[owner], self._last[owner], self._running[owner], self._heavy[owner]
 
     def _next(self) -> _Job | None:
         """Wait for a job this worker may run; None when it should end (idle too long)."""
@@ -147,10 +169,12 @@ class FairPool:
             finally:
                 with self._cond:
                     self._running[job.owner] -= 1
+                    self._heavy[job.owner] -= job.heavy
                     self._forget_if_idle(job.owner)
                     if job.serial:
                         self._serial_busy = False
-                        self._cond.notify_all()  # serial jobs that waited may run now
+                    if job.serial or job.heavy:
+                        self._cond.notify_all()  # serial or heavy jobs that waited may run now
                 job = None  # hold nothing of a request (or its engine) between jobs
 
 
