@@ -36,7 +36,7 @@ from tests.support.metrics import metric_value
 
 GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
-README = Path(__file__).resolve().parents[1] / "README.md"
+API_DOC = Path(__file__).resolve().parents[1] / "docs" / "API.md"
 
 
 def api_app(engine, store=None, *, no_auth=False, extra=()) -> FastAPI:
@@ -389,13 +389,13 @@ def test_a_kept_response_reads_back_and_is_another_users_404(http, store, engine
 # -- the request-fields table --------------------------------------------------------------
 
 
-def test_the_field_tables_match_the_request_models_and_the_readme():
-    """Every field a table lets through is one its request model reads; the README's table
+def test_the_field_tables_match_the_request_models_and_the_api_doc():
+    """Every field a table lets through is one its request model reads; docs/API.md's table
     names every chat and completions field."""
     for table, model in ((fields.CHAT, ChatCompletionRequest), (fields.COMPLETIONS, CompletionRequest)):
         passed = {name for name, use in table.items() if use == fields.USED}
         assert passed <= set(model.model_fields), passed - set(model.model_fields)
-    text = README.read_text()
+    text = API_DOC.read_text()
     table = text[text.index("| field | chat | completions | here |") :].split("\n\n")[0]
     named = set(re.findall(r"`([a-z_]+)", table))
     assert set(fields.CHAT) | set(fields.COMPLETIONS) <= named, (set(fields.CHAT) | set(fields.COMPLETIONS)) - named

@@ -4,7 +4,7 @@
 saying nothing private; ids in replies random, kept responses found again through the
 store; X-Forwarded-For believed only from --forwarded-allow-ips (uvicorn's own middleware,
 as the CLI configures it); text that is not valid Unicode refused by the API and the page
-in words; a chunked body over the limit a 413; the system prompt's help and the README
+in words; a chunked body over the limit a 413; the system prompt's help and docs/SECURITY.md
 saying what a whole guess of a system message can confirm.
 """
 
@@ -34,7 +34,7 @@ from tests.support.fake_engine import FakeEngine
 
 GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
 CHAT, RESPONSES = "/v1/chat/completions", "/v1/responses"
-README = Path(__file__).resolve().parents[1] / "README.md"
+SECURITY_DOC = Path(__file__).resolve().parents[1] / "docs" / "SECURITY.md"
 HEALTH_FIELDS = {"status", "engine_alive", "model", "model_loaded", "models", "active_requests", "queue_depth"}
 
 
@@ -252,13 +252,13 @@ def test_the_page_refuses_a_lone_surrogate_in_words(store):
 # -- what a guess of a system message can confirm ------------------------------------------
 
 
-def test_the_readme_and_the_page_say_what_a_whole_system_message_guess_confirms():
+def test_the_security_model_and_the_page_say_what_a_whole_system_message_guess_confirms():
     import gradio as gr
 
     from radixchat.webui.page.chat_settings import SYSTEM_PROMPT_HELP, settings_panel
     from tests.support.fake_engine import INFO
 
-    security = README.read_text().split("## Security model", 1)[1].split("\n## ", 1)[0]
+    security = SECURITY_DOC.read_text()
     assert "confirm a guess of a whole system message" in " ".join(security.split())
     with gr.Blocks():
         panel = settings_panel({}, INFO, 16, [INFO.model_id])

@@ -100,7 +100,7 @@ def connect_engines(urls: list[str], key: str | None) -> RemoteEngines:
             if twin is not None:
                 raise StartError(
                     f"{twin.url} and {e.url} both serve {e.info.model_id!r}: put a router in front of "
-                    "workers of one model (smg: see the README) and give its URL once"
+                    "workers of one model (smg: see docs/DEPLOY.md) and give its URL once"
                 )
     except StartError:
         for e in engines:

@@ -6,7 +6,7 @@ refused with a 400 naming it unless it holds its "off" value (`logprobs: false`,
 `response_format: {"type": "text"}`, null), which is what clients send when they mean
 nothing by it; a field the API does not have is refused;
 text that is not valid Unicode (a lone surrogate, anywhere in the body) is refused by where it is.
-The tables are the README's parameter table. The request models (webui/api/schema.py,
+The tables are docs/API.md's parameter table. The request models (webui/api/schema.py,
 webui/api/responses_shapes.py) run `check_fields` on the raw body before pydantic reads it.
 Pure functions on the event loop; no MLX.
 """
@@ -125,7 +125,7 @@ def check_fields(data, table: dict[str, str], api: str):
         use = table.get(name)
         if use is None:
             raise ValueError(
-                f"{name}: unknown field (this server takes the fields of OpenAI's {api} API it lists in its README)"
+                f"{name}: unknown field (this server takes the fields of OpenAI's {api} API listed in its docs/API.md)"
             )
         if use == REFUSED and not _off(name, value):
             what = NOT_YET.get(name, name)

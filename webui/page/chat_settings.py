@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from radixchat.core.engine.seam import ModelInfo
 
 
-# the prefix cache shares a system prompt whole between users (README, "Security model")
+# the prefix cache shares a system prompt whole between users (docs/SECURITY.md)
 SYSTEM_PROMPT_HELP = (
     "Cached for anyone who sends exactly the same one: cached tokens and speed can confirm "
     "a guess of a whole system prompt, never of a part."
