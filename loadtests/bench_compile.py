@@ -70,7 +70,7 @@ def main() -> None:
     import mlx.core as mx
 
     from radixchat.core.engine import cpu_ops
-    from radixchat.core.engine.model import load_model
+    from radixchat.core.models.model import load_model
 
     model = load_model(resolve_model(args)).model
     cpu_ops.install(model)

@@ -142,7 +142,7 @@ def main() -> None:
     import mlx.core as mx
 
     from radixchat.core.engine import cpu_ops
-    from radixchat.core.engine.model import load_model
+    from radixchat.core.models.model import load_model
 
     path = resolve_model(args)
     model = load_model(path).model

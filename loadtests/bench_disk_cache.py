@@ -180,7 +180,7 @@ def main() -> None:
     p.add_argument("--sizes", default="256,1024,4096")
     args = p.parse_args()
     reexec_with_openblas("auto")
-    from radixchat.core.engine.model import load_model
+    from radixchat.core.models.model import load_model
 
     model_path = resolve_model(args)
     loaded = load_model(model_path)

@@ -45,7 +45,7 @@ import httpx
 from loadtests.bench_vs_mlxlm import drive_closed, plan
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat.core.config import parse_size
-from radixchat.core.engine.model_size import weights_bytes
+from radixchat.core.models.model_size import weights_bytes
 from radixchat.core.platform.memory import arrays_beyond, process_bound, step_activations
 from tests.support.procs import free_port, start_radixchat, stop_process
 

@@ -226,7 +226,7 @@ def main() -> None:
     if bad or not args.cache_sharing:
         p.error(f"--cache-sharing takes system, all or user (comma-separated), got {bad or 'nothing'}")
     reexec_with_openblas("auto")
-    from radixchat.core.engine.model import load_model
+    from radixchat.core.models.model import load_model
 
     model_path = resolve_model(args)
     systems, questions = load_scenario()

@@ -415,7 +415,7 @@ def decode_ceiling(model_path: str, batch: int, context: int, steps: int = 48) -
     code = f"""
 import time, mlx.core as mx
 from radixchat.core.engine import cpu_ops
-from radixchat.core.engine.model import load_model
+from radixchat.core.models.model import load_model
 from mlx_lm.models.cache import make_prompt_cache
 m = load_model({model_path!r}).model
 cpu_ops.install(m)

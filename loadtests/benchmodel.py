@@ -38,7 +38,7 @@ def resolve_model(args) -> str:
                 out, dim=args.random_dim, layers=args.random_layers, context=4096, vocab_size=vocab, arch=arch
             )
         )
-    from radixchat.core.engine import catalog
+    from radixchat.core.models import catalog
 
     path = Path(catalog.resolve(args.model).path)
     return str(float32_folder(path)) if path.suffix == ".gguf" else str(path)
@@ -46,7 +46,7 @@ def resolve_model(args) -> str:
 
 def float32_folder(gguf: Path) -> Path:
     """A float32 mlx-lm folder of a GGUF's weights, made once next to its converted folder."""
-    from radixchat.core.engine.gguf import converted_folder
+    from radixchat.core.models.gguf import converted_folder
 
     folder, _ = converted_folder(gguf)
     out = folder.with_name(folder.name + "-float32")
@@ -55,7 +55,7 @@ def float32_folder(gguf: Path) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from radixchat.core.engine.model import load_model
+    from radixchat.core.models.model import load_model
 
     loaded = load_model(str(gguf), dtype="float32")
     tmp = Path(tempfile.mkdtemp(prefix=out.name + "-", dir=out.parent))

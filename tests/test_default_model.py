@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from radixchat import assets
-from radixchat.core.engine import catalog
+from radixchat.core.models import catalog
 from radixchat.webui.api.schema import ChatCompletionRequest
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from radixchat.core.engine import gguf
-from radixchat.core.engine import model as model_module
-from radixchat.core.engine.gguf import MARKER, GGUFError
-from radixchat.core.engine.model import load_model
+from radixchat.core.models import gguf
+from radixchat.core.models import model as model_module
+from radixchat.core.models.gguf import MARKER, GGUFError
+from radixchat.core.models.model import load_model
 from tests.support.ggufmodel import build_tiny_gguf, decode, encode, metadata_from_folder, save_raw, tensors_from_folder
 from tests.support.randmodel import SPECIALS
 

@@ -11,8 +11,8 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from radixchat.core.engine import model as model_module
-from radixchat.core.engine.model import load_model
+from radixchat.core.models import model as model_module
+from radixchat.core.models.model import load_model
 from radixchat.core.platform.doctor import device_line
 
 ROOT = Path(__file__).resolve().parent.parent

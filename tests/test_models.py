@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.model_size import weights_bytes
 from radixchat.core.engine.models import ModelSet
 from radixchat.core.engine.requests import RequestError
 from radixchat.core.engine.seam import EngineStats, ModelInfo
+from radixchat.core.models.model_size import weights_bytes
 from tests.support.randmodel import build_random_model
 from tests.support.server import Server, stop_clean
 

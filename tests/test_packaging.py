@@ -262,6 +262,36 @@ def test_webui_sees_the_engine_only_through_the_seam():
         assert not touched & {"loaded", "tokenizer", "submit_tokens", "prefix"}, (f, touched)
 
 
+# Which rooms each room may import (a room: core/<folder>, core/config.py, webui, assets).
+# platform's row is wider than it should be: `doctor` and `memory` reach into the engine's
+# admission and lockstep (issue 52 moves what they share to a room both may import).
+ROOMS = {
+    "core.config": set(),
+    "core.models": {"core.config", "assets"},
+    "core.store": {"core.config"},
+    "core.cache": {"core.config", "core.models", "assets"},
+    "core.engine": {"core.config", "core.models", "core.cache", "core.platform", "assets"},
+    "core.platform": {"core.config", "core.models", "core.cache", "core.engine", "assets"},
+    "webui": {"core.config", "core.engine", "core.store", "core.platform", "assets"},
+    "assets": set(),
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "core" else parts[0]
+
+
+def test_each_room_imports_only_the_rooms_its_row_names():
+    strays = sorted(
+        f"{name} -> {dep}"
+        for name, deps in _module_graph().items()
+        for dep in deps
+        if _room(dep) != _room(name) and _room(dep) not in ROOMS[_room(name)]
+    )
+    assert not strays, strays
+
+
 def test_no_import_circles():
     graph = _module_graph()
     seen, on_path = set(), []

@@ -310,7 +310,7 @@ def test_temperature_starts_greedy_without_a_recommendation(server, pages, shots
 
 def test_temperature_starts_at_the_model_cards_recommendation(tmp_path, tiny_model_dir):
     from radixchat.core.config import Settings
-    from radixchat.core.engine.catalog import SMOLLM2
+    from radixchat.core.models.catalog import SMOLLM2
     from radixchat.core.store import Store
     from radixchat.webui.page.layout import build_page
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from radixchat.core.engine.catalog import Card
+from radixchat.core.models.catalog import Card
 from radixchat.core.store import Store
 from radixchat.webui.page.dashboard import Presence
 from radixchat.webui.page.handlers import Handlers

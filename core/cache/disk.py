@@ -385,7 +385,7 @@ def open_tier(
     keys rebuilt from it; None where it cannot be kept (a hub id: no files to fingerprint).
     A file of an owner `adopts` refuses (a removed user's) is deleted, never placed."""
     from radixchat.core.cache.identity import fingerprint
-    from radixchat.core.engine.catalog import resolve
+    from radixchat.core.models.catalog import resolve
 
     model_dir = Path(loaded.gguf.folder) if loaded.gguf is not None else Path(resolve(settings.model).path).expanduser()
     if not model_dir.is_dir():

@@ -62,7 +62,7 @@ from radixchat.core.platform.memory import MlxMemory, give_back_memory
 if TYPE_CHECKING:  # they import MLX, which only the engine thread may load
     from radixchat.core.cache.kv import PrefixStore
     from radixchat.core.engine.generator import Generator
-    from radixchat.core.engine.model import LoadedModel
+    from radixchat.core.models.model import LoadedModel
 
 
 log = logging.getLogger("radixchat.engine")
@@ -170,7 +170,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def _main(self) -> None:
         import mlx.core as mx
 
-        from radixchat.core.engine.model import load_model
+        from radixchat.core.models.model import load_model
 
         try:
             try:

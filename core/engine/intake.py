@@ -32,7 +32,6 @@ import time
 
 from radixchat.core.engine import prepare
 from radixchat.core.engine.active import Active, Cancel, Submit, Templated
-from radixchat.core.engine.catalog import Card
 from radixchat.core.engine.handle import RequestHandle
 from radixchat.core.engine.requests import ChatRequest, Failed, PromptRequest, QueueFull, RequestError, Sampling
 from radixchat.core.engine.seam import (
@@ -45,6 +44,7 @@ from radixchat.core.engine.seam import (
     SpeculationStats,
 )
 from radixchat.core.engine.tools import family, generic_messages
+from radixchat.core.models.catalog import Card
 
 
 class Intake:

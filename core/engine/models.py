@@ -3,7 +3,7 @@ request and unloaded when idle.
 
 `ModelSet` holds one slot per model the server was told to serve (`--model`, repeatable):
 its id (what `GET /v1/models` lists and a request's `model` names: the model's card name, or
-its folder's `_name_or_path`, found without loading it, core.engine.catalog.served_id), its
+its folder's `_name_or_path`, found without loading it, core.models.catalog.served_id), its
 aliases (the name it was given; `default` and `default_model` for the first), and its engine
 once loaded. The first model loads at start and is never unloaded: the page and requests
 that name `default` use it. Another loads when a request first names it (that request
@@ -13,7 +13,7 @@ its prefix tree and its disk tier (whose files are kept per model fingerprint al
 Every loaded model's weights and K/V budget count against one `--memory-bytes`: before a
 model loads, idle ones are unloaded, least recently used first, until it fits; when the
 others are busy the request gets a 503 saying what it needs and what is free (its weights
-are estimated from its files, core.engine.model_size, until it has loaded once). A user's
+are estimated from its files, core.models.model_size, until it has loaded once). A user's
 requests count against `--max-user-requests` on every model together (core.engine.owners).
 What the web layer sees of it is the seam (core.engine.seam.Engines).
 
@@ -82,9 +82,9 @@ class ModelSet:
         """The models of `settings` (`model` and `extra_models`, or its `models` file); raises
         ValueError (or FileNotFoundError) for a bad file, a name that does not resolve, or a
         name served twice."""
-        from radixchat.core.engine.catalog import served_id
-        from radixchat.core.engine.model_size import weights_bytes
-        from radixchat.core.engine.models_file import specs
+        from radixchat.core.models.catalog import served_id
+        from radixchat.core.models.model_size import weights_bytes
+        from radixchat.core.models.models_file import specs
 
         slots, seen = [], {}
         for i, spec in enumerate(specs(settings)):

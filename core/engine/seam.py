@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.catalog import Card
     from radixchat.core.engine.handle import RequestHandle
     from radixchat.core.engine.requests import ChatRequest, PromptRequest
+    from radixchat.core.models.catalog import Card
 
 
 @dataclass(frozen=True)

@@ -102,8 +102,8 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
         if link is not None:
             yield "sharding", "decided when the model loads (tensor parallel where mlx-lm has it)"
         return
-    from radixchat.core.engine.gguf import GGUFError
-    from radixchat.core.engine.model import load_model
+    from radixchat.core.models.gguf import GGUFError
+    from radixchat.core.models.model import load_model
 
     t0 = time.perf_counter()
     yield "model", settings.model

@@ -6,7 +6,7 @@ rows permuted into its rotary layout; the tokenizer (vocabulary, merges, special
 chat template) goes into GGUF metadata. Two writers: MLX's `mx.save_gguf`, for float32
 tensors (it writes no packed types), and `save_raw` here, for llama.cpp's Q4_0/Q8_0 blocks
 and for tensor types a reader must refuse. The raw writer shares no code with the reader in
-core/engine/gguf.py, so each checks the other.
+core/models/gguf.py, so each checks the other.
 """
 
 from __future__ import annotations

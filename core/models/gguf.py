@@ -27,9 +27,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radixchat.core.engine.gguf_file import BLOCKS, TYPE_NAMES, GGUFError, Header, Tensor, read_header
-from radixchat.core.engine.gguf_llama import GROUP_SIZE, MISREAD, check, load_weights, model_config
-from radixchat.core.engine.gguf_tokenizer import build_tokenizer
+from radixchat.core.models.gguf_file import BLOCKS, TYPE_NAMES, GGUFError, Header, Tensor, read_header
+from radixchat.core.models.gguf_llama import GROUP_SIZE, MISREAD, check, load_weights, model_config
+from radixchat.core.models.gguf_tokenizer import build_tokenizer
 
 __all__ = [
     "BLOCKS",

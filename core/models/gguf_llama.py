@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from radixchat.core.engine.gguf_file import BLOCKS, GGUFError, Header, Tensor, nbytes
-from radixchat.core.engine.gguf_tokenizer import check_tokenizer
+from radixchat.core.models.gguf_file import BLOCKS, GGUFError, Header, Tensor, nbytes
+from radixchat.core.models.gguf_tokenizer import check_tokenizer
 
 GROUP_SIZE = 32  # llama.cpp's block of Q4_0, Q4_1 and Q8_0, which MLX keeps as its group size
 _TYPES_OK = f"files of {', '.join(list(BLOCKS)[:-1])} or {list(BLOCKS)[-1]} tensors load"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from radixchat.core.engine.gguf_file import GGUFError
+from radixchat.core.models.gguf_file import GGUFError
 
 # llama.cpp's pre-tokenizer regexes (llm_tokenizer_bpe), applied one after another, each
 # match isolated; byte-level BPE then runs inside every piece

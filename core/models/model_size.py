@@ -1,7 +1,7 @@
 """How much memory a model will take before it is loaded: its weights, from its files.
 
 `weights_bytes` reads sizes and headers only (nothing loads): a folder's safetensors files,
-scaled when its 16-bit weights will run in float32 (a CPU: core.engine.model casts them),
+scaled when its 16-bit weights will run in float32 (a CPU: core.models.model casts them),
 or a GGUF's tensor table (dequantized to float32 on a CPU; kept packed on a Mac's GPU). The
 set of models (core.engine.models) adds each one's K/V budget and checks the sum against
 `--memory-bytes` before a load; once a model has loaded, the bytes its weights really take
@@ -17,7 +17,7 @@ import math
 import sys
 from pathlib import Path
 
-from radixchat.core.engine.catalog import resolve
+from radixchat.core.models.catalog import resolve
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -29,7 +29,7 @@ def weights_bytes(name: str, dtype: str = "auto") -> int:
     local = Path(resolve(name).path).expanduser()
     per = _BYTES.get(dtype) or (None if sys.platform == "darwin" else 4)  # None: as stored
     if local.is_file():
-        from radixchat.core.engine.gguf_file import GGUFError, read_header
+        from radixchat.core.models.gguf_file import GGUFError, read_header
 
         try:
             tensors = read_header(local).tensors

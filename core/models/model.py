@@ -21,8 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
-from radixchat.core.engine.catalog import Card, card_of_folder, resolve
-from radixchat.core.engine.gguf import GGUFInfo, converted_folder
+from radixchat.core.models.catalog import Card, card_of_folder, resolve
+from radixchat.core.models.gguf import GGUFInfo, converted_folder
 
 log = logging.getLogger("radixchat.models")
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -43,7 +43,7 @@ class LoadedModel:
     max_token_chars: int = 0
     gguf: GGUFInfo | None = None  # the source file, when the model came from a GGUF
     runs_as: str = ""  # the dtype it computes in, and whether packed weights stay packed
-    card: Card | None = None  # name, size, license, note, recommended sampling (core.engine.catalog)
+    card: Card | None = None  # name, size, license, note, recommended sampling (core.models.catalog)
     notice: str = ""  # said once at start-up, e.g. that the default model fell back to the tiny one
     weights_bytes: int = 0  # what its weights take in memory, as loaded
 
@@ -124,7 +124,7 @@ def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None 
     model, tokenizer, config = load(path_or_id, return_config=True, lazy=link is not None)
     whole = None
     if link is not None:
-        from radixchat.core.engine.lockstep import shard_model
+        from radixchat.core.models.sharding import shard_model
 
         whole = sum(v.size for _, v in tree_flatten(model.parameters()))  # shapes only: still lazy
         link.sharding = shard_model(model, link)

@@ -29,7 +29,7 @@ from radixchat.core.config import SAMPLING_DEFAULTS, Settings
 @dataclass(frozen=True)
 class ModelSpec:
     name: str  # what --model would take
-    model_id: str | None = None  # None: the id its files give it (core.engine.catalog.served_id)
+    model_id: str | None = None  # None: the id its files give it (core.models.catalog.served_id)
     aliases: tuple[str, ...] = ()
     pinned: bool = False
     overrides: dict = field(default_factory=dict)  # Settings of this model's engine

@@ -113,7 +113,7 @@ SHORT_NAMES = ("default", "smollm2", "tiny")
 
 def served_id(name: str) -> str:
     """The id a `--model` value is served under, found without loading it, as load_model
-    (core.engine.model) names a loaded model: its card's name, a folder's `_name_or_path`
+    (core.models.model) names a loaded model: its card's name, a folder's `_name_or_path`
     (else the folder's name), a GGUF file's name without its quantization tag, or a hub id as given.
     FileNotFoundError for a short name that is not installed or a path that is not there."""
     chosen = resolve(name)
@@ -121,7 +121,7 @@ def served_id(name: str) -> str:
         return chosen.card.name
     local = Path(chosen.path).expanduser()
     if local.suffix.lower() == ".gguf":
-        from radixchat.core.engine.gguf import model_id
+        from radixchat.core.models.gguf import model_id
 
         if not local.is_file():
             raise FileNotFoundError(f"no GGUF file at {local}")
