@@ -68,6 +68,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -623,6 +624,9 @@ def main() -> None:
         stop_process(server)
         for b in busy:
             b.kill()
+        # the server's disk tier (1.5 GB a run here) goes; its log and database stay to read
+        for folder in [p for p in work.iterdir() if p.is_dir()]:
+            shutil.rmtree(folder, ignore_errors=True)
     report(alone, floods, plans)
     print(f"\nwhole run {time.time() - started:.0f} s")
 

@@ -34,8 +34,13 @@ class Stand:
     def stats(self) -> EngineStats:
         return EngineStats(alive=not self.stopped, running=self.inflight, waiting=0)
 
+    fatal = None  # (core.engine.seam.Lifecycle)
+
     def stop(self, release: bool = False) -> None:
         self.stopped, self.released = True, release
+
+    def halt(self) -> None:
+        self.stop()
 
     def forget(self, owner: str) -> None:
         self.forgotten.append(owner)
