@@ -51,7 +51,7 @@ ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer: the worker it c
 
 @dataclass(frozen=True)
 class WireCard:
-    """A model's card as a worker describes it: the fields of core.engine.catalog.Card,
+    """A model's card as a worker describes it: the fields of core.models.catalog.Card,
     which webui/ does not import (the page reads these by name)."""
 
     name: str

@@ -126,7 +126,7 @@ class _Sampling(BaseModel):
     # read as 1, `stream: "yes"` as true, `"5"` as 5), as OpenAI's and Anthropic's APIs refuse them
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str
-    # left out: the model's recommended value (core.engine.catalog), else OpenAI's 1.0
+    # left out: the model's recommended value (core.models.catalog), else OpenAI's 1.0
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)

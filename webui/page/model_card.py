@@ -1,5 +1,5 @@
 """What the page says of the models it serves: the first one's facts on the sign-in page and in
-the header, its card's note and link, the temperature its card recommends (core.engine.catalog),
+the header, its card's note and link, the temperature its card recommends (core.models.catalog),
 and, under the model picker, the picked model's facts and whether it is loaded.
 
 Words only; the components that show them are webui/page/layout.py's and
