@@ -104,6 +104,7 @@ def test_the_server_tab_states_what_the_process_takes_and_holds(engine, store):
     assert cache_limit == pytest.approx(s.memory.cache_limit / MiB, rel=0.01, abs=1)
     batch = batch_geometry(s.max_batch, engine.info.context_length, s.kv_bytes_per_token)
     allowance = arrays_beyond(s.kv_budget, s.memory.step_bound, batch)
+    assert s.memory.beyond == allowance  # the engine states it (the tab does not rebuild it)
     seen = s.memory.peak - engine.info.weights_bytes - s.kv_budget  # the most seen, if above
     assert beyond == pytest.approx(max(allowance, seen) / MiB, rel=0.01, abs=1)
     assert total == pytest.approx(weights + kv + beyond + cache_limit + rest, rel=0.01)

@@ -45,6 +45,7 @@ from radixchat.core.engine.seam import (
 )
 from radixchat.core.engine.tools import family, generic_messages
 from radixchat.core.models.catalog import Card
+from radixchat.core.platform.memory import arrays_beyond, batch_geometry
 
 
 class Intake:
@@ -115,8 +116,18 @@ class Intake:
             if link
             else None,
             speculation=SpeculationStats(**spec.summary()) if spec is not None else None,
-            memory=MlxMemoryStats(**memory.figures()) if (memory := self.memory) is not None else None,
+            memory=self._memory_stats(),
         )
+
+    def _memory_stats(self) -> MlxMemoryStats | None:
+        """MLX's memory now, and what its arrays may take beyond the K/V budget (the Server
+        tab's bound: the engine's to say, from its own batch's geometry)."""
+        memory = self.memory
+        if memory is None or self.loaded is None:
+            return None
+        figures = memory.figures()
+        batch = batch_geometry(self.settings.max_batch, self.loaded.context_length, self.kv_bytes_per_token)
+        return MlxMemoryStats(**figures, beyond=arrays_beyond(self.kv_budget, figures["step_bound"], batch))
 
     def submit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
         """Check, count, prepare (template or tokenize, compile any grammar) and queue a

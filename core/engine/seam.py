@@ -143,6 +143,9 @@ class MlxMemoryStats:
     step_peak: int  # the largest rise within one step over what stayed alive after it: activations, logits
     step_bound: int  # what one step's logits may take, from the model and the settings
     cache_limit: int  # --mlx-cache-bytes, set at start
+    # what MLX's arrays may take beyond the weights and the K/V budget (the decoding batch's
+    # spare rows and columns, a step's activations: core.platform.memory.arrays_beyond)
+    beyond: int = 0
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,6 @@ import pandas as pd
 from radixchat.core.engine.models import as_engines
 from radixchat.core.engine.seam import DiskCacheStats
 from radixchat.core.platform.memory import (
-    arrays_beyond,
-    batch_geometry,
     bound_text,
     process_bound,
     process_rss,
@@ -211,13 +209,7 @@ def memory_line(engines, mem) -> str:
     serving = engines.serving()
     stats = [e.stats() for e in serving]
     weights, kv = sum(e.info.weights_bytes for e in serving), sum(s.kv_budget for s in stats)
-    allowance = sum(
-        arrays_beyond(
-            s.kv_budget, s.memory.step_bound, batch_geometry(s.max_batch, e.info.context_length, s.kv_bytes_per_token)
-        )
-        for e, s in zip(serving, stats)
-        if s.memory is not None
-    )
+    allowance = sum(s.memory.beyond for s in stats if s.memory is not None)  # each engine's own bound
     beyond = max(allowance, mem.peak - weights - kv)
     rss = process_rss()
     now = f"{size_text(rss[0])} resident now, {size_text(rss[1])} at most so far; " if rss else ""
