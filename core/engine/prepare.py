@@ -54,6 +54,13 @@ class _Job:
     heavy: bool = False
 
 
+def _room_for(running: Counter, owner: Hashable, limit: int) -> bool:
+    """Is there room for one more of `owner`'s jobs among those `running` (by owner)? Below
+    `limit` in all, yes; beyond it, only for an owner with none running, up to twice `limit`."""
+    total = sum(running.values())
+    return total < limit or (running[owner] == 0 and total < 2 * limit)
+
+
 class FairPool:
     """Up to `workers` jobs running at once (and, beyond them, one each of owners with nothing
     else running, up to as many again), each owner's in the order given. The next job
@@ -134,8 +141,7 @@ class FairPool:
         `workers` (at most as many again): a flood's slow jobs (a 64 KB regex schema
         compiles in ~155 ms here) hold every worker, and a newcomer's short templating
         waited for one of them to end."""
-        running = sum(self._running.values())
-        return running < self.workers or (self._running[owner] == 0 and running < 2 * self.workers)
+        return _room_for(self._running, owner, self.workers)
 
     def _may_compile(self, owner: Hashable) -> bool:
         """May a heavy job of `owner` start now (the lock held)? While fewer than `heavy` run,
@@ -143,8 +149,7 @@ class FairPool:
         a flood of 64 KB regex schemas on 2 cores, two of a user's compiles at once beside the
         forward made 11-18 of the engine's steps in 50 s take over 200 ms, one at a time 2-5
         (alice's first token p95 0.19-0.30 s against 0.16-0.23 s)."""
-        heavy = sum(self._heavy.values())
-        return heavy < self.heavy or (self._heavy[owner] == 0 and heavy < 2 * self.heavy)
+        return _room_for(self._heavy, owner, self.heavy)
 
     def _forget_if_idle(self, owner: Hashable) -> None:
         if owner not in self._queues and not self._running[owner]:
