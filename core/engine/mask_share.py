@@ -12,11 +12,22 @@ latest constrained rows are preempted (core.engine.preempt: they pause and resum
 grammar state kept) and their next constrained requests wait, while one of their constrained
 rows always runs. Alone, an owner's masks take what they take.
 
+Two margins keep the same rows from bouncing in and out (each bounce is a filter of the batch
+and a prefill on resuming, paid by everyone's steps; on a busy machine 300+ a 36 s flood,
+many rows preempted one to three steps after they were admitted, over a budget they had
+filled to the last millisecond):
+- a constrained request is admitted only while its owner's masks stay under `RESUME` of the
+  share, and preempted only past the whole share;
+- an owner who had work counts among the owners for `LINGER_S` after their last request
+  ended, so a user between two turns (reading a reply, typing) keeps the share set aside and
+  the other owner's rows are not let in only to be preempted again at the next turn.
+
 A part of `Engine` (a mixin), engine thread only. Uses `_by_uid`, `_fair`, `_preempt`.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -24,19 +35,33 @@ from radixchat.core.engine.active import Active
 
 MASK_FLOOR_S = 0.02  # per step, what one owner's masks may always take
 EMA = 0.2  # weight of the latest step in the step time's moving average
+RESUME = 0.8  # of the share: what an owner's masks may come to with a newly admitted row
+LINGER_S = 2.0  # an owner still counts for the share this long after their work ended
 
 
 class MaskShare:
     _model_step_s = 0.0  # the step's time without masks, a moving average
+    _lingering: dict | None = None  # owner -> when they were last seen with work (monotonic s)
 
     def _note_step(self, step_s: float, rows: Iterable[Active]) -> None:
         masks = sum(a.constraint.last_s for a in rows if a.constraint is not None)
         model = max(0.0, step_s - masks)
         self._model_step_s = model if not self._model_step_s else (1 - EMA) * self._model_step_s + EMA * model
 
+    def _mask_owners(self) -> int:
+        """Owners with work now, and those whose work ended less than `LINGER_S` ago."""
+        now = time.monotonic()
+        seen = self._lingering if self._lingering is not None else {}
+        for owner in self._fair.load:
+            seen[owner] = now
+        for owner in [o for o, t in seen.items() if now - t > LINGER_S]:
+            del seen[owner]
+        self._lingering = seen
+        return len(seen)
+
     def _mask_budget(self) -> float | None:
         """Seconds of masks one owner may spend per step (None: no one else is at work)."""
-        owners = len(self._fair.load)
+        owners = self._mask_owners()
         return max(MASK_FLOOR_S, self._model_step_s / owners) if owners > 1 else None
 
     def _mask_share(self) -> None:
@@ -68,4 +93,8 @@ class MaskShare:
         timed = [b.constraint.avg_s for b in mine if b.constraint.avg_s]
         if not timed:
             return False  # nothing measured yet: one goes in and is measured
-        return sum(timed) + sum(timed) / len(timed) > budget
+        # rows not measured yet (admitted at this turn or still in prefill) count at the mean:
+        # counted as nothing, a whole prefill batch came in on one measured row's room
+        guess = sum(timed) / len(timed)
+        spent = sum(b.constraint.avg_s or guess for b in mine)
+        return spent + (a.constraint.avg_s or guess) > RESUME * budget
