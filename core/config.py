@@ -177,7 +177,7 @@ class Settings(BaseSettings):
         description="Upper bound on sequences decoding at once; the working limit is what the K/V budget holds",
     )
     # an upper bound, not the working size: the stepper lets prompts join while the step's room
-    # gives each a fair chunk (core/engine/stepper.py `_joining`). A count of 4 let 32 users who
+    # gives each a fair chunk (core/engine/step/stepper.py `_joining`). A count of 4 let 32 users who
     # arrive at once start four at a time (BENCHMARKS.md, "How many prompts prefill together":
     # TTFT p95 13.8 s against 7.9 s at 32 users)
     max_prefill_batch: int = Field(
@@ -216,7 +216,7 @@ class Settings(BaseSettings):
     cpu_ops: bool = Field(
         True,
         description="On a CPU (Linux), run the model's attention, SwiGLU and RoPE "
-        "in forms MLX's CPU backend computes faster (core/engine/cpu_ops.py); no "
+        "in forms MLX's CPU backend computes faster (core/engine/step/cpu_ops.py); no "
         "effect on a Mac's GPU; off = mlx-lm's own functions",
     )
     max_queue: int = Field(256, ge=1, description="Most requests waiting or running before new ones are refused")

@@ -17,8 +17,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from radixchat.core.engine.admission import choose
-from radixchat.core.engine.fairness import FairQueue
+from radixchat.core.engine.sched.admission import choose
+from radixchat.core.engine.sched.fairness import FairQueue
 
 
 @dataclass
@@ -34,7 +34,7 @@ def size(r: Req) -> int:
 
 
 def cost(rows: int, longest: int) -> int:
-    """The engine's shape of cost: every row padded to the longest (core.engine.preempt)."""
+    """The engine's shape of cost: every row padded to the longest (core.engine.sched.preempt)."""
     return rows * longest
 
 

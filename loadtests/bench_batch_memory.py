@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.admission import BATCH_SHARE
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.requests import Sampling
+from radixchat.core.engine.sched.admission import BATCH_SHARE
+from radixchat.core.seam.requests import Sampling
 from tests.support.randmodel import build_random_model
 
 LENGTHS = (60, 120, 200, 300, 500, 800)

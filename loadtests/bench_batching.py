@@ -16,8 +16,8 @@ import statistics
 
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import ChatRequest
 from radixchat.core.platform.blas import active_blas, reexec_with_openblas
+from radixchat.core.seam.requests import ChatRequest
 
 
 def one_round(engine, n: int, max_tokens: int, temperature: float = 0.0) -> tuple[float, int]:

@@ -69,7 +69,7 @@ def main() -> None:
     reexec_with_openblas()
     import mlx.core as mx
 
-    from radixchat.core.engine import cpu_ops
+    from radixchat.core.engine.step import cpu_ops
     from radixchat.core.models.model import load_model
 
     model = load_model(resolve_model(args)).model

@@ -1,4 +1,4 @@
-"""Benchmark the raw batched decode ceiling: mlx-lm's functions against core.engine.cpu_ops.
+"""Benchmark the raw batched decode ceiling: mlx-lm's functions against core.engine.step.cpu_ops.
 
 For each batch size, one model, one K/V cache of --context tokens per row, and a bare greedy
 decode loop (no scheduler, no HTTP): rounds of --steps steps with mlx-lm's attention and SwiGLU,
@@ -6,7 +6,7 @@ then the same with radixchat's CPU forms (`--cpu-ops`), alternating so both see 
 machine. Prints tok/s of each and their ratio, and checks that both pick the same tokens.
 These are the ceilings bench_vs_mlxlm compares servers' end-to-end output with.
 
-With --widths it measures instead what speculative decoding (core.engine.speculate) pays: a
+With --widths it measures instead what speculative decoding (core.engine.step.speculate) pays: a
 forward of W tokens per row (a current token and W-1 drafts) against a one-token forward, per
 batch size, with radixchat's CPU forms.
 
@@ -86,7 +86,7 @@ def graph(model, batches: list[int], context: int, steps: int, rounds: int) -> N
     elementwise work at that batch's shapes, compiled (shapeless, so no retrace as T grows) and not."""
     import mlx.core as mx
 
-    from radixchat.core.engine import cpu_ops
+    from radixchat.core.engine.step import cpu_ops
 
     def timed(fn, *args) -> float:
         mx.eval(fn(*args))
@@ -141,7 +141,7 @@ def main() -> None:
     reexec_with_openblas()
     import mlx.core as mx
 
-    from radixchat.core.engine import cpu_ops
+    from radixchat.core.engine.step import cpu_ops
     from radixchat.core.models.model import load_model
 
     path = resolve_model(args)

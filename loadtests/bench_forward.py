@@ -1,8 +1,8 @@
 """The host time of building a decode step's forward graph, and its op count, with each layer's
-RoPE made by the library and from the step's one table (core.engine.cpu_ops.shared_positions).
+RoPE made by the library and from the step's one table (core.engine.step.cpu_ops.shared_positions).
 
 The engine's path: --rows rows of a random past of up to --past tokens (left-padded) in slot
-caches (core.cache.slots), the CPU forms of core.engine.cpu_ops installed, one token a row a
+caches (core.cache.slots), the CPU forms of core.engine.step.cpu_ops installed, one token a row a
 step, each step's graph evaluated before the next is built. The two forms alternate, --runs
 runs of --steps steps each; printed: the median build time of each form, their ratio, the
 nodes in one step's graph, and whether the two forms' logits are equal bit for bit.
@@ -31,7 +31,7 @@ def decode(model, rows: int, past: int, steps: int, shared: bool) -> tuple[list[
     from mlx_lm.models.cache import BatchKVCache
 
     from radixchat.core.cache.slots import SlotKVCache
-    from radixchat.core.engine import cpu_ops
+    from radixchat.core.engine.step import cpu_ops
 
     vocab = model.args.vocab_size
     mx.random.seed(0)
@@ -70,7 +70,7 @@ def main() -> None:
     import mlx.core as mx
     from mlx_lm import load
 
-    from radixchat.core.engine import cpu_ops
+    from radixchat.core.engine.step import cpu_ops
 
     path = resolve_model(args)
     model, _ = load(path)

@@ -20,7 +20,7 @@ so the parts add up to the thread's wall time:
   `async_eval`, then 0.06 s in `eval`); a Mac's GPU takes the graph and returns;
 - forward graph: the model's Python `__call__` (building the lazy graph of a forward);
 - step graph: the rest of the decoding batch's `_step` (logits, sampling, launching:
-  core.engine.decode_batch, or mlx-lm's `GenerationBatch._step`);
+  core.engine.step.decode_batch, or mlx-lm's `GenerationBatch._step`);
 - step rows: the rest of its `next` (per-row counts, stop matchers, responses);
 - prefill: the stepper's prefill chunks and joins, less their forward and waits;
 - tokens out: `Emit._on_tokens` less what is below (counting, fair share, timing);
@@ -72,8 +72,8 @@ from loadtests.bench_profile import PROMPTS, run_all, user
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat.core.config import Settings
 from radixchat.core.engine.output import SWITCH_INTERVAL_S
-from radixchat.core.engine.requests import ChatRequest, Finished
 from radixchat.core.platform.blas import active_blas, reexec_with_openblas
+from radixchat.core.seam.requests import ChatRequest, Finished
 
 PARTS = [
     "MLX wait",
@@ -129,11 +129,11 @@ def instrument(clock: ExclusiveClock, engine) -> None:
     from mlx_lm.generate import GenerationBatch
 
     from radixchat.core.engine import engine as engine_module
-    from radixchat.core.engine.decode_batch import DecodingBatch
-    from radixchat.core.engine.handle import Outbox
     from radixchat.core.engine.output import OutputThread
-    from radixchat.core.engine.stepper import BudgetedBatchGenerator
+    from radixchat.core.engine.step.decode_batch import DecodingBatch
+    from radixchat.core.engine.step.stepper import BudgetedBatchGenerator
     from radixchat.core.engine.textstream import TextStream
+    from radixchat.core.seam.handle import Outbox
 
     clock.wrap(mx, "eval", "MLX wait")
     clock.wrap(mx, "async_eval", "launch")

@@ -85,7 +85,7 @@ def main() -> None:
     import mlx.core as mx
     from mlx_lm import load
 
-    from radixchat.core.engine import cpu_ops, unnormalized
+    from radixchat.core.engine.step import cpu_ops, unnormalized
 
     path = resolve_model(args)
     model, _ = load(path)

@@ -17,8 +17,8 @@ import time
 
 from radixchat import assets
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import ChatRequest
 from radixchat.core.platform.blas import reexec_with_openblas
+from radixchat.core.seam.requests import ChatRequest
 
 SETTINGS = {
     "off": {},

@@ -28,8 +28,8 @@ from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.figures import pct
 from radixchat import assets
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import ChatRequest
 from radixchat.core.platform.blas import active_blas, reexec_with_openblas
+from radixchat.core.seam.requests import ChatRequest
 
 
 def load_scenario():

@@ -4,7 +4,7 @@ One in-process engine (no HTTP) on the model, --users threads each holding one s
 conversation (a system prompt, then --turns questions, the history growing, greedy, --max-tokens
 per reply, no think time). The engine thread's wall time is split into:
 
-- prefill chunks: forwards of new prompts' tokens (core.engine.stepper._prefill_chunk);
+- prefill chunks: forwards of new prompts' tokens (core.engine.step.stepper._prefill_chunk);
 - first tokens: the one-token forward of prompts joining the decoding batch (_start_decoding);
 - decode: the batched decode step (mlx-lm's GenerationBatch.next: the forward, sampling, and
   the wait for the previous step's tokens);
@@ -31,8 +31,8 @@ from collections import defaultdict
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat import assets
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import ChatRequest, Finished
 from radixchat.core.platform.blas import active_blas, reexec_with_openblas
+from radixchat.core.seam.requests import ChatRequest, Finished
 
 PROMPTS = assets.prompts()
 
@@ -104,17 +104,17 @@ def main() -> None:
     p.add_argument(
         "--normalize-every-step",
         action="store_true",
-        help="let the batched step normalize every row's logits, as mlx-lm does (core/engine/unnormalized.py off)",
+        help="let the batched step normalize every row's logits, as mlx-lm does (core/engine/step/unnormalized.py off)",
     )
     args = p.parse_args()
     reexec_with_openblas()
     from mlx_lm.generate import GenerationBatch
 
     from radixchat.core.engine import engine as engine_module
-    from radixchat.core.engine.stepper import BudgetedBatchGenerator
+    from radixchat.core.engine.step.stepper import BudgetedBatchGenerator
 
     if args.normalize_every_step:
-        from radixchat.core.engine import unnormalized
+        from radixchat.core.engine.step import unnormalized
 
         unnormalized.use_here = lambda on: None
     if args.first_token_forward:

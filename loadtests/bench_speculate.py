@@ -32,8 +32,8 @@ from loadtests.bench_profile import run_all
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat import assets
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import ChatRequest, Finished
 from radixchat.core.platform.blas import active_blas, reexec_with_openblas
+from radixchat.core.seam.requests import ChatRequest, Finished
 
 PROMPTS = assets.prompts()
 CODE = [

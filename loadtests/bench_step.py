@@ -2,7 +2,7 @@
 and a newcomer's time to first token while a batch decodes, for several --step-tokens.
 
 For each value of --step-tokens (0 is mlx-lm's own order: decode, then a whole prefill
-step; the others are core.engine.stepper's budgeted step), one in-process engine on the
+step; the others are core.engine.step.stepper's budgeted step), one in-process engine on the
 same model, in the same run:
 
 1. *Arrivals*: --streams requests decode (ignore_eos) while --long prompts of
@@ -32,8 +32,8 @@ from loadtests.benchmodel import add_model_args, resolve_model
 from loadtests.figures import pct
 from radixchat import assets
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import ChatRequest, TextDelta
 from radixchat.core.platform.blas import active_blas, reexec_with_openblas
+from radixchat.core.seam.requests import ChatRequest, TextDelta
 
 PROMPTS = assets.prompts()
 SYSTEMS = [s["text"] for s in PROMPTS["system_prompts"]]

@@ -414,7 +414,7 @@ def decode_ceiling(model_path: str, batch: int, context: int, steps: int = 48) -
     compares them with mlx-lm's)."""
     code = f"""
 import time, mlx.core as mx
-from radixchat.core.engine import cpu_ops
+from radixchat.core.engine.step import cpu_ops
 from radixchat.core.models.model import load_model
 from mlx_lm.models.cache import make_prompt_cache
 m = load_model({model_path!r}).model

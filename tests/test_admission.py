@@ -1,11 +1,11 @@
-"""core.engine.admission.choose on plain objects: no model, no engine, no MLX."""
+"""core.engine.sched.admission.choose on plain objects: no model, no engine, no MLX."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixchat.core.engine.admission import choose, over_cap
-from radixchat.core.engine.fairness import PREFER_AMONG, FairQueue
+from radixchat.core.engine.sched.admission import choose, over_cap
+from radixchat.core.engine.sched.fairness import PREFER_AMONG, FairQueue
 
 
 @dataclass

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.models import as_engines
-from radixchat.core.engine.requests import ChatRequest, QueueFull, Sampling, owner_of
+from radixchat.core.seam.requests import ChatRequest, QueueFull, Sampling, owner_of
 from radixchat.webui.api import fields, generation
 from radixchat.webui.api.chat import ChatFrames
 from radixchat.webui.api.errors import install_error_handlers

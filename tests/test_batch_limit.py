@@ -9,9 +9,9 @@ import time
 import pytest
 
 from radixchat.core.config import Settings, kv_budget
-from radixchat.core.engine.admission import BATCH_SHARE
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.requests import Finished, Sampling
+from radixchat.core.engine.sched.admission import BATCH_SHARE
+from radixchat.core.seam.requests import Finished, Sampling
 
 PROMPT = list(range(5, 25))  # 20 tokens
 REPLY = 40

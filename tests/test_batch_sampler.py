@@ -7,9 +7,9 @@ import threading
 import mlx.core as mx
 import pytest
 
-from radixchat.core.engine import batch_sampler
-from radixchat.core.engine.batch_sampler import BatchSampler, Draw, draw
-from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.engine.sample import batch_sampler
+from radixchat.core.engine.sample.batch_sampler import BatchSampler, Draw, draw
+from radixchat.core.seam.requests import ChatRequest, Finished
 
 WORDS = ["lists", "tuples", "dicts", "sets", "generators", "classes"]
 # six requests that differ in every sampling parameter the batch draws in one go
@@ -105,9 +105,9 @@ def test_unseeded_rows_do_not_share_a_stream():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_batched_penalties_are_mlx_lms_processors_row_by_row(seed):
-    from radixchat.core.engine.batch_sampler import Penalty, penalize
-    from radixchat.core.engine.requests import Sampling
-    from radixchat.core.engine.sampling import penalties
+    from radixchat.core.engine.sample.batch_sampler import Penalty, penalize
+    from radixchat.core.engine.sample.sampling import penalties
+    from radixchat.core.seam.requests import Sampling
 
     rng = __import__("random").Random(seed)
     n, vocab = 6, 50
@@ -137,7 +137,7 @@ def test_penalized_rows_are_not_processed_row_by_row_and_reply_as_through_the_li
     """Penalties ran as mlx-lm's processors, one row at a time; the batch sampler applies
     them to every row at once, with the same replies (a request that asks for logprobs
     still goes through the library's processors)."""
-    from radixchat.core.engine import sampling
+    from radixchat.core.engine.sample import sampling
 
     calls = []
     real = sampling.make_logits_processors

@@ -11,7 +11,7 @@ import pytest
 from radixchat.core.cache.scope import CacheScope
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.seam.requests import ChatRequest, Finished
 
 SYSTEM = (
     "You are the help desk of a small bank. Answer in one short sentence and never repeat "

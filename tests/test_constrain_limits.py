@@ -12,8 +12,8 @@ import logging
 
 import pytest
 
-from radixchat.core.engine.constrain import ConstraintFailed
-from radixchat.core.engine.requests import ChatRequest, Failed, Finished
+from radixchat.core.engine.sample.constrain import ConstraintFailed
+from radixchat.core.seam.requests import ChatRequest, Failed, Finished
 
 # the reply must reach a string: its opening is forced, its body is where the lexer needs fuel
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}}, "required": ["name"]}
@@ -31,7 +31,7 @@ def tight_limits(monkeypatch):
     """Every Constraint's matcher built with parser limits small enough to run out mid-reply."""
     import llguidance
 
-    import radixchat.core.engine.constrain as constrain
+    import radixchat.core.engine.sample.constrain as constrain
 
     real_init = constrain.Constraint.__init__
 
@@ -75,8 +75,8 @@ def test_the_engine_goes_on_after_a_grammar_failed(engine, tight_limits):
 def test_a_schema_no_reply_can_satisfy_is_refused_before_it_is_queued(engine, schema):
     """A schema defined only by itself admits no JSON at all: its first step failed the
     request (a 500 to a client, or a 200 and then an error event when streamed)."""
-    from radixchat.core.engine.constrain import EMPTY
-    from radixchat.core.engine.requests import RequestError
+    from radixchat.core.engine.sample.constrain import EMPTY
+    from radixchat.core.seam.requests import RequestError
 
     with pytest.raises(RequestError) as refused:
         engine.submit(chat(max_tokens=8, json_schema=schema))

@@ -1,4 +1,4 @@
-"""core.engine.cpu_ops: the CPU forms of attention, SwiGLU and RoPE compute what mlx-lm's functions
+"""core.engine.step.cpu_ops: the CPU forms of attention, SwiGLU and RoPE compute what mlx-lm's functions
 compute (every mask shape mlx-lm passes, grouped and plain heads, decode and prefill), the
 engine takes them only in its own thread and only with --cpu-ops, and an engine's greedy
 tokens are the same with them on and off."""
@@ -12,9 +12,9 @@ import pytest
 from mlx_lm.models.activations import swiglu as library_swiglu
 
 from radixchat.core.config import Settings
-from radixchat.core.engine import cpu_ops
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.engine.step import cpu_ops
+from radixchat.core.seam.requests import ChatRequest, Finished
 
 TOL = 2e-5
 

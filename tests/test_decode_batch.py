@@ -1,4 +1,4 @@
-"""The decoding batch (core.engine.decode_batch): a step keeps its logits whole, a running
+"""The decoding batch (core.engine.step.decode_batch): a step keeps its logits whole, a running
 row's response reads its row only when asked, and tokens and log-probabilities are the ones
 mlx-lm's own GenerationBatch gives."""
 
@@ -9,8 +9,8 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from radixchat.core.engine.decode_batch import DecodingBatch, Rows, Running
-from radixchat.core.engine.stepper import BudgetedBatchGenerator
+from radixchat.core.engine.step.decode_batch import DecodingBatch, Rows, Running
+from radixchat.core.engine.step.stepper import BudgetedBatchGenerator
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
 SIZES = dict(max_tokens=1000, completion_batch_size=8, prefill_batch_size=4, prefill_step_size=512)

@@ -23,7 +23,7 @@ import pytest
 from radixchat.core.cache import disk_budget, diskio
 from radixchat.core.cache.disk_budget import OWNERS_MAX, RESERVE_MIN, DiskRoom, limit_for
 from radixchat.core.config import DISK_AUTO
-from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.seam.requests import ChatRequest, Finished
 from tests.support.conversations import QUESTIONS, SYSTEMS, engine_for, wait_disk_idle
 from tests.support.server import Server
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.seam.requests import ChatRequest, Finished
 from tests.support.conversations import SYSTEMS, conversations, engine_for, run_users, wait_disk_idle
 
 DISK = 1 << 30

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from radixchat.core.engine.engine import INTERNAL_ERROR
-from radixchat.core.engine.requests import ChatRequest, Failed, Finished, PromptRequest, RequestError, TextDelta
+from radixchat.core.seam.requests import ChatRequest, Failed, Finished, PromptRequest, RequestError, TextDelta
 
 WORDS = ["lists", "tuples", "dicts", "sets", "generators", "classes", "modules", "strings"]
 
@@ -126,7 +126,7 @@ def test_min_p_keeps_only_the_likeliest_tokens(engine):
 
 def test_a_schema_compiles_in_a_worker_thread_never_the_engines_or_the_loops(engine, monkeypatch):
     """However long a user's schema takes to compile, no other stream waits for it."""
-    import radixchat.core.engine.constrain as constrain
+    import radixchat.core.engine.sample.constrain as constrain
 
     threads, real = [], constrain.grammar_for
 
@@ -173,7 +173,7 @@ def test_a_body_longer_than_the_context_can_hold_is_refused_without_tokenizing(e
 
 @pytest.mark.parametrize("field", ["json_schema", "lark"])
 def test_a_grammar_over_the_size_limit_is_refused_before_compiling(engine, monkeypatch, field):
-    import radixchat.core.engine.constrain as constrain
+    import radixchat.core.engine.sample.constrain as constrain
 
     compiled = []
     monkeypatch.setattr(constrain, "grammar_for", lambda s: compiled.append(s))
@@ -304,7 +304,7 @@ def test_bad_requests_are_refused_and_engine_goes_on(engine, make, status, words
 
 
 def test_failing_request_fails_alone(engine, monkeypatch):
-    import radixchat.core.engine.sampling as sampling_mod
+    import radixchat.core.engine.sample.sampling as sampling_mod
 
     real = sampling_mod.make_request_sampler
 
@@ -330,7 +330,7 @@ def test_failing_request_fails_alone(engine, monkeypatch):
 def test_a_sampler_that_cannot_be_built_fails_only_its_request(engine, monkeypatch):
     """The sampler is made when the batch admits its requests: one that raises there (as
     mx.random.key did for a negative seed) must leave the others admitted with it alone."""
-    import radixchat.core.engine.sampling as sampling_mod
+    import radixchat.core.engine.sample.sampling as sampling_mod
 
     real = sampling_mod.make_request_sampler
 

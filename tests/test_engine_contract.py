@@ -1,4 +1,4 @@
-"""The seam's contract (core.engine.seam.EngineClient), one test run over every engine the web
+"""The seam's contract (core.seam.protocol.EngineClient), one test run over every engine the web
 layer may hold: the in-process `Engine`, a `RemoteEngine` (a worker on another process), a
 `RoutedEngine` (workers behind SGLang's router) and the tests' `FakeEngine`. Whatever webui/
 relies on (a reply's events add up to its text, a cancel ends a request as cancelled, a
@@ -13,7 +13,8 @@ import time
 import pytest
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import (
+from radixchat.core.seam.protocol import EngineClient, EngineStats, Lifecycle, ModelInfo
+from radixchat.core.seam.requests import (
     ChatMessage,
     ChatRequest,
     Finished,
@@ -22,7 +23,6 @@ from radixchat.core.engine.requests import (
     Sampling,
     TextDelta,
 )
-from radixchat.core.engine.seam import EngineClient, EngineStats, Lifecycle, ModelInfo
 from tests.support.fake_engine import FakeEngine
 
 LONG = 1900  # tokens of a reply that runs until it is cancelled: seconds on `slow_model`

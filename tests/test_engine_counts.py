@@ -1,5 +1,5 @@
 """Running and waiting requests are counted once, by the engine, and shown alike by /health,
-/metrics and the page's Server tab (core.engine.seam.EngineStats)."""
+/metrics and the page's Server tab (core.seam.protocol.EngineStats)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.requests import ChatRequest
+from radixchat.core.seam.requests import ChatRequest
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.page.dashboard import Presence, dashboard
 from radixchat.webui.server import build_app

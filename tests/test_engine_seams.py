@@ -10,7 +10,7 @@ import pytest
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling
+from radixchat.core.seam.requests import ChatRequest, Failed, Finished, RequestError, Sampling
 
 SYSTEM = {"role": "system", "content": "You answer questions about Python."}
 

@@ -14,9 +14,9 @@ import pytest
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.fairness import PREFER_AMONG, FairQueue, Wait
 from radixchat.core.engine.prepare import FairPool
-from radixchat.core.engine.requests import ChatRequest, Finished, RequestError
+from radixchat.core.engine.sched.fairness import PREFER_AMONG, FairQueue, Wait
+from radixchat.core.seam.requests import ChatRequest, Finished, RequestError
 
 
 @dataclass
@@ -501,7 +501,7 @@ def test_a_newcomers_short_prompt_is_prefilled_within_steps_of_a_long_prompt_flo
 
 
 def test_only_a_newcomer_beside_others_work_takes_a_step_of_its_own(tiny_model_dir):
-    """A step of its own (core.engine.stepper `_first_alone`) is for an owner with no row while
+    """A step of its own (core.engine.step.stepper `_first_alone`) is for an owner with no row while
     others have rows: mallory's third request, beside two rows of hers, goes the ordinary way
     (her throughput alone is what it was), alice's first goes alone."""
     eng = Engine(Settings(model=str(tiny_model_dir), max_batch=16, max_tokens=64)).start(timeout=120)

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import owner_of
+from radixchat.core.seam.requests import owner_of
 from radixchat.core.store import Invalid, NotFound
 from radixchat.webui.server import build_app
 from tests.support.fake_engine import FakeEngine

@@ -1,4 +1,4 @@
-"""Grammars compiled once per user (core.engine.grammar_cache): a schema sent again is a copy
+"""Grammars compiled once per user (core.engine.sample.grammar_cache): a schema sent again is a copy
 of the matcher compiled for it, the reply the same as from a fresh compile; kept per owner,
 refusals remembered, a removed user's schemas dropped, the number kept bounded."""
 
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from radixchat.core.engine.constrain import SchemaError
-from radixchat.core.engine.grammar_cache import CompiledGrammars
-from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.engine.sample.constrain import SchemaError
+from radixchat.core.engine.sample.grammar_cache import CompiledGrammars
+from radixchat.core.seam.requests import ChatRequest, Finished
 
 
 class Built:
@@ -98,7 +98,7 @@ def chat(owner: str, schema=SCHEMA) -> ChatRequest:
 
 
 def test_a_users_repeated_schema_compiles_once_and_answers_as_a_fresh_compile(engine, monkeypatch):
-    import radixchat.core.engine.constrain as constrain
+    import radixchat.core.engine.sample.constrain as constrain
 
     compiled, real = [], constrain.grammar_for
 

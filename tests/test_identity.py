@@ -22,7 +22,7 @@ from radixchat.core.cache.diskio import read_header
 from radixchat.core.cache.forget import forget, forget_below
 from radixchat.core.cache.radix import RadixCache
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import ChatRequest, Finished, owner_of
+from radixchat.core.seam.requests import ChatRequest, Finished, owner_of
 from radixchat.core.store import Store
 from radixchat.webui.removals import RemovalWatch
 from radixchat.webui.server import build_app

@@ -16,7 +16,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from radixchat.core.cache import offset_guard
 from radixchat.core.cache.layout import layout_tokens, spare_bound
 from radixchat.core.cache.slots import SlotKVCache, swap_order
-from radixchat.core.engine.stepper import BudgetedBatchGenerator
+from radixchat.core.engine.step.stepper import BudgetedBatchGenerator
 
 H, D = 2, 4
 

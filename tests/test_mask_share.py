@@ -1,4 +1,4 @@
-"""Grammar masks paid from their owner's share (core.engine.mask_share), as a pure policy: the
+"""Grammar masks paid from their owner's share (core.engine.sched.mask_share), as a pure policy: the
 engine's parts it uses stood in by plain objects, the masks' times drawn with a fixed seed."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from radixchat.core.engine import mask_share
-from radixchat.core.engine.mask_share import MaskShare
+from radixchat.core.engine.sched import mask_share
+from radixchat.core.engine.sched.mask_share import MaskShare
 
 
 class Share(MaskShare):

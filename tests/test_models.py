@@ -17,9 +17,9 @@ import pytest
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.models import ModelSet
-from radixchat.core.engine.requests import RequestError
-from radixchat.core.engine.seam import EngineStats, ModelInfo
 from radixchat.core.models.model_size import weights_bytes
+from radixchat.core.seam.protocol import EngineStats, ModelInfo
+from radixchat.core.seam.requests import RequestError
 from tests.support.randmodel import build_random_model
 from tests.support.server import Server, stop_clean
 
@@ -34,7 +34,7 @@ class Stand:
     def stats(self) -> EngineStats:
         return EngineStats(alive=not self.stopped, running=self.inflight, waiting=0)
 
-    fatal = None  # (core.engine.seam.Lifecycle)
+    fatal = None  # (core.seam.protocol.Lifecycle)
 
     def stop(self, release: bool = False) -> None:
         self.stopped, self.released = True, release
@@ -167,7 +167,7 @@ def test_a_name_served_twice_or_missing_is_refused_at_start(tiny_model_dir, tmp_
 
 def test_a_users_limit_counts_their_requests_on_every_model(tiny_model_dir, second_model):
     from radixchat.core.engine.engine import Engine
-    from radixchat.core.engine.requests import ChatRequest
+    from radixchat.core.seam.requests import ChatRequest
 
     settings = Settings(model=str(tiny_model_dir), extra_models=[str(second_model)], max_user_requests=2, max_tokens=8)
     models = ModelSet.of(settings, lambda s, owners: Engine(s, owners).start(timeout=120)).start()

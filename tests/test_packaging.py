@@ -243,10 +243,10 @@ def test_core_never_imports_webui_and_webui_never_imports_mlx():
         assert not [m for m in mods if m.split(".")[0] in ("mlx", "mlx_lm")], f
 
 
-# What webui/ may import of core/engine: the seam, its requests and events, the handle that
-# streams them, the tool-call text formats, and the served models by name (to serve one
-# engine as a set of one). cli.py, which builds the engine, may import more.
-SEAM = {"seam", "requests", "handle", "tools", "models"}
+# What webui/ may import of core/engine: only the served models by name (to serve one engine as
+# a set of one); the rest it knows of an engine is core/seam. cli.py, which builds the engine,
+# may import more.
+SEAM = {"models"}
 
 
 def test_webui_sees_the_engine_only_through_the_seam():
@@ -268,11 +268,12 @@ def test_webui_sees_the_engine_only_through_the_seam():
 ROOMS = {
     "core.config": set(),
     "core.models": {"core.config", "assets"},
+    "core.seam": {"core.models"},
     "core.store": {"core.config"},
     "core.cache": {"core.config", "core.models", "assets"},
-    "core.engine": {"core.config", "core.models", "core.cache", "core.platform", "assets"},
-    "core.platform": {"core.config", "core.models", "core.cache", "core.engine", "assets"},
-    "webui": {"core.config", "core.engine", "core.store", "core.platform", "assets"},
+    "core.engine": {"core.config", "core.models", "core.seam", "core.cache", "core.platform", "assets"},
+    "core.platform": {"core.config", "core.models", "core.seam", "core.cache", "core.engine", "assets"},
+    "webui": {"core.config", "core.seam", "core.engine", "core.store", "core.platform", "assets"},
     "assets": set(),
 }
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from radixchat.core.engine.requests import QueueFull, RequestError
+from radixchat.core.seam.requests import QueueFull, RequestError
 from radixchat.core.store import NotFound
 from radixchat.webui.cli import serve_banner
 from radixchat.webui.live_requests import LiveRequests

@@ -1,4 +1,4 @@
-"""Preemption (core.engine.preempt): requests are admitted by the K/V they hold, and when the
+"""Preemption (core.engine.sched.preempt): requests are admitted by the K/V they hold, and when the
 batch outgrows its room a running request pauses and resumes; its text is the text it would
 have had, and a newcomer is not held behind long replies that fill the batch."""
 
@@ -10,10 +10,10 @@ import time
 import pytest
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.admission import BATCH_SHARE
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.preempt import HEADROOM
-from radixchat.core.engine.requests import Finished, Sampling, TextDelta
+from radixchat.core.engine.sched.admission import BATCH_SHARE
+from radixchat.core.engine.sched.preempt import HEADROOM
+from radixchat.core.seam.requests import Finished, Sampling, TextDelta
 from radixchat.webui.api.metrics import Metrics
 from tests.support.metrics import metric_value
 
@@ -177,8 +177,8 @@ def test_a_users_slow_grammar_masks_are_paid_from_their_share_of_a_step(tiny_mod
     """mallory's grammars take 30 ms a mask (as heavy patterns do on a large vocabulary):
     while alice is at work too, mallory keeps only as many constrained rows as fit her share
     of a step (the others pause, then finish as they would have)."""
-    from radixchat.core.engine import constrain
-    from radixchat.core.engine.mask_share import MASK_FLOOR_S
+    from radixchat.core.engine.sample import constrain
+    from radixchat.core.engine.sched.mask_share import MASK_FLOOR_S
 
     slow = constrain.Constraint._consume
 

@@ -12,7 +12,7 @@ from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
 from radixchat.core.cache.kv import PrefixStore
-from radixchat.core.engine.requests import ChatRequest
+from radixchat.core.seam.requests import ChatRequest
 from tests.support.conversations import SYSTEMS, conversations, engine_for, run_users
 from tests.support.randmodel import SLIDING_WINDOW
 
@@ -86,7 +86,7 @@ def test_cache_is_transparent(kind, request):
     """Greedy answers are the same with the cache on and off. "sliding" prompts are all
     longer than the window, so the rotating caches restored from snapshots have wrapped.
     The reference runs mlx-lm's own step order; the cached engine prefills in small chunks
-    under a step budget (core.engine.stepper), so chunk ends fall inside messages."""
+    under a step budget (core.engine.step.stepper), so chunk ends fall inside messages."""
     fixture = {"plain": "tiny_model_dir", "hybrid": "tiny_hybrid_dir", "sliding": "tiny_sliding_dir"}
     model_dir = request.getfixturevalue(fixture[kind])
     plan = conversations(seed=7, users=6, turns=3)

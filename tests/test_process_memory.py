@@ -11,7 +11,6 @@ import pytest
 
 from radixchat.core.config import Settings, mlx_cache_limit
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.requests import ChatRequest, Finished
 from radixchat.core.platform.doctor import process_memory
 from radixchat.core.platform.memory import (
     ARRAYS_OVER_KV,
@@ -22,6 +21,7 @@ from radixchat.core.platform.memory import (
     process_rss,
     step_activations,
 )
+from radixchat.core.seam.requests import ChatRequest, Finished
 from radixchat.webui.page.dashboard import Presence, summary_table
 
 MiB = 1 << 20

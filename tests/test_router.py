@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from radixchat.core.engine.requests import owner_of
+from radixchat.core.seam.requests import owner_of
 from radixchat.core.store import Store
 from tests.support.procs import RADIXCHAT, free_port, kill_group, scaled
 from tests.support.randmodel import build_random_model

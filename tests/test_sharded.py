@@ -424,7 +424,7 @@ def test_the_shape_digest_tells_trees_apart():
     """What /health's in_step compares: the same inserts and locks give the same digest on
     every rank, a different insert or a lock left behind does not."""
     from radixchat.core.cache.radix import RadixCache
-    from radixchat.core.engine.lockstep import counters, shape_digest
+    from radixchat.core.engine.shard.lockstep import counters, shape_digest
 
     def tree(*seqs):
         t = RadixCache(1 << 20)
@@ -469,7 +469,7 @@ def test_the_model_digest_follows_the_bytes_not_the_file_times(llama, tmp_path):
     model, one changed weight byte or config key is not."""
     import shutil
 
-    from radixchat.core.engine.lockstep import model_digest
+    from radixchat.core.engine.shard.lockstep import model_digest
 
     copy = shutil.copytree(llama, tmp_path / "copy")
     os.utime(copy / "model.safetensors", (1, 1))

@@ -1,4 +1,4 @@
-"""Prompt-lookup speculative decoding (core.engine.speculate): the drafts, the slot cache's
+"""Prompt-lookup speculative decoding (core.engine.step.speculate): the drafts, the slot cache's
 holes (core.cache.slots) against a cache that never held the rejected tokens, and the same
 greedy tokens from the generator and the engine with speculation on and off."""
 
@@ -13,9 +13,9 @@ from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from radixchat.core.cache.slots import SlotKVCache, swap_order
-from radixchat.core.engine import speculate
-from radixchat.core.engine.speculate import Drafts, Speculator
-from radixchat.core.engine.stepper import BudgetedBatchGenerator
+from radixchat.core.engine.step import speculate
+from radixchat.core.engine.step.speculate import Drafts, Speculator
+from radixchat.core.engine.step.stepper import BudgetedBatchGenerator
 
 H, D = 2, 4
 
@@ -211,7 +211,7 @@ def test_the_generator_gives_the_same_tokens_and_caches_with_speculation_on_and_
 def test_the_engine_replies_the_same_with_speculation_and_counts_it(tiny_model_dir):
     from radixchat.core.config import Settings
     from radixchat.core.engine.engine import Engine
-    from radixchat.core.engine.requests import ChatRequest
+    from radixchat.core.seam.requests import ChatRequest
 
     def replies(speculate: int):
         eng = Engine(Settings(model=str(tiny_model_dir), max_batch=8, max_tokens=40, speculate=speculate)).start(

@@ -15,7 +15,7 @@ from tests.support.step_count import Count, both, count_churn, count_steps, rand
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from radixchat.core.engine import unnormalized
+    from radixchat.core.engine.step import unnormalized
 
     unnormalized.install()
     unnormalized.use_here(True)  # as the engine thread runs (this thread, here)

@@ -1,4 +1,4 @@
-"""The budgeted engine step (core.engine.stepper): a newcomer's last prompt token runs in the
+"""The budgeted engine step (core.engine.step.stepper): a newcomer's last prompt token runs in the
 batch's decode of the step that ends its prefill (no forward of its own), its first token
 comes out of the next step, and no step prefills more than its budget leaves beside the decode.
 
@@ -13,8 +13,8 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from radixchat.core.engine.generator import Generator, LibraryGenerator
-from radixchat.core.engine.stepper import BudgetedBatchGenerator, check_layout
+from radixchat.core.engine.step.generator import Generator, LibraryGenerator
+from radixchat.core.engine.step.stepper import BudgetedBatchGenerator, check_layout
 
 
 @pytest.fixture(scope="module")
@@ -204,10 +204,10 @@ def test_prefill_keeps_a_share_when_the_batch_is_larger_than_the_budget(model):
 def test_the_engine_keeps_mlx_lms_order_when_the_generator_is_not_the_one_it_knows(tiny_model_dir, monkeypatch, caplog):
     """Another mlx-lm whose BatchGenerator lacks the parts the budgeted step reorders: the
     engine says so and serves with the library's own order instead of failing every step."""
-    import radixchat.core.engine.stepper as stepper
+    import radixchat.core.engine.step.stepper as stepper
     from radixchat.core.config import Settings
     from radixchat.core.engine.engine import Engine
-    from radixchat.core.engine.requests import Finished, Sampling
+    from radixchat.core.seam.requests import Finished, Sampling
 
     monkeypatch.setattr(stepper, "check_layout", lambda gen: False)
     eng = Engine(Settings(model=str(tiny_model_dir), max_batch=4, max_prefill_batch=2, max_tokens=4)).start(timeout=120)
@@ -245,7 +245,7 @@ def test_short_prompts_join_the_prefill_together_and_long_ones_a_few_at_a_time(m
     """The prefill's working size follows the step's room: twenty 8-token prompts all start in
     one step, while 200-token prompts join four at a time (an equal chunk of 256 tokens each
     step, never under MIN_CHUNK), so the first of them is not held back by all the others."""
-    from radixchat.core.engine.stepper import MIN_CHUNK
+    from radixchat.core.engine.step.stepper import MIN_CHUNK
 
     def gen_for():
         return BudgetedBatchGenerator(
@@ -411,7 +411,7 @@ def test_the_shared_prefill_is_cut_to_what_fits_its_time(model, prefill_s):
     """With `prefill_s`, a step's shared prefill is what the latest chunks' cost per token fits
     in that time, never under MIN_CHUNK: here, a limit nothing fits cuts every chunk (the
     running rows' prompts gave the cost) to MIN_CHUNK; without one, the token budget decides."""
-    from radixchat.core.engine.stepper import MIN_CHUNK
+    from radixchat.core.engine.step.stepper import MIN_CHUNK
 
     gen = make(model, 256, prefill_s=prefill_s)
     running = {insert(gen, [5 + i, 6, 7, 8]) for i in range(2)}
@@ -431,7 +431,7 @@ def test_a_newcomer_waiting_ends_the_shared_prefill_after_a_piece(model):
     waited for all of it. Now, where the engine asks for it (`newcomer`), the chunk runs in
     pieces of about PIECE_S (here MIN_CHUNK at first: a token is made to cost 1 ms), and a newcomer
     waiting ends it after the piece in flight; the reply is the one the whole chunk gives."""
-    from radixchat.core.engine.stepper import MIN_CHUNK
+    from radixchat.core.engine.step.stepper import MIN_CHUNK
 
     def run(pieces: bool, waiting_at: set[int]):
         gen = make(model, 256, prefill_s=10.0)

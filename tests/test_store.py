@@ -387,7 +387,7 @@ def test_stats_buckets_percentiles_and_cache_ratio(store, alice):
 
 
 def test_record_from_usage_duck_types_the_engine_usage():
-    class Usage:  # core.engine.requests.Usage without importing the engine side
+    class Usage:  # core.seam.requests.Usage without importing the engine side
         prompt_tokens, cached_tokens, generated_tokens = 9, 4, 3
         queue_ms, ttft_ms, total_ms, decode_tps = 1.0, 2.0, 3.0, 4.0
 

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from radixchat.core.engine import tools as formats
+from radixchat.core.seam import tools as formats
 from tests.support.clients import GOOD, client
 from tests.support.server import Server
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SEAM = ["radixchat.core.engine.seam", "radixchat.core.engine.requests", "radixchat.core.engine.handle"]
+SEAM = ["radixchat.core.seam.protocol", "radixchat.core.seam.requests", "radixchat.core.seam.handle"]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +45,8 @@ def test_webui_and_the_seam_type_check(linked):
 def test_the_check_sees_the_seams_types(linked):
     """Not Any: a caller that hands a handle a string, or an engine request a list, is refused."""
     (linked / "misuse.py").write_text(
-        "from radixchat.core.engine.handle import RequestHandle\n"
-        "from radixchat.core.engine.requests import owner_of\n"
+        "from radixchat.core.seam.handle import RequestHandle\n"
+        "from radixchat.core.seam.requests import owner_of\n"
         "def feed(h: RequestHandle) -> None:\n"
         "    h.push('some text')\n"
         "owner: str = owner_of(None)\n"

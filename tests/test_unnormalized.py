@@ -7,9 +7,9 @@ import threading
 import mlx.core as mx
 import pytest
 
-from radixchat.core.engine import unnormalized
-from radixchat.core.engine.requests import ChatRequest, Finished, Sampling
-from radixchat.core.engine.sampling import make_request_sampler
+from radixchat.core.engine.sample.sampling import make_request_sampler
+from radixchat.core.engine.step import unnormalized
+from radixchat.core.seam.requests import ChatRequest, Finished, Sampling
 
 SAMPLINGS = [
     {"temperature": 0.8, "seed": 1},

@@ -172,7 +172,7 @@ def cmd_worker(args, settings: Settings) -> None:
 def cmd_serve(args, settings: Settings) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # the engine thread wants the GIL back at once
     log_to_stderr()
-    from radixchat.core.engine.lockstep import launched
+    from radixchat.core.engine.shard.lockstep import launched
 
     place = launched()
     settings = serve_disk(settings, sharded=place is not None)
@@ -181,11 +181,11 @@ def cmd_serve(args, settings: Settings) -> None:
             "radixchat: --cache-disk-bytes, --warm-prompts and --speculate do not run sharded (under mlx.launch) yet"
         )
     if place is not None and place[0] != 0:  # mlx.launch: rank 0 serves, the others follow it
-        from radixchat.core.engine.follower import follow
+        from radixchat.core.engine.shard.follower import follow
 
         sys.exit(follow(settings))
 
-    from radixchat.core.engine.requests import owner_of
+    from radixchat.core.seam.requests import owner_of
     from radixchat.core.store import Store
     from radixchat.webui.removals import RemovalWatch
     from radixchat.webui.request_end import settle
@@ -451,7 +451,7 @@ def serve_banner(settings: Settings, n_users: int, addresses: list[str] | None =
 
 
 def cmd_ask(args, settings: Settings) -> None:
-    from radixchat.core.engine.requests import ChatRequest, Failed, RequestError, TextDelta
+    from radixchat.core.seam.requests import ChatRequest, Failed, RequestError, TextDelta
 
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.prompt})
@@ -495,7 +495,7 @@ def cmd_ask(args, settings: Settings) -> None:
 
 
 def cmd_doctor(args, settings: Settings) -> None:
-    from radixchat.core.engine.lockstep import launched
+    from radixchat.core.engine.shard.lockstep import launched
     from radixchat.core.platform.doctor import report
 
     quiet = (launched() or (0, 1))[0] != 0  # under mlx.launch every rank runs it, rank 0 prints

@@ -25,16 +25,7 @@ import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 
-from radixchat.core.engine.requests import (
-    ChatRequest,
-    Failed,
-    Finished,
-    PromptRequest,
-    TextDelta,
-    TokenLogprob,
-    Usage,
-)
-from radixchat.core.engine.seam import (
+from radixchat.core.seam.protocol import (
     DiskCacheStats,
     EngineStats,
     MlxMemoryStats,
@@ -42,6 +33,15 @@ from radixchat.core.engine.seam import (
     PrefixCacheStats,
     ShardStats,
     SpeculationStats,
+)
+from radixchat.core.seam.requests import (
+    ChatRequest,
+    Failed,
+    Finished,
+    PromptRequest,
+    TextDelta,
+    TokenLogprob,
+    Usage,
 )
 
 SERVICE_USER_HEADER = "x-radixchat-user"  # a request's owner, for a router that hashes on it

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from radixchat.webui.store_poller import StorePoller
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.handle import RequestHandle
+    from radixchat.core.seam.handle import RequestHandle
     from radixchat.core.store import Store
 
 log = logging.getLogger("radixchat.live")

@@ -28,9 +28,9 @@ import threading
 
 import httpx
 
-from radixchat.core.engine.handle import Outbox, RequestHandle
-from radixchat.core.engine.requests import ChatRequest, Failed, PromptRequest, RequestError, TextDelta
-from radixchat.core.engine.seam import EngineStats, ModelInfo
+from radixchat.core.seam.handle import Outbox, RequestHandle
+from radixchat.core.seam.protocol import EngineStats, ModelInfo
+from radixchat.core.seam.requests import ChatRequest, Failed, PromptRequest, RequestError, TextDelta
 from radixchat.webui.engine_wire import SERVICE_USER_HEADER, event_of, info_of, request_body, stats_of
 
 log = logging.getLogger("radixchat.remote")

@@ -11,8 +11,8 @@ one line (StartError). Left to others: the HTTP to each engine. Threads: none of
 from __future__ import annotations
 
 from radixchat.core.engine.models import ALIASES
-from radixchat.core.engine.requests import RequestError
-from radixchat.core.engine.seam import ServedModel
+from radixchat.core.seam.protocol import ServedModel
+from radixchat.core.seam.requests import RequestError
 from radixchat.webui.remote_engine import RemoteEngine, StartError
 from radixchat.webui.routed_engine import RoutedEngine, router_workers
 

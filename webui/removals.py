@@ -4,7 +4,7 @@
 The store notes each removed user's cache key as it removes them (`removed_users`, core/
 store/accounts.py), and `RemovalWatch`, a thread of the server, reads what is new there at
 start-up and then every `every_s` seconds, and asks every model's engine to `forget` that
-owner (core.engine.seam's Engines): their namespace leaves the prefix cache, in memory and on disk, and
+owner (core.seam.protocol's Engines): their namespace leaves the prefix cache, in memory and on disk, and
 nothing of theirs is cached again. A new user never shares a removed one's namespace anyway
 (it is named by a random key, never by the reusable id); forgetting is about the removed
 user's text not outliving them. Users removed while no server ran are covered twice: the
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from radixchat.core.engine.requests import owner_of
+from radixchat.core.seam.requests import owner_of
 from radixchat.webui.store_poller import StorePoller
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import Engines
+    from radixchat.core.seam.protocol import Engines
     from radixchat.core.store import Store
 
 

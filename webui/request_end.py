@@ -25,10 +25,10 @@ from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_for_all
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from radixchat.core.engine.requests import Failed, Finished
+from radixchat.core.seam.requests import Failed, Finished
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.handle import RequestHandle
+    from radixchat.core.seam.handle import RequestHandle
     from radixchat.webui.api.metrics import Metrics
 
 log = logging.getLogger("radixchat.requests")

@@ -34,8 +34,8 @@ import logging
 
 import httpx
 
-from radixchat.core.engine.requests import ChatRequest, RequestError
-from radixchat.core.engine.seam import EngineStats
+from radixchat.core.seam.protocol import EngineStats
+from radixchat.core.seam.requests import ChatRequest, RequestError
 from radixchat.webui.engine_wire import ROUTED_PATH, ROUTED_WORKER_HEADER, SERVICE_USER_HEADER, routed_body
 from radixchat.webui.remote_engine import DOWN, START_TIMEOUT_S, RemoteEngine, StartError
 

@@ -9,7 +9,7 @@ the page uses and answers a page session to the sign-in that opened it, and page
 bodies are capped like the API's. Outermost, every response carries a Content-Security-Policy
 that lets the page load nothing but this server's files (webui/page/csp.py). Errors use
 OpenAI's shape. No MLX in this package: the engine is reached only through the seam,
-core.engine.seam's Engines (the served models by name) and EngineClient (submit, cancel,
+core.seam.protocol's Engines (the served models by name) and EngineClient (submit, cancel,
 tokenize, stats, info). Connection limits (slow or idle clients) are the HTTP server's, set
 where uvicorn starts (webui/cli.py).
 """
@@ -27,7 +27,7 @@ from starlette.routing import Mount
 
 from radixchat.core.config import Settings, address_allowed, address_rule
 from radixchat.core.engine.models import as_engines
-from radixchat.core.engine.seam import EngineClient, Engines
+from radixchat.core.seam.protocol import EngineClient, Engines
 from radixchat.core.store import AccountDisabled, Store
 from radixchat.webui.api.errors import BodyLimit, error_response, install_error_handlers
 from radixchat.webui.api.metrics import Metrics

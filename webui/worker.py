@@ -31,8 +31,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.requests import ChatRequest, RequestError, TextDelta
-from radixchat.core.engine.seam import EngineClient
+from radixchat.core.seam.protocol import EngineClient
+from radixchat.core.seam.requests import ChatRequest, RequestError, TextDelta
 from radixchat.webui.api.errors import ApiError, BodyLimit, error_response, install_error_handlers
 from radixchat.webui.engine_wire import ROUTED_PATH, control_line, event_line, request_of, routed_request_of
 

@@ -37,7 +37,7 @@ given, not only for its own tokens).
 What a row's padding covers can be another request's stale K/V or zeros; the mask hides it
 (the same boolean mask as the library's), and `extend` writes zeros there for a new row.
 
-Speculative decoding (core.engine.speculate) writes a row's draft tokens beside the batch's
+Speculative decoding (core.engine.step.speculate) writes a row's draft tokens beside the batch's
 and keeps only the ones the model agreed with, a different number per row. `reject` makes
 the rest *holes*: columns the mask hides for that row alone, while the row's `offset` (the
 RoPE position of its next token) counts only what it kept. Holes cost columns, never

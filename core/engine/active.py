@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, field
 
 from radixchat.core.cache.radix import Match
-from radixchat.core.engine.handle import RequestHandle
-from radixchat.core.engine.requests import Sampling, Usage
 from radixchat.core.engine.textstream import TextStream
+from radixchat.core.seam.handle import RequestHandle
+from radixchat.core.seam.requests import Sampling, Usage
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Active:
     prefilled: bool = False  # its prompt is through prefill (and in the prefix cache, if on)
     match: Match | None = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
-    constraint: object | None = None  # core.engine.constrain.Constraint: the grammar its reply follows
+    constraint: object | None = None  # core.engine.sample.constrain.Constraint: the grammar its reply follows
     logprobs: list = field(default_factory=list)  # TokenLogprob of every generated token (with `logprobs`)
     unsent: list = field(default_factory=list)  # those not yet attached to a delta
     out: list[int] = field(default_factory=list)  # generated token ids (a resumed request's prompt ends with them)
@@ -49,9 +49,11 @@ class Active:
     joined: int = 0  # the engine step of its latest admission (the latest joined is preempted first)
     hurry: bool = False  # its owner had no prompt in prefill when it was admitted
     alone: bool = False  # and no row at all, while others had: its first token comes from a step of its own
-    preempted: int = 0  # times it left the batch to make room (core.engine.preempt)
+    preempted: int = 0  # times it left the batch to make room (core.engine.sched.preempt)
     sampler: object | None = None  # kept across a preemption: a seeded stream goes on where it was
-    penalty: object | None = None  # its penalties, when the batch sampler applies them (core.engine.batch_sampler)
+    penalty: object | None = (
+        None  # its penalties, when the batch sampler applies them (core.engine.sample.batch_sampler)
+    )
 
     @property
     def tokens(self) -> list[int]:

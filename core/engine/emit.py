@@ -9,7 +9,7 @@ with stop strings or log-probabilities keeps its stream on the engine thread
 (`_stream_here`): a stop string ends the request at the step that wrote it, and a token's
 log-probabilities need MLX; only its events go through the output thread. A request whose
 sampler failed ends there: a grammar that could not go on
-(core.engine.constrain.ConstraintFailed) fails with its own message, logged; anything else
+(core.engine.sample.constrain.ConstraintFailed) fails with its own message, logged; anything else
 is raised for the step to fail the request with its fixed sentence.
 
 Uses of the engine's fields: `loaded` (the tokenizer), `_fair` (charging the owner's
@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 
 from radixchat.core.engine.active import Active
-from radixchat.core.engine.constrain import ConstraintFailed
-from radixchat.core.engine.requests import Failed, Finished, TextDelta, TokenLogprob
+from radixchat.core.engine.sample.constrain import ConstraintFailed
+from radixchat.core.seam.requests import Failed, Finished, TextDelta, TokenLogprob
 
 log = logging.getLogger("radixchat.engine")
 # What a client reads when its request failed inside the engine: the details (library
@@ -135,10 +135,10 @@ class Emit:
 
     def _token_logprob(self, token: int, logprobs, top: int) -> TokenLogprob:
         """The chosen token's log-probability and the `top` most likely, from the row's
-        logits of this step (core.engine.unnormalized: the step leaves them unnormalized)."""
+        logits of this step (core.engine.step.unnormalized: the step leaves them unnormalized)."""
         import mlx.core as mx
 
-        from radixchat.core.engine.unnormalized import normalized
+        from radixchat.core.engine.step.unnormalized import normalized
 
         logprobs = normalized(logprobs)
         chosen = logprobs[token]

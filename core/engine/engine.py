@@ -18,10 +18,10 @@ they finish; running requests hold a lock on their path.
 `Engine` is the orchestrator: its thread's loop, loading, the generator, commands, a
 request's way into and out of the batch. Its parts, each a module of its own: the callers'
 side and the seam's methods (core.engine.intake.Intake), which requests join the batch
-(core.engine.admission, a policy with no state), which running requests pause to make room
-(core.engine.preempt.Preempt, core.engine.mask_share.MaskShare for grammar masks), the prefix
+(core.engine.sched.admission, a policy with no state), which running requests pause to make room
+(core.engine.sched.preempt.Preempt, core.engine.sched.mask_share.MaskShare for grammar masks), the prefix
 cache and disk tier glue (core.engine.prefix_use.PrefixUse), tokens into text events
-(core.engine.emit.Emit, made in core.engine.output's thread beside the next step), rank 0's messages under mlx.launch (core.engine.recorder.Recorder).
+(core.engine.emit.Emit, made in core.engine.output's thread beside the next step), rank 0's messages under mlx.launch (core.engine.shard.recorder.Recorder).
 
 Left to others: HTTP and the page (webui/), persistence (core/store), the tree and its
 K/V (core/cache).
@@ -40,28 +40,28 @@ from typing import TYPE_CHECKING
 
 from radixchat.core.cache.scope import CacheScope
 from radixchat.core.config import Settings, kv_budget
-from radixchat.core.engine import admission
 from radixchat.core.engine.active import Active, Cancel, Command, Forget, Submit, Wake
 from radixchat.core.engine.emit import INTERNAL_ERROR, Emit
-from radixchat.core.engine.fairness import FairQueue
-from radixchat.core.engine.grammar_cache import CompiledGrammars
-from radixchat.core.engine.handle import Outbox
 from radixchat.core.engine.intake import Intake
-from radixchat.core.engine.lockstep import IDLE_TICK_S, LOST, Watchdog, launched
-from radixchat.core.engine.mask_share import MaskShare
 from radixchat.core.engine.output import OutputThread
-from radixchat.core.engine.owners import OwnerCounts
-from radixchat.core.engine.preempt import Preempt
 from radixchat.core.engine.prefix_use import PrefixUse
-from radixchat.core.engine.recorder import Admit, AdmitRow, Fail, Finish, Op, Recorder, Reserve, lost
-from radixchat.core.engine.requests import Failed, Finished
-from radixchat.core.engine.seam import ModelInfo
+from radixchat.core.engine.sample.grammar_cache import CompiledGrammars
+from radixchat.core.engine.sched import admission
+from radixchat.core.engine.sched.fairness import FairQueue
+from radixchat.core.engine.sched.mask_share import MaskShare
+from radixchat.core.engine.sched.owners import OwnerCounts
+from radixchat.core.engine.sched.preempt import Preempt
+from radixchat.core.engine.shard.lockstep import IDLE_TICK_S, LOST, Watchdog, launched
+from radixchat.core.engine.shard.recorder import Admit, AdmitRow, Fail, Finish, Op, Recorder, Reserve, lost
 from radixchat.core.engine.textstream import TextStream
 from radixchat.core.platform.memory import MlxMemory, give_back_memory
+from radixchat.core.seam.handle import Outbox
+from radixchat.core.seam.protocol import ModelInfo
+from radixchat.core.seam.requests import Failed, Finished
 
 if TYPE_CHECKING:  # they import MLX, which only the engine thread may load
     from radixchat.core.cache.kv import PrefixStore
-    from radixchat.core.engine.generator import Generator
+    from radixchat.core.engine.step.generator import Generator
     from radixchat.core.models.model import LoadedModel
 
 
@@ -107,8 +107,8 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         # the prefix cache's disk tier (core.cache.disk) opens in the engine thread's first
         # turn, which this wake-up makes come at once; warm prompts start from there too
         self._prefetch: dict[str, object] = {}  # request id -> node it holds while its prefix is read from disk
-        # under mlx.launch (core.engine.lockstep) rank 0 records what it changes for the others
-        self.link = None  # core.engine.lockstep.Link, set by the engine thread when sharded
+        # under mlx.launch (core.engine.shard.lockstep) rank 0 records what it changes for the others
+        self.link = None  # core.engine.shard.lockstep.Link, set by the engine thread when sharded
         self._gen: Generator | None = None  # the batch generator, made by the engine thread once the model loads
         self._sharded = launched() is not None
         self._ops: list[Op] | None = [] if self._sharded else None  # rank 0: not yet sent
@@ -155,7 +155,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._thread.join(timeout=30)
 
     def halt(self) -> None:
-        """The server is stopping (core.engine.seam.Lifecycle): `stop`, the model kept until
+        """The server is stopping (core.seam.protocol.Lifecycle): `stop`, the model kept until
         the process ends."""
         self.stop()
 
@@ -179,17 +179,17 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
 
                 self.offset_report = ensure_offset_semantics()
                 if self._sharded:
-                    from radixchat.core.engine.lockstep import start_here
+                    from radixchat.core.engine.shard.lockstep import start_here
 
                     self.link, s = start_here(s)
                     self.settings = s
                 self.loaded = load_model(s.model, s.dtype, s.context_length, link=self.link)
-                from radixchat.core.engine import unnormalized
+                from radixchat.core.engine.step import unnormalized
 
                 unnormalized.install()
                 unnormalized.use_here(True)
                 if s.cpu_ops:
-                    from radixchat.core.engine import cpu_ops
+                    from radixchat.core.engine.step import cpu_ops
 
                     self.cpu_ops = cpu_ops.install(self.loaded.model)
                     cpu_ops.use_here(True)
@@ -271,12 +271,12 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 except RuntimeError:
                     pass
 
-    # ---- sharded (rank 0 of an mlx.launch group; core.engine.lockstep) ----------------------
+    # ---- sharded (rank 0 of an mlx.launch group; core.engine.shard.lockstep) ----------------------
 
     def _new_generator(self):
         from mlx_lm.generate import StopSequences
 
-        from radixchat.core.engine.stepper import make_generator
+        from radixchat.core.engine.step.stepper import make_generator
 
         # every insert names its stop sequences (eos, or none with ignore_eos)
         self._eos_stops = StopSequences([[t] for t in sorted(self.loaded.tokenizer.eos_token_ids)])
@@ -296,7 +296,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def _newcomer_waiting(self) -> bool:
         """Is a request waiting in the command queue whose owner has no row (one that would
         take a step of its own)? Asked by the step in flight, between pieces of its prefill
-        (core.engine.stepper): the commands are drained between steps, so `_arriving` counts them."""
+        (core.engine.step.stepper): the commands are drained between steps, so `_arriving` counts them."""
         with self._lock:
             if not self._arriving:
                 return False
@@ -335,7 +335,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 break
 
     def _schedule(self) -> None:
-        """Fill free batch slots from the fair queue (core.engine.admission decides which)."""
+        """Fill free batch slots from the fair queue (core.engine.sched.admission decides which)."""
         if self.prefix is not None and (self._disk_first or self.prefix.disk is not None):
             self._disk_turn()
         self._make_room()
@@ -364,7 +364,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             self._admit(admit)
 
     def _admit(self, new: list[Active]) -> None:
-        from radixchat.core.engine.sampling import guarded, make_request_sampler
+        from radixchat.core.engine.sample.sampling import guarded, make_request_sampler
 
         ok = []
         for a in new:  # one request's bad sampler must not keep the others out
@@ -381,9 +381,9 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             return
         prefilling = {b.owner for b in self._by_uid.values() if not b.prefilled}
         busy = {b.owner for b in self._by_uid.values()}
-        for a in ok:  # an owner's first prompt in prefill starts at once (core.engine.admission)
+        for a in ok:  # an owner's first prompt in prefill starts at once (core.engine.sched.admission)
             a.hurry = a.owner not in prefilling
-            # a newcomer beside others' work: its first token from a step of its own (core.engine.stepper)
+            # a newcomer beside others' work: its first token from a step of its own (core.engine.step.stepper)
             a.alone = a.hurry and a.owner not in busy and bool(busy)
             prefilling.add(a.owner)
             busy.add(a.owner)
@@ -391,14 +391,14 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         for a in ok:
             a.joined = self.steps
             self._fair.charge(a.owner, prompt_tokens=len(a.tokens) - a.hit)
-        # what a follower needs to insert the same rows (core.engine.recorder.AdmitRow's fields, in order)
+        # what a follower needs to insert the same rows (core.engine.shard.recorder.AdmitRow's fields, in order)
         rows = [(a.uid, a.tokens, a.shared_len, a.owner, a.boundaries, a.hit, a.tokens_left) for a in ok]
         self._record(Admit([AdmitRow(*r, a.sampling.ignore_eos, a.hurry, a.alone) for r, a in zip(rows, ok)]))
 
     def _insert(self, rows: list[Active], samplers: list) -> None:
         """Restore each request's cached prefix (its path locked) and give the generator the
         rest of its prompt: rank 0's admissions and a follower's replay of them alike."""
-        from radixchat.core.engine.sampling import processors
+        from radixchat.core.engine.sample.sampling import processors
 
         prompts, caches, prefixes = [], [], []
         for a in rows:
@@ -470,7 +470,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def _leave_batch(self, a: Active, final=None) -> None:
         """Take `a` out of the generator (unless `final`, its (caches, tokens), says it is out
         already), cache what it computed and tell the other ranks: a finished request's way
-        out, and a preempted one's (core.engine.preempt)."""
+        out, and a preempted one's (core.engine.sched.preempt)."""
         if final is None and a.uid is not None:
             final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
         self._left_batch(a, final)

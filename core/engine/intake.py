@@ -1,4 +1,4 @@
-"""The engine's side that callers run: the seam's methods (core.engine.seam.EngineClient).
+"""The engine's side that callers run: the seam's methods (core.seam.protocol.EngineClient).
 
 `Intake` is a part of `Engine` (a mixin, as SGLang's scheduler is made of mixins): it
 checks, counts, prepares and queues requests, tokenizes, cancels, and reads `stats` and
@@ -19,7 +19,7 @@ whether the cache is on, its figures), `link`, `in_step`, `steps`, `started_at`,
 `kv_budget`, `kv_bytes_per_token`, `batch_room`, `alive`, `_gen` (its speculator's
 counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `_arriving`, `owners`,
 `_ids`, `_by_uid` (its length), `_ready`, `_stopping`, `_closed`, `fatal`, `_info`,
-`_fail_all`, `_grammars` (core.engine.grammar_cache).
+`_fail_all`, `_grammars` (core.engine.sample.grammar_cache).
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ import time
 
 from radixchat.core.engine import prepare
 from radixchat.core.engine.active import Active, Cancel, Submit, Templated
-from radixchat.core.engine.handle import RequestHandle
-from radixchat.core.engine.requests import ChatRequest, Failed, PromptRequest, QueueFull, RequestError, Sampling
-from radixchat.core.engine.seam import (
+from radixchat.core.models.catalog import Card
+from radixchat.core.platform.memory import arrays_beyond, batch_geometry
+from radixchat.core.seam.handle import RequestHandle
+from radixchat.core.seam.protocol import (
     DiskCacheStats,
     EngineStats,
     MlxMemoryStats,
@@ -43,9 +44,8 @@ from radixchat.core.engine.seam import (
     ShardStats,
     SpeculationStats,
 )
-from radixchat.core.engine.tools import family, generic_messages
-from radixchat.core.models.catalog import Card
-from radixchat.core.platform.memory import arrays_beyond, batch_geometry
+from radixchat.core.seam.requests import ChatRequest, Failed, PromptRequest, QueueFull, RequestError, Sampling
+from radixchat.core.seam.tools import family, generic_messages
 
 
 class Intake:
@@ -54,7 +54,7 @@ class Intake:
 
     @property
     def info(self) -> ModelInfo:
-        """The served model (core.engine.seam): fixed once `start` has returned."""
+        """The served model (core.seam.protocol): fixed once `start` has returned."""
         if self._info is None:
             raise RequestError("the engine is not running", 503, "engine_unavailable")
         return self._info
@@ -336,7 +336,7 @@ class Intake:
         return handle
 
     def tool_format(self) -> str | None:
-        """The tool-call family of the model's chat template (core/engine/tools.py), "generic"
+        """The tool-call family of the model's chat template (core/seam/tools.py), "generic"
         for a template without one; None before a model is loaded."""
         if self.loaded is None:
             return None
@@ -347,8 +347,8 @@ class Intake:
         preparation pool, or submit_tokens's caller's thread): a bad one is refused there,
         and however long a user's schema takes to compile (its size and llguidance's limits
         bound it), the engine thread, which every stream waits on, never compiles anything.
-        A grammar `owner` sent before is a copy of the one compiled then (core.engine.grammar_cache)."""
-        from radixchat.core.engine import constrain
+        A grammar `owner` sent before is a copy of the one compiled then (core.engine.sample.grammar_cache)."""
+        from radixchat.core.engine.sample import constrain
 
         lark, m = sampling.lark, self.loaded
 

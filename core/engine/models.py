@@ -14,8 +14,8 @@ Every loaded model's weights and K/V budget count against one `--memory-bytes`: 
 model loads, idle ones are unloaded, least recently used first, until it fits; when the
 others are busy the request gets a 503 saying what it needs and what is free (its weights
 are estimated from its files, core.models.model_size, until it has loaded once). A user's
-requests count against `--max-user-requests` on every model together (core.engine.owners).
-What the web layer sees of it is the seam (core.engine.seam.Engines).
+requests count against `--max-user-requests` on every model together (core.engine.sched.owners).
+What the web layer sees of it is the seam (core.seam.protocol.Engines).
 
 Left to others: what an engine does (core.engine.engine), making one (the caller's `make`,
 webui/cli.py's, which sets what the server wants of it), who may use which (webui).
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from radixchat.core.config import Settings, kv_budget, memory_budget
-from radixchat.core.engine.owners import OwnerCounts
-from radixchat.core.engine.requests import RequestError
-from radixchat.core.engine.seam import EngineClient, Engines, Lifecycle, ServedModel
+from radixchat.core.engine.sched.owners import OwnerCounts
+from radixchat.core.seam.protocol import EngineClient, Engines, Lifecycle, ServedModel
+from radixchat.core.seam.requests import RequestError
 
 log = logging.getLogger("radixchat.models")
 

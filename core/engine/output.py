@@ -15,7 +15,7 @@ with stop strings, whose text decides when it ends, or with log-probabilities, w
 MLX); its events come through here all the same, so they stay in order with the others.
 
 Nothing here runs MLX. `add` and `send` are called by the engine thread, and by a sharded
-engine's watchdog when it fails everything (core.engine.recorder._fatal), hence the lock;
+engine's watchdog when it fails everything (core.engine.shard.recorder._fatal), hence the lock;
 the calls run in this thread, or in the caller's once it has stopped (`send` after `stop`).
 """
 
@@ -26,7 +26,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from radixchat.core.engine.handle import Outbox
+from radixchat.core.seam.handle import Outbox
 
 log = logging.getLogger("radixchat.engine")
 

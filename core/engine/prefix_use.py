@@ -26,10 +26,10 @@ import time
 from radixchat.core.cache.forget import forget, forget_below
 from radixchat.core.cache.prefix_match import common_prefix
 from radixchat.core.cache.warm import WARM_OWNER
-from radixchat.core.engine import recorder
 from radixchat.core.engine.active import Active, Forget, Wake
-from radixchat.core.engine.admission import MIN_SHARED_PREFIX
-from radixchat.core.engine.requests import ChatRequest, RequestError
+from radixchat.core.engine.sched.admission import MIN_SHARED_PREFIX
+from radixchat.core.engine.shard import recorder
+from radixchat.core.seam.requests import ChatRequest, RequestError
 
 log = logging.getLogger("radixchat.engine")
 

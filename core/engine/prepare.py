@@ -39,7 +39,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from radixchat.core.engine.requests import ChatRequest, PromptRequest, RequestError
+from radixchat.core.seam.requests import ChatRequest, PromptRequest, RequestError
 
 IDLE_S = 5.0  # a worker with nothing to do for this long ends (the next job starts one)
 

@@ -104,7 +104,7 @@ def _runs_as(model: nn.Module, dtype: str) -> str:
 
 
 def load_model(path_or_id: str, dtype: str = "auto", context_length: int | None = None, link=None) -> LoadedModel:
-    """With `link` (core.engine.lockstep.Link: a rank of an mlx.launch group) only this
+    """With `link` (core.engine.shard.lockstep.Link: a rank of an mlx.launch group) only this
     rank's shard of the weights is kept; the parameter count stays the whole model's."""
     from mlx_lm import load
 

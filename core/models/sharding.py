@@ -1,6 +1,6 @@
 """Splitting a loaded model over the ranks of an mlx.launch group (tensor parallel, mlx-lm's
 `shard`), or one line saying why it cannot be. Runs where the model loads (the engine thread);
-the group itself is core.engine.lockstep's.
+the group itself is core.engine.shard.lockstep's.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def process_memory(weights: int, vocab_size: int, context_length: int, kv_per_to
 def _group():
     """Under mlx.launch: the group, its backend and each rank (every rank runs the doctor in
     step, since loading and timing the model run collectives; the CLI prints rank 0's)."""
-    from radixchat.core.engine.lockstep import join, launched
+    from radixchat.core.engine.shard.lockstep import join, launched
 
     if launched() is None:
         return None
@@ -175,7 +175,7 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     """What the K/V budget lets the engine run at once (its working batch limit)."""
     from radixchat.core.cache.kv import kv_bytes_per_token
     from radixchat.core.config import kv_budget
-    from radixchat.core.engine.admission import batch_room
+    from radixchat.core.engine.sched.admission import batch_room
 
     budget, bpt = kv_budget(settings), kv_bytes_per_token(m.model)
     tokens = batch_room(budget) // bpt
@@ -212,7 +212,7 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     yield (
         "model ops",
         (
-            "attention, SwiGLU and RoPE in CPU-fast forms (--cpu-ops, core/engine/cpu_ops.py)"
+            "attention, SwiGLU and RoPE in CPU-fast forms (--cpu-ops, core/engine/step/cpu_ops.py)"
             if settings.cpu_ops and mx.default_device() == mx.cpu
             else "mlx-lm's own" + (" (--no-cpu-ops)" if not settings.cpu_ops else " (GPU)")
         ),

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from radixchat.core.cache.layout import layout_tokens, spare_bound
 from radixchat.core.config import ARRAYS_OVER_KV, REST_BYTES, Settings, mlx_cache_limit
-from radixchat.core.engine.admission import over_cap
+from radixchat.core.engine.sched.admission import over_cap
 
 
 def process_rss() -> tuple[int, int] | None:

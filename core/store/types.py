@@ -63,7 +63,7 @@ class User:
     id: int
     name: str
     created: float
-    # names the user's namespace in the engine's prefix cache (core.engine.requests.owner_of):
+    # names the user's namespace in the engine's prefix cache (core.seam.requests.owner_of):
     # random and never reused, unlike `id`; for the server's own use, never shown to a client
     cache_key: str = field(default="", repr=False)
     # how many requests the user may have waiting or running at once (None: the server's
@@ -185,7 +185,7 @@ class RequestRecord:
 
     @classmethod
     def from_usage(cls, usage: Any, **fields: Any) -> RequestRecord:
-        """From core.engine.requests.Usage (or anything with its attributes) plus the other fields."""
+        """From core.seam.requests.Usage (or anything with its attributes) plus the other fields."""
         names = ("prompt_tokens", "cached_tokens", "generated_tokens", "queue_ms", "ttft_ms", "total_ms", "decode_tps")
         return cls(**{n: getattr(usage, n) for n in names if hasattr(usage, n)}, **fields)
 

@@ -10,7 +10,7 @@ import time
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.requests import ChatRequest, Finished
+from radixchat.core.seam.requests import ChatRequest, Finished
 
 
 def engine_for(model_dir, prefix: bool, **kw) -> Engine:

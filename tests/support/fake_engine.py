@@ -1,4 +1,4 @@
-"""An engine with no model, behind the same seam as the real one (core.engine.seam).
+"""An engine with no model, behind the same seam as the real one (core.seam.protocol).
 
 For the web layer's unit tests: the routes, the page's logic and the metrics run against
 it in-process, so a request-shape refusal or a page rule is tested without a server
@@ -15,9 +15,9 @@ import asyncio
 import itertools
 import threading
 
-from radixchat.core.engine.handle import Outbox, RequestHandle
-from radixchat.core.engine.requests import ChatRequest, Finished, PromptRequest, RequestError, TextDelta, Usage
-from radixchat.core.engine.seam import EngineStats, ModelInfo
+from radixchat.core.seam.handle import Outbox, RequestHandle
+from radixchat.core.seam.protocol import EngineStats, ModelInfo
+from radixchat.core.seam.requests import ChatRequest, Finished, PromptRequest, RequestError, TextDelta, Usage
 
 INFO = ModelInfo(model_id="fake-model", num_params=1_000_000, dtype="float32", context_length=512, vocab_size=256)
 
@@ -74,7 +74,7 @@ class FakeEngine:
             waiting = len(self._held)
             return EngineStats(alive=True, running=len(self._open) - waiting, waiting=waiting, max_batch=8)
 
-    # its lifecycle (core.engine.seam.Lifecycle), as a server would drive it
+    # its lifecycle (core.seam.protocol.Lifecycle), as a server would drive it
     fatal: str | None = None
 
     def halt(self) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.models import ModelSet
-from radixchat.core.engine.seam import ModelInfo
 from radixchat.core.models.catalog import Card
+from radixchat.core.seam.protocol import ModelInfo
 from tests.support.fake_engine import FakeEngine
 
 

@@ -111,13 +111,13 @@ def library(model, rows: int):
 
 
 def engine(model, rows: int, step_tokens: int | None = None):
-    """The generator the engine builds (core.engine.stepper.make_generator), its settings the
+    """The generator the engine builds (core.engine.step.stepper.make_generator), its settings the
     server's defaults but the batch's size (and `step_tokens`, where given); every row greedy,
     as the library's."""
     import mlx.core as mx
 
     from radixchat.core.config import Settings
-    from radixchat.core.engine.stepper import make_generator
+    from radixchat.core.engine.step.stepper import make_generator
 
     step = {} if step_tokens is None else {"step_tokens": step_tokens}
     settings = Settings(max_batch=rows, speculate=0, **step)

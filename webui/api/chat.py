@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixchat.core.engine.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta
+from radixchat.core.seam.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta
 from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api import replies as rp
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of

@@ -23,9 +23,9 @@ from fastapi import Depends, Request
 
 # imported for real, not under TYPE_CHECKING: FastAPI reads the annotations at start-up
 from radixchat.core.config import Settings
-from radixchat.core.engine.handle import RequestHandle
-from radixchat.core.engine.requests import RequestError, owner_of
-from radixchat.core.engine.seam import EngineClient, Engines
+from radixchat.core.seam.handle import RequestHandle
+from radixchat.core.seam.protocol import EngineClient, Engines
+from radixchat.core.seam.requests import RequestError, owner_of
 from radixchat.core.store import Store
 from radixchat.core.store.auth import api_key_hash
 from radixchat.core.store.types import AuthFailed, Invalid, User

@@ -30,8 +30,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
-from radixchat.core.engine.handle import RequestHandle
-from radixchat.core.engine.requests import (
+from radixchat.core.seam.handle import RequestHandle
+from radixchat.core.seam.requests import (
     GRAMMAR_LIMIT,
     SEED_MAX,
     Failed,

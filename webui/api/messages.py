@@ -17,8 +17,8 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixchat.core.engine.requests import ChatRequest, RequestError, Sampling
-from radixchat.core.engine.seam import EngineClient, Engines
+from radixchat.core.seam.protocol import EngineClient, Engines
+from radixchat.core.seam.requests import ChatRequest, RequestError, Sampling
 from radixchat.webui.api import generation
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError

@@ -28,8 +28,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from radixchat.core.engine import tools as formats
-from radixchat.core.engine.requests import Failed, Finished, TextDelta, Usage
+from radixchat.core.seam import tools as formats
+from radixchat.core.seam.requests import Failed, Finished, TextDelta, Usage
 from radixchat.webui.api import toolcalls
 from radixchat.webui.api.fields import penalties, refuse_lone_surrogate, with_defaults
 

@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from radixchat.core.engine.models import as_engines
-from radixchat.core.engine.requests import Failed, Finished
+from radixchat.core.seam.requests import Failed, Finished
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import EngineClient, Engines, EngineStats
+    from radixchat.core.seam.protocol import EngineClient, Engines, EngineStats
 
 P = "radixchat:"
 # from 1 ms (a cached prompt's first token on a small model) to minutes (a long queue)

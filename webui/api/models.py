@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from radixchat.core.engine.requests import RequestError
-from radixchat.core.engine.seam import Engines, ServedModel
+from radixchat.core.seam.protocol import Engines, ServedModel
+from radixchat.core.seam.requests import RequestError
 from radixchat.webui.api.deps import EnginesDep, UserDep
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.replies import ModelCard, ModelList

@@ -45,7 +45,7 @@ from collections import Counter, OrderedDict
 
 import anyio
 
-from radixchat.core.engine.requests import UserLimit
+from radixchat.core.seam.requests import UserLimit
 from radixchat.webui.api.deps import end_user_header
 from radixchat.webui.api.errors import count_refusal, send_error
 

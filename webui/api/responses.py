@@ -41,7 +41,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixchat.core.engine.requests import ChatRequest, Sampling
+from radixchat.core.seam.requests import ChatRequest, Sampling
 from radixchat.core.store import Store
 from radixchat.core.store.types import Message, StoreError, User
 from radixchat.webui.api import generation, toolcalls

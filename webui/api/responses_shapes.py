@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from radixchat.core.engine import tools as formats
-from radixchat.core.engine.requests import Failed, Finished, TextDelta
+from radixchat.core.seam import tools as formats
+from radixchat.core.seam.requests import Failed, Finished, TextDelta
 from radixchat.webui.api import toolcalls
 from radixchat.webui.api.fields import FIELDS, check_fields, with_defaults
 

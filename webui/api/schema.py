@@ -136,7 +136,7 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     seed: int | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
-    # left out: the model card's recommendation, else off (core/engine/sampling.py applies them)
+    # left out: the model card's recommendation, else off (core/engine/sample/sampling.py applies them)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # an extension, as vLLM's

@@ -1,7 +1,7 @@
 """Tool calls in API replies: the request side (tools to the template, the grammar that
 forces a call) and the reply side (calls parsed out of the text, streamed or not).
 
-The formats and the parsing are core/engine/tools.py's; this module applies them to one
+The formats and the parsing are core/seam/tools.py's; this module applies them to one
 OpenAI request. A streamed reply shows its text as it comes except from where a call
 starts (or may start: a prefix of the family's marker at the end is held back); at the
 end the calls go out as one `tool_calls` delta and the finish reason is "tool_calls".
@@ -10,7 +10,7 @@ Runs on the server's event loop; no MLX.
 
 from __future__ import annotations
 
-from radixchat.core.engine import tools as formats
+from radixchat.core.seam import tools as formats
 
 
 class ToolsUnsupported(ValueError):

@@ -20,7 +20,7 @@ from radixchat.webui.page.model_card import pick_note, recommended, temperature_
 from radixchat.webui.page.view import CUSTOM, NO_PROMPT
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import ModelInfo
+    from radixchat.core.seam.protocol import ModelInfo
 
 
 # the prefix cache shares a system prompt whole between users (docs/SECURITY.md)

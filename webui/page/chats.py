@@ -25,7 +25,7 @@ import logging
 import re
 import secrets
 
-from radixchat.core.engine.requests import RequestError
+from radixchat.core.seam.requests import RequestError
 from radixchat.core.store import AlreadyExists, Conversation, NotFound, StoreError, User
 from radixchat.webui.page.errors import PageError, check_text, guard, refusal
 from radixchat.webui.page.replies import TITLE_CHARS, Replies

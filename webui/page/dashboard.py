@@ -17,13 +17,13 @@ from datetime import datetime
 import pandas as pd
 
 from radixchat.core.engine.models import as_engines
-from radixchat.core.engine.seam import DiskCacheStats
 from radixchat.core.platform.memory import (
     bound_text,
     process_bound,
     process_rss,
     size_text,
 )
+from radixchat.core.seam.protocol import DiskCacheStats
 
 SIGNED_IN_WINDOW_S = 300.0
 WINDOW_S, BUCKET_S = 3600.0, 60.0  # the plots' titles say "per minute (last hour)"
@@ -166,7 +166,7 @@ def summary_table(engine, store, presence: Presence) -> str:
         f"| Model | `{m.model_id}`: {m.num_params / 1e6:,.1f}M parameters, {m.dtype}, "
         f"context {m.context_length:,} tokens |"
     )
-    # the same two counts as /health and /metrics (core.engine.seam.EngineStats)
+    # the same two counts as /health and /metrics (core.seam.protocol.EngineStats)
     lines.append(
         f"| Engine | {'running' if s.alive else 'stopped'}: {plural(s.running, 'running request')}, "
         f"{s.waiting:,} waiting |"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from radixchat.core.engine.requests import RequestError
+from radixchat.core.seam.requests import RequestError
 from radixchat.core.store import NotFound, StoreError
 from radixchat.webui.api.fields import lone_surrogate
 

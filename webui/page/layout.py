@@ -62,7 +62,7 @@ from radixchat.webui.page.wiring import Parts, wire
 
 if TYPE_CHECKING:
     from radixchat.core.config import Settings
-    from radixchat.core.engine.seam import EngineClient, Engines
+    from radixchat.core.seam.protocol import EngineClient, Engines
     from radixchat.core.store import Store
     from radixchat.webui.api.metrics import Metrics
     from radixchat.webui.live_requests import LiveRequests

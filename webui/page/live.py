@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.handle import RequestHandle
+    from radixchat.core.seam.handle import RequestHandle
 
 # the writing tasks: the event loop keeps only weak references to its tasks
 _writing: set[asyncio.Task] = set()

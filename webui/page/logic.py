@@ -32,7 +32,7 @@ from radixchat.webui.page.replies import title_from
 from radixchat.webui.page.rows import chat_rows, row, visible_turns
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import EngineClient, Engines
+    from radixchat.core.seam.protocol import EngineClient, Engines
     from radixchat.webui.api.metrics import Metrics
     from radixchat.webui.live_requests import LiveRequests
 

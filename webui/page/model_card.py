@@ -13,7 +13,7 @@ import html
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import ModelInfo
+    from radixchat.core.seam.protocol import ModelInfo
 
 
 def model_facts(model: ModelInfo) -> str:

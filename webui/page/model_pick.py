@@ -2,7 +2,7 @@
 
 A part of `ChatPage` (webui/page/logic.py), over the state every part shares
 (webui/page/state.py): its engines (the seam's `Engines`,
-core.engine.seam) and its store. A conversation names its model in the store (None: the
+core.seam.protocol) and its store. A conversation names its model in the store (None: the
 server's first); one the server no longer serves (restarted without it) chats with the first
 model meanwhile, and keeps its name, so it goes back to it once that model is served again.
 Changing a chat's model (`set_model`) changes what its next reply is written by: every
@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from radixchat.core.engine.requests import RequestError
+from radixchat.core.seam.requests import RequestError
 from radixchat.core.store import Conversation, User
 from radixchat.webui.page.errors import PageError, guard, refusal
 from radixchat.webui.page.state import PageState
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import EngineClient, ModelInfo
+    from radixchat.core.seam.protocol import EngineClient, ModelInfo
 
 
 class ModelPick(PageState):

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from radixchat.core.engine.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
+from radixchat.core.seam.requests import ChatRequest, Failed, Finished, RequestError, Sampling, TextDelta
 from radixchat.core.store import (
     DEFAULT_TITLE,
     Branch,
@@ -58,8 +58,8 @@ from radixchat.webui.page.rows import chat_rows, figures_of, row, visible_turns
 from radixchat.webui.request_end import RequestEnd
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.handle import RequestHandle
-    from radixchat.core.engine.seam import EngineClient
+    from radixchat.core.seam.handle import RequestHandle
+    from radixchat.core.seam.protocol import EngineClient
 
 log = logging.getLogger("radixchat.page")
 

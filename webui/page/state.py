@@ -14,12 +14,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from radixchat.core.engine.requests import owner_of
+from radixchat.core.seam.requests import owner_of
 from radixchat.core.store import Branch, RequestFigures, Store, User
 from radixchat.webui.page.rows import visible_turns
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import EngineClient, Engines
+    from radixchat.core.seam.protocol import EngineClient, Engines
     from radixchat.webui.api.metrics import Metrics
     from radixchat.webui.live_requests import LiveRequests
     from radixchat.webui.page.live import LiveReply

@@ -29,7 +29,7 @@ from radixchat.webui.page.shared import link as shared_link
 log = logging.getLogger("radixchat.page")
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.seam import ModelInfo
+    from radixchat.core.seam.protocol import ModelInfo
     from radixchat.webui.page.dashboard import Presence
     from radixchat.webui.page.logic import ChatPage
 

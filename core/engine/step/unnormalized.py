@@ -7,7 +7,7 @@ top-k, a grammar's mask and logit_bias (which renormalizes on its own) all choos
 from logits shifted by a per-row constant. On the CPU it is not cheap: 31 ms for 32 rows of
 SmolLM2's 49,152-token vocabulary (`mx.exp` is slow there, see cpu_ops), ~10% of a 32-row
 decode step. So in the engine thread the step's logsumexp is a zero, and the few consumers that
-need probabilities normalize their own row: top-p (core.engine.sampling) and the log-probabilities
+need probabilities normalize their own row: top-p (core.engine.sample.sampling) and the log-probabilities
 a request asked for (the engine's `_token_logprob`), each one row, only when asked.
 
 `install` rebinds `mx` in `mlx_lm.generate` to a view of `mlx.core` whose `logsumexp` returns 0

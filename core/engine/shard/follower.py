@@ -2,7 +2,7 @@
 
 A `Follower` loads its shard of the model and builds its prefix cache exactly as rank 0's
 `Engine` does (the same start-up, in the same order: a forward there runs collectives), then
-waits for rank 0's messages (core.engine.lockstep). Each applies, in rank 0's order:
+waits for rank 0's messages (core.engine.shard.lockstep). Each applies, in rank 0's order:
 
 - `admit`: the requests rank 0 admitted, with their prompts: the same prefix-cache lookups
   (a hit on rank 0 is a hit here: the trees have one shape) and the same insert into the
@@ -29,9 +29,9 @@ import time
 from radixchat.core.config import Settings
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.lockstep import counters, shape_digest
-from radixchat.core.engine.recorder import Admit, AdmitRow, Fail, Finish, Forget, Op, Reserve, from_wire
-from radixchat.core.engine.requests import Sampling
+from radixchat.core.engine.shard.lockstep import counters, shape_digest
+from radixchat.core.engine.shard.recorder import Admit, AdmitRow, Fail, Finish, Forget, Op, Reserve, from_wire
+from radixchat.core.seam.requests import Sampling
 
 log = logging.getLogger("radixchat.follower")
 

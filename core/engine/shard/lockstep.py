@@ -4,7 +4,7 @@ Under `mlx.launch` (ring over TCP or Thunderbolt, JACCL, MPI) every rank runs th
 `radixchat serve`. The model is sharded over the group: tensor parallel (mlx-lm's
 `model.shard`: each rank holds a slice of every layer's heads and MLP, and two `all_sum`s a
 layer put the halves together). Rank 0 runs the page, the API, the store and the engine's
-decisions; the others run `core.engine.follower`, which applies them. They stay in step
+decisions; the others run `core.engine.shard.follower`, which applies them. They stay in step
 because every rank runs the same BatchGenerator on the same inputs, in the same order:
 
 - Each engine turn rank 0 sends what it changed since the last (admissions with their tokens,

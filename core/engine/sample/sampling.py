@@ -2,13 +2,13 @@
 
 mlx-lm's `make_sampler` draws from MLX's global random state, which every request in a
 batch shares; here each request carries its own. A plain sampled request gets a `Draw`
-(core.engine.batch_sampler), which the decoding batch draws with its other sampled rows in
+(core.engine.sample.batch_sampler), which the decoding batch draws with its other sampled rows in
 one call; a logit_bias wraps it (or an argmax) in a function of the request's own row, and a
-grammar in a `Constrained` (core.engine.constrain), whose rows the batch sampler masks together. The top-p, top-k and min-p filters are mlx-lm's. Greedy requests get `None`, so a
+grammar in a `Constrained` (core.engine.sample.constrain), whose rows the batch sampler masks together. The top-p, top-k and min-p filters are mlx-lm's. Greedy requests get `None`, so a
 batch of them is one argmax. Penalties go to the batch sampler too (`processors`), or to
 mlx-lm's per-row processors where it is not there or the request asked for log-probabilities.
 
-A sampler takes a row's logits up to a constant (core.engine.unnormalized: the batched step
+A sampler takes a row's logits up to a constant (core.engine.step.unnormalized: the batched step
 does not normalize them), so whatever needs probabilities normalizes the row itself.
 """
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
-from radixchat.core.engine.batch_sampler import PENALTY_CONTEXT, Draw, Penalty
-from radixchat.core.engine.constrain import Constrained
-from radixchat.core.engine.requests import Sampling
-from radixchat.core.engine.unnormalized import normalized
+from radixchat.core.engine.sample.batch_sampler import PENALTY_CONTEXT, Draw, Penalty
+from radixchat.core.engine.sample.constrain import Constrained
+from radixchat.core.engine.step.unnormalized import normalized
+from radixchat.core.seam.requests import Sampling
 
 
 def processors(a, batched: bool) -> list:
@@ -69,7 +69,7 @@ def _biased(bias: dict[int, float]):
 
 def make_request_sampler(s: Sampling, constraint=None):
     """Return a sampler `logprobs (1, V) -> token (1,)`, or None for plain greedy.
-    `constraint` (core.engine.constrain.Constraint) masks what its grammar forbids first."""
+    `constraint` (core.engine.sample.constrain.Constraint) masks what its grammar forbids first."""
     if constraint is not None:
         return Constrained(constraint, make_request_sampler(s))
     bias = _biased(s.logit_bias) if s.logit_bias else None
@@ -77,7 +77,7 @@ def make_request_sampler(s: Sampling, constraint=None):
         if bias is None:
             return None
         return lambda logprobs: mx.argmax(bias(logprobs), axis=-1)
-    # drawn with the batch's other sampled rows, in one call (core.engine.batch_sampler)
+    # drawn with the batch's other sampled rows, in one call (core.engine.sample.batch_sampler)
     d = Draw(s.temperature, s.top_p, s.top_k, s.min_p, s.key_seed)
     if bias is None:
         return d

@@ -3,8 +3,8 @@
 `EngineClient` is a small protocol: `submit`/`asubmit` a request and get a `RequestHandle`
 that streams events, `cancel` one, `forget` a removed user's cache entries (or a deleted
 conversation's: `forget_conversation`), `tokenize` text, read `stats()` (a typed snapshot)
-and `info` (a plain `ModelInfo`). webui/ imports this module, core.engine.requests (the
-requests and events) and core.engine.handle (the handle), nothing else of core/engine: it
+and `info` (a plain `ModelInfo`). webui/ imports this module, core.seam.requests (the
+requests and events) and core.seam.handle (the handle), nothing else of core/engine: it
 never sees an nn.Module, a tokenizer, the batch or the prefix tree, so another
 implementation (a second model's engine, an engine on another machine) can stand behind the
 same routes and page. core.engine.engine.Engine is the in-process one;
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from radixchat.core.engine.handle import RequestHandle
-    from radixchat.core.engine.requests import ChatRequest, PromptRequest
     from radixchat.core.models.catalog import Card
+    from radixchat.core.seam.handle import RequestHandle
+    from radixchat.core.seam.requests import ChatRequest, PromptRequest
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class ShardStats:
 
 @dataclass(frozen=True)
 class SpeculationStats:
-    """Prompt-lookup speculation's counters (core.engine.speculate.Speculator.summary)."""
+    """Prompt-lookup speculation's counters (core.engine.step.speculate.Speculator.summary)."""
 
     max_draft: int
     steps: int

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from radixchat.core.engine.requests import UserLimit
+from radixchat.core.seam.requests import UserLimit
 
 
 class OwnerCounts:

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from radixchat.core.engine.requests import GRAMMAR_LIMIT
+from radixchat.core.seam.requests import GRAMMAR_LIMIT
 
 _COMPACT = {"whitespace_flexible": False}
 _tokenizers: dict[int, object] = {}
@@ -72,7 +72,7 @@ def grammar_for(schema: dict) -> str:
 
 
 def grammar_of_lark(lark: str) -> str:
-    """An llguidance Lark grammar (tool calls: core/engine/tools.py), checked."""
+    """An llguidance Lark grammar (tool calls: core/seam/tools.py), checked."""
     import llguidance
 
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "grammar")
@@ -124,11 +124,11 @@ class Constraint:
     def _fresh(self) -> None:
         self.previous = None  # the token array the last call returned
         self.consumed = 0  # tokens the matcher has consumed
-        self.last_s = self.avg_s = 0.0  # time of the latest mask, and a moving average (core.engine.mask_share)
+        self.last_s = self.avg_s = 0.0  # time of the latest mask, and a moving average (core.engine.sched.mask_share)
 
     def copy(self) -> Constraint:
         """Another request's state of the same grammar, where this one is: a copy of the
-        matcher, compiled already (core.engine.grammar_cache copies one never moved on)."""
+        matcher, compiled already (core.engine.sample.grammar_cache copies one never moved on)."""
         twin = object.__new__(Constraint)
         twin.matcher, twin.vocab_size = self.matcher.deep_copy(), self.vocab_size
         twin._fresh()
@@ -171,7 +171,7 @@ class Constraint:
 class Constrained:
     """A grammar's row sampler: its mask, then the request's own sampler (`inner`: None for
     the argmax, a `Draw`, a logit_bias's function). The batch sampler masks every such row of
-    a step at once (`masks`) and draws each by its `inner` (core.engine.batch_sampler); a call
+    a step at once (`masks`) and draws each by its `inner` (core.engine.sample.batch_sampler); a call
     masks and draws one row alone (mlx-lm's own step). A failure is noted on `request` (its
     `error`: the engine ends that request, not the batch) and the row takes its argmax."""
 
@@ -222,7 +222,7 @@ def masks(rows: list[Constraint], vocab: int) -> tuple[np.ndarray, list[Constrai
     (a loop of `mask` filled them one after another on the engine thread, holding up the
     server's other threads between them: on the bundled model 32 rows of a regex-heavy schema
     took 4.1 ms a step (median) that way, 2.0 ms at once). Each row is timed at the call's
-    share (core.engine.mask_share sums them by owner: a caller masks one owner's rows a call)."""
+    share (core.engine.sched.mask_share sums them by owner: a caller masks one owner's rows a call)."""
     import mlx.core as mx
     from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 

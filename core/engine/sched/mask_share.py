@@ -1,14 +1,14 @@
 """Grammar masks paid from their owner's share of a step.
 
 A constrained reply's next-token mask is computed inside every step (one call per owner, on
-llguidance's threads while the step's forward runs: core.engine.constrain.masks), and the step
+llguidance's threads while the step's forward runs: core.engine.sample.constrain.masks), and the step
 waits for it, so one user's many constrained streams lengthen everyone's steps by what their
 masks cost, and take cores the forward needs. What a mask costs depends on the grammar and the
 vocabulary: on SmolLM2 (49k tokens) a 60 KB schema of heavy `pattern`s measured 0.65 ms a mask
 one row at a time, and a grammar llguidance handles slowly costs more. With more than one
 owner at work, each owner's masks may take at most their share of a step (the step's model
 time split among the owners with work, and never less than `MASK_FLOOR_S`): past it, their
-latest constrained rows are preempted (core.engine.preempt: they pause and resume, their
+latest constrained rows are preempted (core.engine.sched.preempt: they pause and resume, their
 grammar state kept) and their next constrained requests wait, while one of their constrained
 rows always runs. Alone, an owner's masks take what they take.
 

@@ -16,7 +16,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 
-from radixchat.core.engine.requests import Event, Failed, Finished, TextDelta
+from radixchat.core.seam.requests import Event, Failed, Finished, TextDelta
 
 
 class Outbox:

@@ -62,11 +62,11 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBat
 from mlx_lm.models.cache import BatchKVCache
 
 from radixchat.core.cache.slots import SlotKVCache, swap_order
-from radixchat.core.engine.admission import over_cap
-from radixchat.core.engine.batch_sampler import BatchSampler
-from radixchat.core.engine.decode_batch import DecodingBatch
-from radixchat.core.engine.generator import Generator, LibraryGenerator
-from radixchat.core.engine.speculate import Speculator, usable, verify_step
+from radixchat.core.engine.sample.batch_sampler import BatchSampler
+from radixchat.core.engine.sched.admission import over_cap
+from radixchat.core.engine.step.decode_batch import DecodingBatch
+from radixchat.core.engine.step.generator import Generator, LibraryGenerator
+from radixchat.core.engine.step.speculate import Speculator, usable, verify_step
 
 _LAYOUT = (
     "_prompt_batch",
@@ -95,7 +95,7 @@ _ROWS = (
     "_num_tokens",
     "_matchers",
 )
-TIME_PLAIN_EVERY = 8  # with speculation on, one plain step in so many is timed (core.engine.speculate)
+TIME_PLAIN_EVERY = 8  # with speculation on, one plain step in so many is timed (core.engine.step.speculate)
 MIN_CHUNK = 64  # the least prompt tokens a step gives each long prompt being prefilled
 TOKEN_EMA = 0.5  # weight of the latest chunk in the cost of a prompt token (`_timed`)
 PIECE_S = 0.05  # a forward of the shared prefill, about, where a newcomer may cut it short (`_piece`)
@@ -135,7 +135,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._token_s = 0.0  # seconds a prompt token took in the latest chunks (a moving average)
         self.on_prompt = on_prompt
         self.slots = slots
-        # drafts need the slot cache's holes (core.engine.speculate)
+        # drafts need the slot cache's holes (core.engine.step.speculate)
         self.speculator = Speculator(speculate) if speculate and slots else None
         self._plain = 0  # plain steps taken while speculating (some are timed)
         self._warming: set[int] = set()  # rows whose last prompt token the next decode runs
@@ -146,7 +146,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         self.newcomer: Callable[[], bool] | None = None
         self._side: GenerationBatch | None = None  # that step's rows, until they join the decoding batch
         self.batch_sampler = None  # every row's sampler, once make_generator has set it
-        # the decoding batch keeps a step's logits whole (core.engine.decode_batch)
+        # the decoding batch keeps a step's logits whole (core.engine.step.decode_batch)
         self._generation_batch = DecodingBatch.empty(self.model, self._generation_batch.fallback_sampler)
         if slots:
             # rows leave in the order that moves fewest slot rows; the batch's lists follow it
@@ -200,7 +200,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         return super().remove(uids, return_prompt_caches)
 
     def _decode(self, gen: GenerationBatch) -> list:
-        """The batch's decode: with drafts, verified in one forward (core.engine.speculate);
+        """The batch's decode: with drafts, verified in one forward (core.engine.step.speculate);
         else the library's own step. Drafts share the step's budget: a row and its drafts
         count 1 + K tokens."""
         spec = self.speculator
@@ -503,7 +503,7 @@ def make_generator(model, settings, stream, on_prompt, speculate: int) -> Genera
         stream=stream,
     )
     if s.step_tokens:
-        sampler = BatchSampler()  # every row's, so a step samples in one call (core.engine.batch_sampler)
+        sampler = BatchSampler()  # every row's, so a step samples in one call (core.engine.sample.batch_sampler)
         gen = BudgetedBatchGenerator(
             model,
             step_tokens=s.step_tokens,

@@ -1,6 +1,6 @@
 """What the engine asks of a batch generator, and mlx-lm's own generator made to answer it.
 
-The engine drives one of two generators (core.engine.stepper.make_generator): the budgeted
+The engine drives one of two generators (core.engine.step.stepper.make_generator): the budgeted
 one (`BudgetedBatchGenerator`: a token budget a step, newcomers hurried, one sampler for the
 batch, drafts) or, where the installed mlx-lm's generator is not the one it reorders, mlx-lm's
 `BatchGenerator` as it is. `Generator` is everything the engine, its parts and a sharded
@@ -19,8 +19,8 @@ from mlx_lm.generate import BatchGenerator
 
 @runtime_checkable
 class Generator(Protocol):
-    speculator: Any  # core.engine.speculate.Speculator, or None: no drafts
-    batch_sampler: Any  # core.engine.batch_sampler.BatchSampler, or None: each row's own sampler
+    speculator: Any  # core.engine.step.speculate.Speculator, or None: no drafts
+    batch_sampler: Any  # core.engine.sample.batch_sampler.BatchSampler, or None: each row's own sampler
     newcomer: Callable[[], bool] | None  # the engine's: is a newcomer waiting for a step alone?
 
     def insert_segments(self, segments: list, **kwargs: Any) -> list[int]: ...

@@ -5,7 +5,7 @@ mlx-lm's `GenerationBatch._step` splits every step's logits into one array per r
 every row's response its row. At 32 rows that is ~50 us of the engine thread a step on this
 CPU (`list` alone ~45 us), against ~2 ms of the engine's own work in a 20 ms step of the
 bundled model. Almost nothing reads a row's logits: only a request that asked for
-log-probabilities (core.engine.emit), a verified draft (core.engine.speculate) and a finished
+log-probabilities (core.engine.emit), a verified draft (core.engine.step.speculate) and a finished
 row. So `DecodingBatch` keeps a step's logits as one array (`Rows`), sliced when a row is
 read, and a running row's response (`Running`) reads its row only if asked.
 
@@ -15,7 +15,7 @@ leaving rows filtered out (the rows that move, and the rows that join, written a
 evaluation for every layer: core.cache.slots.one_eval). A batch with a row that has logits
 processors, or rows whose samplers differ, takes the library's step unchanged (the engine
 gives its rows neither: one `BatchSampler` samples every row). Logits are normalized as the
-library's step normalizes them (core.engine.unnormalized: not in the engine thread). Runs
+library's step normalizes them (core.engine.step.unnormalized: not in the engine thread). Runs
 in the engine thread only.
 """
 
@@ -25,8 +25,8 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from radixchat.core.cache.slots import one_eval
-from radixchat.core.engine.cpu_ops import shared_positions
-from radixchat.core.engine.unnormalized import normalized, skipped_here
+from radixchat.core.engine.step.cpu_ops import shared_positions
+from radixchat.core.engine.step.unnormalized import normalized, skipped_here
 
 
 class Rows:

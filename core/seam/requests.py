@@ -49,7 +49,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
     content: str
-    # tool calling (core/engine/tools.py): an assistant's calls, and which call a tool answers
+    # tool calling (core/seam/tools.py): an assistant's calls, and which call a tool answers
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
@@ -73,7 +73,7 @@ class Sampling(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=8)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
-    # penalties on the tokens of the sequence's last PENALTY_CONTEXT (core/engine/sampling.py):
+    # penalties on the tokens of the sequence's last PENALTY_CONTEXT (core/engine/sample/sampling.py):
     # OpenAI's additive ones (0: off) and the multiplicative one of vLLM and mlx-lm (1: off)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
@@ -84,7 +84,7 @@ class Sampling(BaseModel):
     # report each generated token's log-probability and this many alternatives (None: off)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     # the reply is JSON valid against this schema ({"type": "object"}: any JSON object),
-    # enforced while sampling (core/engine/constrain.py)
+    # enforced while sampling (core/engine/sample/constrain.py)
     json_schema: dict[str, Any] | None = None
     # or this llguidance Lark grammar (tool_choice "required" or a named function)
     lark: str | None = None

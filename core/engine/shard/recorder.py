@@ -2,8 +2,8 @@
 
 Every change rank 0's engine makes to its batch or its prefix cache is recorded as a typed
 message (`Admit`, `Finish`, `Fail`, `Reserve`, `Forget`) and sent, before the next step, with the
-step's flag and rank 0's counters (core.engine.lockstep carries them as JSON); a follower
-(core.engine.follower) applies them in the same order. `Recorder` is a part of `Engine`
+step's flag and rank 0's counters (core.engine.shard.lockstep carries them as JSON); a follower
+(core.engine.shard.follower) applies them in the same order. `Recorder` is a part of `Engine`
 (a mixin) and runs in the engine thread, except `_fatal`, which the watchdog thread may
 call too. With no group (`self._ops is None`) recording costs nothing.
 
@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-from radixchat.core.engine.lockstep import IDLE_TICK_S, counters, shape_digest
+from radixchat.core.engine.shard.lockstep import IDLE_TICK_S, counters, shape_digest
 
 log = logging.getLogger("radixchat.engine")
 

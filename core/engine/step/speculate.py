@@ -34,7 +34,7 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
 from radixchat.core.cache.slots import SlotKVCache
-from radixchat.core.engine.batch_sampler import BatchSampler
+from radixchat.core.engine.sample.batch_sampler import BatchSampler
 
 NGRAMS = (3, 2)  # the lookup's n, longest first: a 1-token match guesses too often to pay
 COMPACT_AT = 32  # holes in a row before the batch's caches are re-laid without them
@@ -264,7 +264,7 @@ def _processed(gen: GenerationBatch, x: mx.array, first: mx.array) -> tuple[mx.a
 
 def _sample(gen: GenerationBatch, first: mx.array) -> mx.array:
     """Each row's token from its own sampler, in one call where all rows share one."""
-    # samplers take logits up to a per-row constant (core.engine.unnormalized)
+    # samplers take logits up to a per-row constant (core.engine.step.unnormalized)
     samplers = [gen.fallback_sampler if s is None else s for s in (gen.samplers or [None] * len(gen.uids))]
     if all(s is samplers[0] for s in samplers):
         return samplers[0](first)

@@ -42,8 +42,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from radixchat.core.engine.constrain import Constrained, masks
-from radixchat.core.engine.unnormalized import normalized
+from radixchat.core.engine.sample.constrain import Constrained, masks
+from radixchat.core.engine.step.unnormalized import normalized
 
 _MASK64 = 2**64 - 1
 # the tokens penalties look back on: the sequence's last ones, its prompt's end included,
@@ -90,7 +90,7 @@ class Draw:
 
 def draw(logits: mx.array, rows: list[Draw]) -> mx.array:
     """One token for each row of `logits` (n, V), rows sharing their filters; logits may be
-    shifted by a per-row constant (core.engine.unnormalized), which only top-p and min-p mind."""
+    shifted by a per-row constant (core.engine.step.unnormalized), which only top-p and min-p mind."""
     top_p, top_k, min_p = rows[0].filters
     if top_p:
         logits = apply_top_p(normalized(logits), top_p)
@@ -220,7 +220,7 @@ def _masked(logits: mx.array, requests: list, grammar: list[int], rows: list[Con
     whose grammar failed is not: its request's `error` says why, and it ends). The step's
     forward is launched first, so it runs while llguidance fills the masks; the masks are
     filled one owner at a time, so each owner's rows are timed by their own grammars
-    (core.engine.mask_share charges them to that owner)."""
+    (core.engine.sched.mask_share charges them to that owner)."""
     mx.async_eval(logits)
     by_owner: dict[object, list[int]] = {}
     for k, i in enumerate(grammar):

@@ -15,7 +15,7 @@ within the room. Growth is paid for by preemption, as vLLM's scheduler does, in 
   replies that fill the batch; an owner at their share waits for room as before.
 
 The request preempted is the latest admitted of the owner holding the most K/V (ties: the
-most served, core.engine.fairness). It leaves the batch as a finished one does: what it
+most served, core.engine.sched.fairness). It leaves the batch as a finished one does: what it
 computed goes into the prefix cache under its owner's scope (and from there to the disk tier
 when memory is short), it keeps its place in the fair queue (ahead of its owner's other
 requests, by the cache-aware order), and it comes back with its prompt and the tokens it
@@ -33,8 +33,8 @@ import logging
 from collections import Counter
 
 from radixchat.core.cache.layout import layout_tokens
-from radixchat.core.engine import admission
 from radixchat.core.engine.active import Active
+from radixchat.core.engine.sched import admission
 
 log = logging.getLogger("radixchat.engine")
 HEADROOM = 16  # tokens of growth a request is admitted with: steps it runs before any preemption

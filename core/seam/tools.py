@@ -17,7 +17,7 @@ message and asks for a call as the whole reply, one JSON object `{"name": .., "a
 {..}}`, and rewrites earlier calls and tool results as plain turns the template can render.
 `grammar` builds an llguidance Lark grammar (with the call's JSON schema embedded) for
 `tool_choice` "required" or a named function, so the reply is exactly a call (constrained
-decoding in core/engine/constrain.py). No MLX; any thread.
+decoding in core/engine/sample/constrain.py). No MLX; any thread.
 """
 
 from __future__ import annotations

@@ -5,13 +5,13 @@ running requests, the K/V room, and two questions only the prefix cache can answ
 gets back the requests to admit, already taken from the fair queue. Nothing here reads or
 writes the engine, the generator or the cache, so the policy is tested on plain objects
 (tests/test_admission.py) and can be read in one sitting. The fair queue's own order
-(least-served owner first, core.engine.fairness) decides whose turn it is; this module
+(least-served owner first, core.engine.sched.fairness) decides whose turn it is; this module
 decides how many fit.
 
 The batch is sized by memory: a request is admitted by the K/V the batch's buffers would
-take with it (`cost` of the rows and the longest row's `size`, core.engine.preempt: every
+take with it (`cost` of the rows and the longest row's `size`, core.engine.sched.preempt: every
 row padded to the longest, with a few steps' growth), within `BATCH_SHARE` of the K/V budget; when the
-batch outgrows it, the engine preempts (core.engine.preempt). Prefill is shared by owner:
+batch outgrows it, the engine preempts (core.engine.sched.preempt). Prefill is shared by owner:
 the generator prefills what it is handed together, so each owner may have only a share of
 the prompts in prefill, and an owner with none there always gets one in at once (the engine
 asks the generator to start it in the next step: `BudgetedBatchGenerator.hurry`).
@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from radixchat.core.engine.active import Active
-from radixchat.core.engine.fairness import FairQueue, Wait
+from radixchat.core.engine.sched.fairness import FairQueue, Wait
 
 BATCH_SHARE = 0.75  # of the K/V budget, the most the running batch may set aside
 MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for

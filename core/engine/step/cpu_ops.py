@@ -16,7 +16,7 @@ A third costs the engine thread as well as the device: `mx.fast.rope` has no CPU
 and its fallback builds ~28 ops (the angles through `exp`, their cos and sin, the rotation) for
 every call, two a layer, ~11 us of the engine thread each. In a decode step every layer's rows
 sit at the same positions (the library builds one mask for all layers on the same premise), so
-within `shared_positions` (core.engine.decode_batch's step) the step's cos and sin are computed
+within `shared_positions` (core.engine.step.decode_batch's step) the step's cos and sin are computed
 once, by the library's own rope of a unit vector, and each layer rotates with them in three ops:
 `x * [cos, cos] + roll(x) * [-sin, sin]`, the fallback's products and sums bit for bit
 (tests/test_cpu_ops.py; loadtests/bench_forward: ~23% fewer ops in a step's graph).

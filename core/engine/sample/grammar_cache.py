@@ -7,7 +7,7 @@ matcher 23 ms), where a copy of the compiled matcher (`LLMatcher.deep_copy`) tak
 Under a flood of such requests those compiles took the cores the engine's step needed.
 
 `CompiledGrammars` keeps the last `size` compiled matchers, each as built and checked
-(core.engine.constrain.Constraint), keyed by owner and the grammar's source text, and a
+(core.engine.sample.constrain.Constraint), keyed by owner and the grammar's source text, and a
 refused source's reason, so a schema sent again is neither compiled nor checked again. Kept
 per owner: how long a request takes never tells one user what another sent, and a removed
 user's schemas go with them (`forget`). Any thread (the preparation pool); the matchers it
@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from radixchat.core.engine.constrain import Constraint, SchemaError
+from radixchat.core.engine.sample.constrain import Constraint, SchemaError
 
 SIZE = 16  # matchers kept: ~2 MiB each for a 64 KB schema on the bundled model
 
