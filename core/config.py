@@ -33,7 +33,7 @@ def default_data_dir() -> Path:
 
 
 # --cache-disk-bytes auto: no fixed number, the tier follows the disk's free space
-# (core/cache/disk_budget.py). An int larger than any real budget, so that "on" stays
+# (core/cache/disk/budget.py). An int larger than any real budget, so that "on" stays
 # `cache_disk_bytes > 0` wherever it is asked. `radixchat serve` defaults to it
 # (webui/cli.py); the model's default stays 0, so that an engine built in-process (tests,
 # benchmarks) writes nothing into the user's data folder unless asked.

@@ -4,7 +4,7 @@ Runs an in-process engine on a random model (tests/support/randmodel.py, 4096-to
 whose K/V budget gives the running batch --room tokens, and --users closed-loop users, each
 sending --turns prompts of mixed lengths (60 to 800 tokens, --max-tokens each). A sampler
 thread reads, every 2 ms, what the batch holds: each row's own tokens (their sum), the rows
-padded to the longest (what admission and preemption count, core.cache.layout), and the token
+padded to the longest (what admission and preemption count, core.cache.batch.layout), and the token
 slots of the slot buffers themselves (rows and columns, spare room included). Prints the most
 and the mean of each, as multiples of the room, and the engine's steps and preemptions.
 

@@ -107,7 +107,7 @@ def part_b(model, sizes: list[int]) -> list[tuple[int, int, int]]:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from radixchat.core.cache.disk import DiskTier
+    from radixchat.core.cache.disk.tier import DiskTier
     from radixchat.core.cache.kv import PrefixStore
 
     print("\nB. restore of a P-token prefix from disk vs its prefill (medians of 5)")

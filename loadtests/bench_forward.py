@@ -2,7 +2,7 @@
 RoPE made by the library and from the step's one table (core.engine.step.cpu_ops.shared_positions).
 
 The engine's path: --rows rows of a random past of up to --past tokens (left-padded) in slot
-caches (core.cache.slots), the CPU forms of core.engine.step.cpu_ops installed, one token a row a
+caches (core.cache.batch.slots), the CPU forms of core.engine.step.cpu_ops installed, one token a row a
 step, each step's graph evaluated before the next is built. The two forms alternate, --runs
 runs of --steps steps each; printed: the median build time of each form, their ratio, the
 nodes in one step's graph, and whether the two forms' logits are equal bit for bit.
@@ -30,7 +30,7 @@ def decode(model, rows: int, past: int, steps: int, shared: bool) -> tuple[list[
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache
 
-    from radixchat.core.cache.slots import SlotKVCache
+    from radixchat.core.cache.batch.slots import SlotKVCache
     from radixchat.core.engine.step import cpu_ops
 
     vocab = model.args.vocab_size

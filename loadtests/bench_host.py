@@ -216,14 +216,14 @@ def callers(engine, users: int, turns: int, sampling: dict, seed: int, threads: 
 
 class Shapes:
     """The decoding batch's shape at each decode step: (rows, buffer columns, buffer rows) of
-    its slot cache (core.cache.slots), what a compiled step would be traced for. `fresh`
+    its slot cache (core.cache.batch.slots), what a compiled step would be traced for. `fresh`
     counts the steps (of the run under way: `measure` sets both counts to 0) whose shape had
     not been seen before: each would be a new trace (loadtests/bench_compile --retrace says what one costs)."""
 
     def __init__(self):
         from mlx_lm.generate import GenerationBatch
 
-        from radixchat.core.cache.slots import SlotKVCache
+        from radixchat.core.cache.batch.slots import SlotKVCache
 
         self.seen, self.steps, self.fresh = set(), 0, 0
         real = GenerationBatch._step

@@ -1,4 +1,4 @@
-"""The disk tier's room (core/cache/disk_budget.py): the folder never holds more than the limit
+"""The disk tier's room (core/cache/disk/budget.py): the folder never holds more than the limit
 while the server runs, the limit follows the disk's free space, one user cannot fill the
 tier, and `radixchat serve` has the tier on unless told otherwise.
 
@@ -20,8 +20,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from radixchat.core.cache import disk_budget, diskio
-from radixchat.core.cache.disk_budget import OWNERS_MAX, RESERVE_MIN, DiskRoom, limit_for
+from radixchat.core.cache.disk import budget as disk_budget
+from radixchat.core.cache.disk import fileio as diskio
+from radixchat.core.cache.disk.budget import OWNERS_MAX, RESERVE_MIN, DiskRoom, limit_for
 from radixchat.core.config import DISK_AUTO
 from radixchat.core.seam.requests import ChatRequest, Finished
 from tests.support.conversations import QUESTIONS, SYSTEMS, engine_for, wait_disk_idle

@@ -1,4 +1,4 @@
-"""The prefix cache's disk tier (core/cache/disk.py): transparency, restarts, kill -9,
+"""The prefix cache's disk tier (core/cache/disk/tier.py): transparency, restarts, kill -9,
 checksums, model identity, the disk budget, privacy on disk, warm prompts, metrics.
 
 In-process engines on the tiny random model (tests/support, fixed seed), except kill -9,
@@ -305,7 +305,7 @@ def test_a_write_cut_short_is_never_visible_and_a_torn_file_is_dropped(tiny_mode
     """The write protocol: a write that fails before its rename leaves nothing visible; a
     kill's temporary file is removed at the next start; a file torn under its final name is
     caught by its digest."""
-    from radixchat.core.cache import diskio
+    from radixchat.core.cache.disk import fileio as diskio
 
     folder = tmp_path / "f"
     diskio.make_private_dir(folder)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from radixchat.core.cache.diskio import read_header
+from radixchat.core.cache.disk.fileio import read_header
 from radixchat.core.cache.forget import forget, forget_below
 from radixchat.core.cache.radix import RadixCache
 from radixchat.core.config import Settings

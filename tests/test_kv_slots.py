@@ -1,4 +1,4 @@
-"""The decoding batch's slot K/V (core.cache.slots): the same attention as mlx-lm's
+"""The decoding batch's slot K/V (core.cache.batch.slots): the same attention as mlx-lm's
 BatchKVCache through any sequence of joins, leaves and decodes, while a join or a leave
 writes only the rows that move; and the same greedy tokens from the engine's generator with
 slots on and off."""
@@ -13,9 +13,9 @@ from mlx_lm import load
 from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from radixchat.core.cache import offset_guard
-from radixchat.core.cache.layout import layout_tokens, spare_bound
-from radixchat.core.cache.slots import SlotKVCache, swap_order
+from radixchat.core.cache.batch import offset_guard
+from radixchat.core.cache.batch.layout import layout_tokens, spare_bound
+from radixchat.core.cache.batch.slots import SlotKVCache, swap_order
 from radixchat.core.engine.step.stepper import BudgetedBatchGenerator
 
 H, D = 2, 4
@@ -239,7 +239,7 @@ def test_a_leave_and_a_join_wait_for_one_evaluation_not_one_a_layer(monkeypatch)
     that left or joined cost one a layer, 30 on SmolLM2. Inside `one_eval` (the decoding
     batch's filter and extend) every layer's rows are written after a single one, with the
     same K/V as layer by layer."""
-    from radixchat.core.cache.slots import one_eval
+    from radixchat.core.cache.batch.slots import one_eval
 
     layers = 6
 

@@ -11,7 +11,7 @@ from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models import cache as mlc
 from mlx_lm.models import llama
 
-from radixchat.core.cache.offset_guard import check_class, ensure_offset_semantics, repair_class
+from radixchat.core.cache.batch.offset_guard import check_class, ensure_offset_semantics, repair_class
 
 CLASSES = [mlc.BatchKVCache, mlc.BatchRotatingKVCache]
 

@@ -1,5 +1,5 @@
 """Prompt-lookup speculative decoding (core.engine.step.speculate): the drafts, the slot cache's
-holes (core.cache.slots) against a cache that never held the rejected tokens, and the same
+holes (core.cache.batch.slots) against a cache that never held the rejected tokens, and the same
 greedy tokens from the generator and the engine with speculation on and off."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from mlx_lm import load
 from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from radixchat.core.cache.slots import SlotKVCache, swap_order
+from radixchat.core.cache.batch.slots import SlotKVCache, swap_order
 from radixchat.core.engine.step import speculate
 from radixchat.core.engine.step.speculate import Drafts, Speculator
 from radixchat.core.engine.step.stepper import BudgetedBatchGenerator

@@ -1,7 +1,7 @@
 """What a decode step hands MLX, counted (loadtests/bench_kernels.py): the engine's generator
 submits no more primitives than mlx-lm's own `BatchGenerator` on the same model and rows, and
 with rows leaving and joining it waits for about as many evaluations (a leave or a join is
-one for every layer, core.cache.slots.one_eval). Counts, not times: the same on any machine."""
+one for every layer, core.cache.batch.slots.one_eval). Counts, not times: the same on any machine."""
 
 from __future__ import annotations
 

@@ -230,7 +230,7 @@ def cmd_serve(args, settings: Settings) -> None:
 
 
 def serve_disk(settings: Settings, sharded: bool) -> Settings:
-    """`serve`'s disk tier: on (auto: core/cache/disk_budget.py) unless --cache-disk-bytes
+    """`serve`'s disk tier: on (auto: core/cache/disk/budget.py) unless --cache-disk-bytes
     or its variable says otherwise. Under mlx.launch, where it is not built yet, auto is
     off; a number stays, for `cmd_serve` to refuse."""
     if "cache_disk_bytes" not in settings.model_fields_set:

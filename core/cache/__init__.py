@@ -1,10 +1,4 @@
-"""The shared radix prefix KV cache.
-
-`radix.py` is the token tree, its locks, byte budget and eviction (pure Python, no MLX,
-testable without a model); `kv.py` is its MLX side (K/V segments, snapshots of
-non-trimmable layers, the `PrefixStore` the engine calls); `disk.py` its disk tier
-(`diskio.py` the files and their I/O threads, `identity.py` the model fingerprint that keys
-them); `warm.py` the prompts prefilled at start-up; `offset_guard.py` checks and
-repairs mlx-lm's batched caches' offset semantics at start-up. Only the engine thread runs
-`kv.py`, `disk.py` and `offset_guard.py`.
+"""The shared radix prefix KV cache: here the token tree (no MLX), who may reuse what, its MLX
+side and forgetting; in rooms, `batch/` the decoding batch's K/V buffers and `disk/` the
+disk tier. Only the engine thread runs its MLX parts. docs/DESIGN.md maps every module.
 """

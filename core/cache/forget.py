@@ -6,7 +6,7 @@ scope.py tags them) leave the tree with everything below them, which is theirs t
 is one request's: once it enters the owner's namespace it stays there). A node whose edge
 starts in the shared part (a system message) and runs into theirs is split first, so the
 shared head stays cached. Dropping a node releases its disk reference, and a file nothing
-refers to any more is deleted (core/cache/disk.py). A file of theirs may still be referred
+refers to any more is deleted (core/cache/disk/tier.py). A file of theirs may still be referred
 to from above them, by a shared node split off the edge it was written for (its key, and
 so the file, holds their tokens too): that node keeps its K/V in memory without a copy, or,
 spilled (its K/V in that file alone), goes with what hangs below it. A locked node (a running request's path, a read from disk under way)
@@ -21,8 +21,8 @@ the same way; a shared head (the system message, or a beginning another conversa
 too) stays.
 
 Left to others: which tag is whose (scope.py), the tree itself (radix.py: this module uses
-its `_split`, `set_disk` and `drop`), the files (disk.py; of a node's reference this module
-reads only which file it is and what else refers to that file, disk_files.py). Engine thread only, as the tree.
+its `_split`, `set_disk` and `drop`), the files (core.cache.disk.tier; of a node's reference this module
+reads only which file it is and what else refers to that file, files.py). Engine thread only, as the tree.
 """
 
 from __future__ import annotations

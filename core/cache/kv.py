@@ -10,7 +10,7 @@ tree must never hold; see shared/seeds/000).
 `PrefixStore.lookup` restores per-layer caches whose arrays are exactly the matched
 length (the physical trim by construction: nothing is ever trimmed by moving an offset).
 `PrefixStore.store` inserts a finished or prefilled sequence. The tree logic is core.cache.radix;
-with a disk tier (core.cache.disk, `PrefixStore.disk`) a lookup uses the part of the match
+with a disk tier (core.cache.disk.tier, `PrefixStore.disk`) a lookup uses the part of the match
 in memory and every stored sequence is queued for writing. Runs MLX: engine thread only.
 """
 
@@ -132,7 +132,7 @@ class PrefixStore:
         self.trimmable = [c is KVCache for c in self.classes]
         self.hybrid = not all(self.trimmable)
         self.bytes_per_token = 0  # K/V bytes of one token over all trimmable layers, once known
-        self.disk = None  # core.cache.disk.DiskTier, when --cache-disk-bytes is set
+        self.disk = None  # core.cache.disk.tier.DiskTier, when --cache-disk-bytes is set
 
     def lookup(self, key: list[int], min_length: int = 0) -> tuple[Match, list | None]:
         """Match a prompt's tree key (always leaving its last token to prefill), restore
@@ -161,7 +161,7 @@ class PrefixStore:
         return m
 
     def attach_disk(self, tier) -> None:
-        """From now on, every stored node is also written to `tier` (core.cache.disk.DiskTier)."""
+        """From now on, every stored node is also written to `tier` (core.cache.disk.tier.DiskTier)."""
         self.disk = tier
 
     def reserve(self, nbytes: int) -> None:

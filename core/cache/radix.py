@@ -9,7 +9,7 @@ evictable leaves up to date, and `fit` orders only those. What a segment or a sn
 core/cache/kv.py supplies MLX segments (per-layer K/V slices); tests supply simulated ones.
 No locks of its own: only the engine thread changes the tree (others read `summary`).
 
-Two tiers (core/cache/disk.py): a node may also hold a `disk` reference (opaque here:
+Two tiers (core/cache/disk/tier.py): a node may also hold a `disk` reference (opaque here:
 `split(k)`, `release()` and a `node` attribute the tree keeps pointing at its holder).
 Evicting a node that has one only drops its K/V from memory ("spills" it): its key stays,
 so matches still walk it, and the disk tier reads it back (`attach`). A node without one
@@ -51,7 +51,7 @@ class Node:
         self.parent = parent
         self.lock_ref = 0
         self.last_access = next(_clock)
-        self.disk: Any = None  # its K/V's copy on disk (core.cache.disk.DiskRef), if any
+        self.disk: Any = None  # its K/V's copy on disk (core.cache.disk.tier.DiskRef), if any
         self.mem_children = 0  # children not spilled (kept, so no refresh enumerates children)
 
     @property
@@ -119,7 +119,7 @@ class RadixCache:
 
     def attach_spill(self, spill: Callable[[Node], None]) -> None:
         """Call `spill(node)` with a node about to be evicted that has no disk copy: the disk
-        tier writes one there (core.cache.disk), so the node is spilled instead of dropped."""
+        tier writes one there (core.cache.disk.tier), so the node is spilled instead of dropped."""
         self.spill = spill
 
     def match(self, tokens: list[int], need_snapshot: bool = False, min_length: int = 0) -> Match:
@@ -244,7 +244,7 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
 
-    # ---- the disk tier's side (core/cache/disk.py) -----------------------------------------
+    # ---- the disk tier's side (core/cache/disk/tier.py) -----------------------------------------
 
     def attach(self, node: Node, seg: Any, snapshot: Any = None) -> None:
         """A spilled node's K/V is back in memory (read from disk, or recomputed)."""

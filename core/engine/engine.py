@@ -98,13 +98,13 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self.steps = 0
         self._step_started = 0.0  # engine thread: when the step under way began
         self.started_at = 0.0
-        self.offset_report: dict[str, str] = {}  # core.cache.offset_guard's verdict per cache class
+        self.offset_report: dict[str, str] = {}  # core.cache.batch.offset_guard's verdict per cache class
         self.prefix: PrefixStore | None = None  # when the prefix cache is on
         self.scope = CacheScope("all")  # replaced from the settings when the cache is made
         self.kv_budget = 0  # bytes of K/V the running batch and the prefix cache share
         self.kv_bytes_per_token = 0  # what one more token of one sequence costs, measured at start
         self._token_texts: dict[int, str] = {}  # token id -> its text alone (for logprobs)
-        # the prefix cache's disk tier (core.cache.disk) opens in the engine thread's first
+        # the prefix cache's disk tier (core.cache.disk.tier) opens in the engine thread's first
         # turn, which this wake-up makes come at once; warm prompts start from there too
         self._prefetch: dict[str, object] = {}  # request id -> node it holds while its prefix is read from disk
         # under mlx.launch (core.engine.shard.lockstep) rank 0 records what it changes for the others
@@ -175,7 +175,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         try:
             try:
                 s = self.settings
-                from radixchat.core.cache.offset_guard import ensure_offset_semantics
+                from radixchat.core.cache.batch.offset_guard import ensure_offset_semantics
 
                 self.offset_report = ensure_offset_semantics()
                 if self._sharded:

@@ -71,11 +71,11 @@ class PrefixUse:
 
     def _disk_turn(self) -> None:
         """The disk tier's share of an engine turn (engine thread): open it at the first,
-        then write and read back a bounded amount (core.cache.disk.DiskTier.tick)."""
+        then write and read back a bounded amount (core.cache.disk.tier.DiskTier.tick)."""
         if self._disk_first:
             self._disk_first = False
             if self.settings.cache_disk_bytes > 0:
-                from radixchat.core.cache.disk import open_tier
+                from radixchat.core.cache.disk.tier import open_tier
 
                 cmds = self._cmds  # (the disk threads keep this queue, not the engine)
                 try:

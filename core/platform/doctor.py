@@ -93,7 +93,7 @@ def report(settings: Settings, load: bool = True) -> Iterator[tuple[str, str]]:
     if sys.platform.startswith("linux"):
         other, figure = _other_blas_gflops(blas)
         yield f"matmul gflops ({other})", figure
-    from radixchat.core.cache.offset_guard import ensure_offset_semantics
+    from radixchat.core.cache.batch.offset_guard import ensure_offset_semantics
 
     for cls, verdict in ensure_offset_semantics().items():
         yield f"{cls}.offset", f"{verdict} (captured offsets keep their value)"
@@ -221,8 +221,8 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
 
 def _disk_tier(settings: Settings) -> Iterator[tuple[str, str]]:
     """The prefix cache's disk tier: where, its limit now, and what lies there (all models)."""
-    from radixchat.core.cache.disk import cache_folder, disk_usage
-    from radixchat.core.cache.disk_budget import limit_now
+    from radixchat.core.cache.disk.budget import limit_now
+    from radixchat.core.cache.disk.tier import cache_folder, disk_usage
 
     auto = settings.cache_disk_bytes == DISK_AUTO
     if not settings.cache_disk_bytes:

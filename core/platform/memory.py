@@ -29,7 +29,7 @@ import gc
 import re
 from pathlib import Path
 
-from radixchat.core.cache.layout import layout_tokens, spare_bound
+from radixchat.core.cache.batch.layout import layout_tokens, spare_bound
 from radixchat.core.config import ARRAYS_OVER_KV, REST_BYTES, Settings, mlx_cache_limit
 from radixchat.core.engine.sched.admission import over_cap
 
@@ -64,7 +64,7 @@ def arrays_beyond(kv_budget: int, step_bound: int, batch_bytes: int | None = Non
 def batch_geometry(max_batch: int, context_length: int, kv_bytes_per_token: int) -> int:
     """The most the decoding batch's K/V buffers can take: as many rows as admission lets in
     (over the cap for owners below their share), every one at the whole context, with the
-    spare room the buffers keep (core.cache.layout.spare_bound)."""
+    spare room the buffers keep (core.cache.batch.layout.spare_bound)."""
     rows = over_cap(max_batch)
     return spare_bound(layout_tokens(rows, context_length), rows) * kv_bytes_per_token
 

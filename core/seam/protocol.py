@@ -78,7 +78,7 @@ class PrefixCacheStats:
 
 @dataclass(frozen=True)
 class DiskCacheStats:
-    """The disk tier's figures (core.cache.disk.DiskTier.summary)."""
+    """The disk tier's figures (core.cache.disk.tier.DiskTier.summary)."""
 
     bytes: int = 0
     budget: int = 0

@@ -104,7 +104,7 @@ def usage_table(mine, everyone) -> str:
 
 
 def disk_line(disk: DiskCacheStats | None) -> str:
-    """The prefix cache's disk tier (core/cache/disk.py's summary), or that it is off."""
+    """The prefix cache's disk tier (core/cache/disk/tier.py's summary), or that it is off."""
     if not disk:
         return "| Disk cache | off (`--cache-disk-bytes`) |"
     loads = disk.loads

@@ -4,7 +4,7 @@ The batch is admitted by the K/V its requests hold now (prompt, tokens generated
 few steps' growth), not by what a whole reply could take, so eleven requests asking for 7,000
 tokens each no longer set aside a batch that their replies may never fill. What a row holds
 is what the decoding batch's buffers give it: every row is padded to the longest
-(`_batch_tokens`, core.cache.layout), so one long conversation among short ones
+(`_batch_tokens`, core.cache.batch.layout), so one long conversation among short ones
 costs as many rows of its length, and the batch's real buffers, not only its tokens, stay
 within the room. Growth is paid for by preemption, as vLLM's scheduler does, in two cases:
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from radixchat.core.cache.layout import layout_tokens
+from radixchat.core.cache.batch.layout import layout_tokens
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.sched import admission
 

@@ -209,7 +209,7 @@ def model_digest(path: str) -> str:
     from importlib.metadata import version
     from pathlib import Path
 
-    from radixchat.core.cache.identity import model_files
+    from radixchat.core.cache.disk.identity import model_files
 
     h = hashlib.sha256(repr([version(p) for p in ("mlx", "mlx-lm", "radixchat")]).encode())
     p = Path(path).expanduser()

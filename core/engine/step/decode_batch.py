@@ -12,7 +12,7 @@ read, and a running row's response (`Running`) reads its row only if asked.
 Everything else is the library's, in its order: the forward, the one batched sampler call,
 launching the next step before waiting on this one, the per-row counts and stop matchers,
 leaving rows filtered out (the rows that move, and the rows that join, written after one
-evaluation for every layer: core.cache.slots.one_eval). A batch with a row that has logits
+evaluation for every layer: core.cache.batch.slots.one_eval). A batch with a row that has logits
 processors, or rows whose samplers differ, takes the library's step unchanged (the engine
 gives its rows neither: one `BatchSampler` samples every row). Logits are normalized as the
 library's step normalizes them (core.engine.step.unnormalized: not in the engine thread). Runs
@@ -24,7 +24,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
-from radixchat.core.cache.slots import one_eval
+from radixchat.core.cache.batch.slots import one_eval
 from radixchat.core.engine.step.cpu_ops import shared_positions
 from radixchat.core.engine.step.unnormalized import normalized, skipped_here
 

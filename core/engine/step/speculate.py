@@ -21,7 +21,7 @@ row has a draft, or when not even every likely row's full draft could pay for th
 (`Speculator.promising`, asked before the step waits for the rows' current tokens): then the
 library's own pipelined step runs.
 
-A row's rejected drafts stay in its K/V as holes (core.cache.slots.SlotKVCache.reject),
+A row's rejected drafts stay in its K/V as holes (core.cache.batch.slots.SlotKVCache.reject),
 masked for that row and dropped when the cache compacts. Only runs with every layer's cache
 a SlotKVCache (not hybrid or rotating models), and not under mlx.launch (core.engine.
 lockstep: drafts would be one more thing the ranks must agree on). Engine thread only.
@@ -33,7 +33,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
-from radixchat.core.cache.slots import SlotKVCache
+from radixchat.core.cache.batch.slots import SlotKVCache
 from radixchat.core.engine.sample.batch_sampler import BatchSampler
 
 NGRAMS = (3, 2)  # the lookup's n, longest first: a 1-token match guesses too often to pay

@@ -61,7 +61,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch, StopSequences, TokenBuffer
 from mlx_lm.models.cache import BatchKVCache
 
-from radixchat.core.cache.slots import SlotKVCache, swap_order
+from radixchat.core.cache.batch.slots import SlotKVCache, swap_order
 from radixchat.core.engine.sample.batch_sampler import BatchSampler
 from radixchat.core.engine.sched.admission import over_cap
 from radixchat.core.engine.step.decode_batch import DecodingBatch

@@ -22,7 +22,7 @@ the survivors. On SmolLM2 at 32 rows of ~400 tokens that is ~0.11 s each way aga
   `t0`, never by copying;
 - buffers grow by half again in rows (up to the batch's row limit: more would be freed
   unused), and in columns by a quarter of the window (a
-  `GRAIN` at least, the library's `step` of 256 at most: core.cache.layout.growth), copying
+  `GRAIN` at least, the library's `step` of 256 at most: core.cache.batch.layout.growth), copying
   once, so a batch of short rows does not carry 256 spare columns each. Each layer re-lays a
   few columns early, by its place in the model (`stagger`), so a batch outgrowing its buffers
   re-lays one layer a step rather than every layer in one long step. The buffers give the room
@@ -30,7 +30,7 @@ the survivors. On SmolLM2 at 32 rows of ~400 tokens that is ~0.11 s each way aga
   window outgrow it (`_spare_room`).
 
 What the buffers hold follows the live rows, not the batch's history: under twice the rows
-and 2.25 times the columns the live rows take, each padded to the longest (core.cache.layout,
+and 2.25 times the columns the live rows take, each padded to the longest (core.cache.batch.layout,
 whose arithmetic the engine admits and preempts by, so a row pays for the padding it is
 given, not only for its own tokens).
 
@@ -57,7 +57,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from radixchat.core.cache.layout import GRAIN, growth
+from radixchat.core.cache.batch.layout import GRAIN, growth
 
 
 def swap_order(keep: list[int]) -> list[int]:

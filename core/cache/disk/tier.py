@@ -5,19 +5,19 @@ engine turn, and at once when the memory tier evicts a node that has no copy yet
 spilled, not dropped), reading them back for a waiting request (`want`), placing the files
 a start finds in the tree (`open`: the tree's keys come back, K/V stays on disk until a
 hit; one whose prefix is gone is an orphan and deleted, as is a removed user's), keeping
-the bytes its files hold within the limit core/cache/disk_budget.py decides (least recently
+the bytes its files hold within the limit core/cache/disk/budget.py decides (least recently
 used leaves go first, a user's own first when over their share; a write that would not fit
 is refused), and dropping a file that fails its checksum with everything below it. A
 forgotten owner's files go with their nodes (core/cache/forget.py: a file nothing refers to
-any more is deleted). Files are kept per model fingerprint (core/cache/identity.py) and
+any more is deleted). Files are kept per model fingerprint (core/cache/disk/identity.py) and
 sharing mode, so another model never reads them; a user's private namespace stays theirs,
 in a folder only the server's user can open.
 
 Left to others: the tree (radix.py), the MLX segments (kv.py), which node is in which file
-(disk_files.py), what a file holds and turning arrays into its bytes and back
-(disk_format.py), the folders and what a start finds in them (disk_folder.py), how many
-bytes it may hold and what goes to make room (disk_budget.py, its watcher thread), file
-I/O and checksums (diskio.py, its two threads), the schedule (the engine calls `tick` once a turn
+(files.py), what a file holds and turning arrays into its bytes and back
+(file_format.py), the folders and what a start finds in them (folder.py), how many
+bytes it may hold and what goes to make room (budget.py, its watcher thread), file
+I/O and checksums (fileio.py, its two threads), the schedule (the engine calls `tick` once a turn
 and holds a request back while `want` says its prefix is still on disk). Runs in the engine
 thread, which alone turns arrays into bytes and back.
 """
@@ -36,11 +36,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from radixchat.core.cache.disk_budget import DiskRoom
-from radixchat.core.cache.disk_files import DiskFile, DiskRef, DiskStats
-from radixchat.core.cache.disk_folder import cache_folder, disk_usage, prune_other_models, scan
-from radixchat.core.cache.disk_format import FORMAT, TAG_SHIFT, TOKEN_MASK, EntryFormat
-from radixchat.core.cache.diskio import Corrupt, FullDisk, Job, Reader, Writer, make_private_dir, parse_name
+from radixchat.core.cache.disk.budget import DiskRoom
+from radixchat.core.cache.disk.file_format import FORMAT, TAG_SHIFT, TOKEN_MASK, EntryFormat
+from radixchat.core.cache.disk.fileio import Corrupt, FullDisk, Job, Reader, Writer, make_private_dir, parse_name
+from radixchat.core.cache.disk.files import DiskFile, DiskRef, DiskStats
+from radixchat.core.cache.disk.folder import cache_folder, disk_usage, prune_other_models, scan
 from radixchat.core.cache.kv import KVSegment, PrefixStore
 from radixchat.core.cache.radix import Node, RadixCache
 
@@ -128,7 +128,7 @@ class DiskTier:
 
     @property
     def budget(self) -> int:
-        """The bytes its files may hold now (core/cache/disk_budget.py)."""
+        """The bytes its files may hold now (core/cache/disk/budget.py)."""
         return self.room.limit
 
     def note_owner(self, tag: int, owner: str | None) -> None:
@@ -384,7 +384,7 @@ def open_tier(
     """The disk tier for this model (its own folder under `cache_folder`), with the tree's
     keys rebuilt from it; None where it cannot be kept (a hub id: no files to fingerprint).
     A file of an owner `adopts` refuses (a removed user's) is deleted, never placed."""
-    from radixchat.core.cache.identity import fingerprint
+    from radixchat.core.cache.disk.identity import fingerprint
     from radixchat.core.models.catalog import resolve
 
     model_dir = Path(loaded.gguf.folder) if loaded.gguf is not None else Path(resolve(settings.model).path).expanduser()

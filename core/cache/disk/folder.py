@@ -4,9 +4,9 @@ Owns: the root (`cache_folder`: --cache-dir, else beside the SQLite file), one f
 model fingerprint under it, the files a start finds in this model's folder (`scan`: their
 keys, sizes, snapshots and owners; a write a kill cut short, a file of other settings, a
 removed user's and one that does not parse are deleted there), pruning other models' folders
-to the tier's limit (core/cache/disk_budget.py says it), and the usage `doctor` prints.
+to the tier's limit (core/cache/disk/budget.py says it), and the usage `doctor` prints.
 Left to others: placing what `scan` found in the tree and deleting what nothing refers to
-(disk.py), what a file holds (disk_format.py), names and checksums (diskio.py). Runs in
+(tier.py), what a file holds (file_format.py), names and checksums (fileio.py). Runs in
 the engine thread when the tier opens; `disk_usage` in the CLI's.
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from radixchat.core.cache.disk_format import EntryFormat, key_of
-from radixchat.core.cache.diskio import Corrupt, parse_name, read_header
+from radixchat.core.cache.disk.file_format import EntryFormat, key_of
+from radixchat.core.cache.disk.fileio import Corrupt, parse_name, read_header
 
 log = logging.getLogger("radixchat.disk")
 

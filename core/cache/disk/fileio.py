@@ -13,7 +13,7 @@ call `wake` so an idle engine thread comes to drain it. Neither touches MLX: the
 gets bytes the engine thread already made, the reader returns numpy views that the engine
 thread turns into MLX arrays. A write the disk refuses for want of space (ENOSPC, EDQUOT)
 sets `FullDisk`: the writer then skips the writes it holds without trying them, until the
-engine thread, which alone clears it (core/cache/disk_budget.py), finds room again. sha256
+engine thread, which alone clears it (core/cache/disk/budget.py), finds room again. sha256
 rather than blake2b: with SHA extensions it hashed
 11.8 MB in 11.5 ms here against 21.7 ms.
 """
@@ -186,7 +186,7 @@ class Job:
 class FullDisk:
     """The disk refused a write for want of space: set by the writer thread at once, so that
     it skips the writes already queued; cleared by the engine thread when a reading of the
-    free space finds room (core/cache/disk_budget.py). `since`: when it was set (monotonic)."""
+    free space finds room (core/cache/disk/budget.py). `since`: when it was set (monotonic)."""
 
     def __init__(self):
         self._set = threading.Event()
@@ -241,7 +241,7 @@ class Writer(_Worker):
     the order asked: a delete queued after a write runs after it. `on_disk` counts the
     bytes of the folder's finished files as this thread leaves them (it alone changes the
     folder once the tier is open), which the tier's limit adds to the free space it reads
-    (core/cache/disk_budget.py). While `full` is set, writes are skipped, never tried."""
+    (core/cache/disk/budget.py). While `full` is set, writes are skipped, never tried."""
 
     def __init__(self, folder: Path, done: queue.SimpleQueue, wake: Callable[[], None], full: FullDisk):
         self.folder, self.full = folder, full

@@ -13,7 +13,7 @@ then the least recently used entries of everyone go until the write fits; and if
 does not (the rest is locked by running requests, or held by what hangs below it), it is
 refused. So the folder never holds more than the limit in force when its last write was
 queued, not even while a file is being written: deletes are queued to the writer ahead of
-the write they make room for (core/cache/diskio.py runs them in order).
+the write they make room for (core/cache/disk/fileio.py runs them in order).
 
 A user's share: one owner's private entries (core/cache/scope.py tags them; a file is
 charged to the owner its key names, shared system-message entries to nobody) hold at most
@@ -23,15 +23,15 @@ the server's own warm-up prompts are not capped.
 
 A full disk (a write refused with ENOSPC or EDQUOT, as when another program fills it between
 two readings, or a quota the free space does not show): the writer stops trying at once
-(core/cache/diskio.py `FullDisk`), one warning says so, and every write after it is refused
+(core/cache/disk/fileio.py `FullDisk`), one warning says so, and every write after it is refused
 (counted) before its entry is even made into bytes, until a reading of the free space taken
 since finds room for the entry (so it is looked at again at most every EVERY_S); one line
 says when the tier writes again. Any other failed write is logged once per errno until then
 (or, with no full disk, once per errno every QUIET_S), never once per entry.
 
-Left to others: the files, their bytes and the tier's counts (disk.py, disk_files.py), the
+Left to others: the files, their bytes and the tier's counts (tier.py, files.py), the
 tree's least-recently-used order and eviction (radix.py `fit_disk`), writing and deleting
-(diskio.py), the folders (disk_folder.py). Runs in the engine thread, but for the watcher
+(fileio.py), the folders (folder.py). Runs in the engine thread, but for the watcher
 thread, which only reads the filesystem and the writer's count of the bytes it left on
 disk (read on both sides of the filesystem's reading, the smaller taken, so a write or a
 delete meanwhile never makes the disk look roomier) and holds the room only weakly, so it
@@ -48,7 +48,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-from radixchat.core.cache.diskio import FULL, FullDisk
+from radixchat.core.cache.disk.fileio import FULL, FullDisk
 from radixchat.core.cache.warm import WARM_OWNER
 from radixchat.core.config import DISK_AUTO
 
@@ -231,7 +231,7 @@ class DiskRoom:
         return True
 
     def write_failed(self, job) -> None:
-        """A write the writer could not do (diskio.Job): logged once per errno until the
+        """A write the writer could not do (fileio.Job): logged once per errno until the
         tier writes again (QUIET_S at most for another error), never once per entry."""
         if job.skipped:  # not tried: the disk was full
             self._refuse()

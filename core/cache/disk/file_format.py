@@ -9,8 +9,8 @@ namespace, core/cache/scope.py) are written with the owner's name, since namespa
 are this process's, and retagged through the scope when read back (`key_of`).
 
 Owns: the format (`FORMAT`, `EntryFormat`: the metadata, `to_bytes`, `layers`). Left to
-others: which file is whose (disk_files.py), when to write and read (disk.py), the file's
-name, checksum and I/O (diskio.py). Runs in the engine thread, which alone turns arrays
+others: which file is whose (files.py), when to write and read (tier.py), the file's
+name, checksum and I/O (fileio.py). Runs in the engine thread, which alone turns arrays
 into bytes (`mx.save_safetensors` into memory) and back; `key_of` also at start-up.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from radixchat.core.cache.diskio import Corrupt
+from radixchat.core.cache.disk.fileio import Corrupt
 from radixchat.core.cache.kv import Snapshot
 from radixchat.core.cache.radix import Node
 

@@ -1,6 +1,6 @@
 """How much memory the decoding batch's K/V buffers take, as arithmetic on their shape.
 
-core.cache.slots lays the batch's rows out in buffers; this module says what that layout
+core.cache.batch.slots lays the batch's rows out in buffers; this module says what that layout
 costs, for the engine's admission and preemption (core.engine.sched.preempt) and for the memory the
 server states (core.platform.memory, `doctor`, the Server tab). Plain integers, no MLX, so
 the web layer and `doctor` can use it; any thread.

@@ -4,8 +4,8 @@ Owns: `DiskFile` (one file, or one being written: its size, tokens, state and th
 it that nodes refer to), `DiskRef` (one node's range of a file, the `disk` of a radix.Node;
 splitting a node splits its range, no I/O) and `DiskStats`. A file no range refers to any
 more is handed to the callback its tier gave it, which deletes it. Left to others: the tree
-that holds the references (radix.py), what a file holds (disk_format.py), the tier that
-writes, reads and deletes files (disk.py). Engine thread only, as the tree.
+that holds the references (radix.py), what a file holds (file_format.py), the tier that
+writes, reads and deletes files (tier.py). Engine thread only, as the tree.
 """
 
 from __future__ import annotations
@@ -80,4 +80,4 @@ class DiskStats:
     dropped: int = 0  # entries lost: corrupt, unreadable, or a failed write
     evicted: int = 0  # files deleted to keep the disk budget (or no longer referred to)
     open_s: float = 0.0  # rebuilding the tree's keys from the files
-    fingerprint_s: float = 0.0  # hashing the model (core/cache/identity.py)
+    fingerprint_s: float = 0.0  # hashing the model (core/cache/disk/identity.py)
