@@ -1,7 +1,7 @@
 """Settings: one pydantic-settings model, read from RADIXCHAT_* variables and CLI flags.
 
 This module only describes and validates settings. Parsing flags is the CLI's job
-(webui/cli.py), which passes them here as keyword overrides; turning a validation
+(webui/cli/main.py), which passes them here as keyword overrides; turning a validation
 error into a one-line message is `settings_error_line`. The settings that list client
 addresses (--metrics-allow, --forwarded-allow-ips) are read by `address_rule`, and a
 client's address is judged by `address_allowed`, wherever the server asks (webui/).
@@ -35,7 +35,7 @@ def default_data_dir() -> Path:
 # --cache-disk-bytes auto: no fixed number, the tier follows the disk's free space
 # (core/cache/disk/budget.py). An int larger than any real budget, so that "on" stays
 # `cache_disk_bytes > 0` wherever it is asked. `radixchat serve` defaults to it
-# (webui/cli.py); the model's default stays 0, so that an engine built in-process (tests,
+# (webui/cli/main.py); the model's default stays 0, so that an engine built in-process (tests,
 # benchmarks) writes nothing into the user's data folder unless asked.
 DISK_AUTO = (1 << 63) - 1
 

@@ -24,12 +24,13 @@ from fastapi.testclient import TestClient
 from radixchat.core.config import Settings
 from radixchat.core.engine.models import as_engines
 from radixchat.core.seam.requests import ChatRequest, QueueFull, Sampling, owner_of
-from radixchat.webui.api import fields, generation
+from radixchat.webui.api import generation
 from radixchat.webui.api.chat import ChatFrames
 from radixchat.webui.api.errors import install_error_handlers
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.api.routes import include_api
-from radixchat.webui.api.schema import ChatCompletionRequest, CompletionRequest
+from radixchat.webui.api.shapes import fields
+from radixchat.webui.api.shapes.schema import ChatCompletionRequest, CompletionRequest
 from radixchat.webui.server import build_app
 from tests.support.fake_engine import INFO, FakeEngine
 from tests.support.metrics import metric_value

@@ -154,7 +154,7 @@ def test_the_service_key_comes_from_a_file_and_never_from_two_places(tmp_path, c
     with pytest.raises(ValidationError, match="cannot read"):
         Settings(service_key_file=tmp_path / "missing")
 
-    from radixchat.webui.cli import _parser, load_settings
+    from radixchat.webui.cli.main import _parser, load_settings
 
     load_settings(_parser().parse_args(["worker", "--service-key", "a-long-enough-service-key"]))
     assert "shows in every process list" in capsys.readouterr().err

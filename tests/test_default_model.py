@@ -10,7 +10,7 @@ import pytest
 
 from radixchat import assets
 from radixchat.core.models import catalog
-from radixchat.webui.api.schema import ChatCompletionRequest
+from radixchat.webui.api.shapes.schema import ChatCompletionRequest
 
 
 def test_short_names_resolve():

@@ -260,7 +260,7 @@ def test_serve_has_the_tier_on_unless_told_otherwise(tiny_model_dir, tmp_path):
     --cache-disk-bytes (0 too) is kept as given; under mlx.launch the default is off, a
     number is kept (and refused there)."""
     from radixchat.core.config import Settings
-    from radixchat.webui.cli import serve_disk
+    from radixchat.webui.cli.main import serve_disk
 
     system = SYSTEMS[2]
     body = {

@@ -278,7 +278,7 @@ def test_warm_prompts_are_cached_before_the_first_user(tiny_model_dir, tmp_path)
 
 def test_metrics_and_the_server_tab_show_the_disk_tier(tiny_model_dir, tmp_path):
     from radixchat.webui.api.metrics import Metrics
-    from radixchat.webui.page.dashboard import disk_line
+    from radixchat.webui.page.logic.dashboard import disk_line
     from tests.support.metrics import metric_value
 
     eng = disk_engine(tiny_model_dir, tmp_path)

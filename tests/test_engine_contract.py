@@ -89,8 +89,8 @@ def subject(request, slow_model, tmp_path_factory):
         finally:
             eng.stop()
         return
-    from radixchat.webui.remote_engine import RemoteEngine
-    from radixchat.webui.routed_engine import RoutedEngine
+    from radixchat.webui.remote.remote_engine import RemoteEngine
+    from radixchat.webui.remote.routed_engine import RoutedEngine
     from tests.support.workers import KEY, Router, Worker
 
     folder = tmp_path_factory.mktemp(kind)

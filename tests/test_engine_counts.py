@@ -13,7 +13,7 @@ from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
 from radixchat.core.seam.requests import ChatRequest
 from radixchat.webui.api.metrics import Metrics
-from radixchat.webui.page.dashboard import Presence, dashboard
+from radixchat.webui.page.logic.dashboard import Presence, dashboard
 from radixchat.webui.server import build_app
 from tests.support.metrics import metric_value
 

@@ -165,7 +165,7 @@ def _seen_address(settings: Settings, peer: str, forwarded: str) -> str:
     """The client address an app sees behind uvicorn's middleware as the CLI configures it."""
     import uvicorn
 
-    from radixchat.webui.cli import uvicorn_options
+    from radixchat.webui.cli.main import uvicorn_options
 
     async def echo(scope, receive, send):
         body = scope["client"][0].encode()
@@ -231,7 +231,7 @@ def test_a_chunked_body_over_the_limit_is_a_413_in_openais_shape(http):
 
 
 def test_the_page_refuses_a_lone_surrogate_in_words(store):
-    from radixchat.webui.page.logic import ChatPage, PageError
+    from radixchat.webui.page.logic.chat_page import ChatPage, PageError
 
     alice = store.create_user("alice", "alice-password")
     engine = FakeEngine()
@@ -255,7 +255,7 @@ def test_the_page_refuses_a_lone_surrogate_in_words(store):
 def test_the_security_model_and_the_page_say_what_a_whole_system_message_guess_confirms():
     import gradio as gr
 
-    from radixchat.webui.page.chat_settings import SYSTEM_PROMPT_HELP, settings_panel
+    from radixchat.webui.page.ui.chat_settings import SYSTEM_PROMPT_HELP, settings_panel
     from tests.support.fake_engine import INFO
 
     security = SECURITY_DOC.read_text()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from radixchat.core.config import Settings
 from radixchat.core.store import Store
-from radixchat.webui.page.layout import IDLE_POLL_S, IDLE_PROGRESS_POLL_S, build_page
+from radixchat.webui.page.ui.layout import IDLE_POLL_S, IDLE_PROGRESS_POLL_S, build_page
 from tests.support.fake_engine import FakeEngine
 
 

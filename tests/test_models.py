@@ -141,7 +141,7 @@ def test_a_model_loads_only_when_it_fits_the_memory_budget(tiny_model_dir, secon
 
 
 def test_the_server_tab_shows_every_model(tiny_model_dir, second_model, store):
-    from radixchat.webui.page.dashboard import Presence, summary_table
+    from radixchat.webui.page.logic.dashboard import Presence, summary_table
 
     models, made = stand_set(tiny_model_dir, second_model, idle_s=0)
     try:

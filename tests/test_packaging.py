@@ -59,7 +59,7 @@ def test_wheel_holds_the_code_and_the_bundled_model_but_no_tests(wheel):
         "core/store/__init__.py",
         "core/platform/blas.py",
         "webui/api/routes.py",
-        "webui/page/layout.py",
+        "webui/page/ui/layout.py",
         "assets/__init__.py",
         "assets/prompts.json",
         "assets/model/config.json",
@@ -116,7 +116,7 @@ def test_wheel_installs_beside_a_distribution_with_its_own_core_package(wheel, t
         )
     code = (
         "import core, webui, assets; print(core.WHO, webui.WHO, assets.WHO); "
-        "from radixchat.webui.cli import main; from radixchat.core.store import Store; "
+        "from radixchat.webui.cli.main import main; from radixchat.core.store import Store; "
         "from radixchat import assets as ours; print(ours.BUNDLED_MODEL)"
     )
     out = subprocess.run(
@@ -149,7 +149,7 @@ def test_installed_wheel_serves_the_bundled_model_from_anywhere(wheel, tmp_path)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(target)}
     log = tmp_path / "serve.log"
-    code = "import sys; from radixchat.webui.cli import main; sys.exit(main())"
+    code = "import sys; from radixchat.webui.cli.main import main; sys.exit(main())"
     proc = start_and_wait(
         [sys.executable, "-c", code, "serve", "--no-auth", "--port", str(port), "--db", str(tmp_path / "t.db")],
         f"http://127.0.0.1:{port}/health",
@@ -244,14 +244,14 @@ def test_core_never_imports_webui_and_webui_never_imports_mlx():
 
 
 # What webui/ may import of core/engine: only the served models by name (to serve one engine as
-# a set of one); the rest it knows of an engine is core/seam. cli.py, which builds the engine,
-# may import more.
+# a set of one); the rest it knows of an engine is core/seam. webui/cli/, the composition root
+# that builds the engines, may import more.
 SEAM = {"models"}
 
 
 def test_webui_sees_the_engine_only_through_the_seam():
     for f in (REPO / "webui").rglob("*.py"):
-        if f.name == "cli.py":
+        if f.parent == REPO / "webui" / "cli":
             continue
         rel = f.relative_to(REPO).with_suffix("")
         package = ".".join(rel.parts[:-1])  # a module's package, and an __init__'s own
@@ -262,9 +262,10 @@ def test_webui_sees_the_engine_only_through_the_seam():
         assert not touched & {"loaded", "tokenizer", "submit_tokens", "prefix"}, (f, touched)
 
 
-# Which rooms each room may import (a room: core/<folder>, core/config.py, webui, assets).
-# platform's row is wider than it should be: `doctor` and `memory` reach into the engine's
-# admission and lockstep (issue 52 moves what they share to a room both may import).
+# Which rooms each room may import (a room: core/<folder>, core/config.py, webui/<folder>, the
+# modules at webui/'s top, assets). platform's row is wider than it should be: `doctor` and
+# `memory` reach into the engine's admission and lockstep (issue 52 moves what they share to a
+# room both may import).
 ROOMS = {
     "core.config": set(),
     "core.models": {"core.config", "assets"},
@@ -273,14 +274,56 @@ ROOMS = {
     "core.cache": {"core.config", "core.models", "assets"},
     "core.engine": {"core.config", "core.models", "core.seam", "core.cache", "core.platform", "assets"},
     "core.platform": {"core.config", "core.models", "core.seam", "core.cache", "core.engine", "assets"},
-    "webui": {"core.config", "core.seam", "core.engine", "core.store", "core.platform", "assets"},
+    "webui": {"core.config", "core.seam", "core.engine", "core.store", "webui.api", "webui.auth", "webui.page"},
+    "webui.api": {"core.config", "core.seam", "core.engine", "core.store", "webui"},
+    "webui.auth": {"core.store"},
+    "webui.page": {
+        *("core.config", "core.seam", "core.engine", "core.store", "core.platform", "assets"),
+        *("webui", "webui.api", "webui.auth"),
+    },
+    "webui.remote": {"core.config", "core.seam", "core.engine", "webui.api"},
+    # the composition root: builds the engines and the app from every other room
+    "webui.cli": {
+        *("core.config", "core.seam", "core.engine", "core.store", "core.platform"),
+        *("webui", "webui.api", "webui.remote"),
+    },
     "assets": set(),
 }
 
 
 def _room(module: str) -> str:
     parts = module.split(".")
-    return ".".join(parts[:2]) if parts[0] == "core" else parts[0]
+    if parts[0] == "core" or (parts[0] == "webui" and len(parts) > 2):
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def test_the_pages_logic_runs_without_gradio():
+    """webui/page/logic/ is what the page does, without the page: it imports no Gradio (and
+    nothing that does), so its tests need no browser and no Blocks."""
+    graph = _module_graph()
+    seen, todo = set(), [m for m in graph if m.startswith("webui.page.logic")]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += graph.get(m, ())
+    for m in seen:
+        f = REPO / (m.replace(".", "/") + ".py")
+        if not f.exists():
+            f = REPO / m.replace(".", "/") / "__init__.py"
+        gradio = [i for i in _imports(f, m.rpartition(".")[0]) if i.split(".")[0] == "gradio"]
+        assert not gradio, (m, gradio)
+
+
+# What a folder holds: a room a newcomer can take in at once (issue 52: about 15 modules at most).
+MOST_MODULES = 15
+
+
+def test_no_room_is_a_crowd():
+    for init in [*(REPO / "core").rglob("__init__.py"), *(REPO / "webui").rglob("__init__.py")]:
+        modules = [f for f in init.parent.glob("*.py") if f.name != "__init__.py"]
+        assert len(modules) <= MOST_MODULES, (init.parent, len(modules))
 
 
 def test_each_room_imports_only_the_rooms_its_row_names():
@@ -316,8 +359,8 @@ def test_no_import_circles():
 def test_serving_imports_load_no_mlx_outside_the_engine():
     """Importing the server, the page and the API pulls in no MLX: only the engine thread loads it."""
     code = (
-        "import sys, radixchat.webui.server, radixchat.webui.page.layout, radixchat.webui.api.routes, "
-        "radixchat.webui.cli, radixchat.core.engine.engine, radixchat.core.store; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')); "
+        "import sys, radixchat.webui.server, radixchat.webui.page.ui.layout, radixchat.webui.api.routes, "
+        "radixchat.webui.cli.main, radixchat.core.engine.engine, radixchat.core.store; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')); "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -22,10 +22,10 @@ from radixchat.core.store import AuthFailed, Store
 from radixchat.webui.api.errors import install_error_handlers
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.api.routes import include_api
-from radixchat.webui.device_cookie import DeviceCookies
-from radixchat.webui.gate import SessionTokens, page_cookie_id
-from radixchat.webui.page import view as page_view
-from radixchat.webui.page.accounts_handlers import NOT_ADMIN, AccountHandlers
+from radixchat.webui.auth.device_cookie import DeviceCookies
+from radixchat.webui.auth.gate import SessionTokens, page_cookie_id
+from radixchat.webui.page.events import view as page_view
+from radixchat.webui.page.events.accounts_handlers import NOT_ADMIN, AccountHandlers
 from tests.support.cheap import cheap_scrypt
 from tests.support.databases import database_at
 from tests.support.fake_engine import FakeEngine
@@ -342,7 +342,7 @@ def test_an_admin_makes_an_admin_and_ends_it_but_never_for_the_last(store, users
 
 
 def test_no_auth_has_no_admin_tab_no_admin_and_refuses_every_admin_action(store, said):
-    from radixchat.webui.page.logic import ChatPage
+    from radixchat.webui.page.logic.chat_page import ChatPage
 
     local = ChatPage(FakeEngine(), store, signed_in=False).user(None)  # --no-auth's one user, on a fresh store
     assert not store.is_admin(local.name)
@@ -359,7 +359,7 @@ def test_no_auth_has_no_admin_tab_no_admin_and_refuses_every_admin_action(store,
 
 
 def test_the_no_auth_page_has_no_account_or_admin_tab(store):
-    from radixchat.webui.page.layout import build_page
+    from radixchat.webui.page.ui.layout import build_page
 
     page = build_page(FakeEngine(), Settings(), store, sign_in=False)
     labels = {c.get("props", {}).get("label") for c in page.get_config_file()["components"]}

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from radixchat.core.store import Store
-from radixchat.webui.page.logic import ChatPage, PageError
+from radixchat.webui.page.logic.chat_page import ChatPage, PageError
 from tests.support.browser import PHONE, WIDE, Shots, alice_and_bob
 from tests.support.clients import PageClient, signed_in
 from tests.support.fake_engine import INFO as FAKE_INFO
@@ -312,7 +312,7 @@ def test_temperature_starts_at_the_model_cards_recommendation(tmp_path, tiny_mod
     from radixchat.core.config import Settings
     from radixchat.core.models.catalog import SMOLLM2
     from radixchat.core.store import Store
-    from radixchat.webui.page.layout import build_page
+    from radixchat.webui.page.ui.layout import build_page
 
     def slider(card):
         engine = FakeEngine(info=replace(FAKE_INFO, card=card))

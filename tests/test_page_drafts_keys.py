@@ -409,7 +409,7 @@ def test_the_open_chats_title_follows_a_rename_in_another_tab_unless_edited_here
 def test_a_sync_follows_a_rename_made_elsewhere_unless_the_title_is_edited_here(tmp_path):
     import gradio as gr
 
-    from radixchat.webui.page.view import View
+    from radixchat.webui.page.events.view import View
 
     h, store, alice = sync_page(tmp_path)
     try:
@@ -434,9 +434,9 @@ def sync_page(tmp_path):
     from types import SimpleNamespace
 
     from radixchat.core.store import Store
-    from radixchat.webui.page.dashboard import Presence
-    from radixchat.webui.page.handlers import Handlers
-    from radixchat.webui.page.logic import ChatPage
+    from radixchat.webui.page.events.handlers import Handlers
+    from radixchat.webui.page.logic.chat_page import ChatPage
+    from radixchat.webui.page.logic.dashboard import Presence
     from tests.support.cheap import cheap_scrypt
     from tests.support.fake_engine import FakeEngine
 
@@ -492,10 +492,10 @@ def test_a_sync_answers_only_what_changed(tmp_path):
     import gradio as gr
 
     from radixchat.core.store import Store
-    from radixchat.webui.page.dashboard import Presence
-    from radixchat.webui.page.handlers import Handlers
-    from radixchat.webui.page.logic import ChatPage
-    from radixchat.webui.page.view import View
+    from radixchat.webui.page.events.handlers import Handlers
+    from radixchat.webui.page.events.view import View
+    from radixchat.webui.page.logic.chat_page import ChatPage
+    from radixchat.webui.page.logic.dashboard import Presence
     from tests.support.cheap import cheap_scrypt
     from tests.support.fake_engine import FakeEngine
 

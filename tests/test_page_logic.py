@@ -13,11 +13,11 @@ import pytest
 
 from radixchat.core.seam.requests import QueueFull, RequestError
 from radixchat.core.store import NotFound
-from radixchat.webui.cli import serve_banner
+from radixchat.webui.cli.main import serve_banner
 from radixchat.webui.live_requests import LiveRequests
-from radixchat.webui.page import markup
-from radixchat.webui.page.dashboard import Presence, dashboard
-from radixchat.webui.page.logic import LOCAL_USER, ChatPage, PageError, visible_turns
+from radixchat.webui.page.logic import markup
+from radixchat.webui.page.logic.chat_page import LOCAL_USER, ChatPage, PageError, visible_turns
+from radixchat.webui.page.logic.dashboard import Presence, dashboard
 from tests.support.cheap import cheap_scrypt
 from tests.support.fake_engine import INFO as FAKE_INFO
 
@@ -206,7 +206,7 @@ def test_search_finds_titles_and_messages_of_ones_own_chats(store, users):
 def test_the_view_follows_the_browsers_latest_change():
     """A message sent to a new chat right after "New chat" makes that chat and keeps it in
     view, whichever of the two events the server runs first."""
-    from radixchat.webui.page.layout import View
+    from radixchat.webui.page.ui.layout import View
 
     for new_chat_first in (True, False):
         view = View(conv=7, epoch=3)
@@ -789,7 +789,7 @@ def test_branch_calls_on_another_users_messages_are_notices_and_change_nothing(e
 
 
 def test_a_new_chats_title_is_its_first_message_cut_at_a_word():
-    from radixchat.webui.page.replies import TITLE_CHARS, title_from
+    from radixchat.webui.page.logic.replies import TITLE_CHARS, title_from
 
     long = "How do I reverse a list in Python without making a copy of it?"
     title = title_from(long)

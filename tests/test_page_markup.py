@@ -1,4 +1,4 @@
-"""Messages as Markdown of text, code and links only (webui/page/markup.py, logic.row).
+"""Messages as Markdown of text, code and links only (webui/page/logic/markup.py, logic.row).
 
 For any text, what the chat area gets has, outside the fences written at column 0, no `<`
 but the <code> tags made for inline code, no image and no link definition; every fence is
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixchat.core.store import Message, RequestFigures
-from radixchat.webui.page.logic import chat_rows, row
-from radixchat.webui.page.markup import literal, shown
+from radixchat.webui.page.logic.chat_page import chat_rows, row
+from radixchat.webui.page.logic.markup import literal, shown
 
 FENCE_LINE = re.compile(r"^(`{3,}|~{3,})[\w+#.-]*$")
 

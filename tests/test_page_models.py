@@ -21,10 +21,10 @@ import pytest
 
 from radixchat.core.models.catalog import Card
 from radixchat.core.store import Store
-from radixchat.webui.page.dashboard import Presence
-from radixchat.webui.page.handlers import Handlers
-from radixchat.webui.page.logic import ChatPage, PageError
-from radixchat.webui.page.view import SHOWN, View
+from radixchat.webui.page.events.handlers import Handlers
+from radixchat.webui.page.events.view import SHOWN, View
+from radixchat.webui.page.logic.chat_page import ChatPage, PageError
+from radixchat.webui.page.logic.dashboard import Presence
 from tests.support.browser import OUTPUT, Shots, alice_and_bob
 from tests.support.model_set import fake_models
 from tests.support.page import answered, new_chat, ready, send, sign_in
@@ -181,7 +181,7 @@ def test_a_new_chat_takes_the_model_picked_for_it_and_a_chat_in_view_shows_its_o
 def test_the_picker_is_on_the_page_only_with_several_models(tmp_path, tiny_model_dir, second_model):
     from radixchat.core.config import Settings
     from radixchat.core.store import Store
-    from radixchat.webui.page.layout import build_page
+    from radixchat.webui.page.ui.layout import build_page
 
     def picker(*folders):
         models, _ = fake_models(*folders)

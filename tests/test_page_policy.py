@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from radixchat.core.config import Settings
 from radixchat.core.store import Store
-from radixchat.webui.page import signed_out
-from radixchat.webui.page.csp import ContentPolicy, policy
+from radixchat.webui.page.routes import signed_out
+from radixchat.webui.page.routes.csp import ContentPolicy, policy
 from radixchat.webui.server import build_app
 from tests.support.cheap import cheap_scrypt
 

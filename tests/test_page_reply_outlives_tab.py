@@ -218,9 +218,9 @@ def run_apart(scenario):
 
 @pytest.fixture
 def handlers(tmp_path):
-    from radixchat.webui.page.dashboard import Presence
-    from radixchat.webui.page.handlers import Handlers
-    from radixchat.webui.page.logic import ChatPage
+    from radixchat.webui.page.events.handlers import Handlers
+    from radixchat.webui.page.logic.chat_page import ChatPage
+    from radixchat.webui.page.logic.dashboard import Presence
 
     store = Store(tmp_path / "page.db", scrypt=cheap_scrypt())
     for name in ("alice", "bob"):
@@ -232,7 +232,7 @@ def handlers(tmp_path):
 
 
 def test_another_user_can_neither_follow_nor_stop_a_reply(handlers):
-    from radixchat.webui.page.view import STOP, View
+    from radixchat.webui.page.events.view import STOP, View
 
     h, engine, store = handlers
     engine.hold = True  # the reply is written until release()
@@ -267,7 +267,7 @@ def test_another_user_can_neither_follow_nor_stop_a_reply(handlers):
 
 
 def test_a_tab_that_leaves_mid_reply_leaves_it_running_to_its_end(engine, store):
-    from radixchat.webui.page.logic import ChatPage
+    from radixchat.webui.page.logic.chat_page import ChatPage
 
     alice = store.create_user("alice", "alice-password")
     page = ChatPage(engine, store)

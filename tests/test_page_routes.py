@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from radixchat.core.config import Settings
 from radixchat.core.store import Store
-from radixchat.webui.gate import PageGate, Refused, SessionOwners
+from radixchat.webui.auth.gate import PageGate, Refused, SessionOwners
 from radixchat.webui.server import build_app
 from tests.support.clients import API, PageClient, signed_in
 from tests.support.server import CHEAP, PASSWORDS, Server

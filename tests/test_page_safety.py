@@ -186,7 +186,7 @@ def test_sign_out_in_the_same_tab_and_a_signed_out_tab_shows_the_sign_in_page(se
         shots(tab1, "signed-out-1280")
 
         # tab 2 shows the sign-in page at its next message, or sooner: a visible tab checks
-        # with the server every few seconds (webui/page/sync.py)
+        # with the server every few seconds (webui/page/events/sync.py)
         signed_out_by(tab2, lambda: send(tab2, "Anchor-2283 are you still there?"))
         tab2.wait_for_timeout(500)
         assert errors == [], errors

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from radixchat.core.store import Store
-from radixchat.webui.gate import return_to
+from radixchat.webui.auth.gate import return_to
 from tests.support.browser import PHONE, WIDE, Shots, context
 from tests.support.clients import signed_in
 from tests.support.server import CHEAP, PASSWORDS, page_server, stop_clean

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from radixchat.core.store import NotFound, Store
-from radixchat.webui.page.layout import UNDO_S
-from radixchat.webui.page.logic import title_from
+from radixchat.webui.page.logic.chat_page import title_from
+from radixchat.webui.page.ui.layout import UNDO_S
 from tests.support.browser import PHONE, WIDE, Shots, alice_and_bob
 from tests.support.clients import PageClient, signed_in
 from tests.support.page import answered, ready, say, send, sign_in

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from radixchat.webui.device_cookie import PREFIX
+from radixchat.webui.auth.device_cookie import PREFIX
 from tests.support.page import ready, sign_in
 from tests.support.server import page_server, stop_clean
 from tests.support.signin import fail_until_locked, from_address, login

@@ -22,7 +22,7 @@ from radixchat.core.platform.memory import (
     step_activations,
 )
 from radixchat.core.seam.requests import ChatRequest, Finished
-from radixchat.webui.page.dashboard import Presence, summary_table
+from radixchat.webui.page.logic.dashboard import Presence, summary_table
 
 MiB = 1 << 20
 

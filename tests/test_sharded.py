@@ -310,8 +310,8 @@ def test_a_lost_ranks_stop_signals_only_once_the_streams_have_sent_their_end(mon
     with no error. The stop now waits (bounded) for the API streams to end first."""
     from types import SimpleNamespace
 
-    from radixchat.webui import cli
     from radixchat.webui.api.generation import OPEN_STREAMS
+    from radixchat.webui.cli import main as cli
 
     signals = []
     fake_os = SimpleNamespace(kill=lambda pid, sig: signals.append(sig), getpid=os.getpid, _exit=os._exit)

@@ -6,7 +6,7 @@ like a traceback in its output, and its store, read after the exit, holds both: 
 reply with its text so far, stored as stopped (finish "cancelled"), and the API request's
 row, cancelled too. The API stream ends with its last event rather than being cut: an error
 event saying the server is shutting down. What
-the server does on a stop is webui/cli.py's; the replies' ends are the engine's and
+the server does on a stop is webui/cli/main.py's; the replies' ends are the engine's and
 webui/request_end.py's. Screenshots go to test-output/shutdown/.
 """
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from radixchat.core.store import AuthFailed, Store
-from radixchat.webui.signin import SignInGuard, TooManyFailures
+from radixchat.webui.auth.signin import SignInGuard, TooManyFailures
 
 
 class Clock:
@@ -228,7 +228,7 @@ def test_passwords_are_hashed_at_the_lowest_cpu_priority():
     flood: p95 1.86x idle before, 1.28x after, loadtests/bench_signin --many-addresses)."""
     import os
 
-    from radixchat.webui.signin_queue import HashingLine
+    from radixchat.webui.auth.signin_queue import HashingLine
 
     line = HashingLine()
     here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

@@ -19,10 +19,10 @@ import httpx
 import pytest
 
 from radixchat.core.store import AuthFailed, Store
-from radixchat.webui.device_cookie import PREFIX, DeviceCookies
-from radixchat.webui.signin import Attempt, QueueFull, SignInGuard, TooManyFailures, begin
-from radixchat.webui.signin_door import cross_site, same_origin
-from radixchat.webui.signin_queue import FairQueue, address_lane
+from radixchat.webui.auth.device_cookie import PREFIX, DeviceCookies
+from radixchat.webui.auth.signin import Attempt, QueueFull, SignInGuard, TooManyFailures, begin
+from radixchat.webui.auth.signin_door import cross_site, same_origin
+from radixchat.webui.auth.signin_queue import FairQueue, address_lane
 from tests.support.cheap import cheap_scrypt
 from tests.support.signin import fail_until_locked, from_address, login
 

@@ -582,7 +582,7 @@ def test_new_file_is_private_and_closed_store_refuses(tmp_path):
 @pytest.mark.slow
 def test_store_imports_neither_mlx_nor_http():
     code = (
-        "import sys, radixchat.core.store, radixchat.webui.cli_admin; "
+        "import sys, radixchat.core.store, radixchat.webui.cli.admin; "
         "bad = [m for m in ('mlx', 'mlx_lm', 'fastapi', 'starlette', 'uvicorn', 'gradio', 'httpx') "
         "if m in sys.modules]; print(bad); sys.exit(bool(bad))"
     )

@@ -9,10 +9,10 @@ nothing of theirs is cached again. A new user never shares a removed one's names
 (it is named by a random key, never by the reusable id); forgetting is about the removed
 user's text not outliving them. Users removed while no server ran are covered twice: the
 first read forgets them, and the disk tier adopts at start-up only the files of the store's
-users (webui/cli.py gives it the set).
+users (webui/cli/main.py gives it the set).
 
 Left to others: the removal itself (core.store), the cache (the engine), signing out the
-removed user's page sessions (webui/gate.py). Runs its own thread, with its own SQLite
+removed user's page sessions (webui/auth/gate.py). Runs its own thread, with its own SQLite
 connection; `stop` from whoever started it.
 """
 

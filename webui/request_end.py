@@ -2,7 +2,7 @@
 
 A `RequestEnd` is made as soon as the engine accepts a request and hooked on the handle with
 `add_done_callback`, so it learns of the end whether or not anyone reads the stream to the
-end. Both the API (webui/api/generation.py) and the page (webui/page/replies.py) go through it.
+end. Both the API (webui/api/generation.py) and the page (webui/page/logic/replies.py) go through it.
 What to write is theirs to say (`write`): a queued request row for the API, the reply with
 its request row for the page; this module owns only the "once": a reader that goes away
 mid-stream, or while the write is under way, can neither skip the write nor repeat it.
@@ -11,7 +11,7 @@ Threads: `_ended` runs in the engine's output thread (core.engine.output; or in 
 submitter's, if the request ended before the hook was set); it only counts metrics and hands
 the write on, so the engine never waits for SQLite. The write runs on the executor it is
 given, or right there when it never blocks (the store's queued writer). `release` and `wait` are the reader's, usually the event
-loop's; `settle` is for whoever stops the server (webui/cli.py), before the store closes. No
+loop's; `settle` is for whoever stops the server (webui/cli/main.py), before the store closes. No
 MLX here.
 """
 

@@ -3,15 +3,15 @@
 /health (open to all), /metrics (Prometheus; this machine and --metrics-allow only), the
 OpenAI-compatible /v1 routes, and the Gradio page (webui/page/) at "/", all on one port. The routes are registered before the page is
 mounted, so "/" catches only what they don't. The page's sign-in checks the store's users
-(off with --no-auth), behind webui/signin_door.py, which refuses /login and /logout
-from other sites; in front of the page, webui/gate.py lets through only the Gradio routes
+(off with --no-auth), behind webui/auth/signin_door.py, which refuses /login and /logout
+from other sites; in front of the page, webui/auth/gate.py lets through only the Gradio routes
 the page uses and answers a page session to the sign-in that opened it, and page request
 bodies are capped like the API's. Outermost, every response carries a Content-Security-Policy
-that lets the page load nothing but this server's files (webui/page/csp.py). Errors use
+that lets the page load nothing but this server's files (webui/page/routes/csp.py). Errors use
 OpenAI's shape. No MLX in this package: the engine is reached only through the seam,
 core.seam.protocol's Engines (the served models by name) and EngineClient (submit, cancel,
 tokenize, stats, info). Connection limits (slow or idle clients) are the HTTP server's, set
-where uvicorn starts (webui/cli.py).
+where uvicorn starts (webui/cli/main.py).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from radixchat.webui.api.errors import BodyLimit, error_response, install_error_
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.api.refusals import RefusalThrottle
 from radixchat.webui.api.routes import include_api
-from radixchat.webui.device_cookie import DeviceCookies
-from radixchat.webui.gate import GradioSide, PageGate
+from radixchat.webui.auth.device_cookie import DeviceCookies
+from radixchat.webui.auth.gate import GradioSide, PageGate
+from radixchat.webui.auth.signin import SignInGuard, SignInRefused
+from radixchat.webui.auth.signin_door import SignInDoor
 from radixchat.webui.live_requests import LiveRequests
-from radixchat.webui.page.csp import ContentPolicy
-from radixchat.webui.signin import SignInGuard, SignInRefused
-from radixchat.webui.signin_door import SignInDoor
+from radixchat.webui.page.routes.csp import ContentPolicy
 
 
 def build_app(
@@ -122,8 +122,8 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
-    from radixchat.webui.page import login_notice, shared, signed_out
-    from radixchat.webui.page.layout import CSS, build_page, sign_in_message, theme
+    from radixchat.webui.page.routes import login_notice, shared, signed_out
+    from radixchat.webui.page.ui.layout import CSS, build_page, sign_in_message, theme
 
     guard = app.state.signin
 

@@ -18,7 +18,7 @@ requests count against `--max-user-requests` on every model together (core.engin
 What the web layer sees of it is the seam (core.seam.protocol.Engines).
 
 Left to others: what an engine does (core.engine.engine), making one (the caller's `make`,
-webui/cli.py's, which sets what the server wants of it), who may use which (webui).
+webui/cli/main.py's, which sets what the server wants of it), who may use which (webui).
 Threads: any caller's (`engine` blocks while its model loads, one load at a time per model;
 `aengine` runs that wait in a thread for asyncio callers), and the set's own idle thread
 (`radixchat-models`), which stops engines nobody used for a while. No MLX here: a model

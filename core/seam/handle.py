@@ -1,7 +1,7 @@
 """The caller's side of one request: a stream of events, readable from threads or asyncio.
 
 The engine pushes events (`push`, the producer's side: from its output thread, core.engine.output;
-a remote engine's reader, webui/remote_engine.py, does the same for a worker's); callers iterate (`for ev in handle` or
+a remote engine's reader, webui/remote/remote_engine.py, does the same for a worker's); callers iterate (`for ev in handle` or
 `async for ev in handle`) until the final `Finished` or `Failed`. Events for asyncio
 callers go through an `Outbox` that the engine flushes once per step: one wake-up of each
 event loop per step instead of one per token, which kept the HTTP thread from holding the

@@ -282,7 +282,7 @@ class Engines(Protocol):
 
 @runtime_checkable
 class Lifecycle(Protocol):
-    """What the composition root (radixchat.webui.cli) does with the engines it built, beside
+    """What the composition root (radixchat.webui.cli.main) does with the engines it built, beside
     what the web layer asks of them: an engine, a remote one and a set of them alike. The
     routes and the page never call it."""
 

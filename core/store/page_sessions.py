@@ -1,6 +1,6 @@
 """Page sign-ins kept across restarts: which user a page cookie's token signs in, until when.
 
-Gradio keeps its sign-in tokens in a dict in memory (webui/gate.py's `SessionTokens` stands in
+Gradio keeps its sign-in tokens in a dict in memory (webui/auth/gate.py's `SessionTokens` stands in
 for it), so a server restart signed every page out and lost what people were doing. Each
 sign-in is also a row here: a SHA-256 of the token (whoever reads the database cannot sign in
 with it), the user, the user's session key when it was opened (core.store.accounts: a password
@@ -10,7 +10,7 @@ user (`end_page_sessions`), as Gradio's /logout does in memory. A password chang
 sign-in keeps that one sign-in (`keep_only`, in the change's transaction): its row is bound to
 the new session key and the user's other rows go.
 
-Leaves to others: the cookie and its token (Gradio), when a row is looked up (webui/gate.py),
+Leaves to others: the cookie and its token (Gradio), when a row is looked up (webui/auth/gate.py),
 the table (core.store.schema). Called from the event loop and Gradio's worker threads, each
 on its own connection.
 """

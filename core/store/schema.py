@@ -162,7 +162,7 @@ UPDATE conversations SET leaf = (SELECT max(id) FROM messages WHERE conversation
 # nothing that must stay one person's may be keyed by it. `cache_key` names a user's private
 # namespace in the engine's prefix cache (memory, disk files, restarts): random, set once,
 # never reused, never shown to a client. `session_key` is what a page sign-in is bound to: a
-# new one on every password change, so the sessions opened before it end (webui/gate.py).
+# new one on every password change, so the sessions opened before it end (webui/auth/gate.py).
 # Removing a user notes their cache key in `removed_users`, which a running server (another
 # process than the admin command's) reads to drop that namespace from its cache.
 _V7_IDENTITY = """
@@ -243,7 +243,7 @@ UPDATE users SET admin = 1 WHERE id = (SELECT id FROM users ORDER BY created, id
 """
 
 # what a user's page settings and unsent drafts are kept under in their browser's storage
-# (webui/page/scripts.py, shortcuts.py): they were kept under the user's name, which a new
+# (webui/page/ui/scripts.py, shortcuts.py): they were kept under the user's name, which a new
 # user of a removed user's name would have found them by. `browser_key` is random, set once
 # and never reused (as `cache_key`, but this one goes to the user's own browser: it only
 # names, it opens nothing). Every user of an older database gets one here.

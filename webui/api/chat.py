@@ -13,11 +13,11 @@ from fastapi.responses import JSONResponse, Response
 
 from radixchat.core.seam.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta
 from radixchat.webui.api import generation, toolcalls
-from radixchat.webui.api import replies as rp
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
-from radixchat.webui.api.schema import ChatCompletionRequest, CompletionRequest
+from radixchat.webui.api.shapes import replies as rp
+from radixchat.webui.api.shapes.schema import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["chat"])
 

@@ -65,7 +65,7 @@ def current_user(request: Request, settings: SettingsDep, store: StoreDep) -> Us
 def _key_user(request: Request, settings: Settings, store: Store | None) -> User | None:
     if settings.no_auth:
         return None
-    if store is None:  # a server with sign-in has a store (webui/cli.py)
+    if store is None:  # a server with sign-in has a store (webui/cli/main.py)
         raise ApiError(503, "the server has no store of users", "server_error", "no_store")
     scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
     key = bearer.strip() if scheme.lower() == "bearer" else ""

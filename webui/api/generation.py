@@ -12,7 +12,7 @@ Each accepted request's end (metrics, its row) is recorded once by a RequestEnd
 read it; the row goes through the store's queued writer, so the engine's output thread that
 ends the request never waits for SQLite, and the answer's last event waits for its commit
 (webui/api/rows.py). A refusal's row is the error handler's. How a reply is framed is
-the caller's (a `Framing`: webui/api/chat.py, webui/api/responses_shapes.py). Everything
+the caller's (a `Framing`: webui/api/chat.py, webui/api/shapes/responses_shapes.py). Everything
 here runs on the server's event loop. No MLX.
 """
 
@@ -264,7 +264,7 @@ async def unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> tuple[T
 
 class _OpenStreams:
     """How many API streams are under way, for a thread that must wait for them to end: a
-    lost rank's stop (webui/cli.py) lets the failed streams send their last event, the
+    lost rank's stop (webui/cli/main.py) lets the failed streams send their last event, the
     reason, before it signals the server to stop, which would cut a stream still sending."""
 
     def __init__(self):

@@ -3,7 +3,7 @@ clients that speak it (the anthropic SDK, Claude Code, litellm's `anthropic/` ro
 
 A request becomes one engine request through the same path as the OpenAI routes
 (webui/api/generation.py: the key's user, their limits and fair share, cache scoping, the
-request's row and metrics); its shapes, both ways, are webui/api/messages_shapes.py's. Its
+request's row and metrics); its shapes, both ways, are webui/api/shapes/messages_shapes.py's. Its
 errors are in Anthropic's envelope (webui/api/errors.py answers paths under /v1/messages
 so). A model name nothing is served under that starts with `claude-` (what Claude Code
 sends unless told otherwise) means the first served model; any other unknown name is a 404.
@@ -23,7 +23,7 @@ from radixchat.webui.api import generation
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
-from radixchat.webui.api.messages_shapes import MessageEvents, MessagesRequest, message, new_id
+from radixchat.webui.api.shapes.messages_shapes import MessageEvents, MessagesRequest, message, new_id
 
 log = logging.getLogger("radixchat.api")
 router = APIRouter(prefix="/v1", tags=["messages"])

@@ -14,7 +14,7 @@ from radixchat.core.seam.protocol import Engines, ServedModel
 from radixchat.core.seam.requests import RequestError
 from radixchat.webui.api.deps import EnginesDep, UserDep
 from radixchat.webui.api.errors import ApiError
-from radixchat.webui.api.replies import ModelCard, ModelList
+from radixchat.webui.api.shapes.replies import ModelCard, ModelList
 
 router = APIRouter(prefix="/v1", tags=["models"])
 

@@ -13,7 +13,7 @@ template tools, forcing grammar and parsing, webui/api/toolcalls.py; calls are
 `function_call_output`), and `previous_response_id`. Everything else that would change the
 reply (hosted tools, reasoning, images) is refused with a 400 that names it. A turn that
 carries calls, or offers tools, is not kept (the store holds text turns). The
-request and reply shapes are webui/api/responses_shapes.py's; submitting, waiting and
+request and reply shapes are webui/api/shapes/responses_shapes.py's; submitting, waiting and
 streaming are webui/api/generation.py's, as for chat.
 
 With `store` (the default) and a signed-in key, each response is two messages of a
@@ -48,7 +48,7 @@ from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
-from radixchat.webui.api.responses_shapes import ResponseEvents, ResponsesRequest, ended, response_object
+from radixchat.webui.api.shapes.responses_shapes import ResponseEvents, ResponsesRequest, ended, response_object
 
 router = APIRouter(prefix="/v1", tags=["responses"])
 

@@ -1,10 +1,7 @@
-"""The Gradio chat page. What it shows: `layout.py` (the page, part by part: `sidebar.py`,
-`chat_panel.py`, `chat_settings.py`, `server_tab.py`; the look in `style.py`, the browser's
-scripts in `scripts.py`), which event calls what (`wiring.py`), and what the events do
-(`handlers.py`, `sending.py`, over `view.py`). What the buttons do to the chats, without the
-page: `logic.py` (`chats.py`, `replies.py`, `rows.py`, `errors.py`). The Server tab's figures
-(`dashboard.py`), the model's card in words (`model_card.py`), messages as text, code and
-links only (`markup.py`), the versions of a message (`versions.py`), the Content-Security-Policy
-of every response (`csp.py`), a shared chat's read-only page (`shared.py`) and what a tab does
-once its sign-in ended (`signed_out.py`). Runs on the server's event loop and Gradio's
-workers; no MLX."""
+"""The Gradio chat page, in four rooms: `logic/` what the buttons do to the chats and replies,
+without Gradio (testable alone; tests/test_packaging.py holds it to that), `ui/` the page's
+parts, look and browser scripts, `events/` which event calls what and what each does, and
+`routes/` what is served beside Gradio (a shared chat's page, the Content-Security-Policy,
+the sign-in page's notices, a signed-out tab). Runs on the server's event loop and Gradio's
+workers; no MLX. docs/DESIGN.md maps every module.
+"""
