@@ -1,5 +1,5 @@
-"""Types as a test: mypy checks webui/ against the seam's types, and the seam itself strictly
-(pyproject.toml's [tool.mypy]). The repository's folders are `radixchat.<folder>` only once
+"""Types as a test: mypy checks webui/ against the seam's types, and the seam itself and the
+engine's scheduling parts strictly (pyproject.toml's [tool.mypy]). The repository's folders are `radixchat.<folder>` only once
 installed (setuptools' editable finder, which mypy cannot follow), so the check runs in a
 folder where `radixchat` is a package of links to them."""
 
@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SEAM = ["radixchat.core.seam.protocol", "radixchat.core.seam.requests", "radixchat.core.seam.handle"]
+# the engine's scheduling parts, over the typed base of the state its parts share
+SCHED = ["radixchat.core.engine.parts", "radixchat.core.engine.sched"]
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +38,26 @@ def mypy(where: Path, *targets: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_webui_and_the_seam_type_check(linked):
-    targets = [x for m in ["radixchat.webui", *SEAM] for x in ("-p", m)]
+    targets = [x for m in ["radixchat.webui", *SEAM, *SCHED] for x in ("-p", m)]
     out = mypy(linked, *targets)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_the_check_holds_the_engines_parts_to_their_declared_state(linked):
+    """A part reading state nobody declared, or storing the wrong type in declared state, is
+    refused: what the parts share is typed in one place (core/engine/parts.py)."""
+    (linked / "part.py").write_text(
+        "from radixchat.core.engine.parts import EngineParts\n"
+        "class Part(EngineParts):\n"
+        "    def turn(self) -> None:\n"
+        "        self.kv_budget = 'all of it'\n"
+        "        self._undeclared.clear()\n"
+    )
+    out = mypy(linked, "--strict", "part.py")
+    assert out.returncode == 1, out.stdout
+    assert "part.py:4: error: Incompatible types in assignment" in out.stdout, out.stdout
+    assert 'part.py:5: error: "Part" has no attribute "_undeclared"' in out.stdout, out.stdout
 
 
 @pytest.mark.slow

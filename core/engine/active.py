@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from radixchat.core.cache.radix import Match
 from radixchat.core.engine.textstream import TextStream
 from radixchat.core.seam.handle import RequestHandle
 from radixchat.core.seam.requests import Sampling, Usage
+
+if TYPE_CHECKING:
+    from radixchat.core.engine.sample.constrain import Constraint
 
 
 @dataclass
@@ -41,7 +45,7 @@ class Active:
     prefilled: bool = False  # its prompt is through prefill (and in the prefix cache, if on)
     match: Match | None = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
-    constraint: object | None = None  # core.engine.sample.constrain.Constraint: the grammar its reply follows
+    constraint: Constraint | None = None  # core.engine.sample.constrain.Constraint: the grammar its reply follows
     logprobs: list = field(default_factory=list)  # TokenLogprob of every generated token (with `logprobs`)
     unsent: list = field(default_factory=list)  # those not yet attached to a delta
     out: list[int] = field(default_factory=list)  # generated token ids (a resumed request's prompt ends with them)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 
 from radixchat.core.engine.active import Active
+from radixchat.core.engine.parts import EngineParts
 from radixchat.core.engine.sample.constrain import ConstraintFailed
 from radixchat.core.seam.requests import Failed, Finished, TextDelta, TokenLogprob
 
@@ -36,7 +37,7 @@ def _stream_here(a: Active) -> bool:
     return bool(a.sampling.stop) or a.sampling.logprobs is not None
 
 
-class Emit:
+class Emit(EngineParts):
     def _on_tokens(self, responses, now: float) -> None:
         """A decode step's tokens; a request whose token fails here fails alone."""
         for r in responses:

@@ -32,6 +32,7 @@ import time
 
 from radixchat.core.engine import prepare
 from radixchat.core.engine.active import Active, Cancel, Submit, Templated
+from radixchat.core.engine.parts import EngineParts
 from radixchat.core.models.catalog import Card
 from radixchat.core.platform.memory import arrays_beyond, batch_geometry
 from radixchat.core.seam.handle import RequestHandle
@@ -48,7 +49,7 @@ from radixchat.core.seam.requests import ChatRequest, Failed, PromptRequest, Que
 from radixchat.core.seam.tools import family, generic_messages
 
 
-class Intake:
+class Intake(EngineParts):
     _prep: prepare.FairPool | None = None  # the preparation pool, made at the first request
     memory = None  # core.platform.memory.MlxMemory, set by the engine thread as it starts
 

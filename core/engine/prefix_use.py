@@ -27,6 +27,7 @@ from radixchat.core.cache.forget import forget, forget_below
 from radixchat.core.cache.prefix_match import common_prefix
 from radixchat.core.cache.warm import WARM_OWNER
 from radixchat.core.engine.active import Active, Forget, Wake
+from radixchat.core.engine.parts import EngineParts
 from radixchat.core.engine.sched.admission import MIN_SHARED_PREFIX
 from radixchat.core.engine.shard import recorder
 from radixchat.core.seam.requests import ChatRequest, RequestError
@@ -34,7 +35,7 @@ from radixchat.core.seam.requests import ChatRequest, RequestError
 log = logging.getLogger("radixchat.engine")
 
 
-class PrefixUse:
+class PrefixUse(EngineParts):
     def _should_wait(self, a: Active, admitting: list[Active]) -> bool:
         """Should `a` wait for a request that is prefilling a long prefix `a` shares?
 

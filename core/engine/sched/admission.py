@@ -20,7 +20,7 @@ asks the generator to start it in the next step: `BudgetedBatchGenerator.hurry`)
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.sched.fairness import FairQueue, Wait
@@ -41,7 +41,7 @@ def batch_room(kv_budget: int) -> int:
 
 
 def choose(
-    fair: FairQueue,
+    fair: FairQueue[Active],
     running: list[Active],
     *,
     max_batch: int,
@@ -73,11 +73,11 @@ def choose(
     # The generator prefills the prompts it holds together: hand it only as many as it
     # prefills at once, and each owner a share of them, so the fair queue also orders
     # prefill (a newcomer would otherwise queue inside the generator behind a flood's prompts).
-    prefilling = Counter(a.owner for a in running if not a.prefilled)
+    prefilling: Counter[Hashable] = Counter(a.owner for a in running if not a.prefilled)
     prefill_share = max(1, max_prefill_batch // max(1, len(fair.load)))
     if prefilling.total() >= max_prefill_batch and all(prefilling[o] for o in fair.owners()):
         return []  # the common turn under a flood: nothing can go in, asked at no cost
-    full = []  # a request the room turned away this turn: nobody after it in the fair order goes in
+    full: list[Active] = []  # a request the room turned away this turn: nobody after it in the fair order goes in
     longest_running = max(map(size, running), default=0)
     seen = _Seen(size)  # the picks so far: admission's two picks hand on one growing list
 
@@ -107,7 +107,7 @@ def choose(
     admit = fair.pick(max_batch - len(running), wait, prefer)
     if not len(fair) or len(running) + len(admit) < max_batch:
         return admit
-    mine = Counter(a.owner for a in running)
+    mine: Counter[Hashable] = Counter(a.owner for a in running)
     mine.update(a.owner for a in admit)
     share = max(1, max_batch // max(1, len(fair.load)))
     over = _Seen(size)  # this pick's own
@@ -127,7 +127,8 @@ class _Seen:
     candidate."""
 
     def __init__(self, size: Callable[[Active], int]):
-        self.size, self.n, self.longest, self.owners = size, 0, 0, Counter()
+        self.size, self.n, self.longest = size, 0, 0
+        self.owners: Counter[Hashable] = Counter()
 
     def of(self, picked: list[Active]) -> _Seen:
         if len(picked) < self.n:  # another list: fold it from its start

@@ -20,7 +20,7 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 PROMPT_WEIGHT, GENERATED_WEIGHT = 1.0, 2.0
 PREFER_AMONG = 16  # how many of one owner's waiting requests `prefer` is asked about per slot
@@ -37,21 +37,29 @@ class Wait(enum.Enum):
 
 
 class Waiting(Protocol):
-    owner: Hashable
-    done: bool
+    """What the queue reads of a request (the engine's are core.engine.active.Active)."""
+
+    @property
+    def owner(self) -> Hashable: ...
+
+    @property
+    def done(self) -> bool: ...
 
 
-class FairQueue:
-    def __init__(self):
-        self._waiting: list[tuple[int, Waiting]] = []  # (arrival number, request)
+W = TypeVar("W", bound=Waiting)
+
+
+class FairQueue(Generic[W]):
+    def __init__(self) -> None:
+        self._waiting: list[tuple[int, W]] = []  # (arrival number, request)
         self._arrivals = itertools.count()
         self.served: dict[Hashable, float] = {}  # owner -> virtual tokens served
-        self.load: Counter = Counter()  # owner -> requests waiting or running
+        self.load: Counter[Hashable] = Counter()  # owner -> requests waiting or running
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def push(self, a: Waiting) -> None:
+    def push(self, a: W) -> None:
         """A new request arrives (it stays counted in `load` until `left`)."""
         if self.load[a.owner] == 0:  # back from idle: no credit for the time away
             busy = [self.served.get(o, 0.0) for o, n in self.load.items() if n > 0]
@@ -59,7 +67,7 @@ class FairQueue:
         self.load[a.owner] += 1
         self._waiting.append((next(self._arrivals), a))
 
-    def requeue(self, a: Waiting) -> None:
+    def requeue(self, a: W) -> None:
         """A running request goes back to waiting (preempted): still counted in `load`, and
         first among its owner's requests."""
         self._waiting.insert(0, (next(self._arrivals), a))
@@ -68,14 +76,17 @@ class FairQueue:
         """The owners with a request waiting."""
         return {a.owner for _, a in self._waiting if not a.done}
 
-    def head(self) -> Waiting | None:
+    def head(self) -> W | None:
         """The request `pick` would consider first: the least-served owner's earliest."""
         left = [a for _, a in self._waiting if not a.done]
         return min(left, key=lambda a: self.served.get(a.owner, 0.0), default=None)
 
     def pick(
-        self, slots: int, blocked: Callable[[Waiting, list], bool], prefer: Callable[[Waiting], int] | None = None
-    ) -> list[Waiting]:
+        self,
+        slots: int,
+        blocked: Callable[[W, list[W]], bool | Wait],
+        prefer: Callable[[W], int] | None = None,
+    ) -> list[W]:
         """Take up to `slots` requests, least-served owner first; skip (and keep) those for
         which `blocked(request, picked so far)` is true (and the owner's other requests, or
         all, when it says `Wait.OWNER` or `Wait.ALL`). Among that owner's requests (the
@@ -89,17 +100,17 @@ class FairQueue:
         self._waiting = [(n, a) for n, a in self._waiting if not a.done]
         if slots <= 0 or not self._waiting:
             return []
-        mine: dict[Hashable, list[tuple[int, Waiting]]] = {}  # owner -> (place in the queue, request)
+        mine: dict[Hashable, list[tuple[int, W]]] = {}  # owner -> (place in the queue, request)
         for place, (_, a) in enumerate(self._waiting):
             mine.setdefault(a.owner, []).append((place, a))
         # the counters move as requests are picked: charge each pick a little so two slots
         # don't both go to one owner only because it was behind by a few tokens
-        pending: Counter = Counter()
+        pending: Counter[Hashable] = Counter()
         # (counter, place of the owner's first request, owner): ties go to the earliest
         turn = [(self.served.get(o, 0.0), q[0][0], o) for o, q in mine.items()]
         heapq.heapify(turn)
         score: dict[int, int] = {}  # prefer's answers, once per request per pick
-        picked: list[Waiting] = []
+        picked: list[W] = []
         while len(picked) < slots and turn:
             _, _, owner = heapq.heappop(turn)
             queue, i = mine[owner], 0
@@ -116,7 +127,7 @@ class FairQueue:
             verdict = blocked(best, picked)  # asked once: it waits for this round
             if not verdict:
                 picked.append(best)
-                pending[owner] += 1.0
+                pending[owner] += 1
             elif verdict is Wait.ALL:
                 break
             elif verdict is Wait.OWNER:
@@ -138,7 +149,7 @@ class FairQueue:
         if self.load[owner] <= 0:
             del self.load[owner]
 
-    def clear(self) -> Iterable[Waiting]:
+    def clear(self) -> Iterable[W]:
         """Forget every waiting request (the engine fails them); returns them."""
         out = [a for _, a in self._waiting]
         self._waiting = []

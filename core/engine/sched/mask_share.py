@@ -28,10 +28,11 @@ A part of `Engine` (a mixin), engine thread only. Uses `_by_uid`, `_fair`, `_pre
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Hashable, Iterable
 
 from radixchat.core.engine.active import Active
+from radixchat.core.engine.parts import EngineParts
 
 MASK_FLOOR_S = 0.02  # per step, what one owner's masks may always take
 EMA = 0.2  # weight of the latest step in the step time's moving average
@@ -39,9 +40,9 @@ RESUME = 0.8  # of the share: what an owner's masks may come to with a newly adm
 LINGER_S = 2.0  # an owner still counts for the share this long after their work ended
 
 
-class MaskShare:
+class MaskShare(EngineParts):
     _model_step_s = 0.0  # the step's time without masks, a moving average
-    _lingering: dict | None = None  # owner -> when they were last seen with work (monotonic s)
+    _lingering: dict[Hashable, float] | None = None  # owner -> when they were last seen with work (monotonic s)
 
     def _note_step(self, step_s: float, rows: Iterable[Active]) -> None:
         masks = sum(a.constraint.last_s for a in rows if a.constraint is not None)
@@ -69,16 +70,18 @@ class MaskShare:
         budget = self._mask_budget()
         if budget is None:
             return
-        spent, mine, victims = Counter(), {}, []
+        spent: dict[Hashable, float] = defaultdict(float)
+        mine: dict[Hashable, list[Active]] = defaultdict(list)
+        victims: list[Active] = []
         for a in self._by_uid.values():
             if a.constraint is not None and a.prefilled:
                 spent[a.owner] += a.constraint.avg_s
-                mine.setdefault(a.owner, []).append(a)
+                mine[a.owner].append(a)
         for owner, s in spent.items():
             rows = sorted(mine[owner], key=lambda a: a.joined)
             while s > budget and len(rows) > 1:
                 victim = rows.pop()
-                s -= victim.constraint.avg_s
+                s -= _mask_s(victim)
                 victims.append(victim)
         self._preempt(victims)
 
@@ -90,11 +93,16 @@ class MaskShare:
         if budget is None:
             return False
         mine = [b for b in [*self._by_uid.values(), *picked] if b.owner == a.owner and b.constraint is not None]
-        timed = [b.constraint.avg_s for b in mine if b.constraint.avg_s]
+        timed = [_mask_s(b) for b in mine if _mask_s(b)]
         if not timed:
             return False  # nothing measured yet: one goes in and is measured
         # rows not measured yet (admitted at this turn or still in prefill) count at the mean:
         # counted as nothing, a whole prefill batch came in on one measured row's room
         guess = sum(timed) / len(timed)
-        spent = sum(b.constraint.avg_s or guess for b in mine)
+        spent = sum(_mask_s(b) or guess for b in mine)
         return spent + (a.constraint.avg_s or guess) > RESUME * budget
+
+
+def _mask_s(a: Active) -> float:
+    """A row's masks, seconds a step (a moving average; 0 before its first)."""
+    return a.constraint.avg_s if a.constraint is not None else 0.0

@@ -16,9 +16,9 @@ from radixchat.core.seam.requests import UserLimit
 
 
 class OwnerCounts:
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._n: Counter = Counter()
+        self._n: Counter[str] = Counter()
 
     def take(self, owner: str, limit: int) -> None:
         """Count one more request of `owner`; RequestError 429 `user_limit` at `limit`."""

@@ -31,16 +31,18 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Hashable
 
 from radixchat.core.cache.batch.layout import layout_tokens
 from radixchat.core.engine.active import Active
+from radixchat.core.engine.parts import EngineParts
 from radixchat.core.engine.sched import admission
 
 log = logging.getLogger("radixchat.engine")
 HEADROOM = 16  # tokens of growth a request is admitted with: steps it runs before any preemption
 
 
-class Preempt:
+class Preempt(EngineParts):
     preemptions = 0  # requests sent back to the queue to make room (vLLM's num_preemptions)
     preempted_tokens = 0  # tokens they held, which their resumption restores or recomputes
 
@@ -66,7 +68,7 @@ class Preempt:
 
     def _growth(self) -> int:
         """Tokens one step adds to a row: one, or one and its drafts."""
-        spec = self._gen.speculator
+        spec = self._gen.speculator if self._gen is not None else None
         return 1 + (spec.k if spec is not None else 0)
 
     def _make_room(self) -> None:
@@ -95,7 +97,7 @@ class Preempt:
             return
         room = self.batch_room() // bpt
         rows = list(self._by_uid.values())
-        held = Counter()
+        held: Counter[Hashable] = Counter()
         for a in rows:
             held[a.owner] += self._row_size(a)
         share = room // max(1, len(self._fair.load))
@@ -118,7 +120,7 @@ class Preempt:
         rows = [a for a in rows if a.prefilled and not a.done]
         if not rows:
             return None
-        held = Counter()
+        held: Counter[Hashable] = Counter()
         for a in rows:
             held[a.owner] += self._held(a)
         owner = max(held, key=lambda o: (held[o], self._fair.served.get(o, 0.0)))
@@ -132,6 +134,7 @@ class Preempt:
         if not victims:
             return
         for a in victims:
+            assert a.uid is not None  # a row of the batch has one
             del self._by_uid[a.uid]  # what the batch holds (the cache's reserve) no longer counts it
         self._leave_batch_all(victims)  # as finished ones leave; the other ranks do the same
         for a in victims:

@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
+from radixchat.core.engine.parts import EngineParts
 from radixchat.core.engine.shard.lockstep import IDLE_TICK_S, counters, shape_digest
 
 log = logging.getLogger("radixchat.engine")
@@ -97,7 +98,7 @@ def lost(e: BaseException) -> bool:
     return any(w in str(e).lower() for w in ("peer", "[ring]", "jaccl", "mpi", "socket"))
 
 
-class Recorder:
+class Recorder(EngineParts):
     def _record(self, op: Op) -> None:
         """Note a change the other ranks must make before the next step (rank 0)."""
         if self._ops is not None:
