@@ -23,9 +23,9 @@ import threading
 import time
 from pathlib import Path
 
+from radixchat.core.cache.batch.layout import BATCH_SHARE
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.sched.admission import BATCH_SHARE
 from radixchat.core.seam.requests import Sampling
 from tests.support.randmodel import build_random_model
 

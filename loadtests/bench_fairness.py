@@ -217,7 +217,7 @@ def kv_room(http: httpx.Client, context: int, limit: int) -> str:
     if not (budget and held and tokens):
         return "K/V room: not on /metrics"
     try:
-        from radixchat.core.engine.sched.admission import batch_room
+        from radixchat.core.cache.batch.layout import batch_room
 
         room = batch_room(int(budget))
     except ImportError:

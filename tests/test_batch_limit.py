@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from radixchat.core.cache.batch.layout import BATCH_SHARE
 from radixchat.core.config import Settings, kv_budget
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.sched.admission import BATCH_SHARE
 from radixchat.core.seam.requests import Finished, Sampling
 
 PROMPT = list(range(5, 25))  # 20 tokens

@@ -263,9 +263,8 @@ def test_webui_sees_the_engine_only_through_the_seam():
 
 
 # Which rooms each room may import (a room: core/<folder>, core/config.py, webui/<folder>, the
-# modules at webui/'s top, assets). platform's row is wider than it should be: `doctor` and
-# `memory` reach into the engine's admission and lockstep (issue 52 moves what they share to a
-# room both may import).
+# modules at webui/'s top, assets). platform imports core/engine for one thing: `doctor` joins
+# the mlx.launch group the way the engine does (core.engine.shard.lockstep) to report on it.
 ROOMS = {
     "core.config": set(),
     "core.models": {"core.config", "assets"},

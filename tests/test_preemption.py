@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from radixchat.core.cache.batch.layout import BATCH_SHARE
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.sched.admission import BATCH_SHARE
 from radixchat.core.engine.sched.preempt import HEADROOM
 from radixchat.core.seam.requests import Finished, Sampling, TextDelta
 from radixchat.webui.api.metrics import Metrics

@@ -173,9 +173,9 @@ def _group():
 
 def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     """What the K/V budget lets the engine run at once (its working batch limit)."""
+    from radixchat.core.cache.batch.layout import batch_room
     from radixchat.core.cache.kv import kv_bytes_per_token
     from radixchat.core.config import kv_budget
-    from radixchat.core.engine.sched.admission import batch_room
 
     budget, bpt = kv_budget(settings), kv_bytes_per_token(m.model)
     tokens = batch_room(budget) // bpt

@@ -29,9 +29,8 @@ import gc
 import re
 from pathlib import Path
 
-from radixchat.core.cache.batch.layout import layout_tokens, spare_bound
+from radixchat.core.cache.batch.layout import layout_tokens, over_cap, spare_bound
 from radixchat.core.config import ARRAYS_OVER_KV, REST_BYTES, Settings, mlx_cache_limit
-from radixchat.core.engine.sched.admission import over_cap
 
 
 def process_rss() -> tuple[int, int] | None:

@@ -10,7 +10,7 @@ decides how many fit.
 
 The batch is sized by memory: a request is admitted by the K/V the batch's buffers would
 take with it (`cost` of the rows and the longest row's `size`, core.engine.sched.preempt: every
-row padded to the longest, with a few steps' growth), within `BATCH_SHARE` of the K/V budget; when the
+row padded to the longest, with a few steps' growth), within `BATCH_SHARE` of the K/V budget (core.cache.batch.layout); when the
 batch outgrows it, the engine preempts (core.engine.sched.preempt). Prefill is shared by owner:
 the generator prefills what it is handed together, so each owner may have only a share of
 the prompts in prefill, and an owner with none there always gets one in at once (the engine
@@ -22,22 +22,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable
 
+from radixchat.core.cache.batch.layout import over_cap
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.sched.fairness import FairQueue, Wait
 
-BATCH_SHARE = 0.75  # of the K/V budget, the most the running batch may set aside
 MIN_SHARED_PREFIX = 64  # tokens of uncached shared prefix worth waiting for
-
-
-def over_cap(max_batch: int) -> int:
-    """The hard batch limit: `max_batch` plus room for users below their fair share."""
-    return max_batch + max(1, max_batch // 4)
-
-
-def batch_room(kv_budget: int) -> int:
-    """K/V bytes the running batch may hold: most of the budget; the prefix cache keeps
-    the rest at least (and evicts its unlocked entries to make room for the batch)."""
-    return int(kv_budget * BATCH_SHARE)
 
 
 def choose(

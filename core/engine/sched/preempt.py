@@ -33,10 +33,9 @@ import logging
 from collections import Counter
 from collections.abc import Hashable
 
-from radixchat.core.cache.batch.layout import layout_tokens
+from radixchat.core.cache.batch.layout import batch_room, layout_tokens
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.parts import EngineParts
-from radixchat.core.engine.sched import admission
 
 log = logging.getLogger("radixchat.engine")
 HEADROOM = 16  # tokens of growth a request is admitted with: steps it runs before any preemption
@@ -47,7 +46,7 @@ class Preempt(EngineParts):
     preempted_tokens = 0  # tokens they held, which their resumption restores or recomputes
 
     def batch_room(self) -> int:
-        return admission.batch_room(self.kv_budget)
+        return batch_room(self.kv_budget)
 
     def _held(self, a: Active) -> int:
         """Tokens of K/V `a` holds in the batch (or will, once admitted)."""

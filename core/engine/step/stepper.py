@@ -61,9 +61,9 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch, StopSequences, TokenBuffer
 from mlx_lm.models.cache import BatchKVCache
 
+from radixchat.core.cache.batch.layout import over_cap
 from radixchat.core.cache.batch.slots import SlotKVCache, swap_order
 from radixchat.core.engine.sample.batch_sampler import BatchSampler
-from radixchat.core.engine.sched.admission import over_cap
 from radixchat.core.engine.step.decode_batch import DecodingBatch
 from radixchat.core.engine.step.generator import Generator, LibraryGenerator
 from radixchat.core.engine.step.speculate import Speculator, usable, verify_step
