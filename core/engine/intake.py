@@ -352,12 +352,13 @@ class Intake(EngineParts):
         from radixchat.core.engine.sample import constrain
 
         lark, m = sampling.lark, self.loaded
+        schema = json.dumps(sampling.json_schema) if lark is None else None  # the cache's key and the compile's text
 
         def build() -> constrain.Constraint:
-            grammar = constrain.grammar_for(sampling.json_schema) if lark is None else constrain.grammar_of_lark(lark)
+            grammar = constrain.grammar_for(schema) if schema is not None else constrain.grammar_of_lark(lark)
             return constrain.Constraint(grammar, m.tokenizer, m.vocab_size)
 
-        source = "json " + json.dumps(sampling.json_schema) if lark is None else "lark " + lark
+        source = "json " + schema if schema is not None else "lark " + lark
         try:
             return self._grammars.constraint(owner, source, build)
         except constrain.SchemaError as e:

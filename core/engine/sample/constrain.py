@@ -60,12 +60,14 @@ class ConstraintFailed(RuntimeError):
         self.detail = " ".join(detail.split())[:500]  # on one line, cut short
 
 
-def grammar_for(schema: dict) -> str:
-    """The llguidance grammar of a JSON schema; raises SchemaError with the reason."""
+def grammar_for(schema: dict | str) -> str:
+    """The llguidance grammar of a JSON schema (or of its JSON text, where the caller has
+    it already); raises SchemaError with the reason."""
     import llguidance
 
+    text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_COMPACT)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=_COMPACT)
     except (ValueError, TypeError) as e:
         raise SchemaError(f"not a usable JSON schema: {e}") from None
     return _checked(grammar, "JSON schema")
