@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from radixchat.core.seam.protocol import (
     DiskCacheStats,
@@ -59,28 +60,29 @@ class WireCard:
     license: str = ""
     link: str = ""
     note: str = ""
-    sampling: dict = field(default_factory=dict)
+    sampling: dict[str, float] = field(default_factory=dict)
 
 
-def request_body(request: ChatRequest | PromptRequest) -> dict:
+def request_body(request: ChatRequest | PromptRequest) -> dict[str, Any]:
     kind = "prompt" if isinstance(request, PromptRequest) else "chat"
     return {"kind": kind, "request": request.model_dump(mode="json", exclude_defaults=True)}
 
 
-def request_of(body: dict) -> ChatRequest | PromptRequest:
+def request_of(body: dict[str, Any]) -> ChatRequest | PromptRequest:
     """The request a body names; pydantic's ValidationError (or ValueError) when it is bad."""
     kind = body.get("kind") if isinstance(body, dict) else None
     if kind not in ("chat", "prompt"):
         raise ValueError("kind: 'chat' or 'prompt'")
-    cls = PromptRequest if kind == "prompt" else ChatRequest
-    return cls.model_validate(body.get("request"))
+    if kind == "prompt":
+        return PromptRequest.model_validate(body.get("request"))
+    return ChatRequest.model_validate(body.get("request"))
 
 
-def routed_body(request: ChatRequest | PromptRequest, model: str) -> dict:
+def routed_body(request: ChatRequest | PromptRequest, model: str) -> dict[str, Any]:
     return {"model": model, "stream": True, "radixchat": request_body(request)}
 
 
-def routed_request_of(body: dict) -> ChatRequest | PromptRequest:
+def routed_request_of(body: dict[str, Any]) -> ChatRequest | PromptRequest:
     """The request a routed body carries; ValueError when it carries none."""
     inner = body.get("radixchat") if isinstance(body, dict) else None
     if not isinstance(inner, dict):
@@ -88,18 +90,18 @@ def routed_request_of(body: dict) -> ChatRequest | PromptRequest:
     return request_of(inner)
 
 
-def _logprobs(items) -> list[TokenLogprob] | None:
+def _logprobs(items: list[dict[str, Any]] | None) -> list[TokenLogprob] | None:
     if items is None:
         return None
     return [TokenLogprob(i["token"], i["logprob"], [tuple(t) for t in i.get("top", [])]) for i in items]
 
 
-def _known(cls, data: dict) -> dict:
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in data.items() if k in names}
 
 
-def event_line(ev) -> bytes:
+def event_line(ev: TextDelta | Finished | Failed) -> bytes:
     if isinstance(ev, TextDelta):
         body = {"type": "delta", **asdict(ev)}
     elif isinstance(ev, Finished):
@@ -109,11 +111,11 @@ def event_line(ev) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode() + b"\n"
 
 
-def control_line(kind: str, **fields) -> bytes:
+def control_line(kind: str, **fields: Any) -> bytes:
     return json.dumps({"type": kind, **fields}, separators=(",", ":")).encode() + b"\n"
 
 
-def event_of(data: dict) -> TextDelta | Finished | Failed:
+def event_of(data: dict[str, Any]) -> TextDelta | Finished | Failed:
     """The event a `delta`, `finished` or `failed` line carries; ValueError for another."""
     kind = data.get("type")
     if kind == "delta":
@@ -128,7 +130,7 @@ def event_of(data: dict) -> TextDelta | Finished | Failed:
     raise ValueError(f"not an event: {kind!r}")
 
 
-def info_of(data: dict) -> ModelInfo:
+def info_of(data: dict[str, Any]) -> ModelInfo:
     data = _known(ModelInfo, data)
     card = data.get("card")
     data["card"] = WireCard(**_known(WireCard, card)) if card else None
@@ -144,7 +146,7 @@ _NESTED = {
 }
 
 
-def stats_of(data: dict) -> EngineStats:
+def stats_of(data: dict[str, Any]) -> EngineStats:
     data = _known(EngineStats, data)
     for name, cls in _NESTED.items():
         if data.get(name) is not None:

@@ -10,30 +10,34 @@ one line (StartError). Left to others: the HTTP to each engine. Threads: none of
 
 from __future__ import annotations
 
+from typing import Any
+
 from radixchat.core.engine.models import ALIASES
 from radixchat.core.seam.protocol import ServedModel
 from radixchat.core.seam.requests import RequestError
 from radixchat.webui.remote.remote_engine import RemoteEngine, StartError
 from radixchat.webui.remote.routed_engine import RoutedEngine, router_workers
 
+Remote = RemoteEngine | RoutedEngine  # one worker, or workers of one model behind a router
+
 
 class RemoteEngines:
     """The seam's Engines over remote engines, one model each (the first the default)."""
 
-    def __init__(self, engines: list[RemoteEngine]):
+    def __init__(self, engines: list[Remote]):
         self._engines = engines
 
     @property
-    def default(self) -> RemoteEngine:
+    def default(self) -> Remote:
         return self._engines[0]
 
-    def _names(self, i: int, engine: RemoteEngine) -> tuple[str, ...]:
+    def _names(self, i: int, engine: Remote) -> tuple[str, ...]:
         return ALIASES if i == 0 else ()
 
     def served(self) -> list[ServedModel]:
         return [ServedModel(e.info.model_id, self._names(i, e), True, True) for i, e in enumerate(self._engines)]
 
-    def _find(self, name: str) -> RemoteEngine:
+    def _find(self, name: str) -> Remote:
         for i, e in enumerate(self._engines):
             if name == e.info.model_id or name in self._names(i, e):
                 return e
@@ -44,20 +48,20 @@ class RemoteEngines:
         e = self._find(name)
         return ServedModel(e.info.model_id, self._names(self._engines.index(e), e), True, True)
 
-    def serving(self) -> list[RemoteEngine]:
+    def serving(self) -> list[Remote]:
         return list(self._engines)
 
-    def engine(self, name: str) -> RemoteEngine:
+    def engine(self, name: str) -> Remote:
         return self._find(name)
 
-    async def aengine(self, name: str) -> RemoteEngine:
+    async def aengine(self, name: str) -> Remote:
         return self._find(name)
 
     def forget(self, owner: str) -> None:
         for e in self._engines:
             e.forget(owner)
 
-    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+    def forget_conversation(self, owner: str | None, messages: list[dict[str, Any]]) -> None:
         for e in self._engines:
             e.forget_conversation(owner, messages)
 
@@ -74,7 +78,7 @@ class RemoteEngines:
             e.stop()
 
 
-def connect_engine(url: str, key: str | None) -> RemoteEngine:
+def connect_engine(url: str, key: str | None) -> Remote:
     """The worker at `url`, or the workers behind the router there (a router answers 404 to
     a worker's /engine/info and lists its workers); StartError (one line) when neither."""
     try:
@@ -91,7 +95,7 @@ def connect_engine(url: str, key: str | None) -> RemoteEngine:
 def connect_engines(urls: list[str], key: str | None) -> RemoteEngines:
     """The engines at `urls`, each asked what it serves; StartError (one line) for one that
     cannot serve, or two that serve the same model (put a router in front of those)."""
-    engines: list[RemoteEngine] = []
+    engines: list[Remote] = []
     try:
         for url in urls:
             e = connect_engine(url, key)

@@ -2,8 +2,8 @@
 ROUTER_URL`, where the router is SGLang's smg (`smg launch --worker-urls W1 W2 --policy
 consistent_hashing --routing-key-headers x-radixchat-user`).
 
-`RoutedEngine` is a RemoteEngine (webui/remote/remote_engine.py) whose submissions go through the
-router: POST /generate (the one route of smg's that forwards a body it does not know and
+`RoutedEngine` holds a WorkerLink to the router (webui/remote/link.py) and one RemoteEngine
+(webui/remote/remote_engine.py) per worker. Submissions go through the router: POST /generate (the one route of smg's that forwards a body it does not know and
 streams the answer through as it comes), the owner in X-Radixchat-User, which smg hashes so
 that each user's turns land on the worker that caches their prefix, the model named as the
 workers serve it, the service key as the bearer (smg passes it on; `smg --api-key KEY` with
@@ -22,8 +22,9 @@ ends their streams with an error line); smg sends the next requests to the other
 user's again to theirs once it answers. A router with no live worker left answers a 503 with
 its message. The router's list is read again every REFRESH_S: a worker added later joins.
 
-Threads: as RemoteEngine's; its poller thread re-reads the router's list; each worker's
-RemoteEngine polls its own stats and retries its undelivered forgets. No MLX here.
+Threads: the link's (the caller's event loop, or a thread per sync `submit`); its poller
+thread re-reads the router's list; each worker's RemoteEngine polls its own stats and retries
+its undelivered forgets. No MLX here.
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
+from typing import Any
 
 import httpx
 
-from radixchat.core.seam.protocol import EngineStats
-from radixchat.core.seam.requests import ChatRequest, RequestError
+from radixchat.core.seam.handle import RequestHandle
+from radixchat.core.seam.protocol import EngineStats, ModelInfo
+from radixchat.core.seam.requests import ChatRequest, PromptRequest, RequestError
 from radixchat.webui.remote.engine_wire import ROUTED_PATH, ROUTED_WORKER_HEADER, SERVICE_USER_HEADER, routed_body
-from radixchat.webui.remote.remote_engine import DOWN, START_TIMEOUT_S, RemoteEngine, StartError
+from radixchat.webui.remote.link import Submission, WorkerLink
+from radixchat.webui.remote.remote_engine import DOWN, START_TIMEOUT_S, RemoteEngine, StartError, refusal
 
 log = logging.getLogger("radixchat.routed")
 
@@ -65,15 +70,57 @@ def router_workers(url: str, key: str | None) -> list[str] | None:
     return [w["url"].rstrip("/") for w in listed if w.get("is_healthy", True)]
 
 
-class RoutedEngine(RemoteEngine):
+class RouterRoute:
+    """Requests sent through the router at `url` to the workers serving `model_id` (the
+    link's Route)."""
+
+    def __init__(self, url: str, model_id: str):
+        self.url, self.model_id = url, model_id
+
+    def submission(self, request: ChatRequest | PromptRequest) -> Submission:
+        headers = {SERVICE_USER_HEADER: request.owner} if request.owner else {}
+        return Submission(self.url + ROUTED_PATH, routed_body(request, self.model_id), headers)
+
+    def request_id(self, worker_id: str, resp: httpx.Response) -> str:
+        # workers count their requests alike ("req-1" on each): the worker's URL makes it unique
+        # and says where to cancel it
+        return f"{worker_id}@{resp.headers.get(ROUTED_WORKER_HEADER, '').rstrip('/')}"
+
+    def where(self, request_id: str) -> str:
+        return request_id.partition("@")[2] or self.url
+
+    def unavailable(self) -> RequestError:
+        return RequestError(f"the router at {self.url} is not answering; retry shortly", 503, "engine_unavailable")
+
+    def refused(self, status: int, body: bytes) -> RequestError:
+        try:
+            err = json.loads(body)["error"]
+            message, code = str(err["message"]), err.get("code")
+        except (ValueError, KeyError, TypeError):
+            message, code = "", None
+        if status >= 500 or code in NO_WORKER_CODES:  # smg's: none left, or the one it chose is gone
+            return RequestError(
+                f"no worker behind the router at {self.url} is serving now ({message or status}); retry shortly",
+                503,
+                "engine_unavailable",
+            )
+        return refusal(self.url, status, body)
+
+
+class RoutedEngine:
     """The seam's EngineClient for the workers behind the router at `url`. Make it with
     `connect_router`."""
 
     def __init__(self, url: str, key: str | None, workers: dict[str, RemoteEngine]):
-        super().__init__(url, key, next(iter(workers.values())).info)
-        self._key = key
+        self.url, self._key = url.rstrip("/"), key
+        self.fatal: str | None = None
+        self._info = next(iter(workers.values())).info
+        self._link = WorkerLink(self.url, key, RouterRoute(self.url, self._info.model_id))
+        self._lock = threading.Lock()
         self._workers = workers  # URL -> that worker's engine; grows under self._lock
         self._refused_urls: set[str] = set()  # listed workers that could not join yet (said once)
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="radixchat-routed", daemon=True)
 
     @classmethod
     def connect_router(cls, url: str, key: str | None, worker_urls: list[str]) -> RoutedEngine:
@@ -98,23 +145,21 @@ class RoutedEngine(RemoteEngine):
             for worker in workers.values():
                 worker.stop()
             raise
-        engine = cls(url.rstrip("/"), key, workers)
+        engine = cls(url, key, workers)
         engine._poller.start()
         return engine
 
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
     # ---- requests through the router -----------------------------------------------------
 
-    def _submission(self, request) -> tuple[str, str, dict]:
-        headers = {SERVICE_USER_HEADER: request.owner} if request.owner else {}
-        return "POST", self.url + ROUTED_PATH, {"json": routed_body(request, self._info.model_id), "headers": headers}
+    async def asubmit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
+        return await self._link.asubmit(request, self.cancel)
 
-    def _handle_id(self, worker_id: str, resp: httpx.Response) -> str:
-        # workers count their requests alike ("req-1" on each): the worker's URL makes it unique
-        # and says where to cancel it
-        return f"{worker_id}@{resp.headers.get(ROUTED_WORKER_HEADER, '').rstrip('/')}"
-
-    def _where(self, request_id: str) -> str:
-        return request_id.partition("@")[2] or self.url
+    def submit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
+        return self._link.submit(request, self.cancel)
 
     def cancel(self, request_id: str) -> None:
         worker_id, _, url = request_id.partition("@")
@@ -125,30 +170,11 @@ class RoutedEngine(RemoteEngine):
             log.warning("request %s cannot be cancelled: the router did not say which worker runs it", request_id)
 
     def halt(self) -> None:
-        with self._lock:
-            open_ids = list(self._open)
-        for rid in open_ids:
+        for rid in self._link.open_ids():
             worker_id, _, url = rid.partition("@")
             engine = self._worker(url)
             if engine is not None:
-                engine._post(f"/engine/cancel/{worker_id}", {})
-
-    def _unavailable(self) -> RequestError:
-        return RequestError(f"the router at {self.url} is not answering; retry shortly", 503, "engine_unavailable")
-
-    def _refused(self, status: int, body: bytes) -> RequestError:
-        try:
-            err = json.loads(body)["error"]
-            message, code = str(err["message"]), err.get("code")
-        except (ValueError, KeyError, TypeError):
-            message, code = "", None
-        if status >= 500 or code in NO_WORKER_CODES:  # smg's: none left, or the one it chose is gone
-            return RequestError(
-                f"no worker behind the router at {self.url} is serving now ({message or status}); retry shortly",
-                503,
-                "engine_unavailable",
-            )
-        return super()._refused(status, body)
+                engine.cancel_now(worker_id)
 
     # ---- calls to the workers themselves -------------------------------------------------
 
@@ -184,7 +210,7 @@ class RoutedEngine(RemoteEngine):
         for engine in self._all():  # each keeps it until its worker confirms
             engine.forget(owner)
 
-    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+    def forget_conversation(self, owner: str | None, messages: list[dict[str, Any]]) -> None:
         for engine in self._all():
             engine.forget_conversation(owner, messages)
 
@@ -221,6 +247,8 @@ class RoutedEngine(RemoteEngine):
         log.warning("the worker at %s joined the router at %s", url, self.url)
 
     def stop(self, release: bool = False) -> None:
-        super().stop(release)
+        self._stop.set()
+        self.halt()
+        self._link.close()
         for engine in self._all():
             engine.stop()

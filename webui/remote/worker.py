@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Callable
+import socket
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixchat.core.config import Settings
+from radixchat.core.seam.handle import RequestHandle
 from radixchat.core.seam.protocol import EngineClient
-from radixchat.core.seam.requests import ChatRequest, RequestError, TextDelta
+from radixchat.core.seam.requests import ChatRequest, Event, PromptRequest, RequestError, TextDelta
 from radixchat.webui.api.errors import ApiError, BodyLimit, error_response, install_error_handlers
 from radixchat.webui.remote.engine_wire import ROUTED_PATH, control_line, event_line, request_of, routed_request_of
 
@@ -62,13 +65,13 @@ def build_worker(engine: EngineClient, key: str | None, max_body: int = 4 << 20)
             raise ApiError(401, f"{why}: send 'Authorization: Bearer <service key>'", "authentication_error", "bad_key")
 
     @app.get("/health")
-    def health():
+    def health() -> JSONResponse:
         stats = engine.stats()
         body = {"status": "ok" if stats.alive else "down", "model": engine.info.model_id, "worker": True}
         return JSONResponse(body, status_code=200 if stats.alive else 503)
 
     @app.get("/v1/models")
-    def models():
+    def models() -> dict[str, Any]:
         m = engine.info
         return {
             "object": "list",
@@ -76,7 +79,7 @@ def build_worker(engine: EngineClient, key: str | None, max_body: int = 4 << 20)
         }
 
     @app.post(ROUTED_PATH, dependencies=[Depends(authorized)])
-    async def routed_submit(request: Request):
+    async def routed_submit(request: Request) -> Response:
         # what a router forwards: smg keeps the body's fields and adds its own beside them
         return await _submit(engine, request, routed_request_of)
 
@@ -91,7 +94,9 @@ def _refusal(e: RequestError) -> JSONResponse:
     return error_response(e.status, e.message, code=e.code)
 
 
-async def _submit(engine: EngineClient, request: Request, parse) -> JSONResponse | StreamingResponse:
+async def _submit(
+    engine: EngineClient, request: Request, parse: Callable[[Any], ChatRequest | PromptRequest]
+) -> JSONResponse | StreamingResponse:
     try:
         req = parse(await request.json())
         handle = await engine.asubmit(req)
@@ -104,31 +109,31 @@ async def _submit(engine: EngineClient, request: Request, parse) -> JSONResponse
 
 def _engine_routes(api: FastAPI, engine: EngineClient) -> None:
     @api.get("/info")
-    def info():
+    def info() -> dict[str, Any]:
         return asdict(engine.info)
 
     @api.get("/stats")
-    def stats():
+    def stats() -> dict[str, Any]:
         return asdict(engine.stats())
 
     @api.post("/submit")
-    async def submit(request: Request):
+    async def submit(request: Request) -> Response:
         return await _submit(engine, request, request_of)
 
     @api.post("/cancel/{request_id}")
-    def cancel(request_id: str):
+    def cancel(request_id: str) -> dict[str, Any]:
         engine.cancel(request_id)
         return {"ok": True}
 
-    @api.post("/tokenize")
-    def tokenize(body: dict):
+    @api.post("/tokenize", response_model=None)
+    def tokenize(body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
         text = body.get("text")
         if not isinstance(text, str):
             return error_response(400, "text: a string", code="invalid_value")
         return {"tokens": engine.tokenize(text)}
 
-    @api.post("/count_tokens")
-    async def count_tokens(body: dict):
+    @api.post("/count_tokens", response_model=None)
+    async def count_tokens(body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
         try:
             return {"tokens": await engine.count_tokens(ChatRequest.model_validate(body))}
         except RequestError as e:
@@ -136,16 +141,16 @@ def _engine_routes(api: FastAPI, engine: EngineClient) -> None:
         except ValueError as e:
             return error_response(400, f"not a chat request: {e}", code="invalid_value")
 
-    @api.post("/forget")
-    def forget(body: dict):
+    @api.post("/forget", response_model=None)
+    def forget(body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
         owner = body.get("owner")
         if not isinstance(owner, str) or not owner:
             return error_response(400, "owner: a string", code="invalid_value")
         engine.forget(owner)
         return {"ok": True}
 
-    @api.post("/forget_conversation")
-    def forget_conversation(body: dict):
+    @api.post("/forget_conversation", response_model=None)
+    def forget_conversation(body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
         owner, messages = body.get("owner"), body.get("messages")
         if not (owner is None or isinstance(owner, str)) or not isinstance(messages, list):
             return error_response(400, "owner: a string or null; messages: a list", code="invalid_value")
@@ -153,10 +158,10 @@ def _engine_routes(api: FastAPI, engine: EngineClient) -> None:
         return {"ok": True}
 
 
-async def _events(handle):
+async def _events(handle: RequestHandle) -> AsyncIterator[bytes]:
     """The request's events as NDJSON: `accepted`, deltas (those that came together in one
     write), the final event; `ping` after PING_S of silence (a long queue, a long prefill)."""
-    q: asyncio.Queue = asyncio.Queue()
+    q: asyncio.Queue[Event] = asyncio.Queue()
 
     async def pump() -> None:
         async for ev in handle:
@@ -184,7 +189,7 @@ async def _events(handle):
         task.cancel()
 
 
-def serve_worker(settings: Settings, start: Callable[[Settings], EngineClient], options: dict) -> None:
+def serve_worker(settings: Settings, start: Callable[[Settings], EngineClient], options: dict[str, Any]) -> None:
     """Load the engine (`start`), serve it with uvicorn `options` until a signal, stop it.
     Refuses (SystemExit 2, one line) to serve without a service key unless --no-auth."""
     import signal
@@ -208,12 +213,12 @@ def serve_worker(settings: Settings, start: Callable[[Settings], EngineClient], 
     )
 
     class Serving(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started:
                 print(line, flush=True)
 
-        async def shutdown(self, sockets=None) -> None:
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             # the engine stops first, so that open streams end (as cancelled) instead of
             # holding uvicorn's wait for open connections
             await asyncio.wait_for(asyncio.to_thread(_stop, engine), 10.0)
@@ -231,7 +236,7 @@ def serve_worker(settings: Settings, start: Callable[[Settings], EngineClient], 
         _stop(engine)
 
 
-def _stop(engine) -> None:
+def _stop(engine: object) -> None:
     stop = getattr(engine, "stop", None)  # the in-process engine's, not the seam's
     if stop is not None:
         stop()
