@@ -1,7 +1,8 @@
 """Malformed bodies get a 400 that says what is wrong, on every API: a value of the wrong JSON
 type is refused naming its field, never coerced (`max_tokens: true` ran as a one-token reply
 and `stream: "yes"` streamed); an empty body says so (it was "missing required field: None");
-a lone surrogate on the Messages API is refused by where it is (it reached the tokenizer)."""
+a lone surrogate on the Messages API is refused by where it is (it reached the tokenizer); a
+Responses format or content part that is not an object is a 400 (it was a 500)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,20 @@ def test_a_lone_surrogate_on_the_messages_api_is_refused_where_it_is(path):
     (r,) = post_all([(path, body)])
     assert r.status_code == 400
     assert message_of(r).startswith("messages.0.content.0.text: text must be valid Unicode")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"text": {"format": "json"}}, "text.format"),
+        ({"text": "json"}, "text"),
+        ({"input": [{"role": "user", "content": ["x"]}]}, "input"),
+        ({"input": [{"role": "user", "content": [3]}]}, "input"),
+    ],
+)
+def test_a_responses_format_or_part_that_is_not_an_object_is_a_400(change, field):
+    """A string where the Responses API takes an object (a format, a content part) was read as
+    one: the route answered 500."""
+    (r,) = post_all([(RESPONSES[0], {**RESPONSES[1], **change})])
+    assert r.status_code == 400, r.text
+    assert message_of(r).startswith(field)

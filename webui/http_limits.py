@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -43,11 +44,11 @@ class LimitedHttpTools(HttpToolsProtocol):
     limits: Limits
     idle: dict[LimitedHttpTools, None]  # connections with no request under way, oldest first
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections and not self._make_room():
             self._close()
@@ -55,7 +56,7 @@ class LimitedHttpTools(HttpToolsProtocol):
         self._set_idle(True)
         self._arm(self.limits.header_timeout_s)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._set_idle(False)
         super().connection_lost(exc)

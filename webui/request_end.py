@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_for_all
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from radixchat.core.seam.requests import Failed, Finished
 
@@ -36,7 +36,7 @@ log = logging.getLogger("radixchat.requests")
 T = TypeVar("T")
 
 # every end not yet recorded, in this process: what a stopping server waits for (`settle`)
-_open: set[Future] = set()
+_open: set[Future[Any]] = set()
 _open_lock = threading.Lock()
 
 
@@ -135,6 +135,6 @@ class RequestEnd(Generic[T]):
             self._done.set_exception(e)
 
 
-def _closed(done: Future) -> None:
+def _closed(done: Future[Any]) -> None:
     with _open_lock:
         _open.discard(done)

@@ -20,6 +20,7 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -39,6 +40,9 @@ from radixchat.webui.auth.signin import SignInGuard, SignInRefused
 from radixchat.webui.auth.signin_door import SignInDoor
 from radixchat.webui.live_requests import LiveRequests
 from radixchat.webui.page.routes.csp import ContentPolicy
+
+if TYPE_CHECKING:
+    from gradio.routes import App
 
 
 def build_app(
@@ -70,9 +74,9 @@ def build_app(
     app.add_middleware(SignInDoor, guard=app.state.signin)
 
     @app.get("/health")
-    def health():
+    def health() -> JSONResponse:
         stats = engine.stats()
-        body = {
+        body: dict[str, Any] = {
             "status": "ok" if stats.alive else "down",
             "engine_alive": stats.alive,
             "model": engine.info.model_id,
@@ -93,7 +97,7 @@ def build_app(
     metrics_rule = address_rule(settings.metrics_allow)
 
     @app.get("/metrics")
-    def prometheus(request: Request):
+    def prometheus(request: Request) -> Response:
         addr = request.client.host if request.client else None
         if not address_allowed(addr, metrics_rule, loopback=True):
             return error_response(
@@ -102,7 +106,7 @@ def build_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/openapi.json", include_in_schema=False)
-    def openapi(request: Request):  # the API's map: to whoever may read /metrics, not the LAN
+    def openapi(request: Request) -> JSONResponse:  # the API's map: to whoever may read /metrics, not the LAN
         addr = request.client.host if request.client else None
         if not address_allowed(addr, metrics_rule, loopback=True):
             return error_response(
@@ -125,7 +129,7 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
     from radixchat.webui.page.routes import login_notice, shared, signed_out
     from radixchat.webui.page.ui.layout import CSS, build_page, sign_in_message, theme
 
-    guard = app.state.signin
+    guard: SignInGuard = app.state.signin  # set by build_app, which mounts the page only with a store
 
     async def sign_in(username: str, password: str) -> bool:
         try:
@@ -161,8 +165,9 @@ def mount_page(app: FastAPI, engines: Engines, settings: Settings, store: Store,
         # "common.complete" was read out
         i18n=gr.I18n(en={"common.complete": "Done", "common.error": "Error"}),
     )
-    gradio_app = app.state.gradio = next(
-        r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None
+    # the last mount is the page's: mount_gradio_app mounts its App itself, unwrapped
+    gradio_app = app.state.gradio = cast(
+        "App", next(r.app for r in reversed(app.routes) if isinstance(r, Mount) and r.app is not None)
     )
     # the sign-in form and the page's calls get no bigger bodies than an API request; the gate,
     # outside this limit, caps the bodies it reads itself and refuses uploads unread

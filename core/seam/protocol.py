@@ -22,6 +22,7 @@ their turn in the fair queue or for their prefix to come back from disk).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -257,7 +258,7 @@ class Engines(Protocol):
         RequestError 404 `model_not_found` naming the served ids."""
         ...
 
-    def serving(self) -> list[EngineClient]:
+    def serving(self) -> Sequence[EngineClient]:
         """The engines loaded now."""
         ...
 

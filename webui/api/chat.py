@@ -8,10 +8,12 @@ choice's text, logprobs are put in each API's form. Routes run on the server's e
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixchat.core.seam.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta
+from radixchat.core.seam.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta, TokenLogprob
 from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
 from radixchat.webui.api.errors import ApiError
@@ -30,7 +32,7 @@ async def chat_completions(
     engines: EnginesDep,
     store: StoreDep,
     metrics: MetricsDep,
-):
+) -> Response:
     engine = await engine_for(engines, body.model)
     family = engine.info.tool_format if body.calls_tools() else None
     try:
@@ -77,7 +79,7 @@ async def completions(
     engines: EnginesDep,
     store: StoreDep,
     metrics: MetricsDep,
-):
+) -> Response:
     engine = await engine_for(engines, body.model)
     ledger = Ledger(metrics, store, engine.info.model_id, user, "completions", watch=watch_of(request, user))
     handles = await generation.submit_choices(
@@ -95,18 +97,18 @@ async def completions(
     return Response(status_code=CLIENT_GONE) if gone else JSONResponse(frames.whole(finals).model_dump())
 
 
-def _include_usage(body) -> bool:
+def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
-def _sse(chunk) -> str:
+def _sse(chunk: rp.ChatCompletionChunk | rp.Completion) -> str:
     return f"data: {chunk.model_dump_json(exclude=None if chunk.usage else {'usage'})}\n\n"
 
 
 class _Frames:
     """What both APIs' replies share: the id, the failure chunk, usage and [DONE] at the end."""
 
-    def __init__(self, model: str, n: int, include_usage: bool, prefix: str):
+    def __init__(self, model: str, n: int, include_usage: bool, prefix: str) -> None:
         self.id, self.model, self.n, self.include_usage = rp.new_id(prefix), model, n, include_usage
 
     def failed(self, i: int, ev: Failed) -> list[str]:
@@ -114,12 +116,12 @@ class _Frames:
         return [f"data: {error.model_dump_json()}\n\n"]
 
     async def closing(self, finals: list[Finished] | None) -> list[str]:
-        out = []
+        out: list[str] = []
         if self.include_usage and finals is not None:
             out.append(_sse(self._usage_chunk(rp.usage_of_choices([ev.usage for ev in finals]))))
         return [*out, "data: [DONE]\n\n"]
 
-    def _usage_chunk(self, usage: rp.Usage):
+    def _usage_chunk(self, usage: rp.Usage) -> rp.ChatCompletionChunk | rp.Completion:
         raise NotImplementedError
 
 
@@ -127,7 +129,7 @@ class ChatFrames(_Frames):
     """A chat completion's reply: whole, or chunk by chunk; with `tool_family`, calls in the
     text become tool_calls (held back while streaming until the call is whole)."""
 
-    def __init__(self, model: str, n: int, include_usage: bool, tool_family: str | None, forced: bool = False):
+    def __init__(self, model: str, n: int, include_usage: bool, tool_family: str | None, forced: bool = False) -> None:
         super().__init__(model, n, include_usage, "chatcmpl")
         self.family, self.forced = tool_family, forced
         self.streams = [toolcalls.Stream(tool_family, forced) for _ in range(n)] if tool_family else None
@@ -147,12 +149,21 @@ class ChatFrames(_Frames):
         usage = rp.usage_of_choices([ev.usage for ev in finals])
         return rp.ChatCompletion(id=self.id, model=self.model, usage=usage, choices=choices)
 
-    def _chunk(self, i: int, *, content=None, finish=None, role=None, logprobs=None, calls=None) -> str:
+    def _chunk(
+        self,
+        i: int,
+        *,
+        content: str | None = None,
+        finish: str | None = None,
+        role: Literal["assistant"] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+        calls: list[dict[str, Any]] | None = None,
+    ) -> str:
         delta = rp.Delta(role=role, content=content, tool_calls=calls)
         choice = rp.ChunkChoice(index=i, delta=delta, finish_reason=finish, logprobs=rp.chat_logprobs(logprobs))
         return _sse(rp.ChatCompletionChunk(id=self.id, model=self.model, choices=[choice]))
 
-    def _usage_chunk(self, usage: rp.Usage):
+    def _usage_chunk(self, usage: rp.Usage) -> rp.ChatCompletionChunk:
         return rp.ChatCompletionChunk(id=self.id, model=self.model, usage=usage, choices=[])
 
     def opening(self) -> list[str]:
@@ -180,7 +191,7 @@ class ChatFrames(_Frames):
 class CompletionFrames(_Frames):
     """A completion's reply: whole, or chunk by chunk; `echo` starts every choice's text."""
 
-    def __init__(self, model: str, n: int, include_usage: bool, echo: str):
+    def __init__(self, model: str, n: int, include_usage: bool, echo: str) -> None:
         super().__init__(model, n, include_usage, "cmpl")
         self.echo = echo
         self.sent = [0] * n  # characters streamed so far per choice (logprobs' text_offset)
@@ -198,12 +209,19 @@ class CompletionFrames(_Frames):
         usage = rp.usage_of_choices([ev.usage for ev in finals])
         return rp.Completion(id=self.id, model=self.model, usage=usage, choices=choices)
 
-    def _chunk(self, i: int, *, content=None, finish=None, logprobs=None) -> str:
-        logprobs = rp.completion_logprobs(logprobs, self.sent[i])
-        choice = rp.TextChoice(index=i, text=content or "", finish_reason=finish, logprobs=logprobs)
+    def _chunk(
+        self,
+        i: int,
+        *,
+        content: str | None = None,
+        finish: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> str:
+        shaped = rp.completion_logprobs(logprobs, self.sent[i])
+        choice = rp.TextChoice(index=i, text=content or "", finish_reason=finish, logprobs=shaped)
         return _sse(rp.Completion(id=self.id, model=self.model, choices=[choice]))
 
-    def _usage_chunk(self, usage: rp.Usage):
+    def _usage_chunk(self, usage: rp.Usage) -> rp.Completion:
         return rp.Completion(id=self.id, model=self.model, usage=usage, choices=[])
 
     def opening(self) -> list[str]:

@@ -16,8 +16,8 @@ checking a key reads SQLite, so FastAPI runs it in a worker thread. No MLX here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -33,20 +33,25 @@ from radixchat.webui.api.errors import ApiError
 from radixchat.webui.api.metrics import Metrics
 
 
+# app.state is untyped: each getter names the type of what build_app put there
 async def get_engines(request: Request) -> Engines:
-    return request.app.state.engines
+    engines: Engines = request.app.state.engines
+    return engines
 
 
 async def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 async def get_store(request: Request) -> Store | None:
-    return request.app.state.store
+    store: Store | None = request.app.state.store
+    return store
 
 
 async def get_metrics(request: Request) -> Metrics:
-    return request.app.state.metrics
+    metrics: Metrics = request.app.state.metrics
+    return metrics
 
 
 EnginesDep = Annotated[Engines, Depends(get_engines)]
@@ -95,12 +100,12 @@ def _key_user(request: Request, settings: Settings, store: Store | None) -> User
 END_USER_HEADERS = ("x-radixchat-user", "x-openwebui-user-id")
 
 
-def end_user_header(headers) -> str:
+def end_user_header(headers: Mapping[str, str]) -> str:
     """The end user a request's headers name (a mapping with lower-case keys), "" for none."""
     return end_user_header_named(headers)[1]
 
 
-def end_user_header_named(headers) -> tuple[str | None, str]:
+def end_user_header_named(headers: Mapping[str, str]) -> tuple[str | None, str]:
     """(the header that names the end user, its value), or (None, "")."""
     return next(((h, headers[h].strip()) for h in END_USER_HEADERS if headers.get(h, "").strip()), (None, ""))
 
@@ -113,7 +118,7 @@ def owner_of_user(user: User | None) -> str | None:
     return owner_of(user.cache_key) if user is not None else None
 
 
-def charged_to(user: User | None) -> dict:
+def charged_to(user: User | None) -> dict[str, Any]:
     """A request's `owner` and `owner_limit` for `user`: whose share, cache scope and limit of
     requests in flight it counts against (the server's --max-user-requests where they have none)."""
     return {"owner": owner_of_user(user), "owner_limit": user.request_limit if user is not None else None}

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixchat.webui.api import rows
 
@@ -28,9 +32,9 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
-        headers: dict | None = None,
+        headers: dict[str, str] | None = None,
         model: str | None = None,
-    ):
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
         self.headers, self.model = headers, model  # model: the one it was for, for its row
@@ -42,7 +46,7 @@ def error_response(
     type_: str = "invalid_request_error",
     code: str | None = None,
     param: str | None = None,
-    headers=None,
+    headers: Mapping[str, str] | None = None,
     path: str = "",
 ) -> JSONResponse:
     """The error in OpenAI's shape; under /v1/messages (Anthropic's API), in Anthropic's."""
@@ -67,12 +71,13 @@ ANTHROPIC_TYPES = {
 }
 
 
-def _in_body(loc: tuple, body, kind: str) -> list[str]:
+def _in_body(loc: tuple[int | str, ...], body: Any, kind: str) -> list[str]:
     """The error's place as a path into the body the client sent. pydantic's place also names
     the branch of a union it tried (`str`, `list[tagged-union[...]]`) and a tagged union's tag
     (`tool_use`): those name nothing the client wrote, so they are left out. A missing field's
     name is kept though the body lacks it."""
-    path, here = [], body
+    path: list[str] = []
+    here = body
     for i, p in enumerate(loc):
         last = i == len(loc) - 1
         if isinstance(here, dict) and isinstance(p, str) and p in here:
@@ -88,7 +93,7 @@ def _in_body(loc: tuple, body, kind: str) -> list[str]:
     return path
 
 
-def _first_error(errs: list[dict], body) -> tuple[dict, list[str]]:
+def _first_error(errs: list[dict[str, Any]], body: Any) -> tuple[dict[str, Any], list[str]]:
     """The error to report: the first, except a union's branch whose type did not match where
     another branch got further (content as a list of blocks is not 'not a string')."""
     placed = [(e, _in_body(tuple(p for p in e.get("loc", ()) if p != "body"), body, e.get("type", ""))) for e in errs]
@@ -120,7 +125,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
-def count_refusal(app, path: str, reason: str) -> None:
+def count_refusal(app: Starlette, path: str, reason: str) -> None:
     """An API request refused before it generated: counted by reason on /metrics (if the
     app has them; the page counts its own)."""
     metrics = getattr(app.state, "metrics", None)
@@ -144,19 +149,19 @@ async def note_refusal(
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         if exc.status < 500:
             await note_refusal(request, exc.status, exc.code or str(exc.status), exc.message, exc.param, exc.model)
         return error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         await note_refusal(request, 400, "invalid_value", message, param)
         return error_response(400, message, param=param, code="invalid_value", path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
         await note_refusal(request, exc.status_code, code or str(exc.status_code), str(exc.detail))
         return error_response(exc.status_code, str(exc.detail), code=code, path=request.url.path)
@@ -167,17 +172,17 @@ class BodyTooLarge(StarletteHTTPException):
     refuse first). An HTTPException so that FastAPI, reading the body for a route, passes it
     on as it is rather than as its 400 "error parsing the body"; the handler answers 413."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int) -> None:
         super().__init__(413, f"request body over {limit} bytes")
 
 
 class BodyLimit:
     """ASGI middleware: refuse request bodies over `limit` bytes with 413 (API paths only)."""
 
-    def __init__(self, app, limit: int, prefixes: tuple[str, ...] = ("/v1/",)):
+    def __init__(self, app: ASGIApp, limit: int, prefixes: tuple[str, ...] = ("/v1/",)) -> None:
         self.app, self.limit, self.prefixes = app, limit, prefixes
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
@@ -186,7 +191,7 @@ class BodyLimit:
         seen = 0
         started = False
 
-        async def counting_receive():
+        async def counting_receive() -> Message:
             nonlocal seen
             msg = await receive()
             if msg["type"] == "http.request":
@@ -195,7 +200,7 @@ class BodyLimit:
                     raise BodyTooLarge(self.limit)
             return msg
 
-        async def tracking_send(msg):
+        async def tracking_send(msg: Message) -> None:
             nonlocal started
             started = started or msg["type"] == "http.response.start"
             await send(msg)
@@ -206,14 +211,19 @@ class BodyLimit:
             if not started:
                 await self._too_large(scope, send)
 
-    async def _too_large(self, scope, send):
+    async def _too_large(self, scope: Scope, send: Send) -> None:
         if scope.get("app") is not None:
             count_refusal(scope["app"], scope["path"], "body_too_large")
         await send_error(send, 413, BodyTooLarge(self.limit).detail, code="body_too_large")
 
 
 async def send_error(
-    send, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, headers=()
+    send: Send,
+    status: int,
+    message: str,
+    type_: str = "invalid_request_error",
+    code: str | None = None,
+    headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
     """An error in OpenAI's shape from ASGI middleware, where no route (and so no
     `error_response`) runs."""

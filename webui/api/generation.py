@@ -24,7 +24,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -34,6 +34,7 @@ from radixchat.core.seam.handle import RequestHandle
 from radixchat.core.seam.requests import (
     GRAMMAR_LIMIT,
     SEED_MAX,
+    Event,
     Failed,
     Finished,
     RequestError,
@@ -64,9 +65,9 @@ class Ledger:
     user: User | None
     route: str = "api"  # which API, for the log line and the row
     watch: Callable[[RequestHandle], None] | None = None  # stops it if its user or key is cut off
-    ends: list[RequestEnd] = field(default_factory=list)  # one per submitted choice
+    ends: list[RequestEnd[Future[bool] | None]] = field(default_factory=list)  # one per submitted choice
 
-    def ended(self, final: Finished | Failed) -> Future | None:
+    def ended(self, final: Finished | Failed) -> Future[bool] | None:
         u = final.usage
         # one line per request, as it ends (a refusal's is the error handler's)
         ttft = "-" if u.ttft_ms is None else f"{u.ttft_ms / 1e3:.3f}s"
@@ -95,7 +96,7 @@ class Ledger:
             error=getattr(final, "message", None),
         )
 
-    def row(self, **fields) -> Future | None:
+    def row(self, **fields: Any) -> Future[bool] | None:
         """A served request's row under the key's user (a refused one's is the error
         handler's: webui/api/rows.py); its future says when it is committed."""
         if self.store is None:
@@ -110,7 +111,7 @@ class Ledger:
 
     async def committed(self) -> None:
         """Wait until every submitted choice's row is committed: the answer's end waits for it."""
-        acks = []
+        acks: list[Future[bool] | None] = []
         for end in self.ends:
             try:
                 acks.append(await end.wait())
@@ -152,7 +153,7 @@ async def submit(ledger: Ledger, build: Build) -> RequestHandle:
 
 
 async def submit_choices(
-    ledger: Ledger, n: int, fields: dict, build: Callable[[Sampling], Awaitable[RequestHandle]]
+    ledger: Ledger, n: int, fields: dict[str, Any], build: Callable[[Sampling], Awaitable[RequestHandle]]
 ) -> list[RequestHandle]:
     """One engine request per choice (n), submitted together: the engine computes their
     shared prompt once (a request waits for another prefilling its prefix) and they decode
@@ -172,9 +173,10 @@ async def submit_choices(
     return handles
 
 
-async def _last_event(handle: RequestHandle):
+async def _last_event(handle: RequestHandle) -> Finished | Failed:
     async for ev in handle:  # noqa: B007
         pass
+    assert not isinstance(ev, TextDelta)  # a handle's stream ends with its final event
     return ev
 
 
@@ -199,10 +201,10 @@ async def wait_for_ends(request: Request, handles: list[RequestHandle], ledger: 
     cut = next((h for h, ev in zip(handles, finals) if _cut_by_server(ev)), None)
     if cut is not None and not gone:
         raise _why_cut(cut)
-    return finals, gone
+    return cast(list[Finished], finals), gone  # none failed: a Failed was raised above
 
 
-def _cut_by_server(ev) -> bool:
+def _cut_by_server(ev: Finished | Failed) -> bool:
     """Ended as cancelled while its client still waits: the server stopped it (its own stop,
     or the user or key cut off), for "cancelled" is not a finish reason an API client knows."""
     return isinstance(ev, Finished) and ev.finish_reason == "cancelled"
@@ -267,7 +269,7 @@ class _OpenStreams:
     lost rank's stop (webui/cli/main.py) lets the failed streams send their last event, the
     reason, before it signals the server to stop, which would cut a stream still sending."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._n, self._changed = 0, threading.Condition()
 
     def opened(self) -> None:
@@ -312,9 +314,9 @@ def stream(handles: list[RequestHandle], framing: Framing, ledger: Ledger) -> St
 
 async def _events(handles: list[RequestHandle], framing: Framing, ledger: Ledger) -> AsyncIterator[str]:
     finals: dict[int, Finished | Failed] = {}
-    merged: asyncio.Queue = asyncio.Queue()
+    merged: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
-    async def pump(i: int, h: RequestHandle):
+    async def pump(i: int, h: RequestHandle) -> None:
         async for ev in h.batched():  # a client that fell behind gets what is there in one event
             merged.put_nowait((i, ev))
 
@@ -338,7 +340,7 @@ async def _events(handles: list[RequestHandle], framing: Framing, ledger: Ledger
                 yield message
             if isinstance(ev, Failed):
                 break
-        whole = [ev for i in range(len(handles)) if isinstance(ev := finals.get(i), Finished)]
+        whole = [end for i in range(len(handles)) if isinstance(end := finals.get(i), Finished)]
         for message in await framing.closing(whole if len(whole) == len(handles) else None):
             yield message
     finally:

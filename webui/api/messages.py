@@ -13,6 +13,7 @@ Routes run on the server's event loop (the key is checked in a worker thread). N
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -43,7 +44,9 @@ async def _engine(engines: Engines, name: str) -> EngineClient:
     return await engine_for(engines, name)
 
 
-def _prepared(body: MessagesRequest, engine: EngineClient):
+def _prepared(
+    body: MessagesRequest, engine: EngineClient
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str | None, str | None]:
     """(chat messages, tools, the forced call's grammar, the tool family for the reply)."""
     family = engine.info.tool_format if body.calls_tools() else None
     try:
@@ -55,7 +58,7 @@ def _prepared(body: MessagesRequest, engine: EngineClient):
 @router.post("/messages")
 async def create_message(
     request: Request, body: MessagesRequest, user: UserDep, engines: EnginesDep, store: StoreDep, metrics: MetricsDep
-):
+) -> Response:
     engine = await _engine(engines, body.model)
     messages, tools, grammar, family = _prepared(body, engine)
     fields = {**body.sampling(engine.info.sampling_defaults), "lark": grammar}
@@ -86,8 +89,11 @@ async def create_message(
     )
 
 
-@router.post("/messages/count_tokens")
-async def count_tokens(request: Request, body: CountTokensRequest, user: UserDep, engines: EnginesDep):
+# response_model=None: the reply is the dict as it is, not a model FastAPI would make of the annotation
+@router.post("/messages/count_tokens", response_model=None)
+async def count_tokens(
+    request: Request, body: CountTokensRequest, user: UserDep, engines: EnginesDep
+) -> Response | dict[str, int]:
     """A count is a request of its user's like any other: within their request limit, and
     stopped when its client hangs up (its templating waits in the preparation pool)."""
     engine = await _engine(engines, body.model)
@@ -104,4 +110,5 @@ async def count_tokens(request: Request, body: CountTokensRequest, user: UserDep
         raise ApiError(e.status, e.message, code=e.code) from None
     if gone:
         return Response(status_code=CLIENT_GONE)
+    assert n is not None  # not gone: the count's own result
     return {"input_tokens": n}

@@ -16,7 +16,7 @@ MLX here: only the seam's stats() and info.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -60,10 +60,10 @@ class _EngineCollector:
     """Scrape-time figures of every loaded model's engine: what runs and waits now, and the
     prefix cache's own counters; each family has one sample per model (and result)."""
 
-    def __init__(self, engines: Callable[[], list[EngineClient]]):
+    def __init__(self, engines: Callable[[], Sequence[EngineClient]]) -> None:
         self.engines = engines
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         for engine in self.engines():
             model = engine.info.model_id
@@ -75,15 +75,19 @@ class _EngineCollector:
         yield from families.values()
 
 
-def gauge(name: str, help_: str, value: float, **extra: str) -> tuple:
+# one figure of an engine: (family kind, name, help, value, extra labels)
+Figure = tuple[type[GaugeMetricFamily] | type[CounterMetricFamily], str, str, float, dict[str, str]]
+
+
+def gauge(name: str, help_: str, value: float, **extra: str) -> Figure:
     return GaugeMetricFamily, name, help_, value, extra
 
 
-def counter(name: str, help_: str, value: float, **extra: str) -> tuple:
+def counter(name: str, help_: str, value: float, **extra: str) -> Figure:
     return CounterMetricFamily, name, help_, value, extra
 
 
-def _figures(s: EngineStats):
+def _figures(s: EngineStats) -> Iterator[Figure]:
     """One engine's figures, as (family kind, name, help, value, extra labels)."""
     yield gauge("engine_alive", "1 while the engine thread runs", int(s.alive))
     yield gauge("num_requests_running", "Requests in the engine's batch (prefilling or decoding)", s.running)
@@ -160,13 +164,13 @@ class Metrics:
     """The request counters and histograms, by model; `model` (the first model's id) is the
     label of what names no model: the page's requests, refusals before a model is chosen."""
 
-    def __init__(self, engines: Engines | EngineClient):
+    def __init__(self, engines: Engines | EngineClient) -> None:
         self.registry = r = CollectorRegistry()
         engines = as_engines(engines)
         self.model = engines.default.info.model_id
         m = ["model_name"]
 
-        def hist(name, help_):
+        def hist(name: str, help_: str) -> Histogram:
             return Histogram(P + name, help_, m, buckets=_TIME_BUCKETS, registry=r)
 
         self.success = Counter(

@@ -8,6 +8,8 @@ there too, webui/api/deps.py). No MLX.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 
 from radixchat.core.seam.protocol import Engines, ServedModel
@@ -23,13 +25,15 @@ def _card(engines: Engines, m: ServedModel) -> ModelCard:
     return ModelCard(id=m.model_id, created=engines.default.info.created, loaded=m.is_loaded, aliases=list(m.aliases))
 
 
-@router.get("/models")
-def models(user: UserDep, engines: EnginesDep):
+# response_model=None: the cards go out as they are dumped, not through a model FastAPI would make
+# of the return annotation
+@router.get("/models", response_model=None)
+def models(user: UserDep, engines: EnginesDep) -> dict[str, Any]:
     return ModelList(data=[_card(engines, m) for m in engines.served()]).model_dump()
 
 
-@router.get("/models/{name:path}")
-def model(name: str, user: UserDep, engines: EnginesDep):
+@router.get("/models/{name:path}", response_model=None)
+def model(name: str, user: UserDep, engines: EnginesDep) -> dict[str, Any]:
     try:
         return _card(engines, engines.find(name)).model_dump()
     except RequestError as e:

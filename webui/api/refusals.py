@@ -42,8 +42,11 @@ import hashlib
 import math
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
 
 import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixchat.core.seam.requests import UserLimit
 from radixchat.webui.api.deps import end_user_header
@@ -54,18 +57,19 @@ REFUSALS = frozenset({400, 401, 403, 404, 405, 409, 413, 415, 422})
 GENERATING = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}
 )
+V = TypeVar("V")
 
 
 class RefusalThrottle:
     def __init__(
         self,
-        app,
+        app: ASGIApp,
         burst: float = 60.0,
         per_s: float = 10.0,
         prefixes: tuple[str, ...] = ("/v1/",),
         max_clients: int = 10_000,
-        clock=time.monotonic,
-    ):
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.app, self.burst, self.per_s, self.prefixes = app, burst, per_s, prefixes
         self.max_clients, self.clock = max_clients, clock
         self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()  # client -> (tokens, when)
@@ -76,7 +80,7 @@ class RefusalThrottle:
         self._inflight: Counter[bytes] = Counter()  # a user's bucket -> their POSTs under way
         self.throttled = 0  # requests answered 429 here
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
             return await self.app(scope, receive, send)
         credential = self._credential(scope)
@@ -106,7 +110,7 @@ class RefusalThrottle:
                     del self._inflight[counted]
                 counted = None
 
-        async def counting_send(msg):
+        async def counting_send(msg: Message) -> None:
             if msg["type"] == "http.response.start":
                 self._learn_limit(client, scope)
             if msg["type"] == "http.response.body" and not msg.get("more_body"):
@@ -128,7 +132,7 @@ class RefusalThrottle:
         finally:
             done()
 
-    def _learn_limit(self, client: bytes, scope) -> None:
+    def _learn_limit(self, client: bytes, scope: Scope) -> None:
         """The request limit of the user the API's sign-in found (theirs, else the server's)."""
         user = (scope.get("state") or {}).get("user")
         app = scope.get("app")
@@ -139,24 +143,25 @@ class RefusalThrottle:
             self._remember(self._limits, bucket, user.request_limit or app.state.settings.max_user_requests)
             self._remember(self._names, bucket, user.name)
 
-    async def _fresh_limit(self, scope, bucket: bytes) -> float:
+    async def _fresh_limit(self, scope: Scope, bucket: bytes) -> float:
         """The user's limit as the store has it now, asked where the one learnt would refuse:
         an admin may have raised it since (one read of SQLite, in a worker thread)."""
         app, name = scope.get("app"), self._names.get(bucket)
         store = getattr(app.state, "store", None) if app is not None else None
         if store is None or name is None:
             return self._limits.get(bucket, math.inf)
+        assert app is not None  # the store came from it
         limit = await anyio.to_thread.run_sync(store.request_limit, name)
         self._remember(self._limits, bucket, limit or app.state.settings.max_user_requests)
         return self._limits[bucket]
 
     @staticmethod
-    def _credential(scope) -> bytes | None:
+    def _credential(scope: Scope) -> bytes | None:
         headers = dict(scope.get("headers") or [])
         credential = headers.get(b"authorization") or headers.get(b"x-api-key")
         return b"k" + hashlib.sha256(credential).digest()[:16] if credential else None
 
-    def _client(self, scope, credential: bytes | None) -> bytes:
+    def _client(self, scope: Scope, credential: bytes | None) -> bytes:
         if credential is None:
             return b"a" + (scope.get("client") or ("?", 0))[0].encode()
         if credential not in self._fronts:
@@ -164,7 +169,7 @@ class RefusalThrottle:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         return credential + b"/" + hashlib.sha256(end_user_header(headers).encode()).digest()[:16]
 
-    def _user_of(self, client: bytes, scope) -> bytes | None:
+    def _user_of(self, client: bytes, scope: Scope) -> bytes | None:
         """The bucket of the user the API's sign-in found for this request (webui/api/deps.py
         keeps it on the request's state), learnt as the credential's; None before sign-in ran."""
         user = (scope.get("state") or {}).get("user")
@@ -185,14 +190,14 @@ class RefusalThrottle:
     def _take(self, client: bytes) -> None:
         self._remember(self._buckets, client, (self._tokens(client) - 1.0, self.clock()))
 
-    def _remember(self, table: OrderedDict, key: bytes, value) -> None:
+    def _remember(self, table: OrderedDict[bytes, V], key: bytes, value: V) -> None:
         """`table[key] = value`, most recent last; the least recent beyond `max_clients` forgotten."""
         table[key] = value
         table.move_to_end(key)
         while len(table) > self.max_clients:
             table.popitem(last=False)
 
-    async def _at_limit(self, send, mine: int) -> None:
+    async def _at_limit(self, send: Send, mine: int) -> None:
         error = UserLimit(mine)
         await send_error(
             send,
@@ -203,7 +208,7 @@ class RefusalThrottle:
             headers=[(b"retry-after", b"2"), (b"connection", b"close")],  # its body is not read
         )
 
-    async def _refuse(self, send, retry_after: int) -> None:
+    async def _refuse(self, send: Send, retry_after: int) -> None:
         await send_error(
             send,
             429,

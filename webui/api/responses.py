@@ -61,7 +61,7 @@ ONLY_KEPT = "responses are only kept with store for signed-in users, and without
 @router.post("/responses")
 async def create_response(
     request: Request, body: ResponsesRequest, user: UserDep, engines: EnginesDep, store: StoreDep, metrics: MetricsDep
-):
+) -> Response:
     engine = await engine_for(engines, body.model)
     turn = _turn(body)
     family = engine.info.tool_format if body.calls_tools() else None
@@ -137,7 +137,7 @@ async def create_response(
 
 
 @router.get("/responses/{response_id}")
-async def get_response(response_id: str, user: UserDep, engines: EnginesDep, store: StoreDep):
+async def get_response(response_id: str, user: UserDep, engines: EnginesDep, store: StoreDep) -> JSONResponse:
     if user is None or store is None:
         raise ApiError(
             404, f"response {response_id!r} not found: {ONLY_KEPT}, and with --no-auth there is none", code="not_found"
@@ -145,7 +145,7 @@ async def get_response(response_id: str, user: UserDep, engines: EnginesDep, sto
     return JSONResponse(await asyncio.to_thread(kept_response, store, user, response_id, engines.default.info.model_id))
 
 
-def _turn(body: ResponsesRequest) -> list[dict]:
+def _turn(body: ResponsesRequest) -> list[dict[str, Any]]:
     """This turn's input as chat messages; a bad input or format is this route's 400."""
     try:
         turn = body.messages()
@@ -189,7 +189,7 @@ def _reply_after(history: list[Message], at: int) -> Message | None:
     return after if after is not None and after.role == "assistant" else None
 
 
-def continue_from(store: Store, user: User, response_id: str) -> tuple[int, list[dict]]:
+def continue_from(store: Store, user: User, response_id: str) -> tuple[int, list[dict[str, Any]]]:
     """(the conversation to go on in, its messages up to and with that response's reply);
     store thread. Another user's id and an unknown one get the same 404."""
     gone = ApiError(404, f"response {response_id!r} not found", code="not_found", param="previous_response_id")
@@ -203,7 +203,7 @@ def continue_from(store: Store, user: User, response_id: str) -> tuple[int, list
     return conv, kept
 
 
-def kept_response(store: Store, user: User, response_id: str, model: str) -> dict:
+def kept_response(store: Store, user: User, response_id: str, model: str) -> dict[str, Any]:
     """The Response object of a kept response, read back from the store; store thread.
     A turn with no reply kept (its stream was cut off, or it is still running) is
     "incomplete", with no output."""
@@ -218,7 +218,7 @@ def kept_response(store: Store, user: User, response_id: str, model: str) -> dic
     return response_object(response_id, model, reply.content, "completed", None, None, out, asked.created)
 
 
-def start_turn(store: Store, user: User, conv: int | None, turn: list[dict], rid: str) -> int:
+def start_turn(store: Store, user: User, conv: int | None, turn: list[dict[str, Any]], rid: str) -> int:
     """Keep this turn's input in the user's conversation (a new one without `conv`), its last
     message named `rid`; the conversation. Store thread."""
     if conv is None:

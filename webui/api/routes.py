@@ -44,7 +44,7 @@ SERVED = "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and
 
 
 @unknown_router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-def unknown(path: str):
+def unknown(path: str) -> None:  # it only raises (NoReturn would be read as a response model)
     if path.split("/")[0] in NOT_SERVED:
         message = f"/v1/{path.split('/')[0]} is not served by this server (it serves {SERVED})"
         raise ApiError(404, message, "invalid_request_error", "not_served")

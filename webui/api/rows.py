@@ -19,10 +19,14 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
 from radixchat.core.store.types import MAX_MODEL_CHARS, RequestRecord
+
+if TYPE_CHECKING:
+    from radixchat.core.store import Store
 
 log = logging.getLogger("radixchat.api")
 
@@ -46,10 +50,10 @@ def route_of(path: str) -> str:
 
 def refusal(
     request: Request, status: int, reason: str, message: str, param: str | None, model: str | None
-) -> Future | None:
+) -> Future[bool] | None:
     """Queue a refused API request's row, under its user when its key was good; None when there
     is no store (or the path is not the API's)."""
-    store = getattr(request.app.state, "store", None)
+    store: Store | None = getattr(request.app.state, "store", None)
     path = request.url.path
     if store is None or not path.startswith("/v1/"):
         return None
@@ -70,7 +74,7 @@ def refusal(
         return None
 
 
-async def committed(acks: Iterable[Future | None], timeout: float = COMMIT_WAIT_S) -> None:
+async def committed(acks: Iterable[Future[bool] | None], timeout: float = COMMIT_WAIT_S) -> None:
     """Wait until the rows behind `acks` are committed (or could not be: then say so)."""
     waiting = [asyncio.wrap_future(a) for a in acks if a is not None]
     if not waiting:

@@ -36,13 +36,23 @@ import re
 import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
+from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from starlette.datastructures import QueryParams
 from starlette.requests import cookie_parser
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixchat.core.store import StoreError
+
+if TYPE_CHECKING:
+    from gradio.blocks import Blocks
+    from gradio.routes import App
+
+    from radixchat.core.store import Store
+
+_T = TypeVar("_T")
 
 API = "/gradio_api/"
 HEARTBEAT = "heartbeat/"
@@ -133,7 +143,7 @@ class SessionOwners:
             del self._of[owner]
 
 
-class SessionTokens(dict):
+class SessionTokens(dict[str, str]):
     """Gradio's sign-in tokens (token -> user name, the dict Gradio's routes read), each
     bound to the user's session key (`store.session_key`) when Gradio stored it, right after
     the password was checked. `get`, which every Gradio route uses to find a cookie's user,
@@ -147,7 +157,7 @@ class SessionTokens(dict):
     Gradio's /logout deletes every token of the user it finds here: that ends the user's
     kept sign-ins as well, those of other processes' days included."""
 
-    def __init__(self, store, tokens: dict | None = None):
+    def __init__(self, store: Store, tokens: dict[str, str] | None = None):
         super().__init__()
         self._store = store
         self._keys: dict[str, str] = {}
@@ -165,7 +175,7 @@ class SessionTokens(dict):
         else:
             self._keys[token] = key
 
-    def _kept(self, token) -> str | None:
+    def _kept(self, token: str) -> str | None:
         """The user a sign-in kept in the store names (from before a restart), now in memory."""
         if not isinstance(token, str) or not token:
             return None
@@ -177,14 +187,22 @@ class SessionTokens(dict):
         self._keys[token] = key
         return name
 
-    def get(self, token, default=None):
+    @overload
+    def get(self, token: str | None, default: None = None, /) -> str | None: ...
+    @overload
+    def get(self, token: str | None, default: str, /) -> str: ...
+    @overload
+    def get(self, token: str | None, default: _T, /) -> str | _T: ...
+    def get(self, token: str | None, default: object = None) -> object:
+        if token is None:  # no sign-in cookie (Gradio asks with None): no token is None
+            return default
         try:
             name = self._signed_in(token)
         except StoreError:  # the store cannot answer now: not signed in for this request only
             return default
         return default if name is None else name
 
-    def _signed_in(self, token) -> str | None:
+    def _signed_in(self, token: str) -> str | None:
         name = super().get(token)
         known = name is not None
         if not known:
@@ -212,7 +230,13 @@ class SessionTokens(dict):
         if name is not None:
             self._store.end_page_sessions(name)
 
-    def pop(self, token, *default):
+    @overload
+    def pop(self, token: str, /) -> str: ...
+    @overload
+    def pop(self, token: str, default: str, /) -> str: ...
+    @overload
+    def pop(self, token: str, default: _T, /) -> str | _T: ...
+    def pop(self, token: str, *default: Any) -> object:
         """A sign-in found no longer valid: it alone ends."""
         self._keys.pop(token, None)
         if isinstance(token, str):
@@ -228,7 +252,7 @@ class GradioSide:
     lookup Gradio's own `get_current_user` makes) and which session an event belongs to.
     Given the store, it puts `SessionTokens` in place of Gradio's token table."""
 
-    def __init__(self, gradio_app, blocks, store=None):
+    def __init__(self, gradio_app: App, blocks: Blocks, store: Store | None = None):
         self._app, self._blocks = gradio_app, blocks
         if store is not None:
             gradio_app.tokens = SessionTokens(store, gradio_app.tokens)
@@ -247,7 +271,7 @@ class GradioSide:
         return getattr(event, "session_hash", None)
 
 
-def page_cookie_id(store_path) -> str:
+def page_cookie_id(store_path: str | PathLike[str]) -> str:
     """The id in the name of the page's sign-in cookie for the database at `store_path`."""
     where = str(Path(store_path).resolve()).encode("utf-8", "surrogateescape")
     return hashlib.sha256(b"radixchat page cookie\0" + where).hexdigest()[:32]
@@ -261,11 +285,13 @@ def sign_in_token(cookies: Mapping[str, str], cookie_id: str) -> str | None:
 class PageGate:
     """ASGI middleware in front of the page (see the module's docstring)."""
 
-    def __init__(self, app, *, side: GradioSide, no_auth: bool, max_body: int, owners: SessionOwners | None = None):
+    def __init__(
+        self, app: ASGIApp, *, side: GradioSide, no_auth: bool, max_body: int, owners: SessionOwners | None = None
+    ):
         self.app, self.side, self.no_auth, self.max_body = app, side, no_auth, max_body
         self.owners = owners or SessionOwners()
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = route_path(scope)
@@ -284,7 +310,7 @@ class PageGate:
             _, send = self._browser(scope, send)
         await self.app(scope, receive, send)
 
-    async def _api(self, rest: str, scope, receive, send):
+    async def _api(self, rest: str, scope: Scope, receive: Receive, send: Send) -> None:
         session = heartbeat_session(rest)
         kind = ROUTES.get(rest) or (HEARTBEAT if session else None)
         if kind is None:
@@ -317,12 +343,12 @@ class PageGate:
         if isinstance(event, str) and self.side.event_session(event) not in (None, session):
             raise Refused(403, "This event belongs to another page session.")
 
-    def _caller(self, scope, send):
+    def _caller(self, scope: Scope, send: Send) -> tuple[str | None, Send]:
         if self.no_auth:
             return self._browser(scope, send)
         return self.side.user(request_cookies(scope)), send
 
-    def _browser(self, scope, send):
+    def _browser(self, scope: Scope, send: Send) -> tuple[str, Send]:
         """This browser's id with --no-auth, and `send` that sets it first when it had none."""
         known = request_cookies(scope).get(BROWSER_COOKIE)
         if known:
@@ -330,7 +356,7 @@ class PageGate:
         minted = secrets.token_urlsafe(18)
         cookie = f"{BROWSER_COOKIE}={minted}; Path=/; HttpOnly; SameSite=Lax".encode()
 
-        async def send_with_cookie(message):
+        async def send_with_cookie(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie)]}
             await send(message)
@@ -350,7 +376,7 @@ def return_to(values: list[str]) -> str | None:
     return values[0] if len(values) == 1 and _RETURN.fullmatch(values[0]) else None
 
 
-async def see_other(send, path: str) -> None:
+async def see_other(send: Send, path: str) -> None:
     """303 to `path` on this server (a relative Location: the browser keeps the origin)."""
     await send(
         {
@@ -366,9 +392,10 @@ async def see_other(send, path: str) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-def route_path(scope) -> str:
+def route_path(scope: Scope) -> str:
     """The path the routes match on: scope's path less its root_path, as Starlette does."""
-    path, root = scope["path"], scope.get("root_path", "")
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
     if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
         return path[len(root) :]
     return path
@@ -380,22 +407,22 @@ def heartbeat_session(rest: str) -> str | None:
     return session if session and "/" not in session else None
 
 
-def header(scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
     """The first header of that name, as Starlette's Request reads it."""
     return next((v for k, v in scope["headers"] if k == name), None)
 
 
-def request_cookies(scope) -> dict[str, str]:
+def request_cookies(scope: Scope) -> dict[str, str]:
     raw = header(scope, b"cookie")
     return cookie_parser(raw.decode("latin-1")) if raw else {}
 
 
-def query(scope) -> QueryParams:
+def query(scope: Scope) -> QueryParams:
     """The query as the routes read it (Starlette decodes names and values alike)."""
     return QueryParams(scope["query_string"])
 
 
-def one_query_value(scope, name: str) -> str:
+def one_query_value(scope: Scope, name: str) -> str:
     """The value of a query parameter given once; Refused if it is missing or repeated, so
     that what is checked here is what the route reads."""
     values = query(scope).getlist(name)
@@ -404,7 +431,7 @@ def one_query_value(scope, name: str) -> str:
     return values[0]
 
 
-async def read_body(scope, receive, limit: int) -> bytes:
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     length = header(scope, b"content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise Refused(413, f"Request body over {limit} bytes.")
@@ -433,11 +460,11 @@ def parse_json(body: bytes) -> dict[str, Any]:
     return value
 
 
-def replay(body: bytes, receive):
+def replay(body: bytes, receive: Receive) -> Receive:
     """A receive that hands on the body already read, then waits as the server's does."""
     pending = True
 
-    async def replayed():
+    async def replayed() -> Message:
         nonlocal pending
         if pending:
             pending = False
@@ -447,7 +474,9 @@ def replay(body: bytes, receive):
     return replayed
 
 
-async def answer(send, status: int, detail: str, scope=None, retry_after: float | None = None) -> None:
+async def answer(
+    send: Send, status: int, detail: str, scope: Scope | None = None, retry_after: float | None = None
+) -> None:
     """A short JSON refusal (with Retry-After when given). When the request announced a body
     that is left unread, the connection closes after it, so the server does not go on reading
     a refused upload."""

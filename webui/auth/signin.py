@@ -38,7 +38,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -49,6 +49,8 @@ from radixchat.webui.auth.signin_queue import HashingLine, QueueFull, SignInRefu
 log = logging.getLogger("radixchat.signin")
 
 MAX_TRACKED = 10_000  # names, addresses and devices remembered at once; the oldest are forgotten first
+
+_Key = tuple[str, str]  # what a failure counts against: ("name" | "addr" | "device", which)
 
 __all__ = ["Attempt", "QueueFull", "SignInGuard", "SignInRefused", "TooManyFailures"]
 
@@ -95,7 +97,7 @@ class SignInGuard:
         devices: DeviceCookies | None = None,
         queue_per_address: int = 64,
         queue_total: int = 10_000,
-        clock=time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._verify = verify  # (name, password) -> user, or raises AuthFailed
         self.devices = devices  # None: no browser is ever trusted
@@ -103,13 +105,15 @@ class SignInGuard:
         self.max_lockout_s = max_lockout_s
         self.forgive_s = forgive_s
         self._clock = clock
-        self._failures: OrderedDict[tuple[str, str], _Failures] = OrderedDict()
+        self._failures: OrderedDict[_Key, _Failures] = OrderedDict()
         self._line = HashingLine(hash_workers, per_lane=queue_per_address, total=queue_total)
         self._lock = threading.Lock()  # the failure table: the event loop and the hashing threads both use it
         self.refused = 0  # sign-ins answered 429 without hashing
         self.failed = 0
 
-    async def sign_in(self, name: str, password: str, addr: str | None = None, cookies=None) -> bool:
+    async def sign_in(
+        self, name: str, password: str, addr: str | None = None, cookies: Mapping[str, str] | None = None
+    ) -> bool:
         """True for the right password; False for a wrong one; TooManyFailures while the
         name or the address is locked out, or a trusted browser's own cookie is (nothing is
         hashed then); QueueFull when its lane of the hashing queue has no room."""
@@ -132,7 +136,7 @@ class SignInGuard:
             attempt.set_cookie = self.devices.issue(name, attempt.secure)
         return ok
 
-    def _check(self, keys, name: str, password: str) -> bool:
+    def _check(self, keys: list[_Key], name: str, password: str) -> bool:
         """In a hashing thread: sign-ins sent at once queue here, so the lockout is asked
         again right before each hash; otherwise a burst would all be hashed before the
         first failure counted."""
@@ -154,7 +158,7 @@ class SignInGuard:
                 self._failures.pop(k, None)
         return True
 
-    def _refuse_if_locked(self, keys) -> None:
+    def _refuse_if_locked(self, keys: list[_Key]) -> None:
         wait = self._lockout(keys)
         if wait > 0:
             raise TooManyFailures(wait)
@@ -163,7 +167,7 @@ class SignInGuard:
         """Seconds left of `addr`'s lockout (0: none). Counts as a refused sign-in when > 0."""
         return self._lockout([("addr", addr)])
 
-    def _lockout(self, keys) -> float:
+    def _lockout(self, keys: list[_Key]) -> float:
         """The longest lockout among `keys`, counted as a refusal when there is one."""
         with self._lock:
             wait = max(self._locked_for(k) for k in keys)
@@ -179,11 +183,11 @@ class SignInGuard:
     def close(self) -> None:
         self._line.close()
 
-    def _locked_for(self, key) -> float:
+    def _locked_for(self, key: _Key) -> float:
         f = self._failures.get(key)
         return max(0.0, f.locked_until - self._clock()) if f else 0.0
 
-    def _fail(self, key) -> None:
+    def _fail(self, key: _Key) -> None:
         now = self._clock()
         f = self._failures.pop(key, None) or _Failures(since=now)
         self._failures[key] = f  # most recent last: the oldest go first when over MAX_TRACKED

@@ -30,6 +30,8 @@ from __future__ import annotations
 import logging
 from urllib.parse import urlsplit
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from radixchat.webui.auth.gate import answer, header, request_cookies, route_path
 from radixchat.webui.auth.signin import Attempt, SignInGuard, TooManyFailures, begin
 
@@ -43,11 +45,11 @@ _DEFAULT_PORT = {"http": ":80", "https": ":443"}
 class SignInDoor:
     """ASGI middleware in front of /login and /logout (see the module's docstring)."""
 
-    def __init__(self, app, guard: SignInGuard | None = None):
+    def __init__(self, app: ASGIApp, guard: SignInGuard | None = None):
         self.app = app
         self.guard = guard
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = route_path(scope)
@@ -62,20 +64,22 @@ class SignInDoor:
             return await self._login(scope, receive, send)
         await self.app(scope, receive, send)
 
-    async def _login(self, scope, receive, send):
+    async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
+        guard = self.guard
+        assert guard is not None  # `__call__` comes here only with a guard
         addr = _addr(scope)
         cookies = request_cookies(scope)
-        devices = self.guard.devices
+        devices = guard.devices
         # with a device cookie the guard decides (a trusted browser is not locked out by
         # its address); without one, an address in a lockout is answered before the form is read
         if devices is None or not devices.any_in(cookies):
-            wait = self.guard.address_lockout(addr)
+            wait = guard.address_lockout(addr)
             if wait > 0:
                 return await answer(send, 429, str(TooManyFailures(wait)), scope, retry_after=wait)
         attempt = Attempt(addr, cookies, secure=scope.get("scheme") == "https")
         begin(attempt)
 
-        async def send_with_cookie(message):
+        async def send_with_cookie(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] == 200 and attempt.set_cookie:
                 cookie = (b"set-cookie", attempt.set_cookie.encode("latin-1"))
                 message = {**message, "headers": [*message.get("headers", []), cookie]}
@@ -84,7 +88,7 @@ class SignInDoor:
         await self.app(scope, receive, send_with_cookie)
 
 
-def cross_site(scope, bare_allowed: bool) -> str | None:
+def cross_site(scope: Scope, bare_allowed: bool) -> str | None:
     """Why this request is to be taken for one another site made, or None when it is not
     (see the module's docstring for the rules)."""
     fetched = header(scope, b"sec-fetch-site")
@@ -118,6 +122,6 @@ def same_origin(url: str, host: str) -> bool:
     return theirs.removesuffix(default) == ours.removesuffix(default)
 
 
-def _addr(scope) -> str:
+def _addr(scope: Scope) -> str:
     client = scope.get("client")
     return client[0] if client else "?"

@@ -32,9 +32,11 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 class SignInRefused(Exception):
@@ -76,7 +78,7 @@ class _Turn:
 
 @dataclass
 class _Lane:
-    waiting: deque = field(default_factory=deque)
+    waiting: deque[_Turn] = field(default_factory=deque)
     finish: int = 0  # the turn after its last attempt's
 
 
@@ -174,10 +176,10 @@ class HashingLine:
         )
         self.refused = 0  # attempts refused for want of room
 
-    async def run(self, lane: Hashable, fn: Callable[[], Any], trusted: bool = False) -> Any:
+    async def run(self, lane: Hashable, fn: Callable[[], _T], trusted: bool = False) -> _T:
         """fn() in a hashing thread once `lane`'s turn comes; QueueFull if it cannot wait."""
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
+        done: asyncio.Future[_T] = loop.create_future()
         try:
             pushed_out = self.queue.push(lane, (fn, done), trusted)
         except QueueFull:
@@ -190,7 +192,7 @@ class HashingLine:
         self._hand_over(loop)
         return await done  # cancelled (the client went away): skipped when its turn comes
 
-    def _hand_over(self, loop) -> None:
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._busy < self._workers:
             item = self.queue.pop()
             if item is None:
@@ -202,17 +204,17 @@ class HashingLine:
             job = self._pool.submit(fn)
             job.add_done_callback(functools.partial(self._when_done, loop, done))
 
-    def _when_done(self, loop, done, job) -> None:
+    def _when_done(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any], job: Future[Any]) -> None:
         """A job ended, in the pool's thread: its end is the event loop's to handle."""
         _call_soon(loop, self._finished, loop, job, done)
 
-    def _finished(self, loop, job, done) -> None:
+    def _finished(self, loop: asyncio.AbstractEventLoop, job: Future[Any], done: asyncio.Future[Any]) -> None:
         self._busy -= 1
         if not done.done():
             if job.cancelled():
                 done.cancel()
-            elif job.exception() is not None:
-                done.set_exception(job.exception())
+            elif (error := job.exception()) is not None:
+                done.set_exception(error)
             else:
                 done.set_result(job.result())
         self._hand_over(loop)
@@ -221,7 +223,7 @@ class HashingLine:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _call_soon(loop, fn, *args) -> None:
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
     try:
         loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:  # the loop closed while the hash ran: nobody waits for it any more

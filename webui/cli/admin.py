@@ -18,13 +18,18 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the store loads when a command runs, not when `radixchat` starts
+    from radixchat.core.store import Store
 
 ADMIN_COMMANDS = ("users", "keys", "export")
 
 
-def add_admin_commands(sub: argparse._SubParsersAction) -> None:
+def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `users`, `keys` and `export` to the `radixchat` subparsers; each sets `admin`
     (the handler) on the parsed arguments."""
     db = argparse.ArgumentParser(add_help=False)
@@ -89,7 +94,8 @@ def run_admin(args: argparse.Namespace) -> int:
     from radixchat.core.store import StoreError
 
     try:
-        return args.admin(args)
+        handler: Callable[[argparse.Namespace], int] = args.admin  # a cmd_* below, set by its subparser
+        return handler(args)
     except StoreError as e:
         print(f"radixchat: {e}", file=sys.stderr)
         return 1
@@ -98,7 +104,7 @@ def run_admin(args: argparse.Namespace) -> int:
         return 130
 
 
-def _open(args):
+def _open(args: argparse.Namespace) -> Store:
     from pydantic import ValidationError
 
     from radixchat.core.config import Settings, settings_error_line
@@ -113,7 +119,7 @@ def _open(args):
     return Store(path)
 
 
-def _read_password(args) -> str:
+def _read_password(args: argparse.Namespace) -> str:
     if args.password_file:
         try:
             text = sys.stdin.read() if args.password_file == "-" else Path(args.password_file).read_text()
@@ -143,7 +149,7 @@ def _when(ts: float | None) -> str:
     return "-" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
 
 
-def cmd_users_add(args) -> int:
+def cmd_users_add(args: argparse.Namespace) -> int:
     from radixchat.core.store import check_name, check_password
 
     check_name(args.name)  # before asking for a password that would be refused anyway
@@ -156,7 +162,7 @@ def cmd_users_add(args) -> int:
     return 0
 
 
-def cmd_users_list(args) -> int:
+def cmd_users_list(args: argparse.Namespace) -> int:
     with _open(args) as store:
         users = store.accounts()
     for u in users:
@@ -167,7 +173,7 @@ def cmd_users_list(args) -> int:
     return 0
 
 
-def cmd_users_remove(args) -> int:
+def cmd_users_remove(args: argparse.Namespace) -> int:
     with _open(args) as store:
         n = store.remove_user(args.name)
     print(f"removed user {args.name} and {n} conversation{'s' * (n != 1)}")
@@ -175,7 +181,7 @@ def cmd_users_remove(args) -> int:
     return 0
 
 
-def cmd_users_passwd(args) -> int:
+def cmd_users_passwd(args: argparse.Namespace) -> int:
     from radixchat.core.store import check_password
 
     password = _read_password(args)
@@ -186,14 +192,14 @@ def cmd_users_passwd(args) -> int:
     return 0
 
 
-def cmd_users_admin(args) -> int:
+def cmd_users_admin(args: argparse.Namespace) -> int:
     with _open(args) as store:
         store.set_admin(args.name, not args.off)
     print(f"{args.name} is {'no longer' if args.off else 'now'} an admin")
     return 0
 
 
-def cmd_keys_create(args) -> int:
+def cmd_keys_create(args: argparse.Namespace) -> int:
     with _open(args) as store:
         key, secret = store.create_api_key(store.get_user(args.name), args.label, front_end=args.front_end)
     print(secret)
@@ -201,7 +207,7 @@ def cmd_keys_create(args) -> int:
     return 0
 
 
-def cmd_keys_list(args) -> int:
+def cmd_keys_list(args: argparse.Namespace) -> int:
     with _open(args) as store:
         keys = store.list_api_keys(None if args.name is None else store.get_user(args.name))
     for k in keys:
@@ -211,14 +217,14 @@ def cmd_keys_list(args) -> int:
     return 0
 
 
-def cmd_keys_revoke(args) -> int:
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
     with _open(args) as store:
         k = store.revoke_api_key(args.key)
     print(f"revoked API key {k.visible}... of {k.owner_name}")
     return 0
 
 
-def cmd_export(args) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     with _open(args) as store:
         text = store.export_conversation(store.get_user(args.name), args.id, args.format)
     if args.output is None:

@@ -35,7 +35,7 @@ def running_server(settings: Settings) -> str | None:
     return url if isinstance(body, dict) and "engine_alive" in body and "queue_depth" in body else None
 
 
-def ask_server(url: str, key: str | None, model: str, messages: list[dict], sampling: dict) -> None:
+def ask_server(url: str, key: str | None, model: str, messages: list[dict[str, Any]], sampling: dict[str, Any]) -> None:
     """Stream the reply to stdout, then the timing line to stderr; exit with a message on a refusal."""
     body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
     body |= {k: v for k, v in sampling.items() if v is not None}

@@ -19,7 +19,8 @@ import socket
 import sys
 import threading
 import time
-from typing import NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -27,6 +28,17 @@ from radixchat.core.config import DISK_AUTO, Settings, address_rule, settings_er
 from radixchat.core.engine.output import SWITCH_INTERVAL_S
 from radixchat.webui.cli.admin import add_admin_commands, run_admin
 from radixchat.webui.log_lines import log_to_stderr
+
+if TYPE_CHECKING:  # each is imported where it is used, so that `radixchat users ...` starts at once
+    import uvicorn
+    from fastapi import FastAPI
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from radixchat.core.engine.engine import Engine
+    from radixchat.core.engine.models import ModelSet
+    from radixchat.core.engine.sched.owners import OwnerCounts
+    from radixchat.core.seam.protocol import Lifecycle
+    from radixchat.webui.remote.remote_engines import RemoteEngines
 
 
 def _add_settings_flags(p: argparse.ArgumentParser) -> None:
@@ -119,7 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     {"serve": cmd_serve, "ask": cmd_ask, "doctor": cmd_doctor, "worker": cmd_worker}[args.command](args, settings)
 
 
-def _make_engine(settings: Settings, on_fatal=None, cache_owners=None, owners=None):
+def _make_engine(
+    settings: Settings,
+    on_fatal: Callable[[str], None] | None = None,
+    cache_owners: Callable[[str], bool] | None = None,
+    owners: OwnerCounts | None = None,
+) -> Engine:
     """A started engine serving `settings.model`; raises what stopped it loading."""
     from radixchat.core.engine.engine import Engine
 
@@ -129,14 +146,18 @@ def _make_engine(settings: Settings, on_fatal=None, cache_owners=None, owners=No
     return engine.start()
 
 
-def _start_engine(settings: Settings, on_fatal=None, cache_owners=None):
+def _start_engine(
+    settings: Settings,
+    on_fatal: Callable[[str], None] | None = None,
+    cache_owners: Callable[[str], bool] | None = None,
+) -> Engine:
     try:
         return _make_engine(settings, on_fatal, cache_owners)
     except Exception as e:
         sys.exit(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}")
 
 
-def _start_models(settings: Settings, on_fatal, cache_owners):
+def _start_models(settings: Settings, on_fatal: Callable[[str], None], cache_owners: Callable[[str], bool]) -> ModelSet:
     """The served models (core.engine.models): the first loaded now, the others when asked."""
     from radixchat.core.engine.models import ModelSet
 
@@ -150,8 +171,9 @@ def _start_models(settings: Settings, on_fatal, cache_owners):
         sys.exit(f"radixchat: could not load model {settings.model!r}: {type(e).__name__}: {e}")
 
 
-def _remote(settings: Settings):
-    from radixchat.webui.remote.remote_engines import StartError, connect_engines
+def _remote(settings: Settings) -> RemoteEngines:
+    from radixchat.webui.remote.remote_engine import StartError
+    from radixchat.webui.remote.remote_engines import connect_engines
 
     try:
         key = settings.service_key.get_secret_value() if settings.service_key else None
@@ -160,7 +182,7 @@ def _remote(settings: Settings):
         _refuse(str(e))
 
 
-def cmd_worker(args, settings: Settings) -> None:
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # as `serve`: the engine thread wants the GIL back at once
     log_to_stderr()
     from radixchat.webui.remote.worker import serve_worker
@@ -169,7 +191,7 @@ def cmd_worker(args, settings: Settings) -> None:
     serve_worker(settings, lambda s: _start_engine(s, _stop_serving), uvicorn_options(settings))
 
 
-def cmd_serve(args, settings: Settings) -> None:
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # the engine thread wants the GIL back at once
     log_to_stderr()
     from radixchat.core.engine.shard.lockstep import launched
@@ -243,7 +265,7 @@ def serve_disk(settings: Settings, sharded: bool) -> Settings:
 STOP_GRACE_S = 5.0  # a stop's waits: for the engines, the replies' writes, then open connections
 
 
-def _serving(app, models, options: dict, lines: list[str]):
+def _serving(app: FastAPI, models: Lifecycle, options: dict[str, Any], lines: list[str]) -> uvicorn.Server:
     """uvicorn's Server for `app`, printing the start-up lines once its socket listens (not
     before: a person or script that reads "open http://..." may connect at once), and stopping
     in a few seconds with pages and streams open.
@@ -258,13 +280,13 @@ def _serving(app, models, options: dict, lines: list[str]):
     quiet = _Quiet(app)
 
     class Serving(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started:
                 for line in lines:
                     print(line, flush=True)
 
-        async def shutdown(self, sockets=None) -> None:
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             from radixchat.webui.server import close_page_queue
 
             quiet.stopping = True
@@ -282,7 +304,7 @@ def _serving(app, models, options: dict, lines: list[str]):
     return Serving(uvicorn.Config(quiet, **options, timeout_graceful_shutdown=STOP_GRACE_S))  # type: ignore[arg-type]
 
 
-async def _wind_down(server, models, app) -> None:
+async def _wind_down(server: uvicorn.Server, models: Lifecycle, app: FastAPI) -> None:
     """What a stop does before uvicorn waits for the open connections: the engines stop, every
     request in flight ending as cancelled (a page's reply is stored as stopped, an API stream
     gets its last event); the page's replies are written (their readers run on this loop);
@@ -312,16 +334,16 @@ class _Quiet:
     without a traceback each, their responses closed: their engine requests ended and were
     stored already, and uvicorn logs every cancelled request as an error of the app."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app, self.stopping = app, False
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._cut(scope, receive, send)
             return
         state = {"started": False, "done": False}
 
-        async def noted(message) -> None:
+        async def noted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 state["started"] = True
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -332,7 +354,7 @@ class _Quiet:
             with contextlib.suppress(Exception):  # the client may be gone too
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _cut(self, scope, receive, send) -> bool:
+    async def _cut(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """The app on this request; True when a stop cut it short."""
         try:
             await self.app(scope, receive, send)
@@ -357,7 +379,7 @@ def _stop_serving(reason: str) -> None:
     timer.start()
 
 
-def uvicorn_options(settings: Settings) -> dict:
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """How uvicorn serves: time limits and a connection cap for slow or idle clients
     (webui/http_limits.py); no WebSockets, which nothing here uses; X-Forwarded-For and
     -Proto believed only from --forwarded-allow-ips (uvicorn's own default believes any
@@ -450,8 +472,8 @@ def serve_banner(settings: Settings, n_users: int, addresses: list[str] | None =
     return lines
 
 
-def cmd_ask(args, settings: Settings) -> None:
-    from radixchat.core.seam.requests import ChatRequest, Failed, RequestError, TextDelta
+def cmd_ask(args: argparse.Namespace, settings: Settings) -> None:
+    from radixchat.core.seam.requests import ChatRequest, Failed, Finished, RequestError, TextDelta
 
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.prompt})
@@ -482,6 +504,7 @@ def cmd_ask(args, settings: Settings) -> None:
         print()
         if isinstance(ev, Failed):
             sys.exit(f"radixchat: {ev.message}")
+        assert isinstance(ev, Finished)  # iterating a handle ends with its one event that is not a TextDelta
         u = ev.usage
         print(
             f"[{ev.finish_reason}] prompt {u.prompt_tokens} tok (cached {u.cached_tokens}), "
@@ -494,7 +517,7 @@ def cmd_ask(args, settings: Settings) -> None:
         engine.stop()
 
 
-def cmd_doctor(args, settings: Settings) -> None:
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> None:
     from radixchat.core.engine.shard.lockstep import launched
     from radixchat.core.platform.doctor import report
 

@@ -14,6 +14,7 @@ Pure functions on the event loop; no MLX.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 USED = "used"
 IGNORED = "ignored"  # informational: accepted, cannot change the reply
@@ -107,14 +108,14 @@ NOT_YET = {
 }
 
 
-def _off(name: str, value) -> bool:
+def _off(name: str, value: Any) -> bool:
     """Does this value of a refused field ask for nothing (what clients send by default)?"""
     if name == "best_of":
         return value in (None, 1)
     return value in (None, False, 0, "", [], {}, "none", "auto") or value == {"type": "text"} or value == ["text"]
 
 
-def check_fields(data, table: dict[str, str], api: str):
+def check_fields(data: Any, table: dict[str, str], api: str) -> Any:
     """The one rule of the module docstring, on the raw body (before pydantic reads it):
     `table` says what each field of `api` (its name, for the message) does here. Returns
     the fields the request model reads."""
@@ -139,11 +140,11 @@ NOT_UNICODE = "text must be valid Unicode (it holds a lone surrogate, half of a 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def lone_surrogate(value) -> str | None:
+def lone_surrogate(value: Any) -> str | None:
     """Where in `value` (JSON as Python reads it) a string or key holds a lone surrogate
     ("messages.0.content"; "body" for the top), or None if nowhere. A loop, not recursion:
     a body may nest as deep as the JSON parser allows."""
-    todo = [(value, "")]
+    todo: list[tuple[Any, str]] = [(value, "")]
     while todo:
         v, where = todo.pop()
         if isinstance(v, str):
@@ -159,7 +160,7 @@ def lone_surrogate(value) -> str | None:
     return None
 
 
-def refuse_lone_surrogate(value) -> None:
+def refuse_lone_surrogate(value: Any) -> None:
     """ValueError naming where `value` holds a lone surrogate, if it does (every API's body)."""
     where = lone_surrogate(value)
     if where is not None:
@@ -169,7 +170,7 @@ def refuse_lone_surrogate(value) -> None:
 PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}  # and their off values
 
 
-def penalties(body, defaults: dict | None) -> dict:
+def penalties(body: object, defaults: dict[str, float] | None) -> dict[str, float]:
     """The request's penalties; what it left out from `defaults` (the model card's), else off."""
     defaults = defaults or {}
     return {
@@ -178,7 +179,9 @@ def penalties(body, defaults: dict | None) -> dict:
     }
 
 
-def with_defaults(temperature: float | None, top_p: float | None, defaults: dict | None) -> dict:
+def with_defaults(
+    temperature: float | None, top_p: float | None, defaults: dict[str, float] | None
+) -> dict[str, float]:
     """The request's temperature and top_p; what it left out from `defaults` (the model card's
     recommendation), else OpenAI's 1.0."""
     defaults = defaults or {}

@@ -33,7 +33,7 @@ from radixchat.core.seam.requests import Failed, Finished, TextDelta, Usage
 from radixchat.webui.api import toolcalls
 from radixchat.webui.api.shapes.fields import penalties, refuse_lone_surrogate, with_defaults
 
-Ignored = dict | None  # cache_control: accepted, not used (see the module's docstring)
+Ignored = dict[str, Any] | None  # cache_control: accepted, not used (see the module's docstring)
 
 
 class _Block(BaseModel):
@@ -56,7 +56,7 @@ class ToolUseBlock(_Block):
     type: Literal["tool_use"]
     id: str = Field(min_length=1, max_length=256)
     name: str = Field(min_length=1, max_length=128)
-    input: dict
+    input: dict[str, Any]
     # what the anthropic SDK's own block carries back (`model_dump()`): they inform, so
     # they are accepted and left out of the prompt
     caller: DirectCaller | None = None
@@ -80,7 +80,7 @@ Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminato
 BLOCK_TYPES = ("text", "tool_use", "tool_result")
 
 
-def _known_blocks(v):
+def _known_blocks(v: Any) -> Any:
     """A block of a type not served here is refused by its type, before pydantic's union
     says only that the content is not a string."""
     if isinstance(v, list):
@@ -99,7 +99,7 @@ class Message(BaseModel):
     _blocks = field_validator("content", mode="before")(_known_blocks)
 
     @model_validator(mode="after")
-    def _not_empty(self):
+    def _not_empty(self) -> Message:
         if isinstance(self.content, list) and not self.content:
             raise ValueError("content: at least one block")
         return self
@@ -113,7 +113,7 @@ class Tool(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=128, pattern=r"^[a-zA-Z0-9_-]+$")
     description: str | None = None
-    input_schema: dict
+    input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
     cache_control: Ignored = None
 
@@ -125,7 +125,7 @@ class ToolChoice(BaseModel):
     disable_parallel_tool_use: bool | None = None  # one call a reply here anyway
 
     @model_validator(mode="after")
-    def _named(self):
+    def _named(self) -> ToolChoice:
         if (self.type == "tool") != (self.name is not None):
             raise ValueError('name is given with type "tool", and only then')
         return self
@@ -139,7 +139,7 @@ class Thinking(BaseModel):
 class JsonOutputFormat(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["json_schema"]
-    schema_: dict = Field(alias="schema")
+    schema_: dict[str, Any] = Field(alias="schema")
 
 
 class OutputConfig(BaseModel):
@@ -152,7 +152,7 @@ class OutputConfig(BaseModel):
 
     @field_validator("effort")
     @classmethod
-    def _no_effort(cls, v):
+    def _no_effort(cls, v: str | None) -> str | None:
         if v is not None:
             raise ValueError("not supported here (this server has no thinking budget)")
         return v
@@ -185,14 +185,14 @@ class MessagesRequest(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _valid_unicode(cls, data):
+    def _valid_unicode(cls, data: Any) -> Any:
         """A lone surrogate anywhere is refused by where it is, as the OpenAI routes refuse it
         (it reached the tokenizer, whose complaint named no field)."""
         refuse_lone_surrogate(data)
         return data
 
     @model_validator(mode="after")
-    def _format_or_forced_call(self):
+    def _format_or_forced_call(self) -> MessagesRequest:
         if (
             self.reply_schema() is not None
             and self.tool_choice is not None
@@ -203,13 +203,13 @@ class MessagesRequest(BaseModel):
             )
         return self
 
-    def reply_schema(self) -> dict | None:
+    def reply_schema(self) -> dict[str, Any] | None:
         """The JSON schema the reply's text must follow (None: free text)."""
         fmt = self.output_config.format if self.output_config else None
         return fmt.schema_ if fmt else None
 
     @model_validator(mode="after")
-    def _ends_with_user_or_prefill(self):
+    def _ends_with_user_or_prefill(self) -> MessagesRequest:
         """The last message is the user's, or the start of the answer (a prefill) for the
         reply to go on from: text only, after a user's message, as Anthropic's API takes it."""
         last = self.messages[-1]
@@ -232,7 +232,7 @@ class MessagesRequest(BaseModel):
     def calls_tools(self) -> bool:
         return bool(self.tools) and (self.tool_choice is None or self.tool_choice.type != "none")
 
-    def chat_messages(self) -> list[dict]:
+    def chat_messages(self) -> list[dict[str, Any]]:
         """The conversation as chat messages: tool uses as an assistant's tool_calls, tool
         results as tool messages (before the user's text of the same turn)."""
         out: list[dict[str, Any]] = []
@@ -259,7 +259,7 @@ class MessagesRequest(BaseModel):
                 out.append({"role": "user", "content": text})
         return out
 
-    def chat_tools(self) -> list[dict] | None:
+    def chat_tools(self) -> list[dict[str, Any]] | None:
         if not self.calls_tools():
             return None
         return [
@@ -277,7 +277,7 @@ class MessagesRequest(BaseModel):
             return None
         return formats.grammar(family, tools, only=choice.name)
 
-    def sampling(self, defaults: dict) -> dict:
+    def sampling(self, defaults: dict[str, float]) -> dict[str, Any]:
         """The engine's sampling fields, what the request left out from `defaults` (the model
         card's), as the OpenAI routes fill them (webui/api/shapes/fields.py)."""
         return {
@@ -294,7 +294,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def usage(u: Usage) -> dict:
+def usage(u: Usage) -> dict[str, int]:
     return {
         "input_tokens": u.prompt_tokens - u.cached_tokens,
         "output_tokens": u.generated_tokens,
@@ -311,7 +311,7 @@ def stop_reason(final: Finished, called: bool) -> tuple[str, str | None]:
     return ("max_tokens" if final.finish_reason == "length" else "end_turn"), None
 
 
-def tool_use(call: dict) -> dict:
+def tool_use(call: dict[str, Any]) -> dict[str, Any]:
     """An OpenAI-shaped parsed call as a tool_use block."""
     try:
         args = json.loads(call["function"]["arguments"])
@@ -320,7 +320,7 @@ def tool_use(call: dict) -> dict:
     return {"type": "tool_use", "id": new_id("toolu"), "name": call["function"]["name"], "input": args}
 
 
-def message(mid: str, model: str, final: Finished, family: str | None, forced: bool = False) -> dict:
+def message(mid: str, model: str, final: Finished, family: str | None, forced: bool = False) -> dict[str, Any]:
     """The whole reply as Anthropic's Message object (`forced`: a call was required)."""
     content, calls, called = toolcalls.reply(family, final.text, forced)
     blocks = [{"type": "text", "text": content}] if content else []
@@ -338,7 +338,7 @@ def message(mid: str, model: str, final: Finished, family: str | None, forced: b
     }
 
 
-def sse(event: str, data: dict) -> str:
+def sse(event: str, data: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
@@ -347,7 +347,7 @@ class MessageEvents:
     deltas and stop, any tool_use blocks (whole, as one input_json_delta each), then
     message_delta (stop reason, usage) and message_stop; a failure is an `error` event."""
 
-    def __init__(self, mid: str, model: str, prompt_tokens: int, family: str | None, forced: bool = False):
+    def __init__(self, mid: str, model: str, prompt_tokens: int, family: str | None, forced: bool = False) -> None:
         self.mid, self.model, self.prompt_tokens, self.family = mid, model, prompt_tokens, family
         self.stream = toolcalls.Stream(family, forced) if family else None
         self.text_open = False
@@ -358,7 +358,7 @@ class MessageEvents:
         return [sse("message_start", {"type": "message_start", "message": start}), sse("ping", {"type": "ping"})]
 
     def _text(self, text: str) -> list[str]:
-        out = []
+        out: list[str] = []
         if not self.text_open:
             self.text_open = True
             block = {"type": "text", "text": ""}

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from radixchat.core.seam import requests as seam
 
 
 class PromptTokensDetails(BaseModel):
@@ -24,7 +27,7 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
-def usage_of(u) -> Usage:
+def usage_of(u: seam.Usage) -> Usage:
     return Usage(
         prompt_tokens=u.prompt_tokens,
         completion_tokens=u.generated_tokens,
@@ -33,7 +36,7 @@ def usage_of(u) -> Usage:
     )
 
 
-def usage_of_choices(usages) -> Usage:
+def usage_of_choices(usages: list[seam.Usage]) -> Usage:
     """One request's usage over its n choices: the prompt counts once, the completions add up,
     and cached_tokens are the prompt tokens the request did not compute (a prompt computed
     once for n choices reports what one choice would)."""
@@ -57,14 +60,14 @@ def new_id(prefix: str) -> str:
 class ChoiceMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
-    tool_calls: list[dict] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
-def _token(text: str, logprob: float) -> dict:
+def _token(text: str, logprob: float) -> dict[str, Any]:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
-def chat_logprobs(entries) -> dict | None:
+def chat_logprobs(entries: list[seam.TokenLogprob] | None) -> dict[str, Any] | None:
     """OpenAI's chat `logprobs` object for these TokenLogprobs (None: not asked for)."""
     if entries is None:
         return None
@@ -76,11 +79,11 @@ def chat_logprobs(entries) -> dict | None:
     }
 
 
-def completion_logprobs(entries, offset: int = 0) -> dict | None:
+def completion_logprobs(entries: list[seam.TokenLogprob] | None, offset: int = 0) -> dict[str, Any] | None:
     """The legacy completions `logprobs` object; `offset`: characters of text before these."""
     if entries is None:
         return None
-    offsets = []
+    offsets: list[int] = []
     for e in entries:
         offsets.append(offset)
         offset += len(e.token)
@@ -96,7 +99,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: ChoiceMessage
     finish_reason: str | None
-    logprobs: dict | None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -111,14 +114,14 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
-    tool_calls: list[dict] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: str | None = None
-    logprobs: dict | None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -134,7 +137,7 @@ class TextChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: dict | None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class Completion(BaseModel):

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixchat.core.seam import tools as formats
-from radixchat.core.seam.requests import Failed, Finished, TextDelta
+from radixchat.core.seam.requests import Failed, Finished, TextDelta, Usage
 from radixchat.webui.api import toolcalls
 from radixchat.webui.api.shapes.fields import FIELDS, check_fields, with_defaults
 
@@ -28,7 +28,7 @@ class FunctionTool(BaseModel):
     type: Literal["function"]
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
     description: str | None = None
-    parameters: dict | None = None
+    parameters: dict[str, Any] | None = None
     strict: bool | None = None  # a forced call's arguments follow the schema anyway
 
 
@@ -38,7 +38,7 @@ class NamedFunction(BaseModel):
     name: str
 
 
-def _function_tools_only(v):
+def _function_tools_only(v: Any) -> Any:
     """A hosted tool (web search, files, a computer...) is refused by its type, before
     pydantic's message about a literal."""
     for i, t in enumerate(v if isinstance(v, list) else []):
@@ -51,7 +51,7 @@ def _function_tools_only(v):
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str
-    input: str | list[dict] = Field(min_length=1)
+    input: str | list[dict[str, Any]] = Field(min_length=1)
     instructions: str | None = None
     stream: bool = False
     previous_response_id: str | None = None
@@ -60,14 +60,14 @@ class ResponsesRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     store: bool = True
-    text: dict | None = None
+    text: dict[str, Any] | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
 
     _tools = field_validator("tools", mode="before")(_function_tools_only)
 
     @model_validator(mode="after")
-    def _tools_checks(self):
+    def _tools_checks(self) -> ResponsesRequest:
         if isinstance(self.tool_choice, NamedFunction) and self.tool_choice.name not in {
             t.name for t in self.tools or []
         }:
@@ -83,7 +83,7 @@ class ResponsesRequest(BaseModel):
     def forced(self) -> bool:
         return self.calls_tools() and self.tool_choice not in (None, "auto")
 
-    def tool_side(self, family: str | None) -> tuple[list[dict] | None, str | None]:
+    def tool_side(self, family: str | None) -> tuple[list[dict[str, Any]] | None, str | None]:
         """(the tools for the chat template, the Lark grammar a forced call needs), as chat
         completions' (webui/api/toolcalls.py); ToolsUnsupported where the model has no format."""
         if not self.calls_tools():
@@ -105,10 +105,10 @@ class ResponsesRequest(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _fields(cls, data):
+    def _fields(cls, data: Any) -> Any:
         return check_fields(data, FIELDS["responses"], "Responses")
 
-    def sampling(self, defaults: dict | None) -> dict:
+    def sampling(self, defaults: dict[str, float] | None) -> dict[str, Any]:
         """The engine's sampling fields; `defaults` fill what the request left out."""
         return {
             **with_defaults(self.temperature, self.top_p, defaults),
@@ -117,7 +117,7 @@ class ResponsesRequest(BaseModel):
             "json_schema": self.reply_schema(),
         }
 
-    def messages(self) -> list[dict]:
+    def messages(self) -> list[dict[str, Any]]:
         """This turn's input as chat messages."""
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
@@ -136,6 +136,8 @@ class ResponsesRequest(BaseModel):
             if isinstance(content, list):
                 parts = []
                 for p in content:
+                    if not isinstance(p, dict):
+                        raise ValueError("input: a message's content is text or a list of text parts (objects)")
                     if p.get("type") not in ("input_text", "output_text", "text"):
                         raise ValueError(f"input: this model takes text only (got a {p.get('type')} part)")
                     parts.append(p.get("text", ""))
@@ -146,19 +148,21 @@ class ResponsesRequest(BaseModel):
             out.append({"role": role, "content": content})
         return out
 
-    def reply_schema(self) -> dict | None:
+    def reply_schema(self) -> dict[str, Any] | None:
         fmt = (self.text or {}).get("format") or {"type": "text"}
-        kind = fmt.get("type")
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
         if kind == "text":
             return None
         if kind == "json_object":
             return {"type": "object"}
-        if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
-            return fmt["schema"]
+        if kind == "json_schema":
+            schema = fmt.get("schema")
+            if isinstance(schema, dict):
+                return schema
         raise ValueError("text.format: text, json_object or json_schema (with its schema)")
 
 
-def _function_item(out: list[dict], item: dict, where: str) -> None:
+def _function_item(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
     """A function call the model made (sent back as the SDK gave it) or its output, as chat
     messages: the call joins the assistant message before it, the output is a tool message."""
     call_id = item.get("call_id")
@@ -186,7 +190,7 @@ def _function_item(out: list[dict], item: dict, where: str) -> None:
         out.append({"role": "assistant", "content": "", "tool_calls": [call]})
 
 
-def function_call_item(call: dict, status: str = "completed") -> dict:
+def function_call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
     """A parsed call (OpenAI's chat shape) as a Responses output item."""
     return {
         "type": "function_call",
@@ -209,22 +213,22 @@ def response_object(
     model: str,
     text: str,
     status: str,
-    usage,
+    usage: Usage | None,
     previous: str | None,
     msg_id: str,
     created: float,
-    calls: list[dict] | None = None,
+    calls: list[dict[str, Any]] | None = None,
     why: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """OpenAI's Response object; `usage` is the engine's (None: not known); `calls` the
     function calls parsed out of the reply (an output item each, after the message, which is
     left out when the reply is calls only); `why` an incomplete one's reason."""
-    out = []
+    out: list[dict[str, Any]] = []
     if status != "in_progress":
         item_status = "incomplete" if why else "completed"
         out = [message_item(msg_id, text, item_status)] if text or not calls else []
         out += [function_call_item(c) for c in calls or []]
-    body = {
+    body: dict[str, Any] = {
         "id": rid,
         "object": "response",
         "created_at": int(created),
@@ -255,7 +259,7 @@ def response_object(
     return body
 
 
-def message_item(msg_id: str, text: str, status: str) -> dict:
+def message_item(msg_id: str, text: str, status: str) -> dict[str, Any]:
     return {
         "type": "message",
         "id": msg_id,
@@ -281,7 +285,7 @@ class ResponseEvents:
         msg: str,
         family: str | None = None,
         forced: bool = False,
-    ):
+    ) -> None:
         self.rid, self.model, self.previous, self.keep = rid, model, previous, keep
         self.msg = msg  # the output message's id
         self.created = time.time()
@@ -290,11 +294,18 @@ class ResponseEvents:
         self.opened = False  # the message item's added events went out
         self.shown = ""  # its text so far
 
-    def _event(self, kind: str, **fields) -> str:
+    def _event(self, kind: str, **fields: Any) -> str:
         self.n += 1
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': self.n - 1, **fields})}\n\n"
 
-    def _response(self, text: str, status: str, usage=None, calls=None, why=None) -> dict:
+    def _response(
+        self,
+        text: str,
+        status: str,
+        usage: Usage | None = None,
+        calls: list[dict[str, Any]] | None = None,
+        why: str | None = None,
+    ) -> dict[str, Any]:
         return response_object(
             self.rid, self.model, text, status, usage, self.previous, self.msg, self.created, calls, why
         )

@@ -28,7 +28,7 @@ class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str | None = None
-    parameters: dict | None = None
+    parameters: dict[str, Any] | None = None
     strict: bool | None = None  # calls are always held to the parameters' schema here
 
 
@@ -61,7 +61,7 @@ class Message(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _text_only(cls, data):
+    def _text_only(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
         if data.get("role") == "function" or data.get("function_call"):
@@ -76,7 +76,7 @@ class Message(BaseModel):
         return {k: v for k, v in data.items() if k not in ("refusal", "annotations", "audio")}
 
     @model_validator(mode="after")
-    def _has_content(self):
+    def _has_content(self) -> Message:
         if self.content is None and not self.tool_calls:
             raise ValueError("content: missing (only an assistant message with tool_calls may leave it out)")
         if self.role == "tool" and not self.tool_call_id:
@@ -90,7 +90,7 @@ class Message(BaseModel):
             return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
-    def for_template(self) -> dict:
+    def for_template(self) -> dict[str, Any]:
         """The message as chat templates take it (arguments as objects, as HF templates expect)."""
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
         if self.tool_calls:
@@ -109,7 +109,7 @@ class Message(BaseModel):
         return out
 
 
-def _loads_or_text(arguments: str):
+def _loads_or_text(arguments: str) -> Any:
     try:
         return json.loads(arguments)
     except ValueError:
@@ -147,7 +147,7 @@ class _Sampling(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _bias_keys(cls, v):
+    def _bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         if v and not all(k.strip().isdigit() for k in v):
             raise ValueError('keys must be token ids, e.g. {"50256": -100}')
         return v
@@ -158,7 +158,7 @@ class _Sampling(BaseModel):
 
     @field_validator("stop")
     @classmethod
-    def _stops(cls, v):
+    def _stops(cls, v: str | list[str] | None) -> list[str]:
         stops = [v] if isinstance(v, str) else (v or [])
         if len(stops) > 4:
             raise ValueError("at most 4 stop sequences")
@@ -166,7 +166,7 @@ class _Sampling(BaseModel):
             raise ValueError("stop sequences must not be empty")
         return stops
 
-    def sampling(self, defaults: dict | None = None) -> dict:
+    def sampling(self, defaults: dict[str, float] | None = None) -> dict[str, Any]:
         """The engine's sampling fields; `defaults` fill what the request left out."""
         return {
             **with_defaults(self.temperature, self.top_p, defaults),
@@ -185,7 +185,7 @@ class _Sampling(BaseModel):
 class JsonSchemaFormat(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: str = Field(min_length=1, max_length=64)
-    schema_: dict = Field(alias="schema")
+    schema_: dict[str, Any] = Field(alias="schema")
     description: str | None = None
     strict: bool | None = None  # the schema is always enforced here
 
@@ -196,12 +196,12 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _schema_given(self):
+    def _schema_given(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("json_schema: give it exactly with type json_schema")
         return self
 
-    def reply_schema(self) -> dict | None:
+    def reply_schema(self) -> dict[str, Any] | None:
         """The JSON schema the reply must follow (None: free text)."""
         if self.type == "json_object":
             return {"type": "object"}
@@ -236,7 +236,7 @@ class ChatCompletionRequest(_Sampling):
         return self.reasoning_effort not in ("none", "minimal")
 
     @model_validator(mode="after")
-    def _tools_checks(self):
+    def _tools_checks(self) -> ChatCompletionRequest:
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in {
             t.function.name for t in self.tools or []
         }:
@@ -251,7 +251,7 @@ class ChatCompletionRequest(_Sampling):
         """Are tools given to the model (tool_choice "none" keeps them away)?"""
         return bool(self.tools) and self.tool_choice != "none"
 
-    def sampling(self, defaults: dict | None = None) -> dict:
+    def sampling(self, defaults: dict[str, float] | None = None) -> dict[str, Any]:
         schema = self.response_format.reply_schema() if self.response_format else None
         return {**super().sampling(defaults), "json_schema": schema}
 
@@ -260,11 +260,11 @@ class ChatCompletionRequest(_Sampling):
 
     @model_validator(mode="before")
     @classmethod
-    def _fields(cls, data):
+    def _fields(cls, data: Any) -> Any:
         return check_fields(data, FIELDS["chat"], "chat completions")
 
     @model_validator(mode="after")
-    def _chat_checks(self):
+    def _chat_checks(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs: true")
         if self.max_completion_tokens is not None:
@@ -278,7 +278,7 @@ class CompletionRequest(_Sampling):
     echo: bool = False  # the reply starts with the prompt
 
     @model_validator(mode="after")
-    def _echo(self):
+    def _echo(self) -> CompletionRequest:
         if self.echo and self.logprobs is not None:
             raise ValueError(
                 "echo: with logprobs it needs the prompt's log-probabilities, which this server does not report"
@@ -290,12 +290,12 @@ class CompletionRequest(_Sampling):
 
     @model_validator(mode="before")
     @classmethod
-    def _fields(cls, data):
+    def _fields(cls, data: Any) -> Any:
         return check_fields(data, FIELDS["completions"], "completions")
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v):
+    def _one_prompt(cls, v: str | list[str]) -> str:
         if isinstance(v, list):
             if len(v) != 1:
                 raise ValueError("prompt: exactly one prompt is supported")

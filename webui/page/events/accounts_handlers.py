@@ -22,11 +22,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
+from typing import TypeVar
 
 import gradio as gr
 
-from radixchat.core.store import AlreadyExists, AuthFailed, Invalid, NotFound, StoreError
+from radixchat.core.store import AlreadyExists, AuthFailed, Invalid, NotFound, Store, StoreError, User
 from radixchat.core.store.accounts import new_password
 from radixchat.webui.auth.gate import page_cookie_id, sign_in_token
 from radixchat.webui.page.events.view import notices
@@ -41,6 +43,10 @@ NO_ACCOUNTS = "There are no accounts to manage without sign-in."
 # wrong current passwords before a user must wait: the page is no way round sign-in's lockout
 MAX_WRONG, WRONG_WAIT_S = 5, 300.0
 
+V = TypeVar("V")
+# the admin table's rows: names and words, and counts
+UserRows = list[list[str | int]]
+
 
 def _when(ts: float | None) -> str:
     return "-" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
@@ -52,7 +58,7 @@ def _sentence(e: StoreError) -> str:
     return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
-def _whole(limit) -> int | None:
+def _whole(limit: float | str | None) -> int | None:
     """A request limit as typed: None for empty or 0 (the server's), else a whole number."""
     if limit is None or limit == "":
         return None
@@ -68,7 +74,7 @@ def _whole(limit) -> int | None:
 class AccountHandlers:
     """The Account and Admin tabs' handlers (see the module docstring)."""
 
-    def __init__(self, store, *, sign_in: bool = True):
+    def __init__(self, store: Store, *, sign_in: bool = True):
         self.store = store
         self.sign_in = sign_in  # False with --no-auth: no accounts, so no admin either
         self._cookie_id = page_cookie_id(store.path)
@@ -83,7 +89,7 @@ class AccountHandlers:
             raise PageError("You are signed out: reload the page and sign in again.")
         return name
 
-    def _user(self, name: str):
+    def _user(self, name: str) -> User:
         try:
             return self.store.get_user(name)
         except NotFound:  # removed meanwhile: their sign-in ends at its next request
@@ -103,7 +109,7 @@ class AccountHandlers:
 
     # ---- one's own account ----
 
-    def keys(self, name: str):
+    def keys(self, name: str) -> tuple[list[list[str]], gr.Dropdown]:
         """One's keys as the table shows them, and the revoke picker's choices (active keys)."""
         keys = self.store.list_api_keys(self._user(name))
         rows = [
@@ -120,11 +126,13 @@ class AccountHandlers:
         return rows, gr.Dropdown(choices=active, value=None)
 
     @notices(2)
-    def account_shown(self, request: gr.Request):
+    def account_shown(self, request: gr.Request) -> tuple[list[list[str]], gr.Dropdown]:
         return self.keys(self.who(request))
 
     @notices(5)
-    def change_password(self, current: str, new: str, again: str, request: gr.Request):
+    def change_password(
+        self, current: str, new: str, again: str, request: gr.Request
+    ) -> tuple[str, str, str, str, gr.Button]:
         """One's own password, the current one first. Every other sign-in of the user ends
         (other tabs, browsers and devices: whoever may have learnt the old password), this one
         goes on; API keys are left as they are, which the page says. Should this sign-in not be
@@ -174,7 +182,7 @@ class AccountHandlers:
             self._wrong.setdefault(name, []).append(time.monotonic())
 
     @notices(4)
-    def create_key(self, label: str, request: gr.Request):
+    def create_key(self, label: str, request: gr.Request) -> tuple[gr.Textbox, list[list[str]], gr.Dropdown, str]:
         """A new key of one's own: shown this once (the store keeps only its hash)."""
         name = self.who(request)
         check_text(label, "key name")
@@ -187,7 +195,7 @@ class AccountHandlers:
         return gr.Textbox(value=secret, visible=True), *self.keys(name), ""
 
     @notices(3)
-    def revoke_key(self, visible: str | None, request: gr.Request):
+    def revoke_key(self, visible: str | None, request: gr.Request) -> tuple[list[list[str]], gr.Dropdown, gr.Textbox]:
         """One of one's own keys revoked: the API refuses it from now on (401)."""
         name = self.who(request)
         if not visible:
@@ -202,10 +210,10 @@ class AccountHandlers:
 
     # ---- an admin's users ----
 
-    def users(self):
+    def users(self) -> tuple[UserRows, gr.Dropdown]:
         """Every user as the admin table shows them, and the user picker's choices."""
         accounts = self.store.accounts()
-        rows = [
+        rows: UserRows = [
             [
                 a.name,
                 "admin" if a.admin else "user",
@@ -220,14 +228,16 @@ class AccountHandlers:
         return rows, gr.Dropdown(choices=[a.name for a in accounts])
 
     @notices(3)
-    def admin_shown(self, request: gr.Request):
+    def admin_shown(self, request: gr.Request) -> tuple[gr.Tab, UserRows, gr.Dropdown]:
         """The Admin tab, shown to admins only, with its table (nothing for anyone else)."""
         if not self.sign_in or not self.store.is_admin(self.who(request)):
             return gr.Tab(visible=False), [], gr.Dropdown(choices=[])
         return gr.Tab(visible=True), *self.users()
 
     @notices(5)
-    def add_user(self, name: str, make_admin: bool, request: gr.Request):
+    def add_user(
+        self, name: str, make_admin: bool, request: gr.Request
+    ) -> tuple[gr.Textbox, UserRows, gr.Dropdown, str, bool]:
         """A new user with a generated password, shown to the admin this once."""
         who = self.admin(request, "add user", repr(name))
         check_text(name, "user name")
@@ -241,7 +251,16 @@ class AccountHandlers:
         shown = f"New user **{name}**: give them this password (shown this once; they can change it under Account)."
         return gr.Textbox(value=password, visible=True, label=shown.replace("**", "")), *self.users(), "", False
 
-    def _flag(self, request: gr.Request, action: str, name: str | None, setter, value, done: str, not_self=None):
+    def _flag(
+        self,
+        request: gr.Request,
+        action: str,
+        name: str | None,
+        setter: Callable[[str, bool], None],
+        value: bool,
+        done: str,
+        not_self: str | None = None,
+    ) -> tuple[UserRows, gr.Dropdown, gr.Textbox]:
         """Set one of a user's flags for an admin (refused on oneself with `not_self`), logged
         as `done` with the user's name filled in; the refreshed user list, the password box hidden."""
         who = self.admin(request, action, repr(name))
@@ -252,7 +271,7 @@ class AccountHandlers:
         return *self.users(), gr.Textbox(value="", visible=False)
 
     @notices(3)
-    def disable(self, name: str | None, request: gr.Request):
+    def disable(self, name: str | None, request: gr.Request) -> tuple[UserRows, gr.Dropdown, gr.Textbox]:
         return self._flag(
             request,
             "disable",
@@ -264,11 +283,11 @@ class AccountHandlers:
         )
 
     @notices(3)
-    def enable(self, name: str | None, request: gr.Request):
+    def enable(self, name: str | None, request: gr.Request) -> tuple[UserRows, gr.Dropdown, gr.Textbox]:
         return self._flag(request, "enable", name, self.store.set_disabled, False, "re-enabled user {name}")
 
     @notices(3)
-    def reset_password(self, name: str | None, request: gr.Request):
+    def reset_password(self, name: str | None, request: gr.Request) -> tuple[UserRows, gr.Dropdown, gr.Textbox]:
         """A user's password replaced by a generated one, shown to the admin this once; every
         page sign-in of that user ends."""
         who = self.admin(request, "reset password", repr(name))
@@ -281,24 +300,26 @@ class AccountHandlers:
         return *self.users(), gr.Textbox(value=password, visible=True, label=label)
 
     @notices(3)
-    def make_admin(self, name: str | None, request: gr.Request):
+    def make_admin(self, name: str | None, request: gr.Request) -> tuple[UserRows, gr.Dropdown, gr.Textbox]:
         """The picked user may manage the others from now on."""
         return self._flag(request, "make admin", name, self.store.set_admin, True, "made user {name} an admin")
 
     @notices(3)
-    def remove_admin(self, name: str | None, request: gr.Request):
+    def remove_admin(self, name: str | None, request: gr.Request) -> tuple[UserRows, gr.Dropdown, gr.Textbox]:
         """The picked user (oneself too) an admin no more; never the last one."""
         done = "made user {name} no longer an admin"
         return self._flag(request, "remove admin", name, self.store.set_admin, False, done)
 
     @notices(1)
-    def user_picked(self, name: str | None, request: gr.Request):
+    def user_picked(self, name: str | None, request: gr.Request) -> int:
         """The picked user's own request limit into its box (0: the server's)."""
         self.admin(request, "read the request limit of", repr(name))
         return (self.store.request_limit(name) or 0) if name else 0
 
     @notices(3)
-    def set_limit(self, name: str | None, limit, request: gr.Request):
+    def set_limit(
+        self, name: str | None, limit: float | str | None, request: gr.Request
+    ) -> tuple[UserRows, gr.Dropdown, gr.Textbox]:
         """A user's own request limit; empty (or 0): the server's --max-user-requests."""
         who = self.admin(request, "set request limit", repr(name))
         value = _whole(limit)
@@ -306,7 +327,7 @@ class AccountHandlers:
         log.info("admin %s set the request limit of user %s to %s", who, name, value or "the server's")
         return *self.users(), gr.Textbox(value="", visible=False)
 
-    def _change(self, name: str | None, change, value) -> None:
+    def _change(self, name: str | None, change: Callable[[str, V], object], value: V) -> None:
         if not name:
             raise PageError("Pick a user first.")
         try:

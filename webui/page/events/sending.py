@@ -17,11 +17,16 @@ following) and Gradio's worker threads (Stop, `new_tab`). No MLX.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
-from radixchat.webui.page.events.view import SHOWN, STOP, PageView, View, notice, notices
+from radixchat.webui.page.events.view import SHOWN, STOP, PageView, Skip, View, notice, notices, skip_output
 from radixchat.webui.page.logic.errors import PageError
+
+if TYPE_CHECKING:
+    from radixchat.core.store import User
 
 # what a send yields, in this order (wiring.py's `replying`)
 REPLYING = ("chatbot", "message", "conv_list", "title", "send", "current", "edit_bar")
@@ -33,7 +38,9 @@ class Send:
     """One send as the page draws it: the chat it made (a new chat), whether its first rows
     are out, whether its chat was in view at its last rows, and how the button read."""
 
-    def __init__(self, page: PageView, user, view: View, stamp, query, *, again: bool):
+    reads_stop: bool | None  # None: the button has not been drawn yet
+
+    def __init__(self, page: PageView, user: User, view: View, stamp: int | None, query: str, *, again: bool):
         self.page, self.user, self.view = page, user, view
         self.stamp, self.query, self.again = stamp, query, again
         self.editing = view.editing  # an edit under way, in this chat or another
@@ -50,16 +57,16 @@ class Send:
         self.made.append(new_id)
         self.view.follow(new_id, self.stamp)
 
-    def button(self):
+    def button(self) -> gr.Button | Skip:
         """The button for the chat in view, when that changed: this reply began or ended,
         or another chat (writing or not) came into view meanwhile."""
         writing = self.page.chat.writing(self.user, self.view.conv)
         if writing == self.reads_stop:
-            return gr.skip()
+            return skip_output()
         self.reads_stop = writing
         return self.page.action(writing)
 
-    async def opening(self, msgs: list[dict], conv_id: int, here: bool, edit: int | None) -> tuple:
+    async def opening(self, msgs: list[dict[str, Any]], conv_id: int, here: bool, edit: int | None) -> tuple[Any, ...]:
         """The first rows, with the list and the title, for the title a first message gives
         its chat; a stored edit is done."""
         chat, user, skip = self.page.chat, self.user, gr.skip()
@@ -86,12 +93,12 @@ class Send:
         if run is not None:
             self.view.watching = (conv_id, run.started)
 
-    async def in_view(self):
+    async def in_view(self) -> list[dict[str, Any]] | Skip:
         """What the chat area shows of the chat in view, now that the reply's chat was left."""
         try:
             return await asyncio.to_thread(self.page.chat.messages, self.user, self.view.conv)
         except PageError:
-            return gr.skip()
+            return skip_output()
 
 
 class Sending(PageView):
@@ -99,19 +106,19 @@ class Sending(PageView):
 
     async def send_message(
         self,
-        text,
-        conv_id,
-        system_text,
-        stamp,
-        query,
-        temp,
-        n_tokens,
-        picked,
+        text: str | None,
+        conv_id: int | None,
+        system_text: str | None,
+        stamp: int | None,
+        query: str,
+        temp: float,
+        n_tokens: int | None,
+        picked: str | None,
         view: View,
         request: gr.Request,
-        again=False,
-        go_on=False,
-    ):
+        again: bool = False,
+        go_on: bool = False,
+    ) -> AsyncIterator[tuple[Any, ...]]:
         """Stream a reply into the chat area while its chat is in view (outputs: `REPLYING`). A
         refusal leaves the typed text in the box and shows a notice; an empty box does nothing. A new chat (conv_id None)
         is made by this message, with the model `picked` (the picker's, as the browser sent it;
@@ -145,6 +152,7 @@ class Sending(PageView):
                 model=picked or view.model,
             ):
                 conv_id = send.made[0] if send.made else conv_id
+                assert conv_id is not None  # a new chat's id came (`started`) before its first rows
                 here = view.conv == conv_id
                 if not send.opened:
                     send.watch(conv_id)
@@ -162,13 +170,31 @@ class Sending(PageView):
             notice(e)
             yield skip, skip, skip, skip, skip, skip, skip  # refused before it began, or after its last yield
 
-    async def respond_again(self, conv_id, stamp, query, temp, n_tokens, view: View, request: gr.Request):
+    async def respond_again(
+        self,
+        conv_id: int | None,
+        stamp: int | None,
+        query: str,
+        temp: float,
+        n_tokens: int | None,
+        view: View,
+        request: gr.Request,
+    ) -> AsyncIterator[tuple[Any, ...]]:
         async for out in self.send_message(
             None, conv_id, "", stamp, query, temp, n_tokens, None, view, request, again=True
         ):
             yield out
 
-    async def continue_answer(self, conv_id, stamp, query, temp, n_tokens, view: View, request: gr.Request):
+    async def continue_answer(
+        self,
+        conv_id: int | None,
+        stamp: int | None,
+        query: str,
+        temp: float,
+        n_tokens: int | None,
+        view: View,
+        request: gr.Request,
+    ) -> AsyncIterator[tuple[Any, ...]]:
         """Continue: the last answer goes on from where it was cut, as one message."""
         async for out in self.send_message(
             None, conv_id, "", stamp, query, temp, n_tokens, None, view, request, again=True, go_on=True
@@ -176,8 +202,19 @@ class Sending(PageView):
             yield out
 
     async def send_pressed(
-        self, label, text, conv_id, system_text, stamp, query, temp, n_tokens, picked, view: View, request: gr.Request
-    ):
+        self,
+        label: str,
+        text: str | None,
+        conv_id: int | None,
+        system_text: str | None,
+        stamp: int | None,
+        query: str,
+        temp: float,
+        n_tokens: int | None,
+        picked: str | None,
+        view: View,
+        request: gr.Request,
+    ) -> AsyncIterator[tuple[Any, ...]]:
         """The button read Send when pressed: send (Stop is `stop_pressed`, outside the queue)."""
         if label == STOP:
             yield tuple(gr.skip() for _ in REPLYING)
@@ -188,16 +225,18 @@ class Sending(PageView):
             yield out
 
     @notices(1)
-    def stop_pressed(self, label, conv_id, request: gr.Request):
+    def stop_pressed(self, label: str, conv_id: int | None, request: gr.Request) -> gr.Button | Skip:
         """The button read Stop when pressed: cancel the chat's reply in the engine (what it wrote
         stays; its own event turns the button back to Send). Not queued behind the replies."""
         if label != STOP:
-            return gr.skip()
+            return skip_output()
         if conv_id is None or not self.chat.stop(self.who(request), int(conv_id)):
             return self.action(False)  # it ended meanwhile
-        return gr.skip()
+        return skip_output()
 
-    async def follow_reply(self, conv_id, stamp, label, view: View, request: gr.Request):
+    async def follow_reply(
+        self, conv_id: int | None, stamp: int | None, label: str, view: View, request: gr.Request
+    ) -> AsyncIterator[tuple[Any, ...]]:
         """A chat came into view (the page loaded, a chat was picked), or a sync found a reply
         begun in the chat in view (webui/page/events/sync.py), while a reply of its user's is being
         written there, sent from this tab or another: it streams on here to its end,
@@ -211,12 +250,13 @@ class Sending(PageView):
         except PageError:
             return
         conv_id, epoch = None if conv_id is None else int(conv_id), int(stamp or 0)
-        in_view = lambda: view.conv == conv_id and view.epoch == epoch  # noqa: E731
+        in_view: Callable[[], bool] = lambda: view.conv == conv_id and view.epoch == epoch  # noqa: E731
         run = self.chat.live(user, conv_id)
         if run is None:
             if label == STOP and in_view():  # it ended between the chat's rows and now
                 yield await Send(self, user, view, epoch, "", again=True).in_view(), self.action(False)
             return
+        assert conv_id is not None  # a new chat has no reply to follow: `live` found none
         view.watching = (conv_id, run.started)  # a sync need not follow it again
         reads_stop, why = None, None
         try:
@@ -236,7 +276,7 @@ class Sending(PageView):
     # form: `new_tab` makes a chat with a system prompt (its id is the value of the first output),
     # `respond` sends in a chat by id (None: a new chat). No browser triggers these two.
     @notices(len(SHOWN))
-    def new_tab(self, system_text, view: View, request: gr.Request):
+    def new_tab(self, system_text: str | None, view: View, request: gr.Request) -> tuple[Any, ...]:
         user = self.who(request)
         # sessions of one user each get theirs; with the model picked in this one, if any
         conv = self.chat.new_chat(user, system_text or "", reuse=False, model=view.model)
@@ -244,6 +284,8 @@ class Sending(PageView):
         current_id, chats, *rest = self.shown(user, conv.id, "", view, request)
         return (chats, current_id, *rest)
 
-    async def respond(self, text, conv_id, temp, n_tokens, view: View, request: gr.Request):
+    async def respond(
+        self, text: str | None, conv_id: int | None, temp: float, n_tokens: int | None, view: View, request: gr.Request
+    ) -> AsyncIterator[tuple[Any, ...]]:
         async for out in self.send_message(text, conv_id, "", view.epoch, "", temp, n_tokens, None, view, request):
             yield out

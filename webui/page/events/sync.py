@@ -15,16 +15,29 @@ hidden `follow_go`, whose change starts following it (webui/page/events/sending.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import gradio as gr
 
-from radixchat.webui.page.events.view import PageView, View
+from radixchat.webui.page.events.view import PageView, Skip, View, skip_output
 from radixchat.webui.page.logic.errors import PageError
+
+if TYPE_CHECKING:
+    from radixchat.core.store import User
 
 
 class Syncing(PageView):
     """The handler of a tab's periodic question."""
 
-    def synced(self, query, conv_id, follows, title, view: View, request: gr.Request):
+    def synced(
+        self,
+        query: str | None,
+        conv_id: int | None,
+        follows: int | None,
+        title: str | None,
+        view: View,
+        request: gr.Request,
+    ) -> tuple[gr.Radio | Skip, int | Skip, str | Skip]:
         """(the sidebar's choices, or skip; `follow_go` bumped, or skip; the title box, or skip)."""
         skip = gr.skip()
         try:
@@ -32,26 +45,26 @@ class Syncing(PageView):
             found = self.chat.find(user, query or "")
         except PageError:  # signed out elsewhere (the tab's next action says so), or a search refused
             return skip, skip, skip
-        choices = skip
+        choices: gr.Radio | Skip = skip
         if found != view.listed:
             view.listed = found
             choices = gr.Radio(choices=found)
         conv_id = None if conv_id is None else int(conv_id)
         here = conv_id is not None and conv_id == view.conv
-        titled = self._title(user, conv_id, title, view) if here else skip
+        titled = self._title(user, conv_id, title, view) if here and conv_id is not None else skip
         run = self.chat.live(user, conv_id) if here else None
         if run is None or not run.live or view.watching == (conv_id, run.started):
             return choices, skip, titled
         return choices, int(follows or 0) + 1, titled
 
-    def _title(self, user, conv_id: int, box, view: View):
+    def _title(self, user: User, conv_id: int, box: str | None, view: View) -> str | Skip:
         """The chat in view's title, renamed elsewhere, for its box; skip when it was not, or
         when the box no longer holds what this tab showed (someone is editing it here)."""
         try:
             stored = self.chat.conversation(user, conv_id).title
         except PageError:  # deleted elsewhere: the sidebar's list says so
-            return gr.skip()
+            return skip_output()
         if view.title is None or stored == view.title or (box or "") != view.title:
-            return gr.skip()
+            return skip_output()
         view.title = stored
         return stored

@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 import html
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import gradio as gr
 
@@ -30,8 +31,15 @@ log = logging.getLogger("radixchat.page")
 
 if TYPE_CHECKING:
     from radixchat.core.seam.protocol import ModelInfo
+    from radixchat.core.store import User
     from radixchat.webui.page.logic.chat_page import ChatPage
     from radixchat.webui.page.logic.dashboard import Presence
+
+P = ParamSpec("P")
+T = TypeVar("T")
+# gr.skip(): the output stays as it is (Gradio's own annotation of it is a bare dict). Gradio
+# reads handlers' annotations at run time (a gr.Request parameter), so this is no TYPE_CHECKING name.
+Skip = dict[str, Any]
 
 NO_PROMPT, CUSTOM = "None", "Custom"  # the system-prompt presets that are not one
 SEND, STOP = "Send", "Stop"
@@ -49,6 +57,8 @@ SHOWN = (
     "model",
     "model_note",
 )
+# its values' types, in that order
+Shown = tuple[int | None, gr.Radio, list[dict[str, Any]], str, str, str, gr.Button, str, gr.Row, str, str]
 
 
 @dataclass
@@ -82,18 +92,24 @@ class View:
         return True
 
 
+def skip_output() -> Skip:
+    """`gr.skip()`, for a handler to return: Gradio annotates it (a dict), but its `@document`
+    decorator hides that from a type checker, which sees Any."""
+    return cast(Skip, gr.skip())
+
+
 def notice(e: PageError) -> None:
     """A PageError as a notice. Gradio shows a notice's text as (sanitized) HTML; escaped, it
     is text, whatever of a request or a reply it quotes."""
     gr.Warning(html.escape(e.message))
 
 
-def notices(n_outputs: int):
+def notices(n_outputs: int) -> Callable[[Callable[P, T]], Callable[P, T | Skip | tuple[Skip, ...]]]:
     """Turn a PageError into a notice on the page, leaving the outputs as they are."""
 
-    def wrap(fn):
+    def wrap(fn: Callable[P, T]) -> Callable[P, T | Skip | tuple[Skip, ...]]:
         @functools.wraps(fn)
-        def inner(*args, **kwargs):
+        def inner(*args: P.args, **kwargs: P.kwargs) -> T | Skip | tuple[Skip, ...]:
             try:
                 return fn(*args, **kwargs)
             except PageError as e:
@@ -113,7 +129,7 @@ class PageView:
         self.chat, self.presence, self.presets, self.model = chat, presence, presets, model
         self.sign_in = sign_in
 
-    def who(self, request: gr.Request):
+    def who(self, request: gr.Request) -> User:
         name = getattr(request, "username", None) if self.sign_in else None
         try:
             user = self.chat.user(name)
@@ -128,14 +144,16 @@ class PageView:
             return NO_PROMPT
         return next((name for name, body in self.presets.items() if body == text), CUSTOM)
 
-    def listed(self, user, query: str, current: int | None, found: list[tuple[str, int]] | None = None):
+    def listed(
+        self, user: User, query: str, current: int | None, found: list[tuple[str, int]] | None = None
+    ) -> gr.Radio:
         """The sidebar's list (every chat, or what the search found), the one in view selected
         when it is listed."""
         found = self.chat.find(user, query) if found is None else found
         return gr.Radio(choices=found, value=current if current in {i for _, i in found} else None)
 
     @staticmethod
-    def action(writing: bool):
+    def action(writing: bool) -> gr.Button:
         """The one Send/Stop button, as it reads for a chat: Stop while a reply is written there."""
         return gr.Button(STOP if writing else SEND, variant="stop" if writing else "primary")
 
@@ -152,7 +170,7 @@ class PageView:
         """The line under the model picker for the served model `model`."""
         return pick_note(self.chat.loaded_info(model))
 
-    def shown(self, user, conv_id: int | None, query: str, view: View, request: gr.Request):
+    def shown(self, user: User, conv_id: int | None, query: str, view: View, request: gr.Request) -> Shown:
         """Everything that changes when a chat comes into view (`SHOWN`); an edit ends, and a
         new chat's pick."""
         view.conv, view.editing, view.model, view.title = conv_id, None, None, ""

@@ -36,6 +36,8 @@ from radixchat.webui.page.ui.scripts import (
 from radixchat.webui.page.ui.shortcuts import KEEP_DRAFT, KEYS, SYNC, show_draft
 
 if TYPE_CHECKING:
+    from gradio.blocks import Block
+
     from radixchat.core.config import Settings
     from radixchat.webui.page.events.handlers import Handlers
     from radixchat.webui.page.ui.chat_panel import ChatArea
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 PRIVATE: dict[str, Any] = {"api_visibility": "private"}
 
 
-def following(p: Parts, h: Handlers) -> dict:
+def following(p: Parts, h: Handlers) -> dict[str, Any]:
     """A chat that came into view follows the reply being written there, if any, to its end:
     outside the sends' queue (it only watches), and once per view change, however many run."""
     return {
@@ -78,7 +80,7 @@ class Parts:
     server_section: gr.Tab
     server: ServerTab
 
-    def named(self, names: tuple[str, ...]) -> list:
+    def named(self, names: tuple[str, ...]) -> list[Block]:
         """Components by name, wherever on the page they are (`SHOWN`, `REPLYING`)."""
         groups = (self, self.side, self.area, self.this, self.settings)
         return [next(getattr(g, n) for g in groups if hasattr(g, n)) for n in names]
@@ -97,7 +99,7 @@ def wire(page: gr.Blocks, p: Parts, h: Handlers, config: Settings) -> None:
     wire_sync(p, h)
 
 
-def drafted(p: Parts, *, replace: bool) -> dict:
+def drafted(p: Parts, *, replace: bool) -> dict[str, Any]:
     """The browser's step that puts the draft of the chat now in view in the message box."""
     typed = [p.browser_key, p.current, p.area.message]
     return {"fn": None, "inputs": typed, "outputs": [p.area.message], "js": show_draft(replace=replace), **PRIVATE}

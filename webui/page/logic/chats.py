@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+from typing import Any
 
 from radixchat.core.seam.requests import RequestError
 from radixchat.core.store import AlreadyExists, Conversation, NotFound, StoreError, User
@@ -188,7 +189,7 @@ class Chats(Replies):
 
     # ---- messages ----
 
-    def messages(self, user: User, conv_id: int | None) -> list[dict]:
+    def messages(self, user: User, conv_id: int | None) -> list[dict[str, Any]]:
         """What the chat area shows for a conversation (None: a new chat, empty): stored turns
         with their figures, and the reply being written, if any."""
         if conv_id is None:
@@ -198,7 +199,7 @@ class Chats(Replies):
         streaming = run.text if run is not None and run.live and run.user_id == user.id else None
         return chat_rows(branch, figures, streaming)
 
-    def show_version(self, user: User, conv_id: int | None, message_id: int) -> list[dict]:
+    def show_version(self, user: User, conv_id: int | None, message_id: int) -> list[dict[str, Any]]:
         """Bring a version of a message into view (‹ i/n ›) with the branch last written through
         it: what the chat area shows, and the model sees next, from now on."""
         conv_id = self._idle(user, conv_id)
@@ -212,7 +213,7 @@ class Chats(Replies):
 
     def edit_text(self, user: User, conv_id: int | None, message_id: int) -> str:
         """The text of one of the user's messages in view, to edit and send again (`reply(edit=)`)."""
-        self._idle(user, conv_id)
+        conv_id = self._idle(user, conv_id)
         branch, _ = guard(self._turns, user, conv_id)
         mine = next((m for m in branch.messages if m.id == message_id and m.role == "user"), None)
         if mine is None:

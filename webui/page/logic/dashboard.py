@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -23,7 +24,17 @@ from radixchat.core.platform.memory import (
     process_rss,
     size_text,
 )
-from radixchat.core.seam.protocol import DiskCacheStats
+from radixchat.core.seam.protocol import (
+    DiskCacheStats,
+    EngineClient,
+    Engines,
+    MlxMemoryStats,
+    PrefixCacheStats,
+)
+
+if TYPE_CHECKING:
+    from radixchat.core.store import Store, User
+    from radixchat.core.store.report import StatsBucket
 
 SIGNED_IN_WINDOW_S = 300.0
 WINDOW_S, BUCKET_S = 3600.0, 60.0  # the plots' titles say "per minute (last hour)"
@@ -85,7 +96,7 @@ def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:,.0f} ms"
 
 
-def _usage_cells(b) -> list[str]:
+def _usage_cells(b: StatsBucket) -> list[str]:
     return [
         f"{plural(b.requests, 'request')} ({b.errors:,} failed)",
         f"{plural(b.prompt_tokens, 'prompt token')}, {b.generated_tokens:,} generated",
@@ -94,7 +105,7 @@ def _usage_cells(b) -> list[str]:
     ]
 
 
-def usage_table(mine, everyone) -> str:
+def usage_table(mine: StatsBucket, everyone: StatsBucket) -> str:
     """The last hour: one user's requests beside all of them (no one else's apart)."""
     rows = ["Requests", "Tokens", "Prompt tokens from the cache", "Time to first token"]
     lines = ["| Last hour | You | Everyone |", "|---|---|---|"]
@@ -122,7 +133,13 @@ def disk_line(disk: DiskCacheStats | None) -> str:
 
 
 def dashboard(
-    engine, store, presence: Presence, *, window_s: float = WINDOW_S, bucket_s: float = BUCKET_S, you=None
+    engine: Engines | EngineClient,
+    store: Store,
+    presence: Presence,
+    *,
+    window_s: float = WINDOW_S,
+    bucket_s: float = BUCKET_S,
+    you: User | None = None,
 ) -> Dashboard:
     """The Server tab; with `you` (a User), that user's own figures beside the server's."""
     summary = summary_table(engine, store, presence)
@@ -134,6 +151,7 @@ def dashboard(
         rows.append((t, b.requests - b.errors, "answered"))
         rows.append((t, b.errors, "failed"))
         if b.ttft_p50_ms is not None:
+            assert b.ttft_p95_ms is not None  # percentiles of the same latencies: both or neither
             ttft.append((t, round(b.ttft_p50_ms, 1), "p50"))  # the axis shows as many digits
             ttft.append((t, round(b.ttft_p95_ms, 1), "p95"))
     usage = ""
@@ -152,7 +170,7 @@ def dashboard(
     )
 
 
-def summary_table(engine, store, presence: Presence) -> str:
+def summary_table(engine: Engines | EngineClient, store: Store, presence: Presence) -> str:
     """The table at the top of the tab (Markdown): the model, the engine, the caches, who is
     signed in, and the all-time totals; `engine` is the page's (the first model's) or the
     served models, which get a line of their own when there are several."""
@@ -202,7 +220,7 @@ def summary_table(engine, store, presence: Presence) -> str:
     return "\n".join(lines)
 
 
-def memory_line(engines, mem) -> str:
+def memory_line(engines: Engines, mem: MlxMemoryStats) -> str:
     """The process's memory now and what it will take: every loaded model's weights and K/V
     budget, MLX's arrays beyond them (the measured allowance, or the most seen if above it),
     MLX's buffer-cache limit and the measured rest (core.platform.memory.process_bound)."""
@@ -220,7 +238,7 @@ def memory_line(engines, mem) -> str:
     )
 
 
-def models_line(engines) -> str:
+def models_line(engines: Engines) -> str:
     """Every served model: loaded or not, what its weights and K/V budget take, its requests."""
     loaded = {e.info.model_id: e for e in engines.serving()}
     parts = []
@@ -237,7 +255,7 @@ def models_line(engines) -> str:
     return "| Models | " + "; ".join(parts) + " |"
 
 
-def cache_lines(cache, totals: dict) -> list[str]:
+def cache_lines(cache: PrefixCacheStats | None, totals: dict[str, int]) -> list[str]:
     """The prefix cache in memory (core/cache/radix.py's figures), or that it is off."""
     if not cache:
         return ["| Prefix cache | off |"]

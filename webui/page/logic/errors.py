@@ -8,6 +8,9 @@ Gradio.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
 from pydantic import ValidationError
 
 from radixchat.core.seam.requests import RequestError
@@ -58,7 +61,11 @@ def check_text(text: str | None, what: str) -> None:
         )
 
 
-def guard(fn, *args, **kwargs):
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def guard(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`fn(*args, **kwargs)`, a store's refusal raised as a PageError."""
     try:
         return fn(*args, **kwargs)

@@ -22,16 +22,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from radixchat.core.seam.handle import RequestHandle
 
 # the writing tasks: the event loop keeps only weak references to its tasks
-_writing: set[asyncio.Task] = set()
+_writing: set[asyncio.Task[None]] = set()
 
 
-def start(writing: Coroutine) -> asyncio.Task:
+def start(writing: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     """Run a reply's writing on the running event loop, owned by no caller: cancelling the
     caller (a tab gone) leaves it running."""
     task = asyncio.get_running_loop().create_task(writing)
@@ -52,17 +52,17 @@ class LiveReply:
     stopping: bool = False  # Stop was pressed (maybe before the engine had the request)
     text: str = ""
     started: float = field(default_factory=time.time)
-    rows: list[dict] | None = None  # what the chat area shows of it now; None: nothing yet
+    rows: list[dict[str, Any]] | None = None  # what the chat area shows of it now; None: nothing yet
     done: bool = False
     error: BaseException | None = None  # what a watcher raises once it has the last rows
     _changed: asyncio.Event | None = field(default=None, repr=False)
 
-    def show(self, rows: list[dict]) -> None:
+    def show(self, rows: list[dict[str, Any]]) -> None:
         """New rows for every watcher."""
         self.rows = rows
         self._wake()
 
-    def end(self, rows: list[dict] | None = None, error: BaseException | None = None) -> None:
+    def end(self, rows: list[dict[str, Any]] | None = None, error: BaseException | None = None) -> None:
         """The reply ended (stored, or refused): its last rows, if any, and its error, if any.
         Only the first call counts."""
         if self.done:
@@ -77,7 +77,7 @@ class LiveReply:
         if changed is not None:
             changed.set()
 
-    async def watch(self) -> AsyncIterator[list[dict]]:
+    async def watch(self) -> AsyncIterator[list[dict[str, Any]]]:
         """The rows as they change (the latest each time; the same rows never twice), until the
         reply ends; then its error, if it has one. Leaving changes nothing of the reply."""
         seen = None

@@ -176,7 +176,7 @@ def _text(text: str) -> str:
     before counts: an odd run of them would escape the entity's `&` (so one more is added),
     and an image already escaped stays as it is."""
 
-    def one(m: re.Match) -> str:
+    def one(m: re.Match[str]) -> str:
         slashes, mark = m.groups()
         odd = len(slashes) % 2 == 1
         if mark == "![":

@@ -61,7 +61,7 @@ def header(model: ModelInfo, who_line: str, served: int = 1) -> str:
     return f"**radixchat** · {who_line} · {model_line}{note_line}"
 
 
-def recommended(model: ModelInfo) -> dict:
+def recommended(model: ModelInfo) -> dict[str, float]:
     """The sampling the card recommends (temperature, top_p); none for a model without one."""
     return dict(model.card.sampling) if model.card else {}
 

@@ -93,7 +93,7 @@ class ModelPick(PageState):
         return float(engine.info.sampling_defaults.get("top_p", 1.0))
 
     @staticmethod
-    def penalties_of(engine: EngineClient) -> dict:
+    def penalties_of(engine: EngineClient) -> dict[str, float]:
         """The penalties its model's card recommends (a small model loops without one)."""
         keys = ("presence_penalty", "frequency_penalty", "repetition_penalty")
         return {k: v for k, v in engine.info.sampling_defaults.items() if k in keys}

@@ -35,7 +35,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -87,7 +87,7 @@ class Asked:
         return self.regenerate or self.go_on
 
 
-def prompt_of(conv: Conversation, turns: list[Message]) -> list[dict]:
+def prompt_of(conv: Conversation, turns: list[Message]) -> list[dict[str, Any]]:
     head = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
     return head + [{"role": m.role, "content": m.content} for m in turns]
 
@@ -107,7 +107,7 @@ def title_from(text: str) -> str:
 
 def prompt_for(
     conv: Conversation, branch: Branch, text: str | None, *, regenerate: bool, edit: int | None
-) -> tuple[list[Message], list[dict], int | None]:
+) -> tuple[list[Message], list[dict[str, Any]], int | None]:
     """What the model is sent: the turns it sees before the new message (those before the
     edited one, with `edit`), and the messages; answering again, the turns up to the last
     question, and that question's id."""
@@ -128,7 +128,7 @@ def prompt_for(
     return turns, prompt_of(conv, turns) + [{"role": "user", "content": text}], None
 
 
-def going_on(conv: Conversation, branch: Branch) -> tuple[list[Message], list[dict], int, str]:
+def going_on(conv: Conversation, branch: Branch) -> tuple[list[Message], list[dict[str, Any]], int, str]:
     """What Continue sends: the turns before the last answer, then that answer's text, for the
     model to go on from (ChatRequest.continue_final); the message it answers, and its text (less
     the whitespace at its end, which the model writes again if it belongs there)."""
@@ -142,7 +142,9 @@ def going_on(conv: Conversation, branch: Branch) -> tuple[list[Message], list[di
     return before, prompt_of(conv, turns[:-1]) + [{"role": "assistant", "content": text}], before[-1].id, text
 
 
-def waiting(turns: list[Message], figures: dict[int, RequestFigures], asked: str | None, why: str) -> list[dict]:
+def waiting(
+    turns: list[Message], figures: dict[int, RequestFigures], asked: str | None, why: str
+) -> list[dict[str, Any]]:
     """What the chat area shows before a reply can begin: the turns the model will see, the
     message being sent (`asked`), and in the reply's place why it has not begun."""
     rows = [row(m.role, m.content, figures_of(m, figures)) for m in turns]
@@ -193,7 +195,7 @@ class Replies(ModelPick):
         started: Callable[[int], None] | None = None,
         model: str | None = None,
         go_on: bool = False,
-    ) -> AsyncIterator[list[dict]]:
+    ) -> AsyncIterator[list[dict[str, Any]]]:
         """Send `text` (or, with regenerate, answer the last message again; with go_on, write
         the last answer again as itself and what follows it) and stream the reply: yields what the chat area shows, first at once, then as text arrives, last
         with the figures. Raises PageError when refused (nothing is stored then).
@@ -291,7 +293,7 @@ class Replies(ModelPick):
                 self._let_go(end, question, run.text)
 
     @staticmethod
-    async def _stream(run: LiveReply, handle: RequestHandle, shown: list[dict]) -> Finished | Failed | None:
+    async def _stream(run: LiveReply, handle: RequestHandle, shown: list[dict[str, Any]]) -> Finished | Failed | None:
         """The engine's events into `run`'s text, shown at most every STREAM_EVERY_S; the last event."""
         final, last = None, time.monotonic()
         async for ev in handle:
@@ -356,7 +358,7 @@ class Replies(ModelPick):
         self,
         user: User,
         engine: EngineClient,
-        messages: list[dict],
+        messages: list[dict[str, Any]],
         temperature: float,
         max_tokens: int | None,
         *,
@@ -399,7 +401,7 @@ class Replies(ModelPick):
 
     async def _ended(
         self,
-        end: RequestEnd,
+        end: RequestEnd[tuple[Message, RequestFigures] | None],
         question: Future[Message] | None,
         run: LiveReply,
         conv_id: int,
@@ -417,11 +419,14 @@ class Replies(ModelPick):
         if kept is None:
             return branch
         message, figures_of_reply = kept
+        assert message.request is not None  # a reply is stored with its request's row (append_reply)
         figures[message.request] = figures_of_reply
         return branch.grow(message)
 
     @staticmethod
-    def _let_go(end: RequestEnd, question: Future[Message] | None, text: str) -> None:
+    def _let_go(
+        end: RequestEnd[tuple[Message, RequestFigures] | None], question: Future[Message] | None, text: str
+    ) -> None:
         """Hand the reply to its RequestEnd: stored if the user's message is (a regenerated
         reply answers one that is). A question still being written decides once it is."""
         if question is None:

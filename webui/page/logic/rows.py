@@ -10,6 +10,7 @@ webui/page/logic/replies.py). Runs wherever it is called; no MLX, no Gradio.
 from __future__ import annotations
 
 import html
+from typing import Any
 
 from radixchat.core.store import Branch, Message, RequestFigures
 from radixchat.webui.page.logic import markup, versions
@@ -45,7 +46,7 @@ def visible_turns(history: list[Message] | tuple[Message, ...]) -> list[Message]
 
 def row(
     role: str, text: str, figures: RequestFigures | None = None, streaming: bool = False, controls: str = ""
-) -> dict:
+) -> dict[str, Any]:
     """One message as the chat area shows it. Its text goes through `markup.shown` here and
     nowhere else, for stored turns and a reply being written alike, so HTML in a message or
     a reply shows as typed and nothing in it is fetched. Under an answer: its figures, or a
@@ -65,7 +66,7 @@ def row(
 
 def chat_rows(
     branch: Branch | list[Message], figures: dict[int, RequestFigures], streaming: str | None = None
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """What the chat area shows: the visible turns of the branch in view, each answer with its
     figures, each message with its versions (‹ i/n ›) and the user's with "Edit"; and, while a
     reply is being written (`streaming`: its text so far), that reply in place of the one it

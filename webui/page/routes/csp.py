@@ -21,6 +21,9 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("radixchat.page")
 
@@ -51,19 +54,19 @@ def policy(nonce: str | None = None) -> str:
 class ContentPolicy:
     """ASGI middleware (see the module's docstring)."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp):
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if accepts_html(scope):
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]}
         rewrite = scope["method"] == "GET"
-        start: dict | None = None
+        start: Message | None = None
         chunks: list[bytes] = []
 
-        async def send_with_policy(message):
+        async def send_with_policy(message: Message) -> None:
             nonlocal start
             if message["type"] == "http.response.start":
                 headers = message.get("headers", [])
@@ -98,23 +101,23 @@ class ContentPolicy:
         await self.app(scope, receive, send_with_policy)
 
 
-def accepts_html(scope) -> bool:
+def accepts_html(scope: Scope) -> bool:
     accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
     return b"text/html" in accept
 
 
-def header(headers, name: bytes) -> bytes | None:
+def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     return next((v for k, v in headers if k.lower() == name), None)
 
 
-def is_html(headers) -> bool:
+def is_html(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return (header(headers, b"content-type") or b"").lower().startswith(b"text/html")
 
 
-def is_plain_html(headers) -> bool:
+def is_plain_html(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     """HTML this can read: not compressed."""
     return is_html(headers) and header(headers, b"content-encoding") in (None, b"identity")
 
 
-def drop(headers, *names: bytes) -> list:
+def drop(headers: Iterable[tuple[bytes, bytes]], *names: bytes) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in headers if k.lower() not in names]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PATH = "/radixchat/login.js"
 TAG = f'<script src="{PATH.lstrip("/")}"></script>'.encode()  # relative: the page may sit under a prefix
@@ -62,22 +63,23 @@ SCRIPT = """\
 
 def install(app: FastAPI) -> None:
     @app.get(PATH, include_in_schema=False)
-    def login_script():
+    def login_script() -> Response:
         return Response(SCRIPT, media_type="text/javascript", headers={"Cache-Control": "no-cache"})
 
 
 class LoginNotice:
     """ASGI middleware: the sign-in page's HTML gets the script (see the module's docstring)."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp):
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "GET" or scope["path"].rstrip("/") != "":
             return await self.app(scope, receive, send)
-        start, chunks = None, []
+        start: Message | None = None
+        chunks: list[bytes] = []
 
-        async def held(message):
+        async def held(message: Message) -> None:
             nonlocal start
             if message["type"] == "http.response.start":
                 kind = dict(message.get("headers", [])).get(b"content-type", b"")

@@ -26,7 +26,7 @@ from html import escape
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markdown_it import MarkdownIt
 
 from radixchat.core.store import Message, NotFound, Store
@@ -92,7 +92,7 @@ def install(app: FastAPI, store: Store, *, no_auth: bool) -> None:
     app.state.page_side (a GradioSide) at request time, set once the page is mounted."""
 
     @app.get(PREFIX + "{token}", include_in_schema=False)
-    async def shared(token: str, request: Request):
+    async def shared(token: str, request: Request) -> Response:
         headers = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
         if not no_auth:
             side = getattr(request.app.state, "page_side", None)

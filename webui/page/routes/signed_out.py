@@ -63,5 +63,5 @@ SCRIPT = """\
 
 def install(app: FastAPI) -> None:
     @app.get(PATH, include_in_schema=False)
-    def tab_script():
+    def tab_script() -> Response:
         return Response(SCRIPT, media_type="text/javascript", headers={"Cache-Control": "no-cache"})

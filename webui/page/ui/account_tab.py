@@ -19,6 +19,7 @@ SHOW_KEY = """() => setTimeout(() => document.querySelector('#new-key')
 
 
 def build(handlers: AccountHandlers) -> gr.Tab:
+    tab: gr.Tab  # what `with` gives: the tab itself (Gradio leaves __enter__ unannotated)
     with gr.Tab("Account", id="account", elem_id="account-tab") as tab:
         gr.Markdown("### Password")
         current = gr.Textbox(label="Current password", type="password", elem_id="current-password")

@@ -17,6 +17,7 @@ from radixchat.webui.page.events.accounts_handlers import USER_HEADERS, AccountH
 
 
 def build(page: gr.Blocks, handlers: AccountHandlers) -> gr.Tab:
+    tab: gr.Tab  # what `with` gives: the tab itself (Gradio leaves __enter__ unannotated)
     with gr.Tab("Admin", id="admin", visible=False, elem_id="admin-tab") as tab:
         table = gr.Dataframe(headers=USER_HEADERS, interactive=False, elem_id="user-list", label="Users")
         secret = gr.Textbox(interactive=False, visible=False, buttons=["copy"], elem_id="shown-password")

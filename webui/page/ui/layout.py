@@ -97,6 +97,7 @@ def build_page(
     presets = load_presets()
     handlers = Handlers(chat, Presence(), presets, model, sign_in=sign_in)
 
+    page: gr.Blocks  # what `with` gives: the Blocks itself (Gradio leaves __enter__ unannotated)
     with gr.Blocks(title="radixchat", analytics_enabled=False) as page:
         view = gr.State(View())
         # the chat in view (None: a new chat) and the browser's count of view changes: set in the

@@ -9,11 +9,15 @@ refresh runs in Gradio's worker threads; no MLX.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
 from radixchat.webui.page.events.view import PageView, notices
 from radixchat.webui.page.logic.dashboard import dashboard
+
+if TYPE_CHECKING:
+    from gradio.components import Component
 
 REFRESH_S = 3.0  # the Server tab's refresh, while it is open
 
@@ -27,7 +31,7 @@ class ServerTab:
     timer: gr.Timer  # active while the tab is open
 
     @property
-    def figures(self) -> list:
+    def figures(self) -> list[Component]:
         """What a refresh sets, in `refresh`'s order."""
         return [self.summary, self.usage, self.requests_plot, self.ttft_plot]
 
@@ -60,7 +64,7 @@ class ServerTabHandlers(PageView):
     """The Server tab's part of the page's handlers."""
 
     @notices(4)
-    def refresh(self, request: gr.Request):
+    def refresh(self, request: gr.Request) -> tuple[str, str, gr.BarPlot, gr.ScatterPlot]:
         you = self.who(request)  # an open Server tab counts as being signed in
         d = dashboard(self.chat.engines, self.chat.store, self.presence, you=you)
         # both plots span the whole window their titles name, points or not
