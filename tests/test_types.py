@@ -1,5 +1,5 @@
-"""Types as a test: mypy checks webui/ against the seam's types, and the seam itself and the
-engine's scheduling parts strictly (pyproject.toml's [tool.mypy]). The repository's folders are `radixchat.<folder>` only once
+"""Types as a test: mypy checks webui/, the seam and the engine's parts strictly
+(pyproject.toml's [tool.mypy]). The repository's folders are `radixchat.<folder>` only once
 installed (setuptools' editable finder, which mypy cannot follow), so the check runs in a
 folder where `radixchat` is a package of links to them."""
 
@@ -13,8 +13,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SEAM = ["radixchat.core.seam.protocol", "radixchat.core.seam.requests", "radixchat.core.seam.handle"]
-# the engine's scheduling parts, over the typed base of the state its parts share
-SCHED = ["radixchat.core.engine.parts", "radixchat.core.engine.sched"]
+# the engine's parts (its scheduling among them), over the typed base of the state they share
+PARTS = ["engine", "intake", "emit", "prefix_use", "output", "active", "textstream", "prepare", "models"]
+SCHED = [
+    "radixchat.core.engine.parts",
+    "radixchat.core.engine.sched",
+    "radixchat.core.engine.shard.recorder",
+    "radixchat.core.engine.shard.ops",
+    *(f"radixchat.core.engine.{m}" for m in PARTS),
+]
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from radixchat.core.cache.radix import Match
 from radixchat.core.engine.textstream import TextStream
 from radixchat.core.seam.handle import RequestHandle
-from radixchat.core.seam.requests import Sampling, Usage
+from radixchat.core.seam.requests import Sampling, TokenLogprob, Usage
 
 if TYPE_CHECKING:
     from radixchat.core.engine.sample.constrain import Constraint
@@ -46,8 +46,8 @@ class Active:
     match: Match | None = None  # the prefix-cache match this request holds a lock on
     cached: int = 0  # prompt tokens restored from the prefix cache
     constraint: Constraint | None = None  # core.engine.sample.constrain.Constraint: the grammar its reply follows
-    logprobs: list = field(default_factory=list)  # TokenLogprob of every generated token (with `logprobs`)
-    unsent: list = field(default_factory=list)  # those not yet attached to a delta
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of every generated token (with `logprobs`)
+    unsent: list[TokenLogprob] = field(default_factory=list)  # those not yet attached to a delta
     out: list[int] = field(default_factory=list)  # generated token ids (a resumed request's prompt ends with them)
     hit: int = 0  # tokens restored from the prefix cache at its latest admission
     joined: int = 0  # the engine step of its latest admission (the latest joined is preempted first)
@@ -125,3 +125,5 @@ class Wake:
 
 
 Command = Submit | Cancel | Forget | Wake
+
+FinishReason = Literal["stop", "length", "cancelled"]  # why a request ended, as its Finished says

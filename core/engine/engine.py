@@ -36,11 +36,11 @@ import queue
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from radixchat.core.cache.scope import CacheScope
 from radixchat.core.config import Settings, kv_budget
-from radixchat.core.engine.active import Active, Cancel, Command, Forget, Submit, Wake
+from radixchat.core.engine.active import Active, Cancel, Command, FinishReason, Forget, Submit, Wake
 from radixchat.core.engine.emit import INTERNAL_ERROR, Emit
 from radixchat.core.engine.intake import Intake
 from radixchat.core.engine.output import OutputThread
@@ -52,7 +52,8 @@ from radixchat.core.engine.sched.mask_share import MaskShare
 from radixchat.core.engine.sched.owners import OwnerCounts
 from radixchat.core.engine.sched.preempt import Preempt
 from radixchat.core.engine.shard.lockstep import IDLE_TICK_S, LOST, Watchdog, launched
-from radixchat.core.engine.shard.recorder import Admit, AdmitRow, Fail, Finish, Op, Recorder, Reserve, lost
+from radixchat.core.engine.shard.ops import Admit, AdmitRow, Fail, Finish, Op, Reserve
+from radixchat.core.engine.shard.recorder import Recorder, lost
 from radixchat.core.engine.textstream import TextStream
 from radixchat.core.platform.memory import MlxMemory, give_back_memory
 from radixchat.core.seam.handle import Outbox
@@ -60,7 +61,10 @@ from radixchat.core.seam.protocol import ModelInfo
 from radixchat.core.seam.requests import Failed, Finished
 
 if TYPE_CHECKING:  # they import MLX, which only the engine thread may load
+    from mlx_lm.generate import PromptProcessingBatch
+
     from radixchat.core.cache.kv import PrefixStore
+    from radixchat.core.cache.radix import Node
     from radixchat.core.engine.step.generator import Generator
     from radixchat.core.models.model import LoadedModel
 
@@ -69,7 +73,7 @@ log = logging.getLogger("radixchat.engine")
 
 
 class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
-    def __init__(self, settings: Settings, owners: OwnerCounts | None = None):
+    def __init__(self, settings: Settings, owners: OwnerCounts | None = None) -> None:
         self.settings = settings
         self.loaded: LoadedModel | None = None  # set by the engine thread before `start` returns
         self._info: ModelInfo | None = None  # what the seam tells of it, once started
@@ -78,7 +82,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._lock = threading.Lock()  # guards _inflight and _arriving: the engine thread takes it too
         self._tok_lock = threading.Lock()  # the tokenizer and its chat template, one caller at a time
         self._inflight = 0
-        self._arriving: Counter = Counter()  # owners of the Submits in the command queue
+        self._arriving: Counter[str | None] = Counter()  # owners of the Submits in the command queue
         self._grammars = CompiledGrammars()  # what users' earlier requests compiled, copied for the next
         self._active: dict[str, Active] = {}  # engine thread only
         self._by_uid: dict[int, Active] = {}  # engine thread only
@@ -106,14 +110,14 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._token_texts: dict[int, str] = {}  # token id -> its text alone (for logprobs)
         # the prefix cache's disk tier (core.cache.disk.tier) opens in the engine thread's first
         # turn, which this wake-up makes come at once; warm prompts start from there too
-        self._prefetch: dict[str, object] = {}  # request id -> node it holds while its prefix is read from disk
+        self._prefetch: dict[str, Node] = {}  # request id -> node it holds while its prefix is read from disk
         # under mlx.launch (core.engine.shard.lockstep) rank 0 records what it changes for the others
         self.link = None  # core.engine.shard.lockstep.Link, set by the engine thread when sharded
         self._gen: Generator | None = None  # the batch generator, made by the engine thread once the model loads
         self._sharded = launched() is not None
         self._ops: list[Op] | None = [] if self._sharded else None  # rank 0: not yet sent
         self._busy_since = 0.0  # rank 0: when the message or step under way began (0: none)
-        self._digested: list | None = None  # the tree's counters at the last shape check
+        self._digested: list[int] | None = None  # the tree's counters at the last shape check
         self.in_step: bool | None = None  # the last check that every rank's tree and batch agree
         self.fatal: str | None = None  # why a sharded server stopped
         self.on_fatal = None  # called (any thread) with that reason; the CLI stops the server
@@ -181,7 +185,8 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 if self._sharded:
                     from radixchat.core.engine.shard.lockstep import start_here
 
-                    self.link, s = start_here(s)
+                    # (core.engine.shard.lockstep is not in the strict set: its functions are untyped)
+                    self.link, s = start_here(s)  # type: ignore[no-untyped-call]
                     self.settings = s
                 self.loaded = load_model(s.model, s.dtype, s.context_length, link=self.link)
                 from radixchat.core.engine.step import unnormalized
@@ -197,7 +202,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
 
                 self.kv_budget = kv_budget(s)
                 if self.link is not None:  # memory may differ between machines: rank 0's counts
-                    self.kv_budget = self.link.share(self.kv_budget)
+                    self.kv_budget = self.link.share(self.kv_budget)  # type: ignore[no-untyped-call]  # (as above)
                 self.memory = MlxMemory(mx, s, self.kv_budget, self.loaded.vocab_size)  # sets MLX's cache limit
                 self.kv_bytes_per_token = kv_bytes_per_token(self.loaded.model)
                 if s.prefix_cache:
@@ -266,6 +271,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         if watchdog is not None:
             watchdog.stop()
             if self.fatal is None:
+                assert self.link is not None  # the watchdog is made only when sharded
                 try:
                     self.link.send({"stop": True})
                 except RuntimeError:
@@ -273,20 +279,22 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
 
     # ---- sharded (rank 0 of an mlx.launch group; core.engine.shard.lockstep) ----------------------
 
-    def _new_generator(self):
+    def _new_generator(self) -> Generator:
         from mlx_lm.generate import StopSequences
 
         from radixchat.core.engine.step.stepper import make_generator
 
+        loaded = self.loaded
+        assert loaded is not None  # a generator is made once the model has loaded
         # every insert names its stop sequences (eos, or none with ignore_eos)
-        self._eos_stops = StopSequences([[t] for t in sorted(self.loaded.tokenizer.eos_token_ids)])
+        self._eos_stops = StopSequences([[t] for t in sorted(loaded.tokenizer.eos_token_ids)])
         self._no_stops = StopSequences()
         # the ranks of a sharded server would have to agree on drafts too: not built
         speculate = 0 if self._sharded else self.settings.speculate
         settings = self.settings
         if self._sharded:  # every rank cuts its chunks alike: not by its own timings
             settings = settings.model_copy(update={"prefill_s": 0.0})
-        gen = make_generator(self.loaded.model, settings, self._mx_stream, self._on_prompt, speculate)
+        gen = make_generator(loaded.model, settings, self._mx_stream, self._on_prompt, speculate)
         if gen.batch_sampler is not None:  # a row's sampling is its request's
             gen.batch_sampler.request = self._by_uid.get
         if settings.prefill_s:
@@ -344,10 +352,11 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             return
         self._room_for_the_owed()
         prefer = None
-        if self.prefix is not None:
+        if (prefix := self.prefix) is not None:
 
             def prefer(a: Active) -> int:  # cache-aware: the longest cached prefix first
-                return self.prefix.tree.peek(a.key[:-1], self.scope.min_match(a.shared_len))
+                # (with the cache on, every request has its key: _drain_commands)
+                return prefix.tree.peek(cast("list[int]", a.key)[:-1], self.scope.min_match(a.shared_len))
 
         admit = admission.choose(
             self._fair,
@@ -366,16 +375,19 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def _admit(self, new: list[Active]) -> None:
         from radixchat.core.engine.sample.sampling import guarded, make_request_sampler
 
+        loaded = self.loaded
+        assert loaded is not None  # requests are admitted while the model is loaded
         ok = []
         for a in new:  # one request's bad sampler must not keep the others out
             if a.stream is None:  # (a resumed request keeps its sampler and stream)
                 try:
-                    a.sampler = guarded(a, make_request_sampler(a.sampling, a.constraint))
+                    # (core.engine.sample is not in the strict set: `guarded` is untyped)
+                    a.sampler = guarded(a, make_request_sampler(a.sampling, a.constraint))  # type: ignore[no-untyped-call]
                 except Exception:
                     log.exception("request %s: no sampler", a.handle.id)
                     self._fail(a, INTERNAL_ERROR)
                     continue
-                a.stream = TextStream(self.loaded.tokenizer.detokenizer, a.sampling.stop)
+                a.stream = TextStream(loaded.tokenizer.detokenizer, a.sampling.stop)
             ok.append(a)
         if not ok:
             return
@@ -391,20 +403,25 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         for a in ok:
             a.joined = self.steps
             self._fair.charge(a.owner, prompt_tokens=len(a.tokens) - a.hit)
-        # what a follower needs to insert the same rows (core.engine.shard.recorder.AdmitRow's fields, in order)
-        rows = [(a.uid, a.tokens, a.shared_len, a.owner, a.boundaries, a.hit, a.tokens_left) for a in ok]
+        # what a follower needs to insert the same rows (core.engine.shard.ops.AdmitRow's fields, in order;
+        # each has its uid: _insert gave it)
+        rows = [(cast(int, a.uid), a.tokens, a.shared_len, a.owner, a.boundaries, a.hit, a.tokens_left) for a in ok]
         self._record(Admit([AdmitRow(*r, a.sampling.ignore_eos, a.hurry, a.alone) for r, a in zip(rows, ok)]))
 
-    def _insert(self, rows: list[Active], samplers: list) -> None:
+    def _insert(self, rows: list[Active], samplers: list[object | None]) -> None:
         """Restore each request's cached prefix (its path locked) and give the generator the
         rest of its prompt: rank 0's admissions and a follower's replay of them alike."""
         from radixchat.core.engine.sample.sampling import processors
 
-        prompts, caches, prefixes = [], [], []
+        gen = cast("Generator", self._gen)  # (made before the loop runs: None only once it has ended)
+        prompts: list[list[list[int]]] = []
+        caches: list[list[Any] | None] = []
+        prefixes: list[list[int]] = []
         for a in rows:
             restored, tokens = None, a.tokens
             if self.prefix is not None:
-                a.match, restored = self.prefix.lookup(a.key, self.scope.min_match(a.shared_len))
+                # (with the cache on, every request has its key: _drain_commands)
+                a.match, restored = self.prefix.lookup(cast("list[int]", a.key), self.scope.min_match(a.shared_len))
                 a.hit = a.match.length
                 a.cached = a.cached if a.preempted else a.hit  # the client's figure: its first admission's
                 self._unprefetch(a)  # its own lock holds the path now
@@ -414,9 +431,9 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             prefixes.append(tokens[: a.hit])
         # segments make the generator pause at message ends, so snapshots can be taken there
         stops = [self._no_stops if a.sampling.ignore_eos else self._eos_stops for a in rows]
-        batched = self._gen.batch_sampler is not None
+        batched = gen.batch_sampler is not None
         samplers = [None] * len(rows) if batched else samplers  # it asks for each row's (_new_generator)
-        uids = self._gen.insert_segments(
+        uids = gen.insert_segments(
             prompts,
             max_tokens=[a.tokens_left for a in rows],
             caches=caches,
@@ -428,19 +445,20 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         for a, uid in zip(rows, uids):
             a.uid = uid
             self._by_uid[uid] = a
-        self._gen.hurry([a.uid for a in rows if a.hurry], alone=[a.uid for a in rows if a.alone])
+        gen.hurry([u for a, u in zip(rows, uids) if a.hurry], alone=[u for a, u in zip(rows, uids) if a.alone])
 
     def _step(self) -> None:
         self._step_started = time.perf_counter()  # a request's queue time ends where its prefill begins
-        prompt_resps, gen_resps = self._gen.next()
+        # (both are made before the loop runs; _gen is None only once it has ended)
+        prompt_resps, gen_resps = cast("Generator", self._gen).next()
         self.steps += 1
         now = time.perf_counter()
         self._note_step(now - self._step_started, self._by_uid.values())
-        self.memory.sample()
+        cast(MlxMemory, self.memory).sample()
         self._on_prompt(prompt_resps)  # the budgeted generator calls it inside its step
         self._on_tokens(gen_resps, now)
 
-    def _on_prompt(self, responses) -> None:
+    def _on_prompt(self, responses: list[PromptProcessingBatch.Response]) -> None:
         """Prefill progress: the generator has just computed these prompts' chunks, and
         their caches hold exactly what each response says."""
         for r in responses:
@@ -455,10 +473,10 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             # Share a fresh prompt with requests that arrive while this one decodes. A hybrid
             # model also needs a snapshot at every message end and just before the last token.
             if r.end_of_prompt or (r.end_of_segment and self.prefix.hybrid):
-                for caches, tokens in self._gen.extract_cache([r.uid]).values():
+                for caches, tokens in cast("Generator", self._gen).extract_cache([r.uid]).values():  # (as in _step)
                     self._store(a, tokens, caches)
 
-    def _finish(self, a: Active, reason: str, final=None) -> None:
+    def _finish(self, a: Active, reason: FinishReason, final: tuple[list[Any] | None, list[int]] | None = None) -> None:
         """End a request: leave the batch, cache what it computed, flush text, send Finished.
 
         `final` is (caches, tokens) when the generator already removed the sequence.
@@ -467,21 +485,24 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._release(a)  # before the reply ends, so a client that saw it sees the slot free
         self._output.add(self._end_out, a, reason, a.usage())
 
-    def _leave_batch(self, a: Active, final=None) -> None:
+    def _leave_batch(self, a: Active, final: tuple[list[Any] | None, list[int]] | None = None) -> None:
         """Take `a` out of the generator (unless `final`, its (caches, tokens), says it is out
         already), cache what it computed and tell the other ranks: a finished request's way
         out, and a preempted one's (core.engine.sched.preempt)."""
         if final is None and a.uid is not None:
-            final = self._gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
+            gen = cast("Generator", self._gen)  # (as in _step)
+            final = gen.remove([a.uid], return_prompt_caches=self.prefix is not None).get(a.uid)
         self._left_batch(a, final)
 
     def _leave_batch_all(self, rows: list[Active]) -> None:
         """`_leave_batch` for several rows, out of the generator in one call (one filter)."""
-        finals = self._gen.remove([a.uid for a in rows], return_prompt_caches=self.prefix is not None)
+        gen = cast("Generator", self._gen)  # (as in _step)
+        uids = cast("list[int]", [a.uid for a in rows])  # rows of the batch: each has its uid
+        finals = gen.remove(uids, return_prompt_caches=self.prefix is not None)
         for a in rows:
             self._left_batch(a, finals.get(a.uid))
 
-    def _left_batch(self, a: Active, final) -> None:
+    def _left_batch(self, a: Active, final: tuple[list[Any] | None, list[int]] | None) -> None:
         live = None
         if final is not None and final[0] is not None:
             live = self._store(a, final[1], final[0])
@@ -490,7 +511,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
 
     def _fail(self, a: Active, message: str) -> None:
         if a.uid is not None:
-            self._gen.remove([a.uid])
+            cast("Generator", self._gen).remove([a.uid])  # (as in _step)
             self._record(Fail(a.uid))
         self._release(a)
         self._output.add(a.handle.push, Failed(message=message, usage=a.usage()))
@@ -501,7 +522,8 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             return
         a.done = True
         self._active.pop(a.handle.id, None)
-        self._by_uid.pop(a.uid, None)
+        if a.uid is not None:  # (never admitted: not in the batch)
+            self._by_uid.pop(a.uid, None)
         self._fair.left(a.owner)
         if self.prefix is not None:
             self._unprefetch(a)

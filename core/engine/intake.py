@@ -29,12 +29,14 @@ import dataclasses
 import json
 import queue
 import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 from radixchat.core.engine import prepare
 from radixchat.core.engine.active import Active, Cancel, Submit, Templated
 from radixchat.core.engine.parts import EngineParts
 from radixchat.core.models.catalog import Card
-from radixchat.core.platform.memory import arrays_beyond, batch_geometry
+from radixchat.core.platform.memory import MlxMemory, arrays_beyond, batch_geometry
 from radixchat.core.seam.handle import RequestHandle
 from radixchat.core.seam.protocol import (
     DiskCacheStats,
@@ -48,10 +50,13 @@ from radixchat.core.seam.protocol import (
 from radixchat.core.seam.requests import ChatRequest, Failed, PromptRequest, QueueFull, RequestError, Sampling
 from radixchat.core.seam.tools import family, generic_messages
 
+if TYPE_CHECKING:  # it imports MLX
+    from radixchat.core.engine.sample.constrain import Constraint
+
 
 class Intake(EngineParts):
     _prep: prepare.FairPool | None = None  # the preparation pool, made at the first request
-    memory = None  # core.platform.memory.MlxMemory, set by the engine thread as it starts
+    memory: MlxMemory | None = None  # set by the engine thread as it starts
 
     @property
     def info(self) -> ModelInfo:
@@ -62,6 +67,7 @@ class Intake(EngineParts):
 
     def _describe(self) -> ModelInfo:
         m, link = self.loaded, self.link
+        assert m is not None  # `start` describes the model it has loaded
         sharded = ""
         if link is not None:
             sharded = f"sharded over {link.size} ranks ({link.backend}, {link.sharding} parallel): " + ", ".join(
@@ -185,11 +191,12 @@ class Intake(EngineParts):
         m = self.loaded
         prepare.check_bounds(request, m.context_length, m.max_token_chars, self.settings.max_schema_bytes)
 
-    def _prepare(self, request: ChatRequest | PromptRequest) -> list:
+    def _prepare(self, request: ChatRequest | PromptRequest) -> list[Future[Any]]:
         """Futures of the request's prompt (Templated, or tokens) and of its grammar's matcher
         when it has one, from the preparation pool: the grammar first, so a bad one is refused
         before any templating, and the two may run side by side."""
-        pool, owner, jobs = self._pool(), request.owner, []
+        pool, owner = self._pool(), request.owner
+        jobs: list[Future[Any]] = []
         if request.sampling.constrained:
             jobs.append(pool.submit(owner, self.constraint, request.sampling, owner, heavy=True))
         if isinstance(request, PromptRequest):  # both hold the tokenizer's lock: serial
@@ -198,7 +205,12 @@ class Intake(EngineParts):
             jobs.insert(0, pool.submit(owner, self.template, request, serial=True))
         return jobs
 
-    def _queue_prepared(self, request, prompt, constraint=None) -> RequestHandle:
+    def _queue_prepared(
+        self,
+        request: ChatRequest | PromptRequest,
+        prompt: Templated | list[int],
+        constraint: Constraint | None = None,
+    ) -> RequestHandle:
         if isinstance(prompt, Templated):
             return self._enqueue(
                 prompt.tokens,
@@ -232,7 +244,7 @@ class Intake(EngineParts):
         going_on = messages.pop()["content"] if request.continue_final else None
         tok = self.loaded.tokenizer
         hybrid = self.prefix is not None and self.prefix.hybrid
-        extra = {}
+        extra: dict[str, Any] = {}
         if self.tool_format() == "generic":  # the template knows no tools: described in words
             if request.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
                 messages = generic_messages(messages, request.tools)
@@ -250,7 +262,7 @@ class Intake(EngineParts):
                 wanted = {k for k in (system, len(messages) - 1) if 0 < k < len(messages)} if hybrid else set()
                 if system and self.prefix is not None:
                     wanted.add(system)  # the cache's sharing scope needs it too
-                ends = {}
+                ends: dict[int, int] = {}
                 for k in sorted(wanted):
                     head = list(tok.apply_chat_template(messages[:k], **extra))
                     if prompt[: len(head)] == head:
@@ -262,7 +274,9 @@ class Intake(EngineParts):
         boundaries = sorted(ends.values()) if hybrid else []
         return Templated(prompt, boundaries, ends.get(system, 0) if system else 0)
 
-    def submit_tokens(self, prompt: list[int], sampling: Sampling, *args, owner: str | None = None, **kw):
+    def submit_tokens(
+        self, prompt: list[int], sampling: Sampling, *args: Any, owner: str | None = None, **kw: Any
+    ) -> RequestHandle:
         """Queue an already tokenized prompt (plain completions: no system message, so all
         of it lives in `owner`'s part of the prefix cache); the rest as `_enqueue` takes it."""
         self._take_slot(owner)
@@ -280,13 +294,14 @@ class Intake(EngineParts):
         *,
         shared_len: int = 0,
         owner: str | None = None,
-        constraint=None,
+        constraint: Constraint | None = None,
     ) -> RequestHandle:
         """Check a prepared prompt and hand it to the engine thread; its slot is taken (by
         `_take_slot`) and is the caller's to give back if this raises."""
-        if not self._ready.is_set() or self._stopping or self._closed:
+        m = self.loaded  # (None once a released engine's thread has let go of it)
+        if m is None or not self._ready.is_set() or self._stopping or self._closed:
             raise RequestError("the engine is not running", 503, "engine_unavailable")
-        ctx = self.loaded.context_length
+        ctx = m.context_length
         if not prompt:
             raise RequestError("the prompt is empty")
         if len(prompt) >= ctx:
@@ -297,14 +312,14 @@ class Intake(EngineParts):
                 413,
                 "context_length_exceeded",
             )
-        if sampling.top_k > self.loaded.vocab_size:
+        if sampling.top_k > m.vocab_size:
             raise RequestError(
-                f"top_k must be at most the model's vocabulary size ({self.loaded.vocab_size}), got {sampling.top_k}"
+                f"top_k must be at most the model's vocabulary size ({m.vocab_size}), got {sampling.top_k}"
             )
-        if sampling.logit_bias and max(sampling.logit_bias) >= self.loaded.vocab_size:
+        if sampling.logit_bias and max(sampling.logit_bias) >= m.vocab_size:
             raise RequestError(
                 f"logit_bias: token {max(sampling.logit_bias)} is not in the model's "
-                f"vocabulary of {self.loaded.vocab_size} tokens"
+                f"vocabulary of {m.vocab_size} tokens"
             )
         if constraint is None and sampling.constrained:
             constraint = self.constraint(sampling, owner)
@@ -343,7 +358,7 @@ class Intake(EngineParts):
             return None
         return family(getattr(self.loaded.tokenizer, "chat_template", None)) or "generic"
 
-    def constraint(self, sampling: Sampling, owner: str | None = None):
+    def constraint(self, sampling: Sampling, owner: str | None = None) -> Constraint:
         """The request's grammar, compiled into its matcher before it is queued (in the
         preparation pool, or submit_tokens's caller's thread): a bad one is refused there,
         and however long a user's schema takes to compile (its size and llguidance's limits
@@ -352,13 +367,16 @@ class Intake(EngineParts):
         from radixchat.core.engine.sample import constrain
 
         lark, m = sampling.lark, self.loaded
-        schema = json.dumps(sampling.json_schema) if lark is None else None  # the cache's key and the compile's text
+        if m is None:
+            raise RequestError("the engine is not running", 503, "engine_unavailable")
+        # the cache's key and the compile's text: the forced tool call's grammar, or the schema's JSON
+        kind, text = ("lark", lark) if lark is not None else ("json", json.dumps(sampling.json_schema))
 
         def build() -> constrain.Constraint:
-            grammar = constrain.grammar_for(schema) if schema is not None else constrain.grammar_of_lark(lark)
+            grammar = constrain.grammar_of_lark(text) if kind == "lark" else constrain.grammar_for(text)
             return constrain.Constraint(grammar, m.tokenizer, m.vocab_size)
 
-        source = "json " + schema if schema is not None else "lark " + lark
+        source = f"{kind} {text}"
         try:
             return self._grammars.constraint(owner, source, build)
         except constrain.SchemaError as e:

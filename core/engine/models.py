@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from radixchat.core.config import Settings, kv_budget, memory_budget
 from radixchat.core.engine.sched.owners import OwnerCounts
@@ -47,6 +47,11 @@ ALIASES = ("default", "default_model")  # names of the first model, whatever it 
 
 class ServedEngine(EngineClient, Lifecycle, Protocol):
     """A model's engine as the set holds it: the web layer's calls, and its lifecycle."""
+
+    def stop(self, release: bool = False) -> None:
+        """Lifecycle's `stop`; with `release`, the model's memory goes back too (an idle
+        model unloaded while the server runs: core.engine.engine.Engine.stop)."""
+        ...
 
 
 @dataclass
@@ -86,7 +91,8 @@ class ModelSet:
         from radixchat.core.models.model_size import weights_bytes
         from radixchat.core.models.models_file import specs
 
-        slots, seen = [], {}
+        slots: list[_Slot] = []
+        seen: dict[str, str] = {}
         for i, spec in enumerate(specs(settings)):
             model_id = spec.model_id or served_id(spec.name)
             # `default` means the first model, also where a later one is called so
@@ -115,6 +121,7 @@ class ModelSet:
                 log.warning(
                     "model %s needs %s, more than --memory-bytes %s", first.model_id, _gb(first.need), _gb(self.budget)
                 )
+            assert self._make is not None  # a set of slots not yet loaded comes from `of`, with `make`
             first.engine = self._make(first.settings, self.owners)
             self._measured(first)
         if len(self._slots) > 1 and self.idle_s > 0:
@@ -136,20 +143,21 @@ class ModelSet:
         it had in flight ending as cancelled. The stopped engines stay in their slots, so a call
         that comes meanwhile gets the engine's own refusal, not a missing model; `stop` follows."""
         self._stop.set()
-        for engine in self.serving():
+        for engine in self._serving():
             engine.halt()
 
     @property
     def fatal(self) -> str | None:
         """The first loaded engine's reason for stopping on its own, if one did."""
-        return self._fatal or next((e.fatal for e in self.serving() if e.fatal), None)
+        return self._fatal or next((e.fatal for e in self._serving() if e.fatal), None)
 
     # ---- what the web layer asks ---------------------------------------------------------
 
     @property
     def default(self) -> EngineClient:
         """The first model's engine (always loaded)."""
-        return self._slots[0].engine
+        # (`start` loaded it, and it is pinned: only `stop` takes it out)
+        return cast(ServedEngine, self._slots[0].engine)
 
     def served(self) -> list[ServedModel]:
         return [self.find(s.model_id) for s in self._slots]
@@ -160,7 +168,11 @@ class ModelSet:
         s = self._slot(name)
         return ServedModel(s.model_id, s.aliases, s.engine is not None, s.pinned)
 
-    def serving(self) -> list[ServedEngine]:
+    def serving(self) -> list[EngineClient]:
+        return list(self._serving())
+
+    def _serving(self) -> list[ServedEngine]:
+        """The engines loaded now, with their lifecycle (`serving` is the web layer's view)."""
         with self._lock:
             return [s.engine for s in self._slots if s.engine is not None]
 
@@ -181,7 +193,8 @@ class ModelSet:
                     self._make_room(slot)
                     self._load(slot)
             slot.last_used = time.monotonic()
-            return slot.engine
+            # (loaded above or by a load before, under `slot.loading`, which an unload takes too)
+            return cast(ServedEngine, slot.engine)
 
     async def aengine(self, name: str) -> EngineClient:
         slot = self._slot(name)
@@ -198,7 +211,7 @@ class ModelSet:
         for engine in self.serving():
             engine.forget(owner)
 
-    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+    def forget_conversation(self, owner: str | None, messages: list[dict[str, Any]]) -> None:
         """The seam's `forget_conversation`, on every loaded model (one not loaded keeps
         nothing in memory; its files were written when it served the conversation, and go
         when it is loaded again only if the user is removed: left for later)."""
@@ -217,6 +230,7 @@ class ModelSet:
     def _load(self, slot: _Slot) -> None:
         tic = time.monotonic()
         log.info("loading model %s", slot.model_id)
+        assert self._make is not None  # a slot that loads comes from `of`, with `make`
         try:
             engine = self._make(slot.settings, self.owners)
         except Exception as e:
@@ -242,8 +256,10 @@ class ModelSet:
 
     def _measured(self, slot: _Slot) -> None:
         """Its weights as loaded replace the estimate from its files."""
+        assert slot.engine is not None  # (it follows a load)
         weights = slot.engine.info.weights_bytes
         if weights:
+            assert slot.settings is not None  # a slot that loads comes from `of`, with its settings
             slot.need = weights + kv_budget(slot.settings)
 
     def _make_room(self, slot: _Slot) -> None:
@@ -302,4 +318,6 @@ def _gb(n: int) -> str:
 
 def as_engines(served: Engines | EngineClient) -> Engines:
     """`served` as a set of models: itself, or one engine as a set of one."""
-    return served if isinstance(served, Engines) else ModelSet.one(served)
+    # (a set made here is the web layer's `Engines` only: nothing calls its lifecycle, so one
+    # engine without it, a test's, does as well)
+    return served if isinstance(served, Engines) else ModelSet.one(cast(ServedEngine, served))

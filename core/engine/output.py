@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any, TypeVarTuple
 
 from radixchat.core.seam.handle import Outbox
 
@@ -36,13 +37,16 @@ log = logging.getLogger("radixchat.engine")
 # A process that runs an engine sets this (`radixchat serve`, `worker`, the benchmarks).
 SWITCH_INTERVAL_S = 0.0005
 
+Ts = TypeVarTuple("Ts")
+_Call = tuple[Callable[..., object], tuple[Any, ...]]  # a function and its arguments
+
 
 class OutputThread:
     def __init__(self, outbox: Outbox):
         self._outbox = outbox
-        self._pending: list[tuple[Callable, tuple]] = []
+        self._pending: list[_Call] = []
         self._lock = threading.Lock()
-        self._q: queue.SimpleQueue[list | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[list[_Call] | None] = queue.SimpleQueue()
         self._open = False  # the thread takes what is sent (between `start` and `stop`)
         self._thread = threading.Thread(target=self._run, name="radixchat-output", daemon=True)
 
@@ -51,7 +55,7 @@ class OutputThread:
             self._open = True
         self._thread.start()
 
-    def add(self, fn: Callable, *args) -> None:
+    def add(self, fn: Callable[[*Ts], object], *args: *Ts) -> None:
         """Run fn(*args) in the output thread, after what was added before it."""
         with self._lock:
             self._pending.append((fn, args))
@@ -95,7 +99,7 @@ class OutputThread:
             if stop:
                 return
 
-    def _run_calls(self, calls: list[tuple[Callable, tuple]]) -> None:
+    def _run_calls(self, calls: list[_Call]) -> None:
         for fn, args in calls:
             try:
                 fn(*args)

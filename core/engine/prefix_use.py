@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING, Any, cast
 
 from radixchat.core.cache.forget import forget, forget_below
 from radixchat.core.cache.prefix_match import common_prefix
@@ -29,8 +30,12 @@ from radixchat.core.cache.warm import WARM_OWNER
 from radixchat.core.engine.active import Active, Forget, Wake
 from radixchat.core.engine.parts import EngineParts
 from radixchat.core.engine.sched.admission import MIN_SHARED_PREFIX
-from radixchat.core.engine.shard import recorder
+from radixchat.core.engine.shard import ops
 from radixchat.core.seam.requests import ChatRequest, RequestError
+
+if TYPE_CHECKING:
+    from radixchat.core.cache.kv import PrefixStore  # it imports MLX
+    from radixchat.core.cache.radix import Node
 
 log = logging.getLogger("radixchat.engine")
 
@@ -46,7 +51,8 @@ class PrefixUse(EngineParts):
         """
         if self.prefix is None:
             return False
-        head, least = a.key[:-1], self.scope.min_match(a.shared_len)
+        # (with the cache on, every request has its key: Engine._drain_commands)
+        head, least = cast("list[int]", a.key)[:-1], self.scope.min_match(a.shared_len)
         others = [b.key for b in admitting] + [
             b.key for b in self._active.values() if b.uid is not None and not b.prefilled and not b.done
         ]
@@ -55,7 +61,7 @@ class PrefixUse(EngineParts):
             return False
         return shared - self.prefix.tree.peek(head, least) >= MIN_SHARED_PREFIX
 
-    def _store(self, a: Active, tokens: list[int], caches, live: int | None = None) -> int | None:
+    def _store(self, a: Active, tokens: list[int], caches: list[Any], live: int | None = None) -> int | None:
         """Cache a request's tokens; returns the running batch's tokens it counted (which a
         sharded rank 0 sends the others: they count theirs at another moment)."""
         if self.prefix is None or a.owner in self._forgotten:  # a removed user's: never again
@@ -86,7 +92,7 @@ class PrefixUse(EngineParts):
                 except Exception:
                     log.exception("the prefix cache's disk tier did not open: memory tier only")
             self._start_warm_up()
-        disk = self.prefix.disk
+        disk = cast("PrefixStore", self.prefix).disk  # (Engine._schedule comes here with the cache on only)
         if disk is None:
             return
         if disk.tick():
@@ -109,7 +115,7 @@ class PrefixUse(EngineParts):
         self._grammars.forget(owner)
         self._cmds.put(Forget(owner))
 
-    def forget_conversation(self, owner: str | None, messages: list[dict]) -> None:
+    def forget_conversation(self, owner: str | None, messages: list[dict[str, Any]]) -> None:
         """The seam's `forget_conversation` (any thread, blocking while the first turn is
         templated): the engine thread drops what is cached below it in its next turn."""
         if self.prefix is None:
@@ -122,7 +128,7 @@ class PrefixUse(EngineParts):
         whatever their running requests compute out of it; with `tokens`, what is cached of
         their prompts that begin with them, past what other prompts share (engine thread; a
         sharded rank 0 tells the others to do the same)."""
-        self._record(recorder.Forget(owner, tokens, shared_len))
+        self._record(ops.Forget(owner, tokens, shared_len))
         if tokens is not None:
             if self.prefix is not None and (self.scope.owns(owner) or self.scope.sharing == "all"):
                 key = self.scope.key(list(tokens), shared_len, owner)
@@ -130,32 +136,34 @@ class PrefixUse(EngineParts):
                 log.info("prefix cache: forgot %d tokens of a deleted conversation", dropped)
             return
         self._forgotten.add(owner)
-        theirs = self.scope.owns(owner) if self.prefix is not None else None
-        if theirs is not None:
+        if self.prefix is not None and (theirs := self.scope.owns(owner)) is not None:
             dropped = forget(self.prefix.tree, theirs)
             log.info("prefix cache: forgot %d tokens of a removed user", dropped)
 
     def _disk_wait(self, a: Active) -> bool:
         """Must `a` wait while part of its cached prefix is read back from disk? Its path
         stays locked meanwhile, so neither tier evicts what it waits for."""
-        disk = self.prefix.disk if self.prefix is not None else None
-        if disk is None:
+        prefix = self.prefix
+        if prefix is None or (disk := prefix.disk) is None:
             return False
-        m = self.prefix.to_read(a.key, self.scope.min_match(a.shared_len))
+        # (with the cache on, every request has its key: Engine._drain_commands)
+        m = prefix.to_read(cast("list[int]", a.key), self.scope.min_match(a.shared_len))
         if m is None:
             return False
+        node = cast("Node", m.node)  # to_read's match ends at a node (its length is 1 or more)
         held = self._prefetch.get(a.handle.id)
-        if held is not m.node:
-            self.prefix.tree.lock(m.node)
+        if held is not node:
+            prefix.tree.lock(node)
             if held is not None:
-                self.prefix.tree.unlock(held)
-            self._prefetch[a.handle.id] = m.node
+                prefix.tree.unlock(held)
+            self._prefetch[a.handle.id] = node
         disk.want(m.path)
         return True
 
     def _unprefetch(self, a: Active) -> None:
         held = self._prefetch.pop(a.handle.id, None)
         if held is not None:
+            assert self.prefix is not None  # a held node is the prefix cache's (_disk_wait)
             self.prefix.tree.unlock(held)
 
     def _start_warm_up(self) -> None:

@@ -38,23 +38,27 @@ from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, TypeVar, TypeVarTuple
 
 from radixchat.core.seam.requests import ChatRequest, PromptRequest, RequestError
 
 IDLE_S = 5.0  # a worker with nothing to do for this long ends (the next job starts one)
 
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
 
 @dataclass
 class _Job:
     owner: Hashable
-    future: Future
-    fn: Callable
-    args: tuple
+    future: Future[Any]
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
     serial: bool
     heavy: bool = False
 
 
-def _room_for(running: Counter, owner: Hashable, limit: int) -> bool:
+def _room_for(running: Counter[Hashable], owner: Hashable, limit: int) -> bool:
     """Is there room for one more of `owner`'s jobs among those `running` (by owner)? Below
     `limit` in all, yes; beyond it, only for an owner with none running, up to twice `limit`."""
     total = sum(running.values())
@@ -74,20 +78,27 @@ class FairPool:
         # heavy jobs (grammar compiles: a core each, GIL released) at once: all cores but one,
         # which the engine's forward keeps (`_may_compile`)
         self.heavy = max(1, (os.cpu_count() or 2) - 1) if heavy is None else heavy
-        self._heavy: Counter = Counter()  # heavy jobs running, by owner
+        self._heavy: Counter[Hashable] = Counter()  # heavy jobs running, by owner
         self._name = name
         self._cond = threading.Condition()
         self._queues: dict[Hashable, deque[_Job]] = {}  # owners with jobs queued
         # the owners with jobs queued or running only: an idle owner is forgotten
         self._served: dict[Hashable, int] = {}  # jobs started
         self._last: dict[Hashable, int] = {}  # when its last job started (-1: none yet)
-        self._running: Counter = Counter()
+        self._running: Counter[Hashable] = Counter()
         self._turns = itertools.count()
         self._threads = 0
         self._started = 0
         self._serial_busy = False
 
-    def submit(self, owner: Hashable, fn: Callable, *args, serial: bool = False, heavy: bool = False) -> Future:
+    def submit(
+        self,
+        owner: Hashable,
+        fn: Callable[[*Ts], T],
+        *args: *Ts,
+        serial: bool = False,
+        heavy: bool = False,
+    ) -> Future[T]:
         """Queue `fn(*args)` as one of `owner`'s jobs; its future holds the answer. Cancelling
         the future before a worker takes the job means it never runs. `heavy`: it keeps a core
         busy for long (`_may_compile`)."""
@@ -183,12 +194,12 @@ class FairPool:
                 job = None  # hold nothing of a request (or its engine) between jobs
 
 
-def wait(futures: list[Future]) -> list:
+def wait(futures: list[Future[Any]]) -> list[Any]:
     """The jobs' answers, for a caller that blocks; the first failure is raised, and the jobs
     not started yet are dropped."""
     try:
         done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-        failed = [f.exception() for f in done if f.exception() is not None]
+        failed = [e for f in done if (e := f.exception()) is not None]
         if failed:  # without waiting for the others: their answers are not needed now
             raise failed[0]
         return [f.result() for f in futures]
@@ -197,7 +208,7 @@ def wait(futures: list[Future]) -> list:
             f.cancel()
 
 
-async def await_all(futures: list[Future]) -> list:
+async def await_all(futures: list[Future[Any]]) -> list[Any]:
     """`wait` for asyncio callers: the loop is free meanwhile, and a caller cancelled while
     its jobs wait in the pool (a client that hung up) takes them out of the queue."""
     try:

@@ -7,9 +7,22 @@ client. This module knows nothing about batching or MLX; the engine feeds it tok
 
 from __future__ import annotations
 
+from typing import Protocol
+
+
+class Detokenizer(Protocol):
+    """What a stream uses of mlx-lm's streaming detokenizer (mlx_lm.tokenizer_utils.StreamingDetokenizer)."""
+
+    @property
+    def last_segment(self) -> str: ...
+
+    def add_token(self, token: int) -> None: ...
+
+    def finalize(self) -> None: ...
+
 
 class TextStream:
-    def __init__(self, detokenizer, stops: list[str]):
+    def __init__(self, detokenizer: Detokenizer, stops: list[str]):
         self._detok = detokenizer
         self._stops = stops
         self.text = ""  # everything decoded so far

@@ -30,7 +30,7 @@ from radixchat.core.config import Settings
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.engine import Engine
 from radixchat.core.engine.shard.lockstep import counters, shape_digest
-from radixchat.core.engine.shard.recorder import Admit, AdmitRow, Fail, Finish, Forget, Op, Reserve, from_wire
+from radixchat.core.engine.shard.ops import Admit, AdmitRow, Fail, Finish, Forget, Op, Reserve, from_wire
 from radixchat.core.seam.requests import Sampling
 
 log = logging.getLogger("radixchat.follower")

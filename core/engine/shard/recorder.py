@@ -1,8 +1,8 @@
 """Rank 0's side of serving sharded over an mlx.launch group: what it tells the other ranks.
 
 Every change rank 0's engine makes to its batch or its prefix cache is recorded as a typed
-message (`Admit`, `Finish`, `Fail`, `Reserve`, `Forget`) and sent, before the next step, with the
-step's flag and rank 0's counters (core.engine.shard.lockstep carries them as JSON); a follower
+message (core.engine.shard.ops: `Admit`, `Finish`, `Fail`, `Reserve`, `Forget`) and sent,
+before the next step, with the step's flag and rank 0's counters (core.engine.shard.lockstep carries them as JSON); a follower
 (core.engine.shard.follower) applies them in the same order. `Recorder` is a part of `Engine`
 (a mixin) and runs in the engine thread, except `_fatal`, which the watchdog thread may
 call too. With no group (`self._ops is None`) recording costs nothing.
@@ -15,82 +15,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, cast
 
 from radixchat.core.engine.parts import EngineParts
 from radixchat.core.engine.shard.lockstep import IDLE_TICK_S, counters, shape_digest
+from radixchat.core.engine.shard.ops import Op, to_wire
+
+if TYPE_CHECKING:
+    from radixchat.core.engine.shard.lockstep import Link
 
 log = logging.getLogger("radixchat.engine")
-
-
-@dataclass(frozen=True)
-class AdmitRow:
-    """One request rank 0 admitted: what a follower needs to insert the same row."""
-
-    uid: int
-    prompt: list[int]
-    shared_len: int
-    owner: str | None
-    boundaries: list[int]
-    cached: int  # prompt tokens rank 0 restored from its prefix cache (a follower checks its own)
-    max_tokens: int
-    ignore_eos: bool
-    hurry: bool = False  # its owner had no prompt in prefill: the generator starts it at once
-    alone: bool = False  # nor any row, while others had: its first token from a step of its own
-
-
-@dataclass(frozen=True)
-class Admit:
-    rows: list[AdmitRow]
-
-
-@dataclass(frozen=True)
-class Finish:
-    """A request left the batch; `live` is the running batch's tokens rank 0 counted as it
-    cached the request (None: nothing cached)."""
-
-    uid: int
-    live: int | None
-
-
-@dataclass(frozen=True)
-class Fail:
-    """A request left the batch without caching anything."""
-
-    uid: int
-
-
-@dataclass(frozen=True)
-class Reserve:
-    """The bytes the prefix cache keeps free for the running batch."""
-
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class Forget:
-    """An owner's namespace left the prefix cache for good (a removed user's); with `tokens`,
-    only their prompts that begin with them (a deleted conversation's)."""
-
-    owner: str
-    tokens: tuple[int, ...] | None = None
-    shared_len: int = 0
-
-
-Op = Admit | Finish | Fail | Reserve | Forget
-_KINDS = {cls.__name__.lower(): cls for cls in (Admit, Finish, Fail, Reserve, Forget)}
-
-
-def to_wire(op: Op) -> dict:
-    return {"kind": type(op).__name__.lower(), **asdict(op)}
-
-
-def from_wire(d: dict) -> Op:
-    fields = {k: v for k, v in d.items() if k != "kind"}
-    cls = _KINDS[d["kind"]]
-    if cls is Admit:
-        return Admit([AdmitRow(**row) for row in fields["rows"]])
-    return cls(**fields)
 
 
 def lost(e: BaseException) -> bool:
@@ -108,11 +42,12 @@ class Recorder(EngineParts):
         """Send the other ranks what changed and whether a step follows; when the engine is
         idle and the tree changed since the last check, compare its shape across ranks."""
         self._busy_since = time.monotonic()
+        link = cast("Link", self.link)  # (the engine syncs only when sharded: with a link, and its _ops a list)
         tree = self.prefix.tree if self.prefix is not None else None
         now = counters(tree, len(self._by_uid))
         digest = not step and now != self._digested
-        ops, self._ops = self._ops, []
-        self.link.send(
+        ops, self._ops = cast("list[Op]", self._ops), []
+        link.send(
             {
                 "ops": [to_wire(op) for op in ops],
                 "step": step,
@@ -122,7 +57,7 @@ class Recorder(EngineParts):
             }
         )
         if digest:
-            digests = self.link.digests(shape_digest(tree, len(self._by_uid)))
+            digests = link.digests(shape_digest(tree, len(self._by_uid)))
             self._digested = now
             self.in_step = len(set(digests)) == 1
             if not self.in_step:
