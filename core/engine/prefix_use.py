@@ -38,9 +38,14 @@ if TYPE_CHECKING:
     from radixchat.core.cache.radix import Node
 
 log = logging.getLogger("radixchat.engine")
+WRITES_WAIT_S = 0.5  # the longest the disk tier's writes wait for newcomers' first tokens, at a time
 
 
 class PrefixUse(EngineParts):
+    _writes_waiting_since = (
+        0.0  # when the disk tier's writes began to wait for a newcomer (monotonic s; 0: they do not)
+    )
+
     def _should_wait(self, a: Active, admitting: list[Active]) -> bool:
         """Should `a` wait for a request that is prefilling a long prefix `a` shares?
 
@@ -95,10 +100,29 @@ class PrefixUse(EngineParts):
         disk = cast("PrefixStore", self.prefix).disk  # (Engine._schedule comes here with the cache on only)
         if disk is None:
             return
-        if disk.tick():
+        if disk.tick(write=not self._writes_wait()):
             self._cmds.put(Wake())
         elif not self._by_uid and disk.loading:
             disk.wait_io(0.02)  # nothing decodes: wait for the reader rather than spin
+
+    def _writes_wait(self) -> bool:
+        """Do the disk tier's writes wait this turn? While a newcomer's first token is on its
+        way (an owner waiting with no row in the batch, or a row admitted alone that has no
+        token yet): a turn's writes are the engine thread's work (K/V into a file's bytes:
+        10-90 ms a turn under a flood of long prompts on the bundled model), and they came
+        between a newcomer's arrival and its step. Never longer than WRITES_WAIT_S at a time,
+        so that newcomers arriving without end do not keep everything in memory."""
+        busy = {a.owner for a in self._by_uid.values()}
+        waiting = any(o not in busy for o in self._fair.owners()) or any(
+            a.alone and a.t_first is None for a in self._by_uid.values()
+        )
+        now = time.monotonic()
+        if not waiting:
+            self._writes_waiting_since = 0.0
+            return False
+        if not self._writes_waiting_since:
+            self._writes_waiting_since = now
+        return now - self._writes_waiting_since < WRITES_WAIT_S
 
     def _adopts(self, owner: str) -> bool:
         """May the disk tier, opening, adopt a file of `owner` (a name as files keep it: ""

@@ -141,15 +141,17 @@ class DiskTier:
         if len(self.todo) == 1:
             self._wake()
 
-    def tick(self) -> bool:
-        """One engine turn's disk work; True when more is ready to do at once."""
+    def tick(self, write: bool = True) -> bool:
+        """One engine turn's disk work; True when more is ready to do at once. Without
+        `write`, what waits to be written waits a turn (its bytes are the engine thread's
+        work: a newcomer's first token should not wait for them); reads go on."""
         converted = self._drain()
-        budget = WRITE_BYTES_PER_TURN
+        budget = WRITE_BYTES_PER_TURN if write else 0
         while self.todo and budget > 0 and self.backlog < MAX_BACKLOG:
             budget -= self._write_path(self.todo[0])
             self.todo.popleft()  # only now: `summary` (other threads) never sees it in neither
         self._fit()
-        return (bool(self.todo) and self.backlog < MAX_BACKLOG) or (
+        return (write and bool(self.todo) and self.backlog < MAX_BACKLOG) or (
             converted >= READ_BYTES_PER_TURN and not self._done.empty()
         )
 
