@@ -27,7 +27,7 @@ import httpx
 
 from radixchat.core.seam.handle import Outbox, RequestHandle
 from radixchat.core.seam.requests import ChatRequest, Failed, PromptRequest, RequestError, TextDelta
-from radixchat.webui.remote.engine_wire import event_of
+from radixchat.webui.remote.engine_wire import SERVICE_USER_HEADER, event_of
 
 log = logging.getLogger("radixchat.remote")
 
@@ -71,13 +71,24 @@ def no_op() -> None:
     return None
 
 
+def service_headers(key: str | None) -> dict[str, str]:
+    """The service key as every call to a worker or a router sends it (none: --no-auth)."""
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
+def owner_headers(request: ChatRequest | PromptRequest) -> dict[str, str]:
+    """The request's owner as a header too, for a router that keeps a user's turns on one
+    worker (smg hashes it)."""
+    return {SERVICE_USER_HEADER: request.owner} if request.owner else {}
+
+
 class WorkerLink:
     """One link to `url`, every call with the service key. `on_down` is told when the link
     fails (a request could not be sent, or a stream stopped answering)."""
 
     def __init__(self, url: str, key: str | None, route: Route, on_down: Callable[[], None] = no_op):
         self.url, self.route, self._on_down = url.rstrip("/"), route, on_down
-        self._headers = {"authorization": f"Bearer {key}"} if key else {}
+        self._headers = service_headers(key)
         self._timeout = httpx.Timeout(HANG_S, connect=3.0)
         self._limits = httpx.Limits(max_connections=4096, max_keepalive_connections=64)
         self._client = httpx.Client(headers=self._headers, timeout=self._timeout, limits=self._limits)

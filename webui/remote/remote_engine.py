@@ -32,8 +32,8 @@ import httpx
 from radixchat.core.seam.handle import RequestHandle
 from radixchat.core.seam.protocol import EngineStats, ModelInfo
 from radixchat.core.seam.requests import ChatRequest, PromptRequest, RequestError
-from radixchat.webui.remote.engine_wire import SERVICE_USER_HEADER, info_of, request_body, stats_of
-from radixchat.webui.remote.link import Submission, WorkerLink
+from radixchat.webui.remote.engine_wire import info_of, request_body, stats_of
+from radixchat.webui.remote.link import Submission, WorkerLink, owner_headers, service_headers
 
 log = logging.getLogger("radixchat.remote")
 
@@ -70,9 +70,7 @@ class WorkerRoute:
         self.url = url
 
     def submission(self, request: ChatRequest | PromptRequest) -> Submission:
-        # the owner as a header too, for a router that keeps a user's turns on one worker
-        headers = {SERVICE_USER_HEADER: request.owner} if request.owner else {}
-        return Submission(self.url + "/engine/submit", request_body(request), headers)
+        return Submission(self.url + "/engine/submit", request_body(request), owner_headers(request))
 
     def request_id(self, worker_id: str, resp: httpx.Response) -> str:
         return worker_id
@@ -104,9 +102,8 @@ class RemoteEngine:
     def connect(cls, url: str, key: str | None) -> RemoteEngine:
         """The engine at `url` once it has said what it serves; StartError when it cannot."""
         url = url.rstrip("/")
-        headers = {"authorization": f"Bearer {key}"} if key else {}
         try:
-            r = httpx.get(url + "/engine/info", headers=headers, timeout=START_TIMEOUT_S)
+            r = httpx.get(url + "/engine/info", headers=service_headers(key), timeout=START_TIMEOUT_S)
         except httpx.HTTPError as e:
             raise StartError(
                 f"the engine at {url} does not answer ({type(e).__name__}): is `radixchat worker` running there?"

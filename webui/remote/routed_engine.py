@@ -40,8 +40,8 @@ import httpx
 from radixchat.core.seam.handle import RequestHandle
 from radixchat.core.seam.protocol import EngineStats, ModelInfo
 from radixchat.core.seam.requests import ChatRequest, PromptRequest, RequestError
-from radixchat.webui.remote.engine_wire import ROUTED_PATH, ROUTED_WORKER_HEADER, SERVICE_USER_HEADER, routed_body
-from radixchat.webui.remote.link import Submission, WorkerLink
+from radixchat.webui.remote.engine_wire import ROUTED_PATH, ROUTED_WORKER_HEADER, routed_body
+from radixchat.webui.remote.link import Submission, WorkerLink, owner_headers, service_headers
 from radixchat.webui.remote.remote_engine import DOWN, START_TIMEOUT_S, RemoteEngine, StartError, refusal
 
 log = logging.getLogger("radixchat.routed")
@@ -53,9 +53,8 @@ NO_WORKER_CODES = ("model_not_found", "no_available_workers", "no_models_availab
 def router_workers(url: str, key: str | None) -> list[str] | None:
     """The URLs of the healthy workers the router at `url` lists (smg's GET /workers); None
     when `url` does not answer as a router; StartError when it refuses the key."""
-    headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
-        r = httpx.get(url + "/workers", headers=headers, timeout=START_TIMEOUT_S)
+        r = httpx.get(url + "/workers", headers=service_headers(key), timeout=START_TIMEOUT_S)
         data = r.json() if r.status_code in (200, 401) else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -78,8 +77,7 @@ class RouterRoute:
         self.url, self.model_id = url, model_id
 
     def submission(self, request: ChatRequest | PromptRequest) -> Submission:
-        headers = {SERVICE_USER_HEADER: request.owner} if request.owner else {}
-        return Submission(self.url + ROUTED_PATH, routed_body(request, self.model_id), headers)
+        return Submission(self.url + ROUTED_PATH, routed_body(request, self.model_id), owner_headers(request))
 
     def request_id(self, worker_id: str, resp: httpx.Response) -> str:
         # workers count their requests alike ("req-1" on each): the worker's URL makes it unique
