@@ -143,13 +143,13 @@ class ModelSet:
         it had in flight ending as cancelled. The stopped engines stay in their slots, so a call
         that comes meanwhile gets the engine's own refusal, not a missing model; `stop` follows."""
         self._stop.set()
-        for engine in self._serving():
+        for engine in self.serving():
             engine.halt()
 
     @property
     def fatal(self) -> str | None:
         """The first loaded engine's reason for stopping on its own, if one did."""
-        return self._fatal or next((e.fatal for e in self._serving() if e.fatal), None)
+        return self._fatal or next((e.fatal for e in self.serving() if e.fatal), None)
 
     # ---- what the web layer asks ---------------------------------------------------------
 
@@ -168,11 +168,8 @@ class ModelSet:
         s = self._slot(name)
         return ServedModel(s.model_id, s.aliases, s.engine is not None, s.pinned)
 
-    def serving(self) -> list[EngineClient]:
-        return list(self._serving())
-
-    def _serving(self) -> list[ServedEngine]:
-        """The engines loaded now, with their lifecycle (`serving` is the web layer's view)."""
+    def serving(self) -> list[ServedEngine]:
+        """The engines loaded now, with their lifecycle (the web layer sees a Sequence of EngineClient)."""
         with self._lock:
             return [s.engine for s in self._slots if s.engine is not None]
 

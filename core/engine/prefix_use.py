@@ -42,9 +42,8 @@ WRITES_WAIT_S = 0.5  # the longest the disk tier's writes wait for newcomers' fi
 
 
 class PrefixUse(EngineParts):
-    _writes_waiting_since = (
-        0.0  # when the disk tier's writes began to wait for a newcomer (monotonic s; 0: they do not)
-    )
+    # when the disk tier's writes began to wait for a newcomer (monotonic s; 0: they do not)
+    _writes_waiting_since = 0.0
 
     def _should_wait(self, a: Active, admitting: list[Active]) -> bool:
         """Should `a` wait for a request that is prefilling a long prefix `a` shares?
