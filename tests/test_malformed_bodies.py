@@ -97,3 +97,28 @@ def test_a_responses_format_or_part_that_is_not_an_object_is_a_400(change, field
     (r,) = post_all([(RESPONSES[0], {**RESPONSES[1], **change})])
     assert r.status_code == 400, r.text
     assert message_of(r).startswith(field)
+
+
+@pytest.mark.parametrize(
+    ("api", "change", "param"),
+    [
+        (RESPONSES, {"text": {"format": "json"}}, "text.format"),
+        (RESPONSES, {"input": [{"role": "user", "content": [3]}]}, "input"),
+        (RESPONSES, {"colour": "red"}, "colour"),
+        (RESPONSES, {"reasoning": {"effort": "high"}}, "reasoning"),
+        (RESPONSES, {"tools": [{"type": "web_search"}]}, "tools.0"),
+        (CHAT, {"frobnicate": 1}, "frobnicate"),
+        (CHAT, {"tool_choice": "required"}, "tool_choice"),
+        (COMPLETIONS, {"best_of": 3}, "best_of"),
+    ],
+)
+def test_a_refusal_names_its_field_as_param(api, change, param):
+    """A refusal names the field it is about in `param`, as OpenAI's do (SDKs and agents read
+    it): the whole-body checks (unknown or unimplemented fields, a Responses format or input
+    checked by its route) answered `param: null`, naming the field only in the message."""
+    path, good = api
+    (r,) = post_all([(path, {**good, **change})])
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == "invalid_value", err
+    assert err["message"].startswith(f"{param}: "), err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,6 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from radixchat.webui.api import rows
 
 log = logging.getLogger("radixchat.api")
+
+# the request's checks start a message with the field it is about ("tool_choice: ...")
+_NAMED = re.compile(r"([A-Za-z_]\w*(?:\.\w+)*): ")
 
 
 class ApiError(Exception):
@@ -38,6 +42,13 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
         self.headers, self.model = headers, model  # model: the one it was for, for its row
+
+
+def invalid(e: ValueError, otherwise: str | None = None) -> ApiError:
+    """A request's check that failed outside pydantic, as its 400: the field its message
+    names first ("input: ...", see `_NAMED`) is the param, else `otherwise`."""
+    named = _NAMED.match(str(e))
+    return ApiError(400, str(e), code="invalid_value", param=named[1] if named else otherwise)
 
 
 def error_response(
@@ -122,6 +133,14 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
             return "the request body is empty: send a JSON object", None
         return f"missing required field: {param}", param
     msg = e.get("msg", "invalid value").removeprefix("Value error, ")
+    # a validator's message starts with the field it is about ("tool_choice: ..."): a field
+    # below the place pydantic names (none, for a check of the whole body), so it is the param
+    named = _NAMED.match(msg) if e.get("type") == "value_error" else None
+    if named:
+        # named from the top ("tools.0" for a check of `tools`), or from where pydantic is
+        top = ".".join(loc)
+        param = named[1] if not top or named[1] == top or named[1].startswith(top + ".") else f"{top}.{named[1]}"
+        msg = msg[named.end() :]
     return (f"{param}: {msg}" if param else msg), param
 
 

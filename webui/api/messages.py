@@ -22,7 +22,7 @@ from radixchat.core.seam.protocol import EngineClient, Engines
 from radixchat.core.seam.requests import ChatRequest, RequestError, Sampling
 from radixchat.webui.api import generation
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
-from radixchat.webui.api.errors import ApiError
+from radixchat.webui.api.errors import ApiError, invalid
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.shapes.messages_shapes import MessageEvents, MessagesRequest, message, new_id
 
@@ -52,7 +52,7 @@ def _prepared(
     try:
         return body.chat_messages(), body.chat_tools(), body.grammar(family), family
     except ValueError as e:
-        raise ApiError(400, str(e), param="messages") from None
+        raise invalid(e, "messages") from None
 
 
 @router.post("/messages")

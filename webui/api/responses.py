@@ -46,7 +46,7 @@ from radixchat.core.store import Store
 from radixchat.core.store.types import Message, StoreError, User
 from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
-from radixchat.webui.api.errors import ApiError
+from radixchat.webui.api.errors import ApiError, invalid
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.shapes.responses_shapes import ResponseEvents, ResponsesRequest, ended, response_object
 
@@ -70,7 +70,7 @@ async def create_response(
     except toolcalls.ToolsUnsupported as e:
         raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
     except ValueError as e:
-        raise ApiError(400, str(e)) from None
+        raise invalid(e) from None
     # the store keeps text turns: one that carries calls or their outputs, or offers tools (its
     # reply may be calls), is answered, not kept
     carries_calls = any(m["role"] == "tool" or m.get("tool_calls") for m in turn) or bool(body.tools)
@@ -151,7 +151,7 @@ def _turn(body: ResponsesRequest) -> list[dict[str, Any]]:
         turn = body.messages()
         body.reply_schema()
     except ValueError as e:
-        raise ApiError(400, str(e)) from None
+        raise invalid(e) from None
     if not turn or turn[-1]["role"] not in ("user", "tool"):
         raise ApiError(400, "input: the last item must be the user's message or a function_call_output", param="input")
     return turn
