@@ -11,12 +11,14 @@ import pytest
 
 from radixchat.core.config import Settings, mlx_cache_limit
 from radixchat.core.engine.engine import Engine
+from radixchat.core.engine.models import as_engines
 from radixchat.core.platform.doctor import process_memory
 from radixchat.core.platform.memory import (
     ARRAYS_OVER_KV,
     REST_BYTES,
     arrays_beyond,
     batch_geometry,
+    bound_text,
     process_bound,
     process_rss,
     step_activations,
@@ -109,3 +111,5 @@ def test_the_server_tab_states_what_the_process_takes_and_holds(engine, store):
     assert beyond == pytest.approx(max(allowance, seen) / MiB, rel=0.01, abs=1)
     assert total == pytest.approx(weights + kv + beyond + cache_limit + rest, rel=0.01)
     assert "MLX holds" in line and "freed buffers" in line
+    # the engines state the bound through the seam; the tab prints it, rebuilding nothing
+    assert bound_text(as_engines(engine).memory_bound()) in line

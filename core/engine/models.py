@@ -37,6 +37,7 @@ from typing import Any, Protocol, cast
 
 from radixchat.core.config import Settings, kv_budget, memory_budget
 from radixchat.core.engine.sched.owners import OwnerCounts
+from radixchat.core.platform.memory import process_bound
 from radixchat.core.seam.protocol import EngineClient, Engines, Lifecycle, ServedModel
 from radixchat.core.seam.requests import RequestError
 
@@ -172,6 +173,19 @@ class ModelSet:
         """The engines loaded now, with their lifecycle (the web layer sees a Sequence of EngineClient)."""
         with self._lock:
             return [s.engine for s in self._slots if s.engine is not None]
+
+    def memory_bound(self) -> list[tuple[str, int]] | None:
+        """This process's bound (core.platform.memory.process_bound): beyond the loaded
+        models' weights and K/V budgets, each engine's stated allowance for MLX's arrays, or
+        the most MLX has held beyond them if that is more. None before an engine has read
+        MLX's memory."""
+        stats = [(e.info.weights_bytes, e.stats()) for e in self.serving()]
+        mem = next((s.memory for _, s in stats if s.memory is not None), None)
+        if mem is None:
+            return None  # (MLX's counters are the process's: any engine's reading will do)
+        weights, kv = sum(w for w, _ in stats), sum(s.kv_budget for _, s in stats)
+        allowance = sum(s.memory.beyond for _, s in stats if s.memory is not None)
+        return process_bound(weights, kv, max(allowance, mem.peak - weights - kv), mem.cache_limit)
 
     def engine(self, name: str) -> EngineClient:
         """The engine of the model `name` names (its id or an alias), loaded now if it is not

@@ -280,6 +280,13 @@ class Engines(Protocol):
         """EngineClient's `forget_conversation` on every loaded model."""
         ...
 
+    def memory_bound(self) -> list[tuple[str, int]] | None:
+        """What the process running these engines will take at most, part by part (bytes;
+        named, the total last), as the engines reckon it now: every loaded model's weights
+        and K/V budget, MLX's arrays beyond them, its buffer cache and the rest. None where
+        that process is not this one (engines elsewhere)."""
+        ...
+
 
 @runtime_checkable
 class Lifecycle(Protocol):

@@ -65,6 +65,9 @@ class RemoteEngines:
         for e in self._engines:
             e.forget_conversation(owner, messages)
 
+    def memory_bound(self) -> None:
+        return None  # the engines' memory is their workers' processes', not this one's
+
     def halt(self) -> None:
         for e in self._engines:
             e.halt()

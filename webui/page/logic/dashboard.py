@@ -18,12 +18,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from radixchat.core.engine.models import as_engines
-from radixchat.core.platform.memory import (
-    bound_text,
-    process_bound,
-    process_rss,
-    size_text,
-)
+from radixchat.core.platform.memory import bound_text, process_rss, size_text
 from radixchat.core.seam.protocol import (
     DiskCacheStats,
     EngineClient,
@@ -221,19 +216,14 @@ def summary_table(engine: Engines | EngineClient, store: Store, presence: Presen
 
 
 def memory_line(engines: Engines, mem: MlxMemoryStats) -> str:
-    """The process's memory now and what it will take: every loaded model's weights and K/V
-    budget, MLX's arrays beyond them (the measured allowance, or the most seen if above it),
-    MLX's buffer-cache limit and the measured rest (core.platform.memory.process_bound)."""
-    serving = engines.serving()
-    stats = [e.stats() for e in serving]
-    weights, kv = sum(e.info.weights_bytes for e in serving), sum(s.kv_budget for s in stats)
-    allowance = sum(s.memory.beyond for s in stats if s.memory is not None)  # each engine's own bound
-    beyond = max(allowance, mem.peak - weights - kv)
+    """The process's memory now and what it will take (the engines' `memory_bound`, where
+    they run in this process), and what MLX holds."""
     rss = process_rss()
     now = f"{size_text(rss[0])} resident now, {size_text(rss[1])} at most so far; " if rss else ""
+    bound = engines.memory_bound()
+    will = f"the process will take {bound_text(bound)}; " if bound else ""
     return (
-        f"| Memory | {now}the process will take {bound_text(process_bound(weights, kv, beyond, mem.cache_limit))}; "
-        f"MLX holds {size_text(mem.active)} in arrays (at most {size_text(mem.peak)} so far) and "
+        f"| Memory | {now}{will}MLX holds {size_text(mem.active)} in arrays (at most {size_text(mem.peak)} so far) and "
         f"{size_text(mem.cache)} of freed buffers |"
     )
 
