@@ -14,7 +14,7 @@ from radixchat.core.engine.sched.mask_share import MaskShare
 
 
 class Share(MaskShare):
-    """MaskShare with what it uses of the engine: the batch, the fair queue's load, preemption."""
+    """MaskShare with what it uses of the engine: the batch and the fair queue's load."""
 
     def __init__(self, model_step_s: float):
         self._model_step_s = model_step_s
@@ -23,7 +23,9 @@ class Share(MaskShare):
         self.preempted: list[SimpleNamespace] = []
         self.steps = 0
 
-    def _preempt(self, victims):
+    def _mask_share(self):
+        """A turn of the engine's (Engine._schedule): the policy's victims preempted."""
+        victims = self._mask_victims(self._by_uid.values())
         for a in victims:
             del self._by_uid[a.uid]
         self.preempted += victims

@@ -78,6 +78,9 @@ def test_greedy_text_through_preemption_is_the_text_alone(roomy, two_fit):
     scraped = Metrics(two_fit).render().decode()
     assert metric_value(scraped, "radixchat:num_preemptions_total") == s.preemptions
     assert metric_value(scraped, "radixchat:num_preempted_tokens_total") == s.preempted_tokens > 0
+    # one user, no grammar: every preemption was for the next step's room, and says so
+    assert s.preemptions_by == {"room": s.preemptions}
+    assert metric_value(scraped, "radixchat:preemptions_by_reason_total", reason="room") == s.preemptions
     assert together == alone
     # what the batch held stayed within its room, but for one step's growth of each row
     assert peak <= s.batch_tokens + len(PROMPTS), (peak, s.batch_tokens)
@@ -113,6 +116,8 @@ def test_a_newcomer_is_not_held_behind_long_replies_that_fill_the_batch(tiny_mod
         alice = eng.submit_tokens(PROMPTS[3], Sampling(max_tokens=4, ignore_eos=True), owner="alice").result()
         assert isinstance(alice, Finished) and alice.usage.generated_tokens == 4
         assert eng.steps - steps <= 12  # she waited a few steps, not for a whole long reply
+        by = eng.stats().preemptions_by
+        assert set(by) <= {"room", "owed"} and sum(by.values()) == eng.stats().preemptions, by
         for h in long:
             h_final = h.result()
             assert isinstance(h_final, Finished) and h_final.usage.generated_tokens == room
@@ -219,7 +224,8 @@ def test_a_users_slow_grammar_masks_are_paid_from_their_share_of_a_step(tiny_mod
         assert isinstance(alice, Finished)
         assert all(isinstance(h.result(), Finished) for h in theirs)
         budget = max(MASK_FLOOR_S, eng._model_step_s / 2)
-        assert eng.stats().preemptions > 0
+        assert eng.stats().preemptions_by.get("masks", 0) > 0  # the turns' plans say why
+        assert sum(eng.stats().preemptions_by.values()) == eng.stats().preemptions
         assert 1 <= peak[0] <= max(1, int(budget / 0.03)) + 1, (peak[0], budget)
         # the rows over her share left the batch together: one filter of its buffers, not one each
         assert max(removed) >= 3 and len(removed) < eng.stats().preemptions, removed

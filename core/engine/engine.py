@@ -46,10 +46,11 @@ from radixchat.core.engine.intake import Intake
 from radixchat.core.engine.output import OutputThread
 from radixchat.core.engine.prefix_use import PrefixUse
 from radixchat.core.engine.sample.grammar_cache import CompiledGrammars
-from radixchat.core.engine.sched import admission
+from radixchat.core.engine.sched import admission, plan
 from radixchat.core.engine.sched.fairness import FairQueue
 from radixchat.core.engine.sched.mask_share import MaskShare
 from radixchat.core.engine.sched.owners import OwnerCounts
+from radixchat.core.engine.sched.plan import TurnPlan, Why
 from radixchat.core.engine.sched.preempt import Preempt
 from radixchat.core.engine.shard.lockstep import IDLE_TICK_S, LOST, Watchdog, launched
 from radixchat.core.engine.shard.ops import Admit, AdmitRow, Fail, Finish, Op, Reserve
@@ -83,6 +84,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self._tok_lock = threading.Lock()  # the tokenizer and its chat template, one caller at a time
         self._inflight = 0
         self._arriving: Counter[str | None] = Counter()  # owners of the Submits in the command queue
+        self.preempted_by: Counter[str] = Counter()  # engine thread only (core.engine.sched.preempt)
         self._grammars = CompiledGrammars()  # what users' earlier requests compiled, copied for the next
         self._active: dict[str, Active] = {}  # engine thread only
         self._by_uid: dict[int, Active] = {}  # engine thread only
@@ -342,15 +344,24 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             except queue.Empty:
                 break
 
-    def _schedule(self) -> None:
-        """Fill free batch slots from the fair queue (core.engine.sched.admission decides which)."""
+    def _schedule(self) -> TurnPlan:
+        """One scheduler turn (core.engine.sched.plan): preempt what the next step's room and
+        the masks' shares need, then what an owner below their share is owed, then fill free
+        batch slots from the fair queue (core.engine.sched.admission decides which). Each
+        stage is applied before the next reads the batch and the queue."""
         if self.prefix is not None and (self._disk_first or self.prefix.disk is not None):
             self._disk_turn()
-        self._make_room()
-        self._mask_share()
+        room = self._room_victims()
+        gone = {id(a) for a in room}  # (rows compare by identity: Active is a dataclass)
+        masks = self._mask_victims(a for a in self._by_uid.values() if id(a) not in gone)
+        self._preempt(room, Why.ROOM)
+        self._preempt(masks, Why.MASKS)
+        preempted = plan.preemptions(room, Why.ROOM) + plan.preemptions(masks, Why.MASKS)
         if not len(self._fair):  # every loop turn comes here: nothing to do most of them
-            return
-        self._room_for_the_owed()
+            return TurnPlan(preempted)
+        owed = self._owed_victims()
+        self._preempt(owed, Why.OWED)
+        preempted += plan.preemptions(owed, Why.OWED)
         prefer = None
         if (prefix := self.prefix) is not None:
 
@@ -369,10 +380,9 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             blocked=lambda a, p: self._should_wait(a, p) or self._mask_waits(a, p) or self._disk_wait(a),
             prefer=prefer,
         )
-        if admit:
-            self._admit(admit)
+        return TurnPlan(preempted, tuple(self._admit(admit)) if admit else ())
 
-    def _admit(self, new: list[Active]) -> None:
+    def _admit(self, new: list[Active]) -> list[Active]:
         from radixchat.core.engine.sample.sampling import guarded, make_request_sampler
 
         loaded = self.loaded
@@ -390,7 +400,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 a.stream = TextStream(loaded.tokenizer.detokenizer, a.sampling.stop)
             ok.append(a)
         if not ok:
-            return
+            return ok
         prefilling = {b.owner for b in self._by_uid.values() if not b.prefilled}
         busy = {b.owner for b in self._by_uid.values()}
         for a in ok:  # an owner's first prompt in prefill starts at once (core.engine.sched.admission)
@@ -407,6 +417,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         # each has its uid: _insert gave it)
         rows = [(cast(int, a.uid), a.tokens, a.shared_len, a.owner, a.boundaries, a.hit, a.tokens_left) for a in ok]
         self._record(Admit([AdmitRow(*r, a.sampling.ignore_eos, a.hurry, a.alone) for r, a in zip(rows, ok)]))
+        return ok
 
     def _insert(self, rows: list[Active], samplers: list[object | None]) -> None:
         """Restore each request's cached prefix (its path locked) and give the generator the

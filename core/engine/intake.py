@@ -109,6 +109,7 @@ class Intake(EngineParts):
             kv_bytes_per_token=bpt,
             batch_tokens=self.batch_room() // bpt if bpt else 0,
             preemptions=self.preemptions,
+            preemptions_by=dict(self.preempted_by),
             preempted_tokens=self.preempted_tokens,
             prefix_cache=PrefixCacheStats(**prefix.tree.summary()) if prefix else None,
             disk_cache=DiskCacheStats(**prefix.disk.summary()) if prefix and prefix.disk else None,

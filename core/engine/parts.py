@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from radixchat.core.engine.sample.grammar_cache import CompiledGrammars
     from radixchat.core.engine.sched.fairness import FairQueue
     from radixchat.core.engine.sched.owners import OwnerCounts
+    from radixchat.core.engine.sched.plan import Why
     from radixchat.core.engine.shard.lockstep import Link
     from radixchat.core.engine.shard.ops import Op
     from radixchat.core.engine.step.generator import Generator
@@ -68,6 +69,7 @@ class EngineParts:
     _closed: bool  # nobody reads _cmds any more
     preemptions: int  # requests sent back to the queue to make room (core.engine.sched.preempt)
     preempted_tokens: int  # tokens they held
+    preempted_by: Counter[str]  # preemptions by the policy that chose them (core.engine.sched.plan.Why)
     # the prefix cache's glue (core.engine.prefix_use)
     _forgotten: set[str]  # owners never cached again
     cache_owners: Callable[[str], bool] | None  # whose files the disk tier adopts (None: all)
@@ -102,7 +104,7 @@ class EngineParts:
     def _batch_tokens(self, rows: list[Active], growth: int) -> int:  # core.engine.sched.preempt
         raise NotImplementedError
 
-    def _preempt(self, victims: list[Active]) -> None:  # core.engine.sched.preempt
+    def _preempt(self, victims: list[Active], why: Why) -> None:  # core.engine.sched.preempt
         raise NotImplementedError
 
     def _record(self, op: Op) -> None:  # core.engine.shard.recorder

@@ -23,7 +23,7 @@ their turn in the fair queue or for their prefix to come back from disk).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -163,6 +163,8 @@ class EngineStats:
     batch_tokens: int = 0  # tokens of running sequences the K/V budget has room for
     preemptions: int = 0  # running requests sent back to wait to make room (they resume)
     preempted_tokens: int = 0  # tokens those held when they left: restored or recomputed on resuming
+    # `preemptions` by the policy that chose them (core.engine.sched.plan.Why): "room", "masks", "owed"
+    preemptions_by: dict[str, int] = field(default_factory=dict)
     prefix_cache: PrefixCacheStats | None = None
     disk_cache: DiskCacheStats | None = None
     shards: ShardStats | None = None

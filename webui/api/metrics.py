@@ -94,6 +94,8 @@ def _figures(s: EngineStats) -> Iterator[Figure]:
     yield gauge("num_requests_waiting", "Requests waiting for a batch slot", s.waiting)
     yield counter("num_preemptions", "Running requests paused to make room in the batch (they resume)", s.preemptions)
     yield counter("num_preempted_tokens", "Tokens the preempted requests held", s.preempted_tokens)
+    for why, n in sorted(s.preemptions_by.items()):
+        yield counter("preemptions_by_reason", "num_preemptions by the policy that chose them", n, reason=why)
     spec = s.speculation
     if spec is not None:  # named as vLLM names its own
         yield counter("spec_decode_num_drafts", "Drafts verified (a row's draft in one step)", spec.rows_drafting)

@@ -22,7 +22,7 @@ filled to the last millisecond):
   ended, so a user between two turns (reading a reply, typing) keeps the share set aside and
   the other owner's rows are not let in only to be preempted again at the next turn.
 
-A part of `Engine` (a mixin), engine thread only. Uses `_by_uid`, `_fair`, `_preempt`.
+A part of `Engine` (a mixin), engine thread only. Uses `_by_uid`, `_fair`.
 """
 
 from __future__ import annotations
@@ -65,15 +65,16 @@ class MaskShare(EngineParts):
         owners = self._mask_owners()
         return max(MASK_FLOOR_S, self._model_step_s / owners) if owners > 1 else None
 
-    def _mask_share(self) -> None:
-        """Preempt the latest constrained rows of owners whose masks exceed their share."""
+    def _mask_victims(self, rows: Iterable[Active]) -> list[Active]:
+        """The latest constrained rows, among `rows`, of owners whose masks exceed their
+        share: the rows to preempt (the caller does, core.engine.sched.plan)."""
         budget = self._mask_budget()
         if budget is None:
-            return
+            return []
         spent: dict[Hashable, float] = defaultdict(float)
         mine: dict[Hashable, list[Active]] = defaultdict(list)
         victims: list[Active] = []
-        for a in self._by_uid.values():
+        for a in rows:
             if a.constraint is not None and a.prefilled:
                 spent[a.owner] += a.constraint.avg_s
                 mine[a.owner].append(a)
@@ -83,7 +84,7 @@ class MaskShare(EngineParts):
                 victim = rows.pop()
                 s -= _mask_s(victim)
                 victims.append(victim)
-        self._preempt(victims)
+        return victims
 
     def _mask_waits(self, a: Active, picked: list[Active]) -> bool:
         """Must constrained request `a` wait because its owner's masks fill their share?"""

@@ -8,10 +8,10 @@ is what the decoding batch's buffers give it: every row is padded to the longest
 costs as many rows of its length, and the batch's real buffers, not only its tokens, stay
 within the room. Growth is paid for by preemption, as vLLM's scheduler does, in two cases:
 
-- the batch would outgrow its room in the next step (`_make_room`, before every step);
+- the batch would outgrow its room in the next step (`_room_victims`, before every step);
 - a waiting request cannot fit while it is owed room: its owner holds less than a fair
   share of the room (the room split among the owners with work) and another owner holds
-  more (`_room_for_the_owed`). A newcomer's short request is then never held behind long
+  more (`_owed_victims`). A newcomer's short request is then never held behind long
   replies that fill the batch; an owner at their share waits for room as before.
 
 The request preempted is the latest admitted of the owner holding the most K/V (ties: the
@@ -23,7 +23,9 @@ generated as its new prompt, so the prefill restores nearly all of it. Its strea
 goes on: the client sees nothing but the gap; its sampler, grammar state and stop matching
 are kept, so greedy text is the text it would have had. One request alone is never preempted.
 
-A part of `Engine` (a mixin) that runs in the engine thread. Uses the engine's `_by_uid`,
+The policies return the rows they would preempt; the engine's turn (core.engine.sched.plan)
+preempts them with `_preempt`. A part of `Engine` (a mixin) that runs in the engine thread.
+Uses the engine's `_by_uid`,
 `_fair`, `kv_budget`, `kv_bytes_per_token`, `prefix`, `scope`, `_gen`, `_leave_batch`.
 """
 
@@ -36,6 +38,7 @@ from collections.abc import Hashable
 from radixchat.core.cache.batch.layout import batch_room, layout_tokens
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.parts import EngineParts
+from radixchat.core.engine.sched.plan import Why
 
 log = logging.getLogger("radixchat.engine")
 HEADROOM = 16  # tokens of growth a request is admitted with: steps it runs before any preemption
@@ -70,11 +73,12 @@ class Preempt(EngineParts):
         spec = self._gen.speculator if self._gen is not None else None
         return 1 + (spec.k if spec is not None else 0)
 
-    def _make_room(self) -> None:
-        """Preempt until the next step's growth fits the room (engine thread, before a step)."""
+    def _room_victims(self) -> list[Active]:
+        """The rows to preempt so that the next step's growth fits the room (engine thread,
+        before a step); the caller preempts them (core.engine.sched.plan)."""
         bpt = self.kv_bytes_per_token
         if not bpt or len(self._by_uid) < 2:
-            return
+            return []
         room = self.batch_room() // bpt
         rows = list(self._by_uid.values())
         growth = self._growth()
@@ -85,15 +89,15 @@ class Preempt(EngineParts):
                 break
             rows.remove(victim)
             victims.append(victim)
-        self._preempt(victims)
+        return victims
 
-    def _room_for_the_owed(self) -> None:
-        """Preempt for the first waiting request of an owner below their fair share of the room,
-        when it does not fit and another owner is above theirs."""
+    def _owed_victims(self) -> list[Active]:
+        """The rows to preempt for the first waiting request of an owner below their fair
+        share of the room, when it does not fit and another owner is above theirs."""
         bpt = self.kv_bytes_per_token
         head = self._fair.head()
         if not bpt or head is None or not self._by_uid:
-            return
+            return []
         room = self.batch_room() // bpt
         rows = list(self._by_uid.values())
         held: Counter[Hashable] = Counter()
@@ -102,7 +106,7 @@ class Preempt(EngineParts):
         share = room // max(1, len(self._fair.load))
         want = self._row_size(head)
         if held[head.owner] + want > share:
-            return  # at their share: they wait for room like anyone
+            return []  # at their share: they wait for room like anyone
         victims = []
         while self._batch_tokens([*rows, head], HEADROOM) > room:
             over = [a for a in rows if a.owner != head.owner and held[a.owner] > share]
@@ -112,7 +116,7 @@ class Preempt(EngineParts):
             held[victim.owner] -= self._row_size(victim)
             rows.remove(victim)
             victims.append(victim)
-        self._preempt(victims)
+        return victims
 
     def _victim(self, rows: list[Active]) -> Active | None:
         """The latest admitted decoding request of the owner holding the most K/V."""
@@ -125,8 +129,9 @@ class Preempt(EngineParts):
         owner = max(held, key=lambda o: (held[o], self._fair.served.get(o, 0.0)))
         return max((a for a in rows if a.owner == owner), key=lambda a: (a.joined, self._held(a)))
 
-    def _preempt(self, victims: list[Active]) -> None:
-        """Send running requests back to the fair queue; cache what they computed. They leave
+    def _preempt(self, victims: list[Active], why: Why) -> None:
+        """Send running requests back to the fair queue (preempted by the policy `why`
+        names); cache what they computed. They leave
         the generator in one call: each call filters the batch's buffers (a re-lay of every
         layer, after the step in flight), and preemptions come several at a time (a newcomer
         owed room, an owner whose masks outgrow their share)."""
@@ -136,10 +141,11 @@ class Preempt(EngineParts):
             assert a.uid is not None  # a row of the batch has one
             del self._by_uid[a.uid]  # what the batch holds (the cache's reserve) no longer counts it
         self._leave_batch_all(victims)  # as finished ones leave; the other ranks do the same
+        self.preempted_by[why.value] += len(victims)
         for a in victims:
-            self._requeue(a)
+            self._requeue(a, why)
 
-    def _requeue(self, a: Active) -> None:
+    def _requeue(self, a: Active, why: Why) -> None:
         if self.prefix is not None:
             self.prefix.release(a.match)
             a.match = None
@@ -152,4 +158,4 @@ class Preempt(EngineParts):
         a.preempted += 1
         a.uid, a.prefilled = None, False
         self._fair.requeue(a)
-        log.info("request %s preempted after %d tokens (it resumes when room returns)", a.handle.id, a.generated)
+        log.info("request %s preempted (%s) after %d tokens; it resumes later", a.handle.id, why.value, a.generated)
