@@ -133,6 +133,13 @@ class Settings(BaseSettings):
         "between 32 MiB and 256 MiB; 0: none kept)" + SIZES_HELP,
     )
     prefix_cache: bool = Field(True, description="Share a radix prefix KV cache across requests")
+    kv_bits: Literal[16, 8, 4] = Field(
+        16,
+        description="Precision of the K/V every cache attends over: 16 = the model's own dtype; 8 or 4 = "
+        "MLX's mxfp8 or mxfp4 format, which the prefix cache and its disk tier hold at that size (about "
+        "0.52x or 0.27x of 16-bit K/V: more conversations stay cached in the same budget) while the "
+        "decoding batch holds it at the model's dtype (a --models file sets it per model)",
+    )
     cache_sharing: Literal["system", "all", "user"] = Field(
         "system",
         description="What the prefix cache shares between users: the system message "
@@ -307,6 +314,11 @@ class Settings(BaseSettings):
         "limit a new one closes the oldest idle one (no request under way) or, "
         "with none idle, is refused at once",
     )
+
+    @field_validator("kv_bits", mode="before")
+    @classmethod
+    def _bits_as_written(cls, v: object) -> object:
+        return int(v) if isinstance(v, str) and v.strip().isdigit() else v  # the command line's "8"
 
     @field_validator("cache_disk_bytes", mode="before")
     @classmethod

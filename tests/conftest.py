@@ -88,6 +88,20 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_wide_dir(tmp_path_factory) -> Path:
+    """Heads of 32 numbers (the tiny model's are 16): what --kv-bits' formats need at least."""
+    return build_random_model(tmp_path_factory.mktemp("wide") / "tiny-wide", dim=128)
+
+
+@pytest.fixture(scope="module")
+def tiny_wide_sliding_dir(tmp_path_factory) -> Path:
+    """gemma3-style with heads of 32 numbers."""
+    return build_random_model(
+        tmp_path_factory.mktemp("wsliding") / "tiny-wide-sliding", dim=128, layers=4, arch="gemma3"
+    )
+
+
+@pytest.fixture(scope="session")
 def engine(tiny_model_dir):
     from radixchat.core.config import Settings
     from radixchat.core.engine.engine import Engine

@@ -53,15 +53,15 @@ def ask(eng, system: str, question: str, owner: str | None = None) -> Finished:
 _REFERENCES: dict = {}
 
 
-def answers_without_cache(model_dir) -> dict:
+def answers_without_cache(model_dir, kv_bits: int = 16) -> dict:
     """Greedy answers of PLAN with the prefix cache off (mlx-lm's own step order)."""
-    if model_dir not in _REFERENCES:
-        off = engine_for(model_dir, prefix=False, step_tokens=0)
+    if (model_dir, kv_bits) not in _REFERENCES:
+        off = engine_for(model_dir, prefix=False, step_tokens=0, kv_bits=kv_bits)
         try:
-            _REFERENCES[model_dir], _ = run_users(off, PLAN, seed=1)
+            _REFERENCES[model_dir, kv_bits], _ = run_users(off, PLAN, seed=1)
         finally:
             off.stop()
-    return _REFERENCES[model_dir]
+    return _REFERENCES[model_dir, kv_bits]
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,48 @@ def test_forced_disk_tier_is_transparent(kind, request, tmp_path):
     assert tree.spills > 0 and disk.loads > 0 and disk.load_tokens > 0
     assert disk.dropped == 0
     assert (disk.snapshot_loads > 0) == (kind != "plain")
+
+
+@pytest.mark.parametrize("kv_bits", [8, 4])
+def test_forced_disk_tier_at_a_kv_precision_is_transparent_and_smaller(kv_bits, tiny_wide_dir, tmp_path):
+    """At --kv-bits 8 or 4 the files hold the codes the batch attended over: every hit read
+    back from disk gives the cache-off answers at that precision."""
+    reference = answers_without_cache(tiny_wide_dir, kv_bits)
+    eng = disk_engine(tiny_wide_dir, tmp_path, step_tokens=40, kv_bits=kv_bits)
+    try:
+        got, hits = run_users(eng, PLAN, seed=2)
+        assert wait_disk_idle(eng)
+        eng.prefix.tree.check()
+        disk = eng.stats().disk_cache
+    finally:
+        eng.stop()
+    assert got == reference
+    assert all(hits[k] > 0 for k in hits if k[1] > 0), "every later turn should hit"
+    assert disk.loads > 0 and disk.load_tokens > 0 and disk.dropped == 0
+
+
+def test_files_at_one_kv_precision_are_never_read_at_another(tiny_wide_dir, tmp_path):
+    """A file written at 8 bits is K/V in another format: a server at 16 bits (or 4) finds
+    none of it, and one at 8 again finds all of it. In memory, the tree holds a token at
+    about a quarter of the model's float32 K/V: a code of 8 bits a number, 8 bits of scale
+    per 32 numbers."""
+    eng = disk_engine(tiny_wide_dir, tmp_path, forced=False, kv_bits=8)
+    try:
+        ask(eng, SYSTEMS[0], "What is a tuple?")
+        assert wait_disk_idle(eng)
+        tree, bpt = eng.stats().prefix_cache, eng.kv_bytes_per_token
+    finally:
+        eng.stop()
+    assert tree.cached_tokens > 0 and tree.bytes == tree.cached_tokens * bpt * (8 + 8 / 32) // 32
+    assert files_of(tmp_path)
+    for bits, found in ((16, False), (4, False), (8, True)):
+        eng = disk_engine(tiny_wide_dir, tmp_path, forced=False, kv_bits=bits)
+        try:
+            again = ask(eng, SYSTEMS[0], "What is a tuple?")
+            disk = eng.stats().disk_cache
+        finally:
+            eng.stop()
+        assert (disk.adopted > 0) == found and (again.usage.cached_tokens > 0) == found, (bits, disk)
 
 
 def test_restart_keeps_hits_privately_and_files_are_private(tiny_model_dir, tmp_path):

@@ -81,22 +81,27 @@ def test_tree_holds_live_tokens_only_and_pins_no_buffer(tiny):
     assert held <= tree.bytes * 1.05 + 65536, (held, tree.bytes)
 
 
-@pytest.mark.parametrize("kind", ["plain", "hybrid", "sliding"])
-def test_cache_is_transparent(kind, request):
+@pytest.mark.parametrize(
+    ("kind", "kv_bits"), [("plain", 16), ("hybrid", 16), ("sliding", 16), ("plain", 8), ("plain", 4), ("sliding", 8)]
+)
+def test_cache_is_transparent(kind, kv_bits, request):
     """Greedy answers are the same with the cache on and off. "sliding" prompts are all
     longer than the window, so the rotating caches restored from snapshots have wrapped.
     The reference runs mlx-lm's own step order; the cached engine prefills in small chunks
-    under a step budget (core.engine.step.stepper), so chunk ends fall inside messages."""
+    under a step budget (core.engine.step.stepper), so chunk ends fall inside messages.
+    At 8 or 4 bits both attend over K/V at that precision, and the tree holds its codes."""
     fixture = {"plain": "tiny_model_dir", "hybrid": "tiny_hybrid_dir", "sliding": "tiny_sliding_dir"}
+    if kv_bits != 16:  # the formats' groups need heads of 32 numbers at least
+        fixture = {"plain": "tiny_wide_dir", "sliding": "tiny_wide_sliding_dir"}
     model_dir = request.getfixturevalue(fixture[kind])
     plan = conversations(seed=7, users=6, turns=3)
-    off = engine_for(model_dir, prefix=False, step_tokens=0)
+    off = engine_for(model_dir, prefix=False, step_tokens=0, kv_bits=kv_bits)
     try:
         expected, no_hits = run_users(off, plan, seed=1)
     finally:
         off.stop()
     assert not any(no_hits.values())
-    on = engine_for(model_dir, prefix=True, step_tokens=40)
+    on = engine_for(model_dir, prefix=True, step_tokens=40, kv_bits=kv_bits)
     try:
         got, hits = run_users(on, plan, seed=2)
         got_again, hits_again = run_users(on, plan, seed=3)  # a warm cache, other order

@@ -21,7 +21,9 @@ import logging
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
+from radixchat.core.cache.kv_format import KVFormat
 from radixchat.core.cache.radix import Match, RadixCache
+from radixchat.core.cache.rounded import RoundedKVCache
 
 log = logging.getLogger("radixchat.prefix")
 
@@ -45,19 +47,24 @@ def _copy_state(x):
 
 
 class KVSegment:
+    """Per layer, the K/V of a run of tokens as arrays whose token axis is the third: (K, V),
+    or at a --kv-bits precision (K's codes, K's scales, V's codes, V's scales:
+    core.cache.kv_format), which hold exactly what the batch attended over."""
+
     __slots__ = ("layers", "n", "nbytes")
 
-    def __init__(self, layers: list[tuple[mx.array, mx.array] | None], n: int):
+    def __init__(self, layers: list[tuple[mx.array, ...] | None], n: int):
         self.layers = layers
         self.n = n
-        self.nbytes = sum(k.nbytes + v.nbytes for k, v in filter(None, layers))
+        self.nbytes = sum(a.nbytes for kv in layers if kv is not None for a in kv)
 
     @classmethod
-    def from_caches(cls, caches, trimmable: list[bool], start: int, end: int) -> KVSegment:
-        layers = [
-            (_own(c.keys[..., start:end, :]), _own(c.values[..., start:end, :])) if t else None
-            for c, t in zip(caches, trimmable)
-        ]
+    def from_caches(cls, caches, trimmable: list[bool], start: int, end: int, fmt: KVFormat | None = None) -> KVSegment:
+        def own(c) -> tuple[mx.array, ...]:
+            k, v = c.keys[..., start:end, :], c.values[..., start:end, :]
+            return (*fmt.encode(k), *fmt.encode(v)) if fmt is not None else (_own(k), _own(v))
+
+        layers = [own(c) if t else None for c, t in zip(caches, trimmable)]
         # async: the copy runs behind the decode step already queued instead of stalling it;
         # until it has run, the source buffer stays referenced by the graph, not by the tree
         mx.async_eval([kv for kv in layers if kv is not None])
@@ -65,7 +72,7 @@ class KVSegment:
 
     def split(self, k: int) -> tuple[KVSegment, KVSegment]:
         def part(s, e):
-            return [(_own(kv[0][..., s:e, :]), _own(kv[1][..., s:e, :])) if kv else None for kv in self.layers]
+            return [tuple(_own(a[..., s:e, :]) for a in kv) if kv else None for kv in self.layers]
 
         left, right = part(0, k), part(k, self.n)
         mx.async_eval([kv for kv in left + right if kv is not None])
@@ -126,12 +133,14 @@ def _windowed(cache):
 
 
 class PrefixStore:
-    def __init__(self, model, budget_bytes: int):
+    def __init__(self, model, budget_bytes: int, fmt: KVFormat | None = None):
         self.tree = RadixCache(budget_bytes)
+        self.fmt = fmt  # the precision segments hold K/V at (None: as the batch holds it)
         self.classes = [type(c) for c in make_prompt_cache(model)]
-        self.trimmable = [c is KVCache for c in self.classes]
+        self.trimmable = [issubclass(c, KVCache) for c in self.classes]
+        self.kv_dtype = kv_dtype(model) if fmt is not None else None  # what codes decode to
         self.hybrid = not all(self.trimmable)
-        self.bytes_per_token = 0  # K/V bytes of one token over all trimmable layers, once known
+        self.bytes_per_token = 0  # K/V bytes of one token of the running batch (its dtype), once known
         self.disk = None  # core.cache.disk.tier.DiskTier, when --cache-disk-bytes is set
 
     def lookup(self, key: list[int], min_length: int = 0) -> tuple[Match, list | None]:
@@ -182,7 +191,9 @@ class PrefixStore:
         if not self.bytes_per_token:
             self.bytes_per_token = sum(2 * c.keys[..., :1, :].nbytes for c, t in zip(caches, self.trimmable) if t)
         snapshot = Snapshot(caches, self.trimmable) if self.hybrid else None
-        node = self.tree.insert(tokens, lambda s, e: KVSegment.from_caches(caches, self.trimmable, s, e), snapshot)
+        node = self.tree.insert(
+            tokens, lambda s, e: KVSegment.from_caches(caches, self.trimmable, s, e, self.fmt), snapshot
+        )
         if self.disk is not None:
             self.disk.persist(node)
         return True
@@ -196,15 +207,29 @@ class PrefixStore:
                 continue
             # a segment taken whole is not sliced: a conversation's path is many segments,
             # and each slice is one more op for every layer
-            ks = [s.layers[i][0] if k == s.n else s.layers[i][0][..., :k, :] for s, k in segs]
-            vs = [s.layers[i][1] if k == s.n else s.layers[i][1][..., :k, :] for s, k in segs]
-            c = KVCache()
-            c.keys = mx.concatenate(ks, axis=2) if len(ks) > 1 else ks[0]
-            c.values = mx.concatenate(vs, axis=2) if len(vs) > 1 else vs[0]
+            arity = len(segs[0][0].layers[i])  # K, V; or K's and V's codes and scales
+            parts = [
+                [s.layers[i][j] if k == s.n else s.layers[i][j][..., :k, :] for s, k in segs] for j in range(arity)
+            ]
+            whole = [mx.concatenate(p, axis=2) if len(p) > 1 else p[0] for p in parts]
+            if self.fmt is None:
+                c = KVCache()
+                c.keys, c.values = whole
+            else:
+                c = RoundedKVCache(self.fmt)
+                c.keys = self.fmt.decode(whole[0], whole[1], self.kv_dtype)
+                c.values = self.fmt.decode(whole[2], whole[3], self.kv_dtype)
             c.offset = m.length
             assert c.keys.shape[2] == c.offset, "restored cache must hold exactly its live tokens"
             out.append(c)
         return out  # lazy: the batch merge that consumes it evaluates it
+
+
+def kv_dtype(model) -> mx.Dtype:
+    """The dtype of the model's K/V (one token through a fresh cache)."""
+    caches = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=caches)
+    return next((c.keys.dtype for c in caches if isinstance(getattr(c, "keys", None), mx.array)), mx.float32)
 
 
 def kv_bytes_per_token(model) -> int:

@@ -201,6 +201,13 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                     self.cpu_ops = cpu_ops.install(self.loaded.model)
                     cpu_ops.use_here(True)
                 from radixchat.core.cache.kv import PrefixStore, kv_bytes_per_token
+                from radixchat.core.cache.kv_format import kv_format
+
+                fmt = kv_format(s.kv_bits)
+                if fmt is not None:  # every plain K/V layer's cache writes at that precision
+                    from radixchat.core.cache.rounded import install
+
+                    install(self.loaded.model, fmt)
 
                 self.kv_budget = kv_budget(s)
                 if self.link is not None:  # memory may differ between machines: rank 0's counts
@@ -208,7 +215,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 self.memory = MlxMemory(mx, s, self.kv_budget, self.loaded.vocab_size)  # sets MLX's cache limit
                 self.kv_bytes_per_token = kv_bytes_per_token(self.loaded.model)
                 if s.prefix_cache:
-                    self.prefix = PrefixStore(self.loaded.model, self.kv_budget)
+                    self.prefix = PrefixStore(self.loaded.model, self.kv_budget, fmt)
                     self.scope = CacheScope(s.cache_sharing)
                 # a stream of this thread's own, so a later engine in the same process
                 # never touches one that was cleared (see below)

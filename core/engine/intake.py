@@ -90,6 +90,7 @@ class Intake(EngineParts):
             created=int(self.started_at),
             sharded=sharded,
             weights_bytes=m.weights_bytes,
+            kv_bits=self.settings.kv_bits,
         )
 
     def stats(self) -> EngineStats:

@@ -8,6 +8,7 @@ A models file is TOML, one `[[model]]` table per model, the first the default:
     aliases = ["assistant"]     # more names a request may give it
     pinned = true               # never unloaded (the first model always is)
     context_length = 4096       # the model's context, shorter than its config's
+    kv_bits = 8                 # K/V precision (--kv-bits): 16, 8 or 4
     temperature = 0.3           # sampling for requests that leave it out (else its card's);
     top_p = 0.9                 # presence_, frequency_ and repetition_penalty too
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -47,11 +49,14 @@ class _Entry(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
+    kv_bits: Literal[16, 8, 4] | None = None
 
     def spec(self) -> ModelSpec:
         overrides: dict = {}
         if self.context_length is not None:
             overrides["context_length"] = self.context_length
+        if self.kv_bits is not None:
+            overrides["kv_bits"] = self.kv_bits
         sampling = {k: v for k in SAMPLING_DEFAULTS if (v := getattr(self, k)) is not None}
         if sampling:
             overrides["sampling_defaults"] = sampling

@@ -156,6 +156,22 @@ def process_memory(weights: int, vocab_size: int, context_length: int, kv_per_to
     return bound_text(parts) + " (what goes beyond the budget and the rest: measured, loadtests/bench_memory.py)"
 
 
+def kv_precision(bits: int, bpt: int, dtype: str) -> str:
+    """What --kv-bits makes of K/V: the batch's bytes a token and the prefix cache's."""
+    from radixchat.core.cache.kv_format import kv_format
+
+    fmt = kv_format(bits)
+    if fmt is None:
+        return f"{dtype} everywhere (--kv-bits 16)"
+    per_number = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)
+    cached = round(bpt / per_number * (fmt.bits / 8 + 1 / fmt.group))
+    return (
+        f"{fmt.mode} (--kv-bits {bits}): every step attends over it; the decoding batch holds it as "
+        f"{dtype} ({bpt:,} bytes a token), the prefix cache and its disk tier as {fmt.mode} "
+        f"({cached:,} bytes a token, {cached / bpt:.2f}x)"
+    )
+
+
 def _group():
     """Under mlx.launch: the group, its backend and each rank (every rank runs the doctor in
     step, since loading and timing the model run collectives; the CLI prints rank 0's)."""
@@ -181,6 +197,7 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     tokens = batch_room(budget) // bpt
     per_seq = 512 + settings.max_tokens
     yield "kv budget", f"{budget / 2**30:.2f} GiB (--cache-bytes), {bpt:,} bytes per token"
+    yield "kv precision", kv_precision(settings.kv_bits, bpt, m.dtype)
     yield (
         "batch limit",
         (

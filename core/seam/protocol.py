@@ -48,6 +48,7 @@ class ModelInfo:
     created: int = 0  # when it started serving (Unix seconds): OpenAI's `created` of the model
     sharded: str = ""  # under mlx.launch: one line on the group (size, backend, ranks); else ""
     weights_bytes: int = 0  # what its weights take in memory here
+    kv_bits: int = 16  # the precision its K/V is attended over and cached at (--kv-bits; 16: its dtype's)
 
     @property
     def sampling_defaults(self) -> dict[str, float]:

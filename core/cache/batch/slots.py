@@ -58,6 +58,8 @@ import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from radixchat.core.cache.batch.layout import GRAIN, growth
+from radixchat.core.cache.kv_format import KVFormat
+from radixchat.core.cache.rounded import format_of
 
 
 def swap_order(keep: list[int]) -> list[int]:
@@ -96,6 +98,7 @@ def one_eval(caches: list) -> Iterator[None]:
 class SlotKVCache(BatchKVCache):
     _pending: list | None = None  # row writes deferred to the end of a `one_eval` block
     _room_due = False  # `_spare_room` waits for those writes
+    fmt: KVFormat | None = None  # --kv-bits: K and V written as their round trip (core.cache.rounded)
 
     def __init__(self, left_padding: list[int], most_rows: int = 0):
         super().__init__(left_padding)
@@ -130,6 +133,7 @@ class SlotKVCache(BatchKVCache):
         place in the model (see `update_and_fetch`)."""
         s = cls.__new__(cls)
         s.most_rows, s.stagger = most_rows, stagger
+        s.fmt = format_of(c)
         s._rows = int(c.offset.shape[0])
         s.offset, s.left_padding, s._idx = c.offset, c.left_padding, c._idx
         s._right_padding = None
@@ -144,7 +148,7 @@ class SlotKVCache(BatchKVCache):
 
     @classmethod
     def merge(cls, caches):
-        return cls.adopt(BatchKVCache.merge(caches))
+        return cls.adopt(caches[0].merge(caches))  # (a prompt's cache merges as its class does: rounded or not)
 
     # -- layout ---------------------------------------------------------------------
 
@@ -214,6 +218,8 @@ class SlotKVCache(BatchKVCache):
     # -- the library's contract -----------------------------------------------------
 
     def update_and_fetch(self, keys, values):
+        if self.fmt is not None:
+            keys, values = self.fmt.round_trip(keys), self.fmt.round_trip(values)
         n = keys.shape[2]
         if self._k is None:
             b, h, _, dk = keys.shape

@@ -1,7 +1,7 @@
 """What one file of the disk tier holds, and turning a node into those bytes and back.
 
 A file holds one node's own tokens (its K/V, `k{i}`/`v{i}` per plain K/V layer, exactly n
-long), the snapshot of the other layers at its end if the node has one (their state's
+long; at a --kv-bits precision their codes and scales, `k{i}`, `ks{i}`, `v{i}`, `vs{i}`), the snapshot of the other layers at its end if the node has one (their state's
 arrays, its structure in the metadata, restored into the class this model's layer has,
 never one a file names) and, in its metadata, the whole tree key up to its end: a restart
 places it under the entries that hold its prefix. Tagged tokens (a user's private
@@ -39,6 +39,12 @@ class EntryFormat:
     sharing: str
     trimmable: list[bool]  # per layer: plain K/V (in the file by token) or a snapshot's
     classes: list[type]  # this model's cache class per layer, the only ones a snapshot becomes
+    quantized: bool = False  # plain K/V as codes and scales (--kv-bits: core.cache.kv_format)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """What a plain layer's arrays are called in a file (with the layer's number after)."""
+        return ("k", "ks", "v", "vs") if self.quantized else ("k", "v")
 
     def matches(self, meta: dict) -> bool:
         """Was the file with this metadata written for this model and sharing mode?"""
@@ -54,7 +60,7 @@ class EntryFormat:
         arrays = {}
         for i, kv in enumerate(node.seg.layers):
             if kv is not None:
-                arrays[f"k{i}"], arrays[f"v{i}"] = kv
+                arrays.update({f"{name}{i}": a for name, a in zip(self.names, kv, strict=True)})
         meta = {
             "format": FORMAT,
             "fingerprint": self.fingerprint,
@@ -90,10 +96,10 @@ class EntryFormat:
         kv = {}
         for i, t in enumerate(self.trimmable):
             if t:
-                k, v = mxa[f"k{i}"], mxa[f"v{i}"]
-                if k.ndim != 4 or k.shape[2] != n or v.shape != k.shape:
-                    raise Corrupt(f"layer {i} holds {k.shape}, not {n} tokens")
-                kv[i] = (k, v)
+                parts = tuple(mxa[f"{name}{i}"] for name in self.names)
+                if any(a.ndim != 4 or a.shape[2] != n for a in parts) or parts[0].shape != parts[len(parts) // 2].shape:
+                    raise Corrupt(f"layer {i} holds {parts[0].shape}, not {n} tokens")
+                kv[i] = parts
         return kv, self._snapshot_of(meta, mxa) if snap else None
 
     def _snapshot_of(self, meta: dict, arrays: dict) -> Snapshot:

@@ -62,7 +62,7 @@ class DiskTier:
         """`budget`: --cache-disk-bytes (core.config.DISK_AUTO for auto)."""
         make_private_dir(folder)
         self.folder = folder
-        self.format = EntryFormat(fingerprint, sharing, store.trimmable, store.classes)
+        self.format = EntryFormat(fingerprint, sharing, store.trimmable, store.classes, store.fmt is not None)
         self.tree: RadixCache | None = None
         self.seq = 0
         self.bytes = 0  # of files on disk or being written
@@ -323,8 +323,8 @@ class DiskTier:
                 for i in range(len(self.format.trimmable))
             ]
             # the physical trim across tiers: exactly this node's tokens come back
-            assert all(pair[0].shape[2] == pair[1].shape[2] == ref.n for pair in layers if pair)
-            fresh += [a for pair in layers if pair for a in pair]
+            assert all(a.shape[2] == ref.n for parts in layers if parts for a in parts)
+            fresh += [a for parts in layers if parts for a in parts]
             self.tree.attach(ref.node, KVSegment(layers, ref.n), snapshot if ref.snap else None)
             tokens += ref.n
         mx.async_eval(fresh)
@@ -402,6 +402,7 @@ def open_tier(
             "runs_as": loaded.runs_as,
             "context_length": loaded.context_length,
             "layers": [c.__name__ for c in prefix.classes],
+            "kv_format": prefix.fmt.mode if prefix.fmt is not None else None,  # never read at another precision
         },
     )
     root = cache_folder(settings)

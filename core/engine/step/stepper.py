@@ -63,6 +63,7 @@ from mlx_lm.models.cache import BatchKVCache
 
 from radixchat.core.cache.batch.layout import over_cap
 from radixchat.core.cache.batch.slots import SlotKVCache, swap_order
+from radixchat.core.cache.rounded import RoundedBatchKVCache
 from radixchat.core.engine.sample.batch_sampler import BatchSampler
 from radixchat.core.engine.step.decode_batch import DecodingBatch
 from radixchat.core.engine.step.generator import Generator, LibraryGenerator
@@ -115,6 +116,10 @@ def check_layout(gen: BatchGenerator) -> bool:
         and rows is not None
         and all(hasattr(rows, name) for name in _ROWS)
     )
+
+
+# the prompt batches whose K/V the decoding batch's slots take over (plain, or at a --kv-bits precision)
+ADOPTED = (BatchKVCache, RoundedBatchKVCache)
 
 
 class BudgetedBatchGenerator(BatchGenerator):
@@ -316,7 +321,7 @@ class BudgetedBatchGenerator(BatchGenerator):
             # the first rows of a decoding batch: from here on, joins write into their slots
             most = self.completion_batch_size
             batch.prompt_cache = [  # each layer re-lays at a step of its own (SlotKVCache.stagger)
-                SlotKVCache.adopt(c, most, stagger=i) if type(c) is BatchKVCache else c
+                SlotKVCache.adopt(c, most, stagger=i) if type(c) in ADOPTED else c
                 for i, c in enumerate(batch.prompt_cache)
             ]
         self._generation_batch.extend(batch)

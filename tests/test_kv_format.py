@@ -1,0 +1,113 @@
+"""--kv-bits (core.cache.kv_format, core.cache.rounded): the formats' round trip is idempotent
+(what makes a cached prefix read back exactly what the batch attended over), their bytes, and
+what is refused: a precision that is not one, a model whose heads the groups do not divide."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from pydantic import ValidationError
+
+from radixchat.core.cache.kv_format import FORMATS, kv_format
+from radixchat.core.config import Settings
+from radixchat.core.engine.engine import Engine
+from radixchat.core.models.models_file import specs
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
+def test_a_round_trip_of_a_round_trip_is_itself(bits, dtype):
+    fmt = FORMATS[bits]
+    mx.random.seed(3)
+    x = (mx.random.normal((2, 3, 40, 64)) * 4).astype(dtype)
+    once = fmt.round_trip(x)
+    assert once.dtype == dtype
+    assert mx.array_equal(fmt.round_trip(once), once).item()
+    assert not mx.array_equal(once, x).item()  # it does round: it is a precision, not a copy
+    # the codes and scales decode to the same numbers whether encoded once or twice
+    assert mx.array_equal(fmt.decode(*fmt.encode(once), dtype), once).item()
+
+
+def test_mlxs_affine_format_is_not_idempotent_which_is_why_it_is_not_offered():
+    """mlx-lm's QuantizedKVCache format: cached from what a batch held, it would read back
+    other numbers than the batch attended over."""
+    mx.random.seed(3)
+    x = mx.random.normal((1, 2, 64, 64))
+    parts = mx.quantize(x, group_size=64, bits=8)
+    once = mx.dequantize(*parts, group_size=64, bits=8)
+    twice = mx.dequantize(*mx.quantize(once, group_size=64, bits=8), group_size=64, bits=8)
+    assert not mx.array_equal(once, twice).item()
+
+
+@pytest.mark.parametrize(("bits", "most"), [(8, 0.52), (4, 0.27)])
+def test_bytes_a_number_against_sixteen_bits(bits, most):
+    fmt = FORMATS[bits]
+    x = mx.zeros((1, 4, 10, 128), dtype=mx.bfloat16)
+    stored = sum(a.nbytes for a in fmt.encode(x))
+    assert stored == 4 * 10 * fmt.bytes_per(128)
+    assert stored / x.nbytes <= most
+
+
+def test_what_is_refused():
+    assert kv_format(16) is None and kv_format(8).mode == "mxfp8" and kv_format(4).mode == "mxfp4"
+    with pytest.raises(ValueError, match="kv_bits"):
+        kv_format(6)
+    with pytest.raises(ValidationError, match="kv_bits"):
+        Settings(kv_bits=6)
+
+
+def test_a_models_file_sets_it_per_model(tmp_path):
+    f = tmp_path / "models.toml"
+    f.write_text('[[model]]\npath = "tiny"\nkv_bits = 8\n\n[[model]]\npath = "default"\n')
+    first, second = specs(Settings(models=str(f)))
+    assert first.overrides["kv_bits"] == 8 and "kv_bits" not in second.overrides
+    f.write_text('[[model]]\npath = "tiny"\nkv_bits = 5\n')
+    with pytest.raises(ValueError, match="kv_bits"):
+        specs(Settings(models=str(f)))
+
+
+def test_a_model_whose_heads_the_groups_do_not_divide_is_refused_at_start(tiny_model_dir):
+    """The tiny random model's heads hold 16 numbers: the formats' scales cover 32."""
+    with pytest.raises(ValueError, match="groups of 32"):
+        Engine(Settings(model=str(tiny_model_dir), kv_bits=8)).start(timeout=120)
+
+
+def test_the_engine_says_its_precision_and_the_server_tab_shows_it(tiny_wide_dir, store):
+    from radixchat.core.seam.requests import Finished, Sampling
+    from radixchat.webui.page.logic.dashboard import Presence, summary_table
+
+    eng = Engine(Settings(model=str(tiny_wide_dir), kv_bits=4)).start(timeout=120)
+    try:
+        assert isinstance(eng.submit_tokens(list(range(5, 80)), Sampling(max_tokens=4)).result(), Finished)
+        tree = eng.stats().prefix_cache
+        [line] = [x for x in summary_table(eng, store, Presence()).splitlines() if x.startswith("| Model |")]
+    finally:
+        eng.stop()
+    assert eng.info.kv_bits == 4 and "K/V at 4 bits" in line
+    # the tree holds a token at 4 bits a number and 8 bits of scale per 32, against float32's 32
+    assert tree.cached_tokens > 0 and tree.bytes == tree.cached_tokens * eng.kv_bytes_per_token * (4 + 8 / 32) // 32
+
+
+def test_every_batch_layout_attends_at_the_same_precision(tiny_wide_dir):
+    """At 8 bits, the same greedy replies whichever cache holds the decoding rows: the slots
+    (with and without speculative drafts), mlx-lm's BatchKVCache, mlx-lm's step order, the
+    prefix cache off; and other replies than at 16 bits (the precision is real)."""
+    from radixchat.core.seam.requests import Sampling
+
+    prompts = [list(range(5, 60)) * 2, list(range(7, 90)), [3, 4, 5, 6] * 20]
+
+    def replies(**kw) -> list[str]:
+        eng = Engine(Settings(model=str(tiny_wide_dir), max_tokens=64, **kw)).start(timeout=120)
+        try:
+            first = [eng.submit_tokens(p, Sampling(max_tokens=40, ignore_eos=True)) for p in prompts]
+            texts = [h.result().text for h in first]
+            again = [eng.submit_tokens(p, Sampling(max_tokens=40, ignore_eos=True)).result().text for p in prompts]
+            assert again == texts  # the second time from the prefix cache, where it is on
+            return texts
+        finally:
+            eng.stop()
+
+    reference = replies(kv_bits=8, prefix_cache=False)
+    for layout in (dict(), dict(speculate=4), dict(kv_slots=False), dict(step_tokens=0)):
+        assert replies(kv_bits=8, **layout) == reference, layout
+    assert replies(kv_bits=16, prefix_cache=False) != reference
