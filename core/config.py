@@ -135,10 +135,10 @@ class Settings(BaseSettings):
     prefix_cache: bool = Field(True, description="Share a radix prefix KV cache across requests")
     kv_bits: Literal[16, 8, 4] = Field(
         16,
-        description="Precision of the K/V every cache attends over: 16 = the model's own dtype; 8 or 4 = "
-        "MLX's mxfp8 or mxfp4 format, which the prefix cache and its disk tier hold at that size (about "
-        "0.52x or 0.27x of 16-bit K/V: more conversations stay cached in the same budget) while the "
-        "decoding batch holds it at the model's dtype (a --models file sets it per model)",
+        description="Precision of the K/V every cache attends over: 16 = the model's own dtype; 8 = signed "
+        "bytes with a power-of-two scale per 32 numbers; 4 = MLX's mxfp4 format. The prefix cache and its disk "
+        "tier hold K/V at that size (about 0.52x or 0.27x of 16-bit K/V: more conversations stay cached in the "
+        "same budget), the decoding batch at the model's dtype (a --models file sets it per model)",
     )
     cache_sharing: Literal["system", "all", "user"] = Field(
         "system",

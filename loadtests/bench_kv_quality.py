@@ -1,8 +1,8 @@
 """What quantized K/V costs a model's answers, format by format (issue 54's quality figures).
 
 Each format stores K/V as MLX's `mx.quantize` does (affine with a scale and a bias per group,
-or a microscaling float format: mxfp8, mxfp4, nvfp4), and attention reads them back
-dequantized. The run stands in for a cache that holds them by writing each token's K and V
+or a microscaling float format: mxfp8, mxfp4, nvfp4) or as radixchat's --kv-bits 8 does
+(int8-pow2: core.cache.kv_format), and attention reads them back dequantized. The run stands in for a cache that holds them by writing each token's K and V
 back as their quantize-then-dequantize round trip (the numbers a quantized cache attends
 over) into mlx-lm's own `KVCache`, for every layer, in the prefill and every decode step.
 
@@ -22,7 +22,7 @@ is a 16-bit cache's own cost):
   round trip is idempotent can be cached from what a batch holds and read back exactly).
 
     python -m loadtests.bench_kv_quality [--model default | --model tiny | --random-dim 2048 --random-layers 16]
-        [--replies 64] [--tokens 128] [--free 8] [--formats bfloat16,affine8,affine4,mxfp8,mxfp4,nvfp4]
+        [--replies 64] [--tokens 128] [--free 8] [--formats bfloat16,affine8,affine4,mxfp8,int8-pow2,mxfp4,nvfp4]
 
 Runs in this process on the CPU (or MLX's default device), no server. No network.
 """
@@ -36,34 +36,51 @@ from pathlib import Path
 from loadtests.benchmodel import add_model_args, resolve_model
 from radixchat.core.platform.blas import reexec_with_openblas
 
-# name -> (mode, bits, group size); "bfloat16": a plain 16-bit cache
+# name -> radixchat's format (core.cache.kv_format), or (MLX's mode, bits, group size) for
+# one it does not offer; "bfloat16": a plain 16-bit cache
 FORMATS = {
     "bfloat16": None,
     "affine8": ("affine", 8, 64),
     "affine4": ("affine", 4, 64),
-    "mxfp8": ("mxfp8", 8, 32),
-    "mxfp4": ("mxfp4", 4, 32),
+    "mxfp8": "mxfp8",
+    "int8-pow2": "int8-pow2",
+    "mxfp4": "mxfp4",
     "nvfp4": ("nvfp4", 4, 16),
 }
 
 
+def _spec(fmt):
+    from radixchat.core.cache.kv_format import FORMATS as OFFERED
+    from radixchat.core.cache.kv_format import MXFP8
+
+    spec = FORMATS[fmt]
+    if isinstance(spec, str):
+        return next(f for f in (*OFFERED.values(), MXFP8) if f.mode == spec)
+    return spec
+
+
+def _parts(mx, x, spec) -> list:
+    if not isinstance(spec, tuple):
+        return list(spec.encode(x))
+    mode, bits, group = spec
+    return [a for a in mx.quantize(x, group_size=group, bits=bits, mode=mode) if a is not None]
+
+
 def round_trip(mx, x, fmt):
     """`x` as a cache in format `fmt` gives it back."""
-    spec = FORMATS[fmt]
+    spec = _spec(fmt)
     if spec is None:
         return x.astype(mx.bfloat16).astype(x.dtype)
+    if not isinstance(spec, tuple):
+        return spec.round_trip(x)
     mode, bits, group = spec
-    parts = mx.quantize(x, group_size=group, bits=bits, mode=mode)
-    return mx.dequantize(*parts, group_size=group, bits=bits, mode=mode).astype(x.dtype)
+    return mx.dequantize(*_parts(mx, x, spec), group_size=group, bits=bits, mode=mode).astype(x.dtype)
 
 
 def stored_bytes(mx, x, fmt) -> int:
     """Bytes `x` takes in format `fmt`."""
-    spec = FORMATS[fmt]
-    if spec is None:
-        return x.size * 2
-    mode, bits, group = spec
-    return sum(a.nbytes for a in mx.quantize(x, group_size=group, bits=bits, mode=mode) if a is not None)
+    spec = _spec(fmt)
+    return x.size * 2 if spec is None else sum(a.nbytes for a in _parts(mx, x, spec))
 
 
 def caches(model, mx, fmt):

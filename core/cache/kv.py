@@ -1,7 +1,8 @@
 """MLX side of the prefix cache: K/V segments, snapshots, and the PrefixStore the engine uses.
 
 A `KVSegment` holds, for each trimmable layer (mlx-lm `KVCache`), an own copy of the K/V
-of a run of tokens: shape (1, heads, n, dim), exactly n long. A `Snapshot` holds the
+of a run of tokens: shape (1, heads, n, dim), exactly n long; at a --kv-bits precision, its
+codes and scales (core.cache.kv_format), decoded on a restore into exactly what was stored. A `Snapshot` holds the
 whole state of every other layer (SSM `ArraysCache`, `RotatingKVCache`, ...) at one
 position; a sliding-window layer's, cut to its window. Copies are made with
 `mx.contiguous`, because a plain slice keeps its source buffer alive (a stale tail the
@@ -137,7 +138,7 @@ class PrefixStore:
         self.tree = RadixCache(budget_bytes)
         self.fmt = fmt  # the precision segments hold K/V at (None: as the batch holds it)
         self.classes = [type(c) for c in make_prompt_cache(model)]
-        self.trimmable = [issubclass(c, KVCache) for c in self.classes]
+        self.trimmable = [c in (KVCache, RoundedKVCache) for c in self.classes]
         self.kv_dtype = kv_dtype(model) if fmt is not None else None  # what codes decode to
         self.hybrid = not all(self.trimmable)
         self.bytes_per_token = 0  # K/V bytes of one token of the running batch (its dtype), once known
