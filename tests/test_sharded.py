@@ -390,8 +390,10 @@ def test_a_model_whose_heads_do_not_split_is_refused_in_one_line(llama, tmp_path
 
 
 @pytest.mark.slow
-def test_speculation_under_mlx_launch_is_refused_in_one_line(llama, tmp_path):
-    """Drafts would be one more thing the ranks must agree on: not built, so not silently off."""
+@pytest.mark.parametrize("flag", [("--speculate", "2"), ("--kv-bits", "8")])
+def test_speculation_or_a_kv_precision_under_mlx_launch_is_refused_in_one_line(flag, llama, tmp_path):
+    """Drafts would be one more thing the ranks must agree on, and K/V at --kv-bits is not
+    tried over ranks yet: not built, so not silently off."""
     log = tmp_path / "spec.log"
     cmd = [
         str(BIN / "mlx.launch"),
@@ -411,12 +413,11 @@ def test_speculation_under_mlx_launch_is_refused_in_one_line(llama, tmp_path):
         "--db",
         str(tmp_path / "spec.sqlite"),
         "--no-auth",
-        "--speculate",
-        "2",
+        *flag,
     ]
     subprocess.run(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=120, start_new_session=True)
     text = log.read_text()
-    assert "--speculate do not run sharded (under mlx.launch) yet" in text, text[-2000:]
+    assert "--speculate and --kv-bits do not run sharded (under mlx.launch) yet" in text, text[-2000:]
     assert "Traceback" not in text
 
 

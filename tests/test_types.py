@@ -1,7 +1,7 @@
-"""Types as a test: mypy checks webui/, the seam and the engine's parts strictly
-(pyproject.toml's [tool.mypy]). The repository's folders are `radixchat.<folder>` only once
-installed (setuptools' editable finder, which mypy cannot follow), so the check runs in a
-folder where `radixchat` is a package of links to them."""
+"""Types as a test: mypy checks webui/, the seam and the engine (its parts, step, sampling and
+sharded ranks) strictly (pyproject.toml's [tool.mypy]). The repository's folders are
+`radixchat.<folder>` only once installed (setuptools' editable finder, which mypy cannot
+follow), so the check runs in a folder where `radixchat` is a package of links to them."""
 
 from __future__ import annotations
 
@@ -13,13 +13,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SEAM = ["radixchat.core.seam.protocol", "radixchat.core.seam.requests", "radixchat.core.seam.handle"]
-# the engine's parts (its scheduling among them), over the typed base of the state they share
+# the engine's parts (its scheduling among them), over the typed base of the state they share,
+# and what steps the model: the generator, the samplers, a sharded rank's lockstep and follower
 PARTS = ["engine", "intake", "emit", "prefix_use", "output", "active", "textstream", "prepare", "models"]
 SCHED = [
     "radixchat.core.engine.parts",
     "radixchat.core.engine.sched",
+    "radixchat.core.engine.step",
+    "radixchat.core.engine.sample",
     "radixchat.core.engine.shard.recorder",
     "radixchat.core.engine.shard.ops",
+    "radixchat.core.engine.shard.lockstep",
+    "radixchat.core.engine.shard.follower",
     *(f"radixchat.core.engine.{m}" for m in PARTS),
 ]
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
 import numpy as np
@@ -44,6 +45,11 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from radixchat.core.engine.sample.constrain import Constrained, masks
 from radixchat.core.engine.step.unnormalized import normalized
+
+if TYPE_CHECKING:
+    from mlx_lm.sample_utils import Sampler
+
+    from radixchat.core.engine.active import Active
 
 _MASK64 = 2**64 - 1
 # the tokens penalties look back on: the sequence's last ones, its prompt's end included,
@@ -152,9 +158,9 @@ class BatchSampler:
     `Draw`, or a function of its row's logits (1, V) -> token (1,), and whose `penalty` is a
     `Penalty` or None."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.rows: Callable[[], tuple[list[int], list[list[int]], mx.array | None]] = lambda: ([], [], None)
-        self.request: Callable[[int], object] = lambda uid: None
+        self.request: Callable[[int], Active | None] = lambda uid: None
 
     def greedy(self, uid: int) -> bool:
         """Is this row's next token its argmax (what prompt-lookup drafts are checked against)?"""
@@ -178,12 +184,13 @@ class BatchSampler:
         requests = [self.request(u) for u in uids]
         pens = [getattr(r, "penalty", None) for r in requests]
         if any(pens):  # a row without penalties takes neutral ones, which change nothing
-            logits = penalize(logits, [p or NEUTRAL for p in pens], tokens, inputs)
-        specs = [getattr(r, "sampler", None) for r in requests]
+            # (the inputs are there whenever a step samples)
+            logits = penalize(logits, [p or NEUTRAL for p in pens], tokens, cast(mx.array, inputs))
+        specs: list[Sampler | None] = [getattr(r, "sampler", None) for r in requests]
         grammar = [i for i, s in enumerate(specs) if isinstance(s, Constrained)]
         if not grammar:
             return self._sample(logits, specs)
-        rows = [specs[i] for i in grammar]
+        rows = cast("list[Constrained]", [specs[i] for i in grammar])
         logits, masked = _masked(logits, requests, grammar, rows)
         for i, c in zip(grammar, rows):  # each masked row draws by its own sampler; a failed one its argmax
             specs[i] = c.inner if i in masked else None
@@ -193,11 +200,11 @@ class BatchSampler:
                 c.constraint.chose(out[i : i + 1])
         return out
 
-    def _sample(self, logits: mx.array, specs: list) -> mx.array:
+    def _sample(self, logits: mx.array, specs: list[Sampler | None]) -> mx.array:
         if all(s is None for s in specs):
             return mx.argmax(logits, axis=-1)
-        groups: dict[tuple, list[int]] = {}
-        custom = []
+        groups: dict[tuple[float, int, float], list[int]] = {}
+        custom: list[int] = []
         for i, s in enumerate(specs):
             if isinstance(s, Draw):
                 groups.setdefault(s.filters, []).append(i)
@@ -205,23 +212,25 @@ class BatchSampler:
                 custom.append(i)
         b = len(specs)
         if len(groups) == 1 and not custom and len(next(iter(groups.values()))) == b:
-            return draw(logits, specs)  # every row samples alike: the common case
+            return draw(logits, cast("list[Draw]", specs))  # every row samples alike: the common case
         tokens = mx.argmax(logits, axis=-1)
         for rows in groups.values():
             idx = mx.array(rows)
-            tokens[idx] = draw(logits[idx], [specs[i] for i in rows])
+            tokens[idx] = draw(logits[idx], cast("list[Draw]", [specs[i] for i in rows]))
         for i in custom:
-            tokens[i : i + 1] = specs[i](logits[i : i + 1]).astype(tokens.dtype)
+            tokens[i : i + 1] = cast("Sampler", specs[i])(logits[i : i + 1]).astype(tokens.dtype)
         return tokens
 
 
-def _masked(logits: mx.array, requests: list, grammar: list[int], rows: list[Constrained]) -> tuple[mx.array, set]:
+def _masked(
+    logits: mx.array, requests: list[Active | None], grammar: list[int], rows: list[Constrained]
+) -> tuple[mx.array, set[int]]:
     """`logits` with each grammar row's forbidden tokens at -inf, and the rows masked (a row
     whose grammar failed is not: its request's `error` says why, and it ends). The step's
     forward is launched first, so it runs while llguidance fills the masks; the masks are
     filled one owner at a time, so each owner's rows are timed by their own grammars
     (core.engine.sched.mask_share charges them to that owner)."""
-    mx.async_eval(logits)
+    mx.async_eval(logits)  # type: ignore[no-untyped-call]  # (MLX's stub leaves it unannotated)
     by_owner: dict[object, list[int]] = {}
     for k, i in enumerate(grammar):
         by_owner.setdefault(getattr(requests[i], "owner", None), []).append(k)
@@ -232,7 +241,7 @@ def _masked(logits: mx.array, requests: list, grammar: list[int], rows: list[Con
             if f is None:
                 allowed[grammar[k]] = ok[j]
             else:
-                requests[grammar[k]].error = f  # (the Active whose sampler it is)
+                cast("Active", requests[grammar[k]]).error = f  # (the Active whose sampler it is)
     if not allowed:
         return logits, set()
     masked = sorted(allowed)

@@ -30,13 +30,27 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from radixchat.core.seam.requests import GRAMMAR_LIMIT
 
-_COMPACT = {"whitespace_flexible": False}
-_tokenizers: dict[int, object] = {}
+if TYPE_CHECKING:
+    import mlx.core as mx
+    from llguidance import LLExecutor, LLTokenizer
+    from llguidance._lib import JsonCompileOptions
+    from mlx_lm.sample_utils import Sampler
+
+    class _Request(Protocol):
+        """What `Constrained` notes a failure on: the engine's Active (core.engine.active, which
+        imports this module)."""
+
+        error: BaseException | None
+
+
+_COMPACT: JsonCompileOptions = {"whitespace_flexible": False}
+_tokenizers: dict[int, LLTokenizer] = {}
 _lock = threading.Lock()
 
 
@@ -60,7 +74,7 @@ class ConstraintFailed(RuntimeError):
         self.detail = " ".join(detail.split())[:500]  # on one line, cut short
 
 
-def grammar_for(schema: dict | str) -> str:
+def grammar_for(schema: dict[str, Any] | str) -> str:
     """The llguidance grammar of a JSON schema (or of its JSON text, where the caller has
     it already); raises SchemaError with the reason."""
     import llguidance
@@ -90,7 +104,7 @@ def _checked(grammar: str, what: str) -> str:
     return grammar
 
 
-def _tokenizer(tokenizer, vocab_size: int):
+def _tokenizer(tokenizer: Any, vocab_size: int) -> LLTokenizer:  # (mlx-lm's TokenizerWrapper)
     """llguidance's view of the model's tokenizer (~0.5 s to build: once per model)."""
     import llguidance.hf
 
@@ -106,7 +120,7 @@ def _tokenizer(tokenizer, vocab_size: int):
 class Constraint:
     """One request's grammar state. Engine thread only."""
 
-    def __init__(self, grammar: str, tokenizer, vocab_size: int):
+    def __init__(self, grammar: str, tokenizer: Any, vocab_size: int):
         import llguidance
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
@@ -124,7 +138,7 @@ class Constraint:
         self._fresh()
 
     def _fresh(self) -> None:
-        self.previous = None  # the token array the last call returned
+        self.previous: mx.array | None = None  # the token array the last call returned
         self.consumed = 0  # tokens the matcher has consumed
         self.last_s = self.avg_s = 0.0  # time of the latest mask, and a moving average (core.engine.sched.mask_share)
 
@@ -136,7 +150,7 @@ class Constraint:
         twin._fresh()
         return twin
 
-    def mask(self, logprobs):
+    def mask(self, logprobs: mx.array) -> mx.array:
         """`logprobs` (1, V) with every token the grammar forbids at -inf (one row alone, as
         `masks` does a decoding batch's rows)."""
         import mlx.core as mx
@@ -149,7 +163,8 @@ class Constraint:
     def _consume(self) -> None:
         """The matcher takes the token the last call chose (evaluated by the caller)."""
         if self.previous is not None:
-            if not self.matcher.consume_token(int(self.previous.item())):
+            # (item() is a token id, an int; MLX's stub says any scalar, complex too)
+            if not self.matcher.consume_token(int(self.previous.item())):  # type: ignore[arg-type]
                 raise ConstraintFailed(self.matcher.get_error())
             self.consumed += 1
             self.previous = None
@@ -158,7 +173,7 @@ class Constraint:
         self.last_s = seconds
         self.avg_s = seconds if not self.avg_s else 0.8 * self.avg_s + 0.2 * seconds
 
-    def chose(self, token) -> None:
+    def chose(self, token: mx.array) -> None:
         self.previous = token
 
     def rewind(self, delivered: int) -> None:
@@ -179,10 +194,10 @@ class Constrained:
 
     __slots__ = ("constraint", "inner", "request")
 
-    def __init__(self, constraint: Constraint, inner, request=None):
+    def __init__(self, constraint: Constraint, inner: Sampler | None, request: _Request | None = None):
         self.constraint, self.inner, self.request = constraint, inner, request
 
-    def __call__(self, logprobs):
+    def __call__(self, logprobs: mx.array) -> mx.array:
         import mlx.core as mx
 
         try:
@@ -203,10 +218,10 @@ class Constrained:
             rewind(delivered)
 
 
-_pool = None
+_pool: LLExecutor | None = None
 
 
-def _executor():
+def _executor() -> LLExecutor:
     """llguidance's thread pool for batched masks, made once."""
     global _pool
     with _lock:

@@ -14,6 +14,9 @@ does not normalize them), so whatever needs probabilities normalizes the row its
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
@@ -22,8 +25,14 @@ from radixchat.core.engine.sample.constrain import Constrained
 from radixchat.core.engine.step.unnormalized import normalized
 from radixchat.core.seam.requests import Sampling
 
+if TYPE_CHECKING:
+    from mlx_lm.sample_utils import LogitsProcessor, Sampler
 
-def processors(a, batched: bool) -> list:
+    from radixchat.core.engine.active import Active
+    from radixchat.core.engine.sample.constrain import Constraint
+
+
+def processors(a: Active, batched: bool) -> list[LogitsProcessor]:
     """Request `a`'s logits processors for mlx-lm's step; where the batch sampler applies its
     penalties (`batched`), none, and `a.penalty` says what it applies. A request that asked for
     log-probabilities keeps the library's: they are reported after its penalties."""
@@ -35,7 +44,7 @@ def processors(a, batched: bool) -> list:
     return penalties(s)
 
 
-def penalties(s: Sampling) -> list:
+def penalties(s: Sampling) -> list[LogitsProcessor]:
     """A request's logits processors (mlx-lm's, which BatchGenerator applies to its row
     alone before sampling): none when every penalty is off, so such a row costs nothing."""
     if not _penalized(s):
@@ -54,7 +63,7 @@ def _penalized(s: Sampling) -> bool:
     return bool(s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0)
 
 
-def _biased(bias: dict[int, float]):
+def _biased(bias: dict[int, float]) -> Callable[[mx.array], mx.array]:
     """logprobs (1, V) -> the same with `bias` added to those tokens, renormalized (OpenAI
     adds logit_bias to the logits before any sampling step)."""
     ids, values, vec = mx.array(list(bias)), mx.array(list(bias.values()), dtype=mx.float32), {}
@@ -67,7 +76,7 @@ def _biased(bias: dict[int, float]):
     return apply
 
 
-def make_request_sampler(s: Sampling, constraint=None):
+def make_request_sampler(s: Sampling, constraint: Constraint | None = None) -> Sampler | None:
     """Return a sampler `logprobs (1, V) -> token (1,)`, or None for plain greedy.
     `constraint` (core.engine.sample.constrain.Constraint) masks what its grammar forbids first."""
     if constraint is not None:
@@ -85,11 +94,11 @@ def make_request_sampler(s: Sampling, constraint=None):
     def biased(logprobs: mx.array) -> mx.array:
         return d(bias(logprobs))
 
-    biased.rewind = d.rewind
+    biased.rewind = d.rewind  # type: ignore[attr-defined]  # (a function's attribute: what a preemption rewinds)
     return biased
 
 
-def guarded(a, sampler):
+def guarded(a: Active, sampler: Sampler | None) -> Sampler | None:
     """Wrap request `a`'s sampler so its failure ends that request (noted in `a.error`),
     not the batch: the step goes on with the argmax for that row."""
     if sampler is None or isinstance(sampler, Draw):
@@ -98,13 +107,13 @@ def guarded(a, sampler):
         sampler.request = a  # (the batch sampler masks its rows together: it notes failures there)
         return sampler
 
-    def guarded_sampler(logprobs):
+    def guarded_sampler(logprobs: mx.array) -> mx.array:
         try:
             return sampler(logprobs)
         except Exception as e:
             a.error = e
             return mx.argmax(logprobs, axis=-1)
 
-    guarded_sampler.rewind = getattr(sampler, "rewind", None)
+    guarded_sampler.rewind = getattr(sampler, "rewind", None)  # type: ignore[attr-defined]  # (as above)
 
     return guarded_sampler

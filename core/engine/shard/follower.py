@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import TYPE_CHECKING, Any, cast
 
 from radixchat.core.config import Settings
 from radixchat.core.engine.active import Active
@@ -32,6 +33,12 @@ from radixchat.core.engine.engine import Engine
 from radixchat.core.engine.shard.lockstep import counters, shape_digest
 from radixchat.core.engine.shard.ops import Admit, AdmitRow, Fail, Finish, Forget, Op, Reserve, from_wire
 from radixchat.core.seam.requests import Sampling
+
+if TYPE_CHECKING:
+    from radixchat.core.engine.shard.lockstep import Link
+    from radixchat.core.engine.step.generator import Generator
+    from radixchat.core.seam.handle import RequestHandle
+    from radixchat.core.seam.requests import Event
 
 log = logging.getLogger("radixchat.follower")
 
@@ -42,7 +49,7 @@ class _Quiet:
     def __init__(self, rid: str):
         self.id = rid
 
-    def push(self, event) -> None:
+    def push(self, event: Event) -> None:
         pass
 
 
@@ -50,13 +57,15 @@ class Follower(Engine):
     def __init__(self, settings: Settings):
         super().__init__(settings)
         self._ops = None  # a follower records nothing: it is the one that applies
-        self._finals: dict[int, tuple] = {}  # uid -> (caches, tokens) of a row the generator ended
+        # uid -> (caches, tokens) of a row the generator ended
+        self._finals: dict[int, tuple[list[Any] | None, list[int]]] = {}
         self.exit_code = 0
 
     def _loop(self) -> None:
         try:
             while True:
-                msg = self.link.recv()
+                # (a follower runs in a group only: the engine thread joined it before this loop)
+                msg = cast("Link", self.link).recv()
                 if msg.get("stop"):
                     return
                 for op in msg["ops"]:
@@ -69,14 +78,14 @@ class Follower(Engine):
                         f"requests): {mine} here, {msg['state']} there"
                     )
                 if msg.get("digest"):
-                    self.link.digests(shape_digest(tree, len(self._by_uid)))
+                    cast("Link", self.link).digests(shape_digest(tree, len(self._by_uid)))
                 if msg["step"]:
                     self._follow_step()
                 else:  # rank 0 is idle: sleep rather than spin in the next collective
                     time.sleep(msg["nap"])
         except Exception as e:
             self.exit_code = 1
-            log.error("radixchat rank %d: %s: %s: stopping", self.link.rank, type(e).__name__, e)
+            log.error("radixchat rank %d: %s: %s: stopping", cast("Link", self.link).rank, type(e).__name__, e)
         finally:
             self._closed = True
 
@@ -98,7 +107,7 @@ class Follower(Engine):
         news = []
         for row in rows:
             a = Active(
-                _Quiet(f"rank0-{row.uid}"),
+                cast("RequestHandle", _Quiet(f"rank0-{row.uid}")),  # (all the engine uses of one: id, push)
                 row.prompt,
                 Sampling(ignore_eos=row.ignore_eos),
                 row.max_tokens,
@@ -124,25 +133,26 @@ class Follower(Engine):
         a = self._by_uid[uid]
         final = self._finals.pop(uid, None)
         if final is None:
-            final = self._gen.remove([uid], return_prompt_caches=self.prefix is not None).get(uid)
+            # (the generator is made before the loop runs, as Engine._step says)
+            final = cast("Generator", self._gen).remove([uid], return_prompt_caches=self.prefix is not None).get(uid)
         if live is not None and final is not None and final[0] is not None:
             self._store(a, final[1], final[0], live=live)
         self._drop(a)
 
     def _fail_as_rank0(self, uid: int) -> None:
         if self._finals.pop(uid, None) is None:
-            self._gen.remove([uid])
+            cast("Generator", self._gen).remove([uid])  # (as above)
         self._drop(self._by_uid[uid])
 
     def _drop(self, a: Active) -> None:
-        del self._by_uid[a.uid]
+        del self._by_uid[cast(int, a.uid)]  # (a row of the batch: it has its uid)
         if self.prefix is not None:
             self.prefix.release(a.match)
             a.match = None
 
     def _follow_step(self) -> None:
         """One step, as rank 0's; the rows the generator ended wait for rank 0's `finish`."""
-        prompt_resps, gen_resps = self._gen.next()
+        prompt_resps, gen_resps = cast("Generator", self._gen).next()  # (as in _finish_as_rank0)
         self.steps += 1
         self._on_prompt(prompt_resps)
         for r in gen_resps:

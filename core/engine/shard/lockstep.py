@@ -42,8 +42,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+    from mlx_lm.generate import GenerationBatch
+
+    from radixchat.core.cache.radix import RadixCache
+    from radixchat.core.config import Settings
 
 log = logging.getLogger("radixchat.lockstep")
+_T = TypeVar("_T")
 FRAME = 2048  # bytes of the first collective of a message; a longer one takes a second
 # An idle rank 0 sends a message this often, and the others sleep this long after one before
 # they wait for the next: a rank waiting in a ring collective spins on its sockets (a core's
@@ -100,7 +109,7 @@ class Rank:
 class Link:
     """The group and rank 0's messages to the others (engine thread of every rank)."""
 
-    def __init__(self, group, stream):
+    def __init__(self, group: mx.distributed.Group, stream: mx.Stream):
         self.group = group
         self.rank = group.rank()
         self.size = group.size()
@@ -111,14 +120,14 @@ class Link:
         self.messages = 0
         self.ranks: list[Rank] = []
 
-    def _sum(self, data):
+    def _sum(self, data: mx.array) -> mx.array:
         import mlx.core as mx
 
         out = mx.distributed.all_sum(data, group=self.group, stream=self.stream)
         mx.eval(out)
         return out
 
-    def send(self, message: dict) -> None:
+    def send(self, message: dict[str, Any]) -> None:
         """Rank 0: one message to every other rank."""
         import mlx.core as mx
 
@@ -127,24 +136,25 @@ class Link:
         frame[:4] = len(body).to_bytes(4, "little")
         first = body[: FRAME - 4]
         frame[4 : 4 + len(first)] = first
-        self._sum(mx.array(memoryview(frame), dtype=mx.uint8))
+        # (an MLX array is made from a buffer and is one; its stub declares neither)
+        self._sum(mx.array(memoryview(frame), dtype=mx.uint8))  # type: ignore[arg-type]
         rest = body[FRAME - 4 :]
         if rest:
-            self._sum(mx.array(memoryview(bytearray(rest)), dtype=mx.uint8))
+            self._sum(mx.array(memoryview(bytearray(rest)), dtype=mx.uint8))  # type: ignore[arg-type]
         self.sent_bytes += len(body)
         self.messages += 1
 
-    def recv(self) -> dict:
+    def recv(self) -> dict[str, Any]:
         """Any other rank: the next message of rank 0 (blocks until rank 0 sends it)."""
         import mlx.core as mx
 
-        frame = bytes(memoryview(self._sum(mx.zeros((FRAME,), dtype=mx.uint8))))
+        frame = bytes(memoryview(self._sum(mx.zeros((FRAME,), dtype=mx.uint8))))  # type: ignore[arg-type]  # (as in send)
         n = int.from_bytes(frame[:4], "little")
         body = frame[4 : 4 + n]
         if n > FRAME - 4:
-            body += bytes(memoryview(self._sum(mx.zeros((n - (FRAME - 4),), dtype=mx.uint8))))
+            body += bytes(memoryview(self._sum(mx.zeros((n - (FRAME - 4),), dtype=mx.uint8))))  # type: ignore[arg-type]
         self.messages += 1
-        return json.loads(body)
+        return cast("dict[str, Any]", json.loads(body))  # (rank 0 sends an object)
 
     def gather(self, text: str, width: int = 512) -> list[str]:
         """Every rank's `text` (at most `width` bytes), on every rank."""
@@ -153,7 +163,7 @@ class Link:
         rows = bytearray(width * self.size)
         mine = text.encode()[:width]
         rows[self.rank * width : self.rank * width + len(mine)] = mine
-        out = bytes(memoryview(self._sum(mx.array(memoryview(rows), dtype=mx.uint8))))
+        out = bytes(memoryview(self._sum(mx.array(memoryview(rows), dtype=mx.uint8))))  # type: ignore[arg-type]  # (as in send)
         return [out[r * width : (r + 1) * width].rstrip(b"\0").decode() for r in range(self.size)]
 
     def hello(self) -> None:
@@ -161,14 +171,14 @@ class Link:
         me = json.dumps([socket.gethostname(), os.getpid()])
         self.ranks = [Rank(r, *json.loads(t)) for r, t in enumerate(self.gather(me))]
 
-    def share(self, value):
+    def share(self, value: _T) -> _T:
         """Rank 0's `value` (JSON) on every rank."""
         if self.rank == 0:
             self.send({"value": value})
             return value
-        return self.recv()["value"]
+        return cast("_T", self.recv()["value"])  # (rank 0's own: a JSON value comes back as it went)
 
-    def settings(self, settings):
+    def settings(self, settings: Settings) -> Settings:
         """Rank 0's settings on every rank: the ranks must batch, cache and sample alike, and
         a variable set on one machine only must not make them differ."""
         from radixchat.core.config import Settings
@@ -192,7 +202,7 @@ class Link:
     def digests(self, digest: str) -> list[str]:
         return self.gather(digest, width=64)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {
             "size": self.size,
             "backend": self.backend,
@@ -223,7 +233,7 @@ def model_digest(path: str) -> str:
     return h.hexdigest()[:32]
 
 
-def start_here(settings):
+def start_here(settings: Settings) -> tuple[Link | None, Settings]:
     """Join the mlx.launch group as an engine (tensor parallel) and agree with rank 0 on the
     settings and the model; (None, settings) when this process runs alone."""
     link = join("tensor")
@@ -239,7 +249,7 @@ def start_here(settings):
     return link, settings
 
 
-def join(sharding: str):
+def join(sharding: str) -> Link | None:
     """This process's place in the mlx.launch group, or None when it runs alone."""
     import mlx.core as mx
 
@@ -271,21 +281,21 @@ def install() -> None:
     if getattr(step, "_lockstep", False):
         return
 
-    def _step(self):
+    def _step(self: GenerationBatch) -> tuple[list[int], list[mx.array]]:
         out = step(self)
         link = getattr(_here, "link", None)
         if link is not None and self._next_tokens is not None:
             self._next_tokens = share_tokens(self._next_tokens, link)
             import mlx.core as mx
 
-            mx.async_eval(self._next_tokens)
+            mx.async_eval(self._next_tokens)  # type: ignore[no-untyped-call]  # (MLX's stub leaves it unannotated)
         return out
 
-    _step._lockstep = True
-    GenerationBatch._step = _step
+    _step._lockstep = True  # type: ignore[attr-defined]  # (a function's attribute: wrapped once)
+    GenerationBatch._step = _step  # type: ignore[method-assign]  # (the point: every batch's step)
 
 
-def share_tokens(tokens, link: Link):
+def share_tokens(tokens: mx.array, link: Link) -> mx.array:
     """Rank 0's tokens on every rank, inside the step's graph. The others' contribution is
     their own tokens times zero, not a fresh zero array: the sum then comes after the
     forward (and its collectives) in every rank's evaluation order."""
@@ -298,13 +308,13 @@ def share_tokens(tokens, link: Link):
 # ---- the tree's shape ---------------------------------------------------------------------
 
 
-def counters(tree, running: int) -> list[int]:
+def counters(tree: RadixCache | None, running: int) -> list[int]:
     """What each message carries of a rank's state (the prefix cache's counters and the
     requests in the batch): cheap to compare every step."""
     return ([tree.nodes, tree.tokens, tree.bytes, tree.locks, tree.reserved] if tree is not None else []) + [running]
 
 
-def shape_digest(tree, running: int) -> str:
+def shape_digest(tree: RadixCache | None, running: int) -> str:
     """A hash of the tree's whole shape (every edge's tokens, children, locks and snapshots)
     and of how many requests the rank's batch holds."""
     h = hashlib.sha256(str(running).encode())

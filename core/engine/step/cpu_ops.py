@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -69,7 +71,9 @@ def softmax2(s: mx.array) -> mx.array:
     return p / p.sum(axis=-1, keepdims=True)
 
 
-def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask) -> mx.array:
+def attention(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: str | mx.array | None
+) -> mx.array:
     """softmax(q k^T * scale + mask) v for queries (B, H, L, D) and keys/values (B, Hkv, T, D).
 
     `mask` as mlx-lm passes it: None, "causal" (the last L of T positions), a boolean array
@@ -104,8 +108,16 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     return gate * x / (1 + _pow2(gate * -LOG2E))
 
 
-def _fast_sdpa(library):
-    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+def _fast_sdpa(library: Callable[..., mx.array]) -> Callable[..., mx.array]:
+    def scaled_dot_product_attention(
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        cache: Any,
+        scale: float,
+        mask: str | mx.array | None,
+        sinks: mx.array | None = None,
+    ) -> mx.array:
         if (
             sinks is not None
             or hasattr(cache, "bits")
@@ -117,17 +129,17 @@ def _fast_sdpa(library):
             return library(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         return attention(queries, keys, values, scale, mask)
 
-    scaled_dot_product_attention.library = library
+    scaled_dot_product_attention.library = library  # type: ignore[attr-defined]  # (how `install` knows a wrapper)
     return scaled_dot_product_attention
 
 
-def _fast_swiglu(library):
-    def fast(gate, x):
+def _fast_swiglu(library: Callable[[mx.array, mx.array], mx.array]) -> Callable[[mx.array, mx.array], mx.array]:
+    def fast(gate: mx.array, x: mx.array) -> mx.array:
         if not _wanted() or gate.dtype != mx.float32:
             return library(gate, x)
         return swiglu(gate, x)
 
-    fast.library = library
+    fast.library = library  # type: ignore[attr-defined]  # (as above)
     return fast
 
 
@@ -136,6 +148,7 @@ class _Positions:
     tables made for them so far (by the RoPE's settings and the step's length)."""
 
     __slots__ = ("ids", "offsets", "tables")
+    tables: dict[tuple[int, float, float, int], tuple[mx.array, mx.array]]
 
     def __init__(self, offsets: list[mx.array]):
         self.offsets = offsets  # held, so no other array takes one of their ids meanwhile
@@ -155,7 +168,7 @@ class _Positions:
 
 
 @contextmanager
-def shared_positions(caches):
+def shared_positions(caches: list[Any]) -> Iterator[None]:
     """Within: the RoPE of every layer whose cache is one of these takes one table of cos and
     sin. The caller vouches that the caches' offsets are equal (a decoding batch's layers);
     only caches of the first one's class take part (a sliding-window layer's cache keeps its
@@ -175,8 +188,8 @@ def shared_positions(caches):
 class SharedRoPE(nn.RoPE):
     """`nn.RoPE` that rotates with the step's table (`shared_positions`) when it can."""
 
-    def __call__(self, x, offset=0):
-        p = getattr(_here, "positions", None)
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        p: _Positions | None = getattr(_here, "positions", None)
         if (
             p is None
             or id(offset) not in p.ids
@@ -184,19 +197,21 @@ class SharedRoPE(nn.RoPE):
             or x.dtype != mx.float32
             or x.shape[-1] != self.dims
         ):
-            return super().__call__(x, offset)
+            # (MLX annotates the offset an int, though it takes the cache's array too, and not the return)
+            return super().__call__(x, offset)  # type: ignore[arg-type, no-any-return]
         cos, sin = p.table(self, x.shape[2])
         # [x1, x2] * [cos, cos] + [x2, x1] * [-sin, sin]: the fallback's x1 cos - x2 sin and
         # x2 cos + x1 sin, each the same two products and one sum
-        return x * cos + mx.roll(x, self.dims // 2, axis=-1) * sin
+        return x * cos + mx.roll(x, self.dims // 2, axis=-1) * sin  # type: ignore[call-arg]  # (MLX's stub: positional)
 
 
-def _modules_of(model) -> set[str]:
+def _modules_of(model: nn.Module) -> set[str]:
     """The modules whose classes make up this model (a model may nest another's layers)."""
-    return {type(m).__module__ for _, m in model.named_modules()} | {type(model).__module__}
+    # (MLX leaves named_modules unannotated)
+    return {type(m).__module__ for _, m in model.named_modules()} | {type(model).__module__}  # type: ignore[no-untyped-call]
 
 
-def install(model) -> list[str]:
+def install(model: nn.Module) -> list[str]:
     """Rebind attention and SwiGLU in the modules this model's layers come from (returns those
     modules) and make its plain RoPE layers `SharedRoPE`. Idempotent; a model whose modules
     use neither name is left as it is."""
@@ -211,20 +226,20 @@ def install(model) -> list[str]:
                 setattr(module, attr, wrap(fn))
         if any(hasattr(getattr(module, attr, None), "library") for attr in _NAMES):
             done.append(name)
-    for _, m in model.named_modules():
+    for _, m in model.named_modules():  # type: ignore[no-untyped-call]  # (as in _modules_of)
         if type(m) is nn.RoPE:
             m.__class__ = SharedRoPE
     return done
 
 
-def uninstall(model) -> None:
+def uninstall(model: nn.Module) -> None:
     """Put the library's functions and RoPE back."""
     for name in _modules_of(model):
         module = sys.modules.get(name)
         for attr in _NAMES:
-            fn = getattr(module, attr, None) if module else None
+            fn: Any = getattr(module, attr, None) if module else None
             if hasattr(fn, "library"):
                 setattr(module, attr, fn.library)
-    for _, m in model.named_modules():
+    for _, m in model.named_modules():  # type: ignore[no-untyped-call]  # (as in _modules_of)
         if type(m) is SharedRoPE:
-            m.__class__ = nn.RoPE
+            m.__class__ = nn.RoPE  # type: ignore[assignment]  # (back to the library's class: the point)

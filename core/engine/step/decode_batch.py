@@ -21,12 +21,18 @@ in the engine thread only.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, cast
+
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from radixchat.core.cache.batch.slots import one_eval
 from radixchat.core.engine.step.cpu_ops import shared_positions
 from radixchat.core.engine.step.unnormalized import normalized, skipped_here
+
+if TYPE_CHECKING:
+    from mlx_lm.sample_utils import LogitsProcessor, Sampler
 
 
 class Rows:
@@ -49,10 +55,10 @@ class Rows:
         j = i if self._index is None else self._index[i]
         return self._all[j] if j < self._n else self._more[j - self._n]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[mx.array]:
         return (self[i] for i in range(len(self)))
 
-    def extend(self, more) -> None:
+    def extend(self, more: Iterable[mx.array]) -> None:
         more = list(more)
         if self._index is not None:
             start = self._n + len(self._more)
@@ -70,7 +76,7 @@ class Rows:
         return [self._all, *self._more]
 
 
-def _arrays(logprobs) -> list[mx.array]:
+def _arrays(logprobs: Rows | list[mx.array]) -> list[mx.array]:
     return logprobs.arrays() if isinstance(logprobs, Rows) else logprobs
 
 
@@ -81,7 +87,7 @@ class Running:
     __slots__ = ("_i", "_rows", "token", "uid")
     finish_reason = prompt_cache = all_tokens = None
 
-    def __init__(self, uid: int, token: int, rows, i: int):
+    def __init__(self, uid: int, token: int, rows: Rows | list[mx.array], i: int):
         self.uid, self.token, self._rows, self._i = uid, token, rows, i
 
     @property
@@ -90,7 +96,15 @@ class Running:
 
 
 class DecodingBatch(GenerationBatch):
-    def _step(self):
+    # mlx-lm leaves the first three unannotated, so mypy knows them only by what its constructor
+    # sets (None, []); its per-row lists may be None by its annotations, and never are here
+    _current_tokens: mx.array | None  # type: ignore[assignment]
+    _current_logprobs: Rows | list[mx.array]  # type: ignore[assignment]
+    _next_logprobs: Rows | list[mx.array]  # type: ignore[assignment]
+    samplers: list[Sampler]
+    logits_processors: list[list[LogitsProcessor]]
+
+    def _step(self) -> tuple[list[int], Rows | list[mx.array]]:  # type: ignore[override]  # (Rows, not a list)
         sampler = self.samplers[0] if self.samplers else None
         if any(self.logits_processors) or any(s is not sampler for s in self.samplers):
             self._next_logprobs = list(self._next_logprobs)  # the library's step wants a list
@@ -103,17 +117,18 @@ class DecodingBatch(GenerationBatch):
             logits = normalized(logits)
         self._next_tokens = (sampler or self.fallback_sampler)(logits)  # one call, as the library's
         self._next_logprobs = Rows(logits)
-        mx.async_eval(self._next_tokens, logits)
+        mx.async_eval(self._next_tokens, logits)  # type: ignore[no-untyped-call]  # (MLX's stub leaves it unannotated)
         mx.eval(inputs, _arrays(self._current_logprobs))
-        tokens = inputs.tolist()
+        tokens = cast("list[int]", inputs.tolist())  # (a row's input: a token id)
         for sti, ti in zip(self.tokens, tokens):
             sti.append(ti)
         return tokens, self._current_logprobs
 
-    def next(self) -> list:
+    def next(self) -> list[GenerationBatch.Response | Running]:  # type: ignore[override]  # (a running row's: a Running)
         if not self.uids:
             return []
         tokens, logprobs = self._step()
+        responses: list[GenerationBatch.Response | Running]
         keep, responses = [], []
         for i, uid in enumerate(self.uids):
             n = self._num_tokens[i] = self._num_tokens[i] + 1
@@ -141,12 +156,12 @@ class DecodingBatch(GenerationBatch):
     def filter(self, keep: list[int]) -> None:
         rows = self._next_logprobs
         if isinstance(rows, Rows):  # the library's filter picks from a list: indices, not slices
-            self._next_logprobs = range(len(rows))
+            self._next_logprobs = range(len(rows))  # type: ignore[assignment]  # (in this call only)
         with one_eval(self.prompt_cache):  # the rows that move, every layer's in one eval
             super().filter(keep)
         if isinstance(rows, Rows):
-            self._next_logprobs = rows.take(self._next_logprobs)
+            self._next_logprobs = rows.take(cast("list[int]", self._next_logprobs))  # (the range, filtered)
 
-    def extend(self, batch) -> None:
+    def extend(self, batch: GenerationBatch) -> None:
         with one_eval(self.prompt_cache):  # the joining rows' K/V, every layer's in one eval
-            super().extend(batch)
+            super().extend(batch)  # type: ignore[no-untyped-call]  # (mlx-lm leaves it unannotated)

@@ -12,24 +12,43 @@ prefill order). Runs in the engine thread only (a generator is MLX work).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from mlx_lm.generate import BatchGenerator
+
+if TYPE_CHECKING:
+    from mlx_lm.generate import StopSequences
+    from mlx_lm.sample_utils import LogitsProcessor
+
+    from radixchat.core.engine.sample.batch_sampler import BatchSampler
+    from radixchat.core.engine.step.speculate import Speculator
 
 
 @runtime_checkable
 class Generator(Protocol):
-    speculator: Any  # core.engine.step.speculate.Speculator, or None: no drafts
-    batch_sampler: Any  # core.engine.sample.batch_sampler.BatchSampler, or None: each row's own sampler
+    speculator: Speculator | None  # None: no drafts
+    batch_sampler: BatchSampler | None  # None: each row's own sampler
     newcomer: Callable[[], bool] | None  # the engine's: is a newcomer waiting for a step alone?
 
-    def insert_segments(self, segments: list, **kwargs: Any) -> list[int]: ...
+    # mlx-lm's keywords; a row's cache and sampler may be None, which its annotations leave out
+    def insert_segments(
+        self,
+        segments: list[list[list[int]]],
+        max_tokens: list[int] | None = None,
+        caches: list[Any] | None = None,
+        all_tokens: list[list[int]] | None = None,
+        samplers: list[Any] | None = None,
+        logits_processors: list[list[LogitsProcessor]] | None = None,
+        stop_sequences: list[StopSequences] | None = None,
+    ) -> list[int]: ...
 
-    def next(self) -> tuple[list, list]: ...
+    # (prompt responses, generation responses): mlx-lm's, or the decoding batch's (core.engine.step.decode_batch)
+    def next(self) -> tuple[list[Any], list[Any]]: ...
 
-    def remove(self, uids: list[int], return_prompt_caches: bool = False) -> dict: ...
+    # uid -> (caches, tokens); Any keys, as the engine looks its rows up by `Active.uid` (an int | None)
+    def remove(self, uids: list[int], return_prompt_caches: bool = False) -> dict[Any, Any]: ...
 
-    def extract_cache(self, uids: list[int]) -> dict: ...
+    def extract_cache(self, uids: list[int]) -> dict[int, Any]: ...
 
     def hurry(self, uids: list[int], alone: list[int] | None = None) -> None: ...
 
@@ -40,8 +59,8 @@ class LibraryGenerator(BatchGenerator):
     """mlx-lm's `BatchGenerator` unchanged, with the budgeted generator's extras idle: it
     prefills in its own order (decode, then prefill), takes each row's sampler and drafts nothing."""
 
-    speculator = None
-    batch_sampler = None
+    speculator: Speculator | None = None
+    batch_sampler: BatchSampler | None = None
     newcomer: Callable[[], bool] | None = None  # never asked: it has no step alone
 
     def hurry(self, uids: list[int], alone: list[int] | None = None) -> None:

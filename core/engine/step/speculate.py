@@ -29,12 +29,17 @@ lockstep: drafts would be one more thing the ranks must agree on). Engine thread
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, cast
+
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
 from radixchat.core.cache.batch.slots import SlotKVCache
 from radixchat.core.engine.sample.batch_sampler import BatchSampler
+
+if TYPE_CHECKING:
+    from radixchat.core.engine.step.decode_batch import DecodingBatch
 
 NGRAMS = (3, 2)  # the lookup's n, longest first: a 1-token match guesses too often to pay
 COMPACT_AT = 32  # holes in a row before the batch's caches are re-laid without them
@@ -56,9 +61,9 @@ class Drafts:
     """A row's tokens in its K/V (mirrored from the batch's lists), where each n-gram of them
     last occurred, and how many of its drafts the model accepted."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seq: list[int] = []
-        self.follows: dict[tuple, int] = {}  # n-gram -> the index of the token that followed it
+        self.follows: dict[tuple[int, ...], int] = {}  # n-gram -> the index of the token that followed it
         self.acceptance = PRIOR_ACCEPT  # share of a draft's tokens the model took, recent drafts first
 
     def sync(self, tokens: list[int]) -> None:
@@ -106,13 +111,13 @@ class Speculator:
         self.rows_verified = 0  # rows in verify steps, drafting or not
         self.seconds: dict[tuple[int, int], float] = {}  # (batch size's bit length, tokens per row) -> a step's time
 
-    def candidates(self, gen: GenerationBatch, skip: set[int]) -> list[Drafts | None]:
+    def candidates(self, gen: DecodingBatch, skip: set[int]) -> list[Drafts | None]:
         """Each row's Drafts, caught up with its tokens, or None where it cannot draft
         (sampling, processors, a newcomer's last prompt token: uids in `skip`)."""
         live = set(gen.uids)
         for uid in [u for u in self.rows if u not in live]:
             del self.rows[uid]
-        out = []
+        out: list[Drafts | None] = []
         for i, uid in enumerate(gen.uids):
             # the library gives a request without a sampler its argmax one, or the batch's
             sampler = gen.samplers[i] if gen.samplers else None
@@ -176,7 +181,7 @@ class Speculator:
         old = self.seconds.get(key)
         self.seconds[key] = seconds if old is None else (1 - EMA) * old + EMA * seconds
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {
             "max_draft": self.k,
             "steps": self.steps,
@@ -197,7 +202,7 @@ def usable(gen: GenerationBatch) -> bool:
 
 
 def verify_step(
-    gen: GenerationBatch, tokens: list[int], drafts: list[list[int]], spec: Speculator
+    gen: DecodingBatch, tokens: list[int], drafts: list[list[int]], spec: Speculator
 ) -> list[GenerationBatch.Response]:
     """One decode step of `gen` with drafts: what `GenerationBatch.next` does, for 1 + K
     tokens per row. `tokens` are the rows' current tokens (gen._next_tokens, evaluated)."""
@@ -209,14 +214,14 @@ def verify_step(
     sampled = _sample(gen, first)
     argmax = mx.argmax(logits, axis=-1)  # [b, 1 + k]: the model's own choice after each input
     mx.eval(sampled, argmax, context)
-    sampled, argmax = sampled.tolist(), argmax.tolist()
+    sampled_ids, argmax_ids = cast("list[int]", sampled.tolist()), cast("list[list[int]]", argmax.tolist())
 
     spec.steps += 1
     responses, keep, rejected, nexts, next_logprobs = [], [], [], [], []
     for i, uid in enumerate(gen.uids):
         d = drafts[i]
         took = 0
-        while took < len(d) and argmax[i][took] == d[took]:
+        while took < len(d) and argmax_ids[i][took] == d[took]:
             took += 1
         out = [tokens[i]] + d[:took]
         # the logits each token was chosen from: the current one's came with the last step
@@ -225,7 +230,7 @@ def verify_step(
         gen.tokens[i].extend(out[:n])
         spec.kept(uid, len(d), took)
         rejected.append(k + 1 - n)
-        nexts.append(argmax[i][took] if took else sampled[i])
+        nexts.append(argmax_ids[i][took] if took else sampled_ids[i])
         next_logprobs.append(first[i] if not took else logits[i, took])
         for j in range(n):
             responses.append([i, out[j], logprobs[j], finish if j == n - 1 else None])
@@ -233,7 +238,7 @@ def verify_step(
             keep.append(i)
     for c in gen.prompt_cache:
         c.reject(rejected)
-    out = _responses(gen, responses)
+    replies = _responses(gen, responses)
     gen._next_tokens = mx.array(nexts, dtype=mx.uint32)
     gen._next_logprobs = next_logprobs
     if len(keep) < b:
@@ -241,10 +246,10 @@ def verify_step(
     if gen.prompt_cache and gen.prompt_cache[0].most_holes >= COMPACT_AT:
         for c in gen.prompt_cache:
             c.compact()
-    return out
+    return replies
 
 
-def _processed(gen: GenerationBatch, x: mx.array, first: mx.array) -> tuple[mx.array, list[mx.array]]:
+def _processed(gen: DecodingBatch, x: mx.array, first: mx.array) -> tuple[mx.array, list[mx.array]]:
     """The logits at each row's current token after its logits processors (grammars,
     logit_bias), and the token contexts those processors were given."""
     context = []
@@ -253,7 +258,7 @@ def _processed(gen: GenerationBatch, x: mx.array, first: mx.array) -> tuple[mx.a
         for e in range(len(gen.uids)):
             row = first[e : e + 1]
             if gen.logits_processors[e]:
-                ctx = gen._token_context[e].update_and_fetch(x[e, :1])
+                ctx = gen._token_context[e].update_and_fetch(x[e, :1])  # type: ignore[no-untyped-call]  # (mlx-lm's)
                 context.append(ctx)
                 for processor in gen.logits_processors[e]:
                     row = processor(ctx, row)
@@ -265,7 +270,7 @@ def _processed(gen: GenerationBatch, x: mx.array, first: mx.array) -> tuple[mx.a
 def _sample(gen: GenerationBatch, first: mx.array) -> mx.array:
     """Each row's token from its own sampler, in one call where all rows share one."""
     # samplers take logits up to a per-row constant (core.engine.step.unnormalized)
-    samplers = [gen.fallback_sampler if s is None else s for s in (gen.samplers or [None] * len(gen.uids))]
+    samplers = [gen.fallback_sampler if s is None else s for s in (gen.samplers or [None] * len(gen.uids))]  # type: ignore[list-item]  # (mypy types the [None]s by gen.samplers)
     if all(s is samplers[0] for s in samplers):
         return samplers[0](first)
     return mx.concatenate([s(first[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
@@ -286,7 +291,7 @@ def _advance(gen: GenerationBatch, i: int, out: list[int]) -> tuple[int, str | N
     return n, finish
 
 
-def _responses(gen: GenerationBatch, responses: list[list]) -> list[GenerationBatch.Response]:
+def _responses(gen: GenerationBatch, responses: list[list[Any]]) -> list[GenerationBatch.Response]:
     """The step's responses, a finished row's with its cache and tokens."""
     out = []
     for i, token, logprobs, finish in responses:

@@ -54,8 +54,9 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch, StopSequences, TokenBuffer
@@ -68,6 +69,17 @@ from radixchat.core.engine.sample.batch_sampler import BatchSampler
 from radixchat.core.engine.step.decode_batch import DecodingBatch
 from radixchat.core.engine.step.generator import Generator, LibraryGenerator
 from radixchat.core.engine.step.speculate import Speculator, usable, verify_step
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import mlx.nn as nn
+
+    from radixchat.core.config import Settings
+    from radixchat.core.engine.step.decode_batch import Running
+
+    OnPrompt: TypeAlias = Callable[[list[PromptProcessingBatch.Response]], None]  # the engine's `_on_prompt`
+    Responses: TypeAlias = Sequence[GenerationBatch.Response | Running]  # a step's (a running row's: a Running)
 
 _LAYOUT = (
     "_prompt_batch",
@@ -125,14 +137,14 @@ ADOPTED = (BatchKVCache, RoundedBatchKVCache)
 class BudgetedBatchGenerator(BatchGenerator):
     def __init__(
         self,
-        model,
+        model: nn.Module,
         *,
         step_tokens: int,
-        on_prompt: Callable[[list], None],
+        on_prompt: OnPrompt,
         slots: bool = True,
         speculate: int = 0,
         prefill_s: float = 0.0,
-        **kwargs,
+        **kwargs: Any,
     ):
         super().__init__(model, **kwargs)
         self.step_tokens = step_tokens
@@ -150,7 +162,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         # is a newcomer waiting who would take a step alone? (the engine's; None: never asked)
         self.newcomer: Callable[[], bool] | None = None
         self._side: GenerationBatch | None = None  # that step's rows, until they join the decoding batch
-        self.batch_sampler = None  # every row's sampler, once make_generator has set it
+        self.batch_sampler: BatchSampler | None = None  # every row's sampler, once make_generator has set it
         # the decoding batch keeps a step's logits whole (core.engine.step.decode_batch)
         self._generation_batch = DecodingBatch.empty(self.model, self._generation_batch.fallback_sampler)
         if slots:
@@ -168,7 +180,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._hurried.update(uids)
         self._alone.update(uids if alone is None else alone)
 
-    def _next(self):
+    def _next(self) -> tuple[list[PromptProcessingBatch.Response], Responses]:
         self._merge()
         gen = self._generation_batch
         if len(gen) < self.completion_batch_size:
@@ -179,7 +191,7 @@ class BudgetedBatchGenerator(BatchGenerator):
                 return [], first
             self._shared_prefill(self._timed(room), hurried)
         self._was_alone = False
-        responses = []
+        responses: Responses = []
         if len(gen):
             tic = time.perf_counter()
             responses = self._decode(gen)
@@ -190,21 +202,21 @@ class BudgetedBatchGenerator(BatchGenerator):
             self._counters.generation_steps += 1
         return [], responses
 
-    def extract_cache(self, uids):
+    def extract_cache(self, uids: list[int]) -> dict[int, tuple[list[Any], list[int]]]:
         """mlx-lm's, and the rows of a step alone not yet in the decoding batch (the engine
         stores a newcomer's prompt while its first token is on the way)."""
         side = self._side
         if side is None:
-            return super().extract_cache(uids)
+            return super().extract_cache(uids)  # type: ignore[no-untyped-call, no-any-return]  # (mlx-lm's)
         here = {u: (side.extract_cache(i), side.tokens[i]) for i, u in enumerate(side.uids) if u in uids}
         rest = [u for u in uids if u not in here]
-        return {**(super().extract_cache(rest) if rest else {}), **here}
+        return {**(super().extract_cache(rest) if rest else {}), **here}  # type: ignore[no-untyped-call]  # (as above)
 
-    def remove(self, uids, return_prompt_caches=False):
+    def remove(self, uids: list[int], return_prompt_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
         self._merge()  # a row of the last step alone is a decoding row like the others
-        return super().remove(uids, return_prompt_caches)
+        return super().remove(uids, return_prompt_caches)  # type: ignore[no-untyped-call, no-any-return]  # (mlx-lm's)
 
-    def _decode(self, gen: GenerationBatch) -> list:
+    def _decode(self, gen: DecodingBatch) -> Responses:
         """The batch's decode: with drafts, verified in one forward (core.engine.step.speculate);
         else the library's own step. Drafts share the step's budget: a row and its drafts
         count 1 + K tokens."""
@@ -217,12 +229,12 @@ class BudgetedBatchGenerator(BatchGenerator):
         likely = [d is not None and d.likely() for d in rows]
         if any(likely) and spec.promising(gen.uids, likely, k):
             spec.waits += 1
-            tokens = gen._next_tokens.tolist()  # waits for the last step's forward
+            tokens = cast("list[int]", gen._next_tokens.tolist())  # waits for the last step's forward
             drafts = [d.propose(t, k) if d is not None else [] for d, t in zip(rows, tokens)]
             k = spec.width(gen.uids, drafts) if any(drafts) else 0
             if k > 0:
                 tic = time.perf_counter()
-                responses = verify_step(gen, tokens, [d[:k] for d in drafts], spec)
+                responses: Responses = verify_step(gen, tokens, [d[:k] for d in drafts], spec)
                 spec.timed(b, k + 1, time.perf_counter() - tic)
                 return responses
         if rows:
@@ -236,7 +248,7 @@ class BudgetedBatchGenerator(BatchGenerator):
             spec.timed(b, 1, time.perf_counter() - tic)
         return responses
 
-    def _start_decoding(self, alone: list | None = None) -> list:
+    def _start_decoding(self, alone: list[GenerationBatch] | None = None) -> list[PromptProcessingBatch.Response]:
         """Move the prompts that are down to their last token to the decoding batch, or to
         `alone` (a list) as batches of their own.
 
@@ -310,7 +322,7 @@ class BudgetedBatchGenerator(BatchGenerator):
             return room
         return min(room, max(MIN_CHUNK, int(PIECE_S / self._token_s)))
 
-    def _sampling(self, uids: list[int], tokens: list[list[int]], inputs: mx.array):
+    def _sampling(self, uids: list[int], tokens: list[list[int]], inputs: mx.array) -> AbstractContextManager[None]:
         """While rows other than the decoding batch's sample (BatchSampler.sampling), when the
         engine's batch sampler is in place."""
         return self.batch_sampler.sampling(uids, tokens, inputs) if self.batch_sampler else nullcontext()
@@ -335,7 +347,7 @@ class BudgetedBatchGenerator(BatchGenerator):
             return room
         return min(room, max(MIN_CHUNK, int(self.prefill_s / self._token_s)))
 
-    def _first_alone(self, k: int, room: int) -> list | None:
+    def _first_alone(self, k: int, room: int) -> list[GenerationBatch.Response] | None:
         """A step of newcomers alone: the first of the `k` hurried waiting prompts that fit
         `room` together (in order, passing those that do not) are prefilled whole in a batch
         of their own, their last prompt token runs in a forward of their own (which samples
@@ -357,6 +369,8 @@ class BudgetedBatchGenerator(BatchGenerator):
         if self._was_alone or not (len(gen) or self._currently_processing):
             return None
         waiting = self._unprocessed_sequences
+        alone: list[Any]  # mlx-lm's waiting sequences (tuples it leaves untyped)
+        rest: list[Any]
         free, tokens, alone, rest = self.completion_batch_size - len(gen), 0, [], []
         for seq in itertools.islice(waiting, k):
             size = sum(len(s) for s in seq[1])
@@ -383,7 +397,7 @@ class BudgetedBatchGenerator(BatchGenerator):
             self._prompt_batch, self._currently_processing = shared
         side = started[0]
         for batch in started[1:]:
-            side.extend(batch)
+            side.extend(batch)  # type: ignore[no-untyped-call]  # (mlx-lm's)
         self._side = side  # where extract_cache finds them until they join
         self.on_prompt(through)
         tic = time.perf_counter()
@@ -434,7 +448,7 @@ class BudgetedBatchGenerator(BatchGenerator):
             k += 1
         return k
 
-    def _prefill_chunk(self, room: int, timed: bool = True) -> tuple[list, int]:
+    def _prefill_chunk(self, room: int, timed: bool = True) -> tuple[list[PromptProcessingBatch.Response], int]:
         """Prefill every waiting prompt by an equal chunk that fits `room` tokens; a chunk
         never crosses a segment's end. Returns the responses and the tokens it took. A
         `timed` chunk's cost per token is what `_timed` sizes the next ones by (a newcomer's
@@ -469,7 +483,7 @@ class BudgetedBatchGenerator(BatchGenerator):
     def _unstepped(self, prompts: PromptProcessingBatch, last: list[list[int]]) -> GenerationBatch:
         """These prompts as decoding rows whose next input is their last prompt token (what
         mlx-lm's `PromptProcessingBatch.generate` builds, without its one-token forward)."""
-        rows = GenerationBatch.empty(prompts.model, prompts.fallback_sampler)
+        rows: GenerationBatch = GenerationBatch.empty(prompts.model, prompts.fallback_sampler)
         n = len(prompts.uids)
         rows.uids, rows.prompt_cache, rows.tokens = prompts.uids, prompts.prompt_cache, prompts.tokens
         rows.samplers, rows.logits_processors = prompts.samplers, prompts.logits_processors
@@ -477,13 +491,13 @@ class BudgetedBatchGenerator(BatchGenerator):
         rows.max_tokens = [m + 1 for m in prompts.max_tokens]  # the last prompt token comes back once
         rows._next_tokens = mx.array([t[-1] for t in last], dtype=mx.uint32)
         rows._next_logprobs = [mx.zeros((1,))] * n  # returned with that token, which is dropped
-        rows._token_context = [TokenBuffer(t) for t in prompts.tokens]
+        rows._token_context = [TokenBuffer(t) for t in prompts.tokens]  # type: ignore[no-untyped-call]  # (mlx-lm's)
         rows._num_tokens = [0] * n
         rows._matchers = [NEVER_STOPS.matcher() for _ in range(n)]
         self._warming.update(rows.uids)
         return rows
 
-    def _warmed(self, gen: GenerationBatch, responses: list) -> list:
+    def _warmed(self, gen: GenerationBatch, responses: Responses) -> list[GenerationBatch.Response | Running]:
         """Drop the responses that carry a newcomer's last prompt token; from here on its
         stop sequences count."""
         for i, uid in enumerate(gen.uids):
@@ -494,13 +508,15 @@ class BudgetedBatchGenerator(BatchGenerator):
         return kept
 
 
-def make_generator(model, settings, stream, on_prompt, speculate: int) -> Generator:
+def make_generator(
+    model: nn.Module, settings: Settings, stream: mx.Stream, on_prompt: OnPrompt, speculate: int
+) -> Generator:
     """The engine's batch generator: this module's budgeted one (--step-tokens), or mlx-lm's
     own where the installed BatchGenerator is not the one it reorders. The budgeted one has a
     `batch_sampler`: rows go in without samplers of their own, and it asks the engine for each
     row's (`BatchSampler.request`); mlx-lm's own takes each row's sampler as it always did."""
     s = settings
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(  # (BatchGenerator's keywords)
         max_tokens=s.max_tokens,
         completion_batch_size=over_cap(s.max_batch),
         prefill_batch_size=s.max_prefill_batch,
@@ -524,7 +540,7 @@ def make_generator(model, settings, stream, on_prompt, speculate: int) -> Genera
             sampler.rows = lambda: (rows.uids, rows.tokens, rows._current_tokens)
             gen.batch_sampler = sampler
             return gen
-        gen.close()
+        gen.close()  # type: ignore[no-untyped-call]  # (mlx-lm's)
         logging.getLogger("radixchat.engine").warning(
             "this mlx-lm's BatchGenerator is not the one --step-tokens reorders: "
             "running with its own order (decode, then prefill)"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from typing import Any
 
 import mlx.core as mx
 
@@ -44,17 +45,17 @@ class _StepMx:
 
     library = mx
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(mx, name)
 
     @staticmethod
-    def logsumexp(a, *args, **kwargs):
+    def logsumexp(a: mx.array, *args: Any, **kwargs: Any) -> mx.array:
         if getattr(_here, "on", False):
             return mx.array(0.0, a.dtype)
         return mx.logsumexp(a, *args, **kwargs)
 
     @staticmethod
-    def clear_cache():
+    def clear_cache() -> None:
         if not getattr(_here, "on", False):
             mx.clear_cache()
 
@@ -72,7 +73,7 @@ def install() -> None:
         generate.mx = _StepMx()
 
 
-def step_module():
+def step_module() -> Any:  # (not ModuleType: `install` sets its `mx`, which that type does not declare)
     """mlx_lm.generate the module (the package's `generate` attribute is its function)."""
     return importlib.import_module("mlx_lm.generate")
 
