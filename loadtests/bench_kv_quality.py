@@ -1,8 +1,8 @@
 """What quantized K/V costs a model's answers, format by format (issue 54's quality figures).
 
 Each format stores K/V as MLX's `mx.quantize` does (affine with a scale and a bias per group,
-or a microscaling float format: mxfp8, mxfp4, nvfp4) or as radixchat's --kv-bits 8 does
-(int8-pow2: core.cache.kv_format), and attention reads them back dequantized. The run stands in for a cache that holds them by writing each token's K and V
+or a small float format: mxfp8, mxfp4, nvfp4) or as radixchat's --kv-bits does (8:
+int8-pow2, 4: nvfp4; core.cache.kv_format), and attention reads them back dequantized. The run stands in for a cache that holds them by writing each token's K and V
 back as their quantize-then-dequantize round trip (the numbers a quantized cache attends
 over) into mlx-lm's own `KVCache`, for every layer, in the prefill and every decode step.
 
@@ -45,17 +45,17 @@ FORMATS = {
     "mxfp8": "mxfp8",
     "int8-pow2": "int8-pow2",
     "mxfp4": "mxfp4",
-    "nvfp4": ("nvfp4", 4, 16),
+    "nvfp4": "nvfp4",
 }
 
 
 def _spec(fmt):
     from radixchat.core.cache.kv_format import FORMATS as OFFERED
-    from radixchat.core.cache.kv_format import MXFP8
+    from radixchat.core.cache.kv_format import MXFP4, MXFP8
 
     spec = FORMATS[fmt]
     if isinstance(spec, str):
-        return next(f for f in (*OFFERED.values(), MXFP8) if f.mode == spec)
+        return next(f for f in (*OFFERED.values(), MXFP8, MXFP4) if f.mode == spec)
     return spec
 
 
