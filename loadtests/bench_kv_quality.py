@@ -7,7 +7,8 @@ back as their quantize-then-dequantize round trip (the numbers a quantized cache
 over) into mlx-lm's own `KVCache`, for every layer, in the prefill and every decode step.
 
 Printed per format, against the model's own dtype (float32 on this CPU; the "bfloat16" row
-is a 16-bit cache's own cost):
+is a 16-bit cache's own cost), or against a format's cache with --reference (bfloat16: a
+16-bit cache, as on a GPU); --refs keeps the reference replies in a file between runs:
 - K/V bytes a token, and the ratio to a 16-bit (bfloat16) cache's;
 - greedy agreement, teacher-forced: the seed scenario's prompts (system prompt and question,
   the chat template) each get a greedy reply of --tokens tokens with the model's own K/V;
@@ -23,6 +24,7 @@ is a 16-bit cache's own cost):
 
     python -m loadtests.bench_kv_quality [--model default | --model tiny | --random-dim 2048 --random-layers 16]
         [--replies 64] [--tokens 128] [--free 8] [--formats bfloat16,affine8,affine4,mxfp8,int8-pow2,mxfp4,nvfp4]
+        [--reference own | --reference bfloat16] [--refs FILE]
 
 Runs in this process on the CPU (or MLX's default device), no server. No network.
 """
@@ -30,6 +32,7 @@ Runs in this process on the CPU (or MLX's default device), no server. No network
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -44,6 +47,7 @@ FORMATS = {
     "affine4": ("affine", 4, 64),
     "mxfp8": "mxfp8",
     "int8-pow2": "int8-pow2",
+    "int8-pow2-g16": "int8-pow2-g16",
     "mxfp4": "mxfp4",
     "nvfp4": "nvfp4",
 }
@@ -51,11 +55,13 @@ FORMATS = {
 
 def _spec(fmt):
     from radixchat.core.cache.kv_format import FORMATS as OFFERED
-    from radixchat.core.cache.kv_format import MXFP4, MXFP8
+    from radixchat.core.cache.kv_format import MXFP4, MXFP8, Pow2Int8
+
+    POW2_G16 = Pow2Int8(mode="int8-pow2-g16", group=16)
 
     spec = FORMATS[fmt]
     if isinstance(spec, str):
-        return next(f for f in (*OFFERED.values(), MXFP8, MXFP4) if f.mode == spec)
+        return next(f for f in (*OFFERED.values(), MXFP8, MXFP4, POW2_G16) if f.mode == spec)
     return spec
 
 
@@ -116,6 +122,13 @@ def forward_logprobs(model, mx, tokens: list[int], fmt):
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
+def _digest(tokens: list[int]) -> str:
+    """Which held-out text a run read (the file changes with the code): compare runs by it."""
+    import hashlib
+
+    return hashlib.sha256(str(tokens).encode()).hexdigest()[:12]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(p)
@@ -123,6 +136,10 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128, help="tokens in each reference reply")
     p.add_argument("--free", type=int, default=8, help="prompts each format also answers on its own")
     p.add_argument("--held-out", type=int, default=1024, help="tokens of held-out text")
+    p.add_argument(
+        "--reference", default="own", help="the cache the references use: own (the model's dtype) or a format's name"
+    )
+    p.add_argument("--refs", default="", help="a file keeping the reference replies between runs (made if missing)")
     p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated, of: " + ", ".join(FORMATS))
     args = p.parse_args()
     formats = [f for f in args.formats.split(",") if f]
@@ -148,18 +165,27 @@ def main() -> None:
             {"role": "user", "content": questions[i % len(questions)]},
         ]
         prompts.append(list(tok.apply_chat_template(messages, add_generation_prompt=True)))
-    refs = [greedy(model, mx, pr, args.tokens, None) for pr in prompts]
+    base = None if args.reference == "own" else args.reference  # the cache the references are made with
+    cached = Path(args.refs) if args.refs else None
+    key = json.dumps([path, args.reference, args.tokens, prompts])
+    if cached is not None and cached.is_file() and json.loads(cached.read_text()).get("key") == key:
+        refs = json.loads(cached.read_text())["refs"]
+    else:
+        refs = [greedy(model, mx, pr, args.tokens, base) for pr in prompts]
+        if cached is not None:
+            cached.write_text(json.dumps({"key": key, "refs": refs}))
     print(f"model {path}; device {mx.default_device()}; {args.replies} replies of up to {args.tokens} tokens")
     print(f"reference replies: {sum(map(len, refs)):,} tokens in {time.perf_counter() - started:.0f} s")
 
     # the references' own top tokens, teacher-forced, and the held-out text's log-probabilities
     ref_top = []
     for pr, reply in zip(prompts, refs):
-        lp = forward_logprobs(model, mx, pr + reply, None)
+        lp = forward_logprobs(model, mx, pr + reply, base)
         ref_top.append(mx.argmax(lp[len(pr) - 1 : -1], axis=-1))
     text = (Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md").read_text()
     held = list(tok.encode(text))[: args.held_out + 1]
-    held_ref = forward_logprobs(model, mx, held, None)
+    print(f"held-out text: the first {len(held) - 1:,} tokens of docs/DESIGN.md, sha256 {_digest(held)}")
+    held_ref = forward_logprobs(model, mx, held, base)
     held_next = mx.array(held[1:])
     ref_lp = mx.take_along_axis(held_ref[:-1], held_next[:, None], axis=-1)[:, 0]
 
