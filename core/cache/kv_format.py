@@ -2,11 +2,11 @@
 
 At 8 bits K and V are stored as signed bytes with a power-of-two scale per 32 numbers along
 the head dimension (`Pow2Int8`); at 4 bits as MLX's nvfp4 format (`mx.quantize`: a 4-bit
-float a number, an 8-bit float scale per 16). Every cache attends
-over their round trip (`round_trip`: quantized, then dequantized). The decoding batch holds that round trip at the model's dtype; the radix
-tree and the disk tier hold the codes (`encode`), and give back exactly the numbers the
-batch held (`decode`), because these formats' round trip is idempotent: the round trip of
-a round trip is itself. MLX's affine format (a scale and a bias per group, mlx-lm's
+float a number, an 8-bit float scale per 16). Every cache attends over their round trip
+(`round_trip`: quantized, then dequantized). The decoding batch holds that round trip at the
+model's dtype; the radix tree and the disk tier hold the codes (`encode`), and give back
+exactly the numbers the batch held (`decode`), because these formats' round trip is
+idempotent: the round trip of a round trip is itself. MLX's affine format (a scale and a bias per group, mlx-lm's
 `QuantizedKVCache`) is not: cached from what a batch held, it would read back different
 numbers, and a cached prefix would give another reply than the same prefix computed afresh.
 tests/test_kv_format.py holds both facts; loadtests/bench_kv_quality.py measures what each

@@ -50,13 +50,13 @@ class RoundedBatchKVCache(BatchKVCache):
     def merge(cls, caches: list[Any]) -> RoundedBatchKVCache:
         merged = BatchKVCache.merge(caches)
         merged.__class__ = cls  # (the library makes a plain one when no cache holds anything yet)
-        merged.fmt = next(c.fmt for c in caches if isinstance(c, (RoundedKVCache, RoundedBatchKVCache)))
+        merged.fmt = next(f for c in caches if (f := format_of(c)) is not None)
         return merged  # type: ignore[return-value]
 
 
 def format_of(cache: object) -> KVFormat | None:
     """The precision `cache` writes at (None: the model's dtype)."""
-    return getattr(cache, "fmt", None) if isinstance(cache, (RoundedKVCache, RoundedBatchKVCache)) else None
+    return getattr(cache, "fmt", None)
 
 
 def install(model: Any, fmt: KVFormat) -> None:

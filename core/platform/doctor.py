@@ -163,8 +163,8 @@ def kv_precision(bits: int, bpt: int, dtype: str) -> str:
     fmt = kv_format(bits)
     if fmt is None:
         return f"{dtype} everywhere (--kv-bits 16)"
-    per_number = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)
-    cached = round(bpt / per_number * (fmt.bits / 8 + 1 / fmt.group))
+    numbers = bpt // {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)  # K's and V's, every layer
+    cached = round(fmt.bytes_per(numbers))
     return (
         f"{fmt.mode} (--kv-bits {bits}): every step attends over it; the decoding batch holds it as "
         f"{dtype} ({bpt:,} bytes a token), the prefix cache and its disk tier as {fmt.mode} "

@@ -7,7 +7,8 @@ shares (core.engine.sched.preempt, core.engine.sched.mask_share), then the room 
 owner below their share, then admission (core.engine.sched.admission). The engine applies
 each stage before the next is asked, since each reads what the one before left: preempted
 rows are back in the fair queue, ahead of their owner's other requests, before the room owed
-and admission look at it. The plan is what tests and logs read of a turn. No MLX.
+and admission look at it. Its preemptions' reasons are what the log and the engine's counts
+by reason (`EngineStats.preemptions_by`) say. No MLX.
 """
 
 from __future__ import annotations
@@ -38,13 +39,6 @@ class TurnPlan:
 
     preempted: tuple[Preemption, ...] = ()
     admitted: tuple[Active, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.preempted or self.admitted)
-
-    def why(self, row: Active) -> Why | None:
-        """Why `row` was preempted this turn, or None if it was not."""
-        return next((p.why for p in self.preempted if p.row is row), None)
 
 
 def preemptions(rows: list[Active], why: Why) -> tuple[Preemption, ...]:
