@@ -26,6 +26,12 @@ _popen_inits: list = []  # Popen.__init__ as it was before this conftest's run (
 
 
 def pytest_configure(config):
+    # A library's one-time cache, made by a process it starts on its first import: matplotlib's
+    # font list runs fc-list, and gradio imports matplotlib while answering a page's event. Made
+    # here, before the guard below: inside the first fast test to answer one, on a machine
+    # without the cache, the guard failed that test from gradio's worker thread, and the event hung.
+    with contextlib.suppress(ImportError):
+        import matplotlib.font_manager  # noqa: F401
     inner = subprocess.Popen.__init__
     _popen_inits.append(inner)
 
