@@ -136,8 +136,8 @@ class Settings(BaseSettings):
     kv_bits: Literal[16, 8, 4] = Field(
         16,
         description="Precision of the K/V every cache attends over: 16 = the model's own dtype; 8 = signed "
-        "bytes with a power-of-two scale per 32 numbers; 4 = MLX's nvfp4 format. The prefix cache and its disk "
-        "tier hold K/V at that size (about 0.52x or 0.28x of 16-bit K/V: more conversations stay cached in the "
+        "bytes with a bfloat16 scale per 32 numbers; 4 = MLX's nvfp4 format. The prefix cache and its disk "
+        "tier hold K/V at that size (about 0.53x or 0.28x of 16-bit K/V: more conversations stay cached in the "
         "same budget), the decoding batch at the model's dtype (a --models file sets it per model)",
     )
     cache_sharing: Literal["system", "all", "user"] = Field(

@@ -2,7 +2,7 @@
 
 Each format stores K/V as MLX's `mx.quantize` does (affine with a scale and a bias per group,
 or a small float format: mxfp8, mxfp4, nvfp4) or as radixchat's --kv-bits does (8:
-int8-pow2, 4: nvfp4; core.cache.kv_format), and attention reads them back dequantized. The run stands in for a cache that holds them by writing each token's K and V
+int8, 4: nvfp4; core.cache.kv_format; int8-pow2 was 8 before int8), and attention reads them back dequantized. The run stands in for a cache that holds them by writing each token's K and V
 back as their quantize-then-dequantize round trip (the numbers a quantized cache attends
 over) into mlx-lm's own `KVCache`, for every layer, in the prefill and every decode step.
 
@@ -23,7 +23,7 @@ is a 16-bit cache's own cost), or against a format's cache with --reference (bfl
   round trip is idempotent can be cached from what a batch holds and read back exactly).
 
     python -m loadtests.bench_kv_quality [--model default | --model tiny | --random-dim 2048 --random-layers 16]
-        [--replies 64] [--tokens 128] [--free 8] [--formats bfloat16,affine8,affine4,mxfp8,int8-pow2,mxfp4,nvfp4]
+        [--replies 64] [--tokens 128] [--free 8] [--formats bfloat16,affine8,affine4,mxfp8,int8,int8-pow2,mxfp4,nvfp4]
         [--reference own | --reference bfloat16] [--refs FILE]
 
 Runs in this process on the CPU (or MLX's default device), no server. No network.
@@ -46,6 +46,7 @@ FORMATS = {
     "affine8": ("affine", 8, 64),
     "affine4": ("affine", 4, 64),
     "mxfp8": "mxfp8",
+    "int8": "int8",
     "int8-pow2": "int8-pow2",
     "int8-pow2-g16": "int8-pow2-g16",
     "mxfp4": "mxfp4",
@@ -55,13 +56,13 @@ FORMATS = {
 
 def _spec(fmt):
     from radixchat.core.cache.kv_format import FORMATS as OFFERED
-    from radixchat.core.cache.kv_format import MXFP4, MXFP8, Pow2Int8
+    from radixchat.core.cache.kv_format import MXFP4, MXFP8, POW2_INT8, Pow2Int8
 
     POW2_G16 = Pow2Int8(mode="int8-pow2-g16", group=16)
 
     spec = FORMATS[fmt]
     if isinstance(spec, str):
-        return next(f for f in (*OFFERED.values(), MXFP8, MXFP4, POW2_G16) if f.mode == spec)
+        return next(f for f in (*OFFERED.values(), MXFP8, MXFP4, POW2_INT8, POW2_G16) if f.mode == spec)
     return spec
 
 

@@ -100,7 +100,7 @@ def test_forced_disk_tier_is_transparent(kind, kv_bits, request, tmp_path):
 def test_files_at_one_kv_precision_are_never_read_at_another(tiny_wide_dir, tmp_path):
     """A file written at 8 bits is K/V in another format: a server at 16 bits (or 4) finds
     none of it, and one at 8 again finds all of it. In memory, the tree holds a token at
-    about a quarter of the model's float32 K/V: a code of 8 bits a number, 8 bits of scale
+    about a quarter of the model's float32 K/V: a code of 8 bits a number, a 16-bit scale
     per 32 numbers."""
     eng = disk_engine(tiny_wide_dir, tmp_path, forced=False, kv_bits=8)
     try:
@@ -109,7 +109,7 @@ def test_files_at_one_kv_precision_are_never_read_at_another(tiny_wide_dir, tmp_
         tree, bpt = eng.stats().prefix_cache, eng.kv_bytes_per_token
     finally:
         eng.stop()
-    assert tree.cached_tokens > 0 and tree.bytes == tree.cached_tokens * bpt * (8 + 8 / 32) // 32
+    assert tree.cached_tokens > 0 and tree.bytes == tree.cached_tokens * bpt * (8 + 16 / 32) // 32
     assert files_of(tmp_path)
     for bits, found in ((16, False), (4, False), (8, True)):
         eng = disk_engine(tiny_wide_dir, tmp_path, forced=False, kv_bits=bits)

@@ -134,12 +134,12 @@ def _windowed(cache):
 
 
 class PrefixStore:
-    def __init__(self, model, budget_bytes: int, fmt: KVFormat | None = None):
+    def __init__(self, model, budget_bytes: int, fmt: KVFormat | None = None, kv_dtype: mx.Dtype = mx.float32):
         self.tree = RadixCache(budget_bytes)
         self.fmt = fmt  # the precision segments hold K/V at (None: as the batch holds it)
         self.classes = [type(c) for c in make_prompt_cache(model)]
         self.trimmable = [c in (KVCache, RoundedKVCache) for c in self.classes]
-        self.kv_dtype = kv_dtype(model) if fmt is not None else None  # what codes decode to
+        self.kv_dtype = kv_dtype  # what codes decode to (core.cache.rounded.install's)
         self.hybrid = not all(self.trimmable)
         self.bytes_per_token = 0  # K/V bytes of one token of the running batch (its dtype), once known
         self.disk = None  # core.cache.disk.tier.DiskTier, when --cache-disk-bytes is set
@@ -224,13 +224,6 @@ class PrefixStore:
             assert c.keys.shape[2] == c.offset, "restored cache must hold exactly its live tokens"
             out.append(c)
         return out  # lazy: the batch merge that consumes it evaluates it
-
-
-def kv_dtype(model) -> mx.Dtype:
-    """The dtype of the model's K/V (one token through a fresh cache)."""
-    caches = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=caches)
-    return next((c.keys.dtype for c in caches if isinstance(getattr(c, "keys", None), mx.array)), mx.float32)
 
 
 def kv_bytes_per_token(model) -> int:

@@ -1,16 +1,16 @@
 """The precision K/V is kept at (`--kv-bits`): what a quantized token is, in bytes and numbers.
 
-At 8 bits K and V are stored as signed bytes with a power-of-two scale per 32 numbers along
-the head dimension (`Pow2Int8`); at 4 bits as MLX's nvfp4 format (`mx.quantize`: a 4-bit
-float a number, an 8-bit float scale per 16). Every cache attends over their round trip
+At 8 bits K and V are stored as signed bytes with a bfloat16 scale per 32 numbers along the
+head dimension (`Int8`); at 4 bits as MLX's nvfp4 format (`mx.quantize`: a 4-bit float a
+number, an 8-bit float scale per 16). Every cache attends over their round trip
 (`round_trip`: quantized, then dequantized). The decoding batch holds that round trip at the
 model's dtype; the radix tree and the disk tier hold the codes (`encode`), and give back
 exactly the numbers the batch held (`decode`), because these formats' round trip is
-idempotent: the round trip of a round trip is itself. MLX's affine format (a scale and a bias per group, mlx-lm's
-`QuantizedKVCache`) is not: cached from what a batch held, it would read back different
-numbers, and a cached prefix would give another reply than the same prefix computed afresh.
-tests/test_kv_format.py holds both facts; loadtests/bench_kv_quality.py measures what each
-format costs a model's answers.
+idempotent: the round trip of a round trip is itself. MLX's affine format (a scale and a
+bias per group, mlx-lm's `QuantizedKVCache`) is not: cached from what a batch held, it would
+read back different numbers, and a cached prefix would give another reply than the same
+prefix computed afresh. tests/test_kv_format.py holds both facts;
+loadtests/bench_kv_quality.py measures what each format costs a model's answers.
 
 Which caches round-trip what they are given is core.cache.rounded's. Runs MLX: the engine
 thread (and whoever measures).
@@ -32,6 +32,7 @@ class KVFormat:
     mode: str  # MLX's quantization mode
     bits: int
     group: int  # numbers per scale, along the head dimension
+    scale_bytes: int = 1
 
     def fits(self, head_dim: int) -> bool:
         return head_dim % self.group == 0
@@ -52,7 +53,7 @@ class KVFormat:
 
     def bytes_per(self, head_dim: int) -> float:
         """Bytes one head's vector of `head_dim` takes: its codes and its scales."""
-        return head_dim * self.bits / 8 + head_dim // self.group
+        return head_dim * self.bits / 8 + head_dim // self.group * self.scale_bytes
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ class Pow2Int8(KVFormat):
     byte): the scale is the least power of two that fits the group's largest magnitude in
     127 steps, so that magnitude takes 64 to 127 of them and the round trip of a round trip
     keeps the scale and every code. Not one of MLX's formats (no quantized matmul reads it);
-    the round trip is plain MLX arithmetic. On SmolLM2 it kept 98.8% of greedy tokens where
-    mxfp8 (3 bits of mantissa) kept 97.2% (BENCHMARKS.md)."""
+    the round trip is plain MLX arithmetic. --kv-bits 8 until `Int8`: on SmolLM2 it kept
+    98.8% of greedy tokens where mxfp8 (3 bits of mantissa) kept 97.2% (BENCHMARKS.md)."""
 
     mode: str = "int8-pow2"
     bits: int = 8
@@ -71,24 +72,62 @@ class Pow2Int8(KVFormat):
     def encode(self, x: mx.array) -> tuple[mx.array, mx.array]:
         # float16 holds q * 2**e exactly only from 2**-24 up (its subnormals) and to 2**15
         lo, hi = (-24, 8) if x.dtype == mx.float16 else (-126, 127)
-        g = self._groups(x).astype(mx.float32)
+        g = _groups(x, self.group).astype(mx.float32)
         most = mx.max(mx.abs(g), axis=-1, keepdims=True)
         e = mx.clip(mx.ceil(mx.log2(mx.maximum(most, 1e-38) / 127)), lo, hi)
         q = mx.clip(mx.round(g / mx.power(2.0, e)), -127, 127).astype(mx.int8)
         return q.reshape(x.shape), e.squeeze(-1).astype(mx.int8)
 
     def decode(self, codes: mx.array, scales: mx.array, dtype: mx.Dtype) -> mx.array:
-        g = self._groups(codes).astype(mx.float32) * mx.power(2.0, scales.astype(mx.float32))[..., None]
+        g = _groups(codes, self.group).astype(mx.float32) * mx.power(2.0, scales.astype(mx.float32))[..., None]
         return g.reshape(codes.shape).astype(dtype)
 
-    def _groups(self, x: mx.array) -> mx.array:
-        return x.reshape(*x.shape[:-1], x.shape[-1] // self.group, self.group)
+
+@dataclass(frozen=True)
+class Int8(KVFormat):
+    """Signed 8-bit integers with one bfloat16 scale per 32 numbers: the scale is the group's
+    largest magnitude over 127, rounded to bfloat16, and that magnitude is coded 127 whatever
+    the rounding (so it moves by at most a quarter of a step; the others by half a step at
+    most). Why the round trip of a round trip is itself: the round trip's largest magnitude is
+    127 scales, as the dtype rounds it, and a bfloat16 scale (8 significant bits) comes back
+    from that exactly: exactly in float32 (a code times the scale is exact there), and in
+    float16 and bfloat16 for every largest magnitude the dtype holds (tests/test_kv_format.py
+    tries each); a code times the scale, rounded, is within half a step of the code's own
+    product, so every code comes back too. Two thirds of `Pow2Int8`'s error on normal numbers,
+    and on SmolLM2 more of its greedy tokens (BENCHMARKS.md)."""
+
+    mode: str = "int8"
+    bits: int = 8
+    group: int = 32
+    scale_bytes: int = 2
+
+    def encode(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        g = _groups(x, self.group).astype(mx.float32)
+        # at most what 127 scales can be in float16 (65,024), so no round trip overflows it
+        most = mx.minimum(mx.max(mx.abs(g), axis=-1, keepdims=True), _MOST.get(x.dtype, 3e38))
+        scale = (most / 127).astype(mx.bfloat16)
+        s = mx.where(scale > 0, scale.astype(mx.float32), 1.0)  # an all-zero group: codes 0
+        q = mx.clip(mx.round(g / s), -127, 127)
+        q = mx.where((mx.abs(g) >= most) & (scale > 0), mx.sign(g) * 127, q)
+        return q.astype(mx.int8).reshape(x.shape), scale.squeeze(-1)
+
+    def decode(self, codes: mx.array, scales: mx.array, dtype: mx.Dtype) -> mx.array:
+        g = _groups(codes, self.group).astype(mx.float32) * scales.astype(mx.float32)[..., None]
+        return g.reshape(codes.shape).astype(dtype)
 
 
-# nvfp4 at 4 bits: on SmolLM2 it kept 89.5% of greedy tokens where mxfp4 kept 81.1% (BENCHMARKS.md)
-FORMATS: dict[int, KVFormat] = {8: Pow2Int8(), 4: KVFormat("nvfp4", 4, 16)}
+_MOST = {mx.float16: 65000.0}
+
+
+def _groups(x: mx.array, group: int) -> mx.array:
+    return x.reshape(*x.shape[:-1], x.shape[-1] // group, group)
+
+
+# --kv-bits 8 and 4. On SmolLM2, 4 bits as nvfp4 kept 89.5% of greedy tokens where mxfp4
+# kept 81.1% (BENCHMARKS.md)
+FORMATS: dict[int, KVFormat] = {8: Int8(), 4: KVFormat("nvfp4", 4, 16)}
 # measured against (loadtests/bench_kv_quality.py), not offered
-MXFP8, MXFP4 = KVFormat("mxfp8", 8, 32), KVFormat("mxfp4", 4, 32)
+MXFP8, MXFP4, POW2_INT8 = KVFormat("mxfp8", 8, 32), KVFormat("mxfp4", 4, 32), Pow2Int8()
 
 
 def kv_format(bits: int) -> KVFormat | None:

@@ -187,8 +187,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 if self._sharded:
                     from radixchat.core.engine.shard.lockstep import start_here
 
-                    # (core.engine.shard.lockstep is not in the strict set: its functions are untyped)
-                    self.link, s = start_here(s)  # type: ignore[no-untyped-call]
+                    self.link, s = start_here(s)
                     self.settings = s
                 self.loaded = load_model(s.model, s.dtype, s.context_length, link=self.link)
                 from radixchat.core.engine.step import unnormalized
@@ -202,20 +201,18 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                     cpu_ops.use_here(True)
                 from radixchat.core.cache.kv import PrefixStore, kv_bytes_per_token
                 from radixchat.core.cache.kv_format import kv_format
+                from radixchat.core.cache.rounded import install
 
-                fmt = kv_format(s.kv_bits)
-                if fmt is not None:  # every plain K/V layer's cache writes at that precision
-                    from radixchat.core.cache.rounded import install
-
-                    install(self.loaded.model, fmt)
+                fmt = kv_format(s.kv_bits)  # with one, every plain K/V layer's cache writes at it
+                kv_dtype = install(self.loaded.model, fmt)
 
                 self.kv_budget = kv_budget(s)
                 if self.link is not None:  # memory may differ between machines: rank 0's counts
-                    self.kv_budget = self.link.share(self.kv_budget)  # type: ignore[no-untyped-call]  # (as above)
+                    self.kv_budget = self.link.share(self.kv_budget)
                 self.memory = MlxMemory(mx, s, self.kv_budget, self.loaded.vocab_size)  # sets MLX's cache limit
                 self.kv_bytes_per_token = kv_bytes_per_token(self.loaded.model)
                 if s.prefix_cache:
-                    self.prefix = PrefixStore(self.loaded.model, self.kv_budget, fmt)
+                    self.prefix = PrefixStore(self.loaded.model, self.kv_budget, fmt, kv_dtype)
                     self.scope = CacheScope(s.cache_sharing)
                 # a stream of this thread's own, so a later engine in the same process
                 # never touches one that was cleared (see below)
@@ -398,8 +395,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         for a in new:  # one request's bad sampler must not keep the others out
             if a.stream is None:  # (a resumed request keeps its sampler and stream)
                 try:
-                    # (core.engine.sample is not in the strict set: `guarded` is untyped)
-                    a.sampler = guarded(a, make_request_sampler(a.sampling, a.constraint))  # type: ignore[no-untyped-call]
+                    a.sampler = guarded(a, make_request_sampler(a.sampling, a.constraint))
                 except Exception:
                     log.exception("request %s: no sampler", a.handle.id)
                     self._fail(a, INTERNAL_ERROR)

@@ -48,7 +48,7 @@ _DTYPES = {
     "I64": np.int64,
     "U32": np.uint32,
     "U8": np.uint8,
-    "I8": np.int8,  # --kv-bits 8's codes and scales (core.cache.kv_format)
+    "I8": np.int8,  # --kv-bits 8's codes (core.cache.kv_format)
     "BOOL": np.bool_,
 }
 
