@@ -59,19 +59,17 @@ def format_of(cache: object) -> KVFormat | None:
     return getattr(cache, "fmt", None)
 
 
-def install(model: Any, fmt: KVFormat | None) -> mx.Dtype:
-    """The dtype of the model's K/V (what codes decode to), from one token through a fresh
-    cache. With a format, from now on the model's plain K/V layers get `RoundedKVCache`s
-    (mlx-lm's `make_prompt_cache` asks the model's `make_cache` when it has one): the
-    library's batch generator and this project's caches alike. Refuses a model whose heads
-    the format's groups do not divide."""
+def install(model: Any, fmt: KVFormat) -> mx.Dtype:
+    """From now on the model's plain K/V layers get `RoundedKVCache`s (mlx-lm's
+    `make_prompt_cache` asks the model's `make_cache` when it has one): the library's batch
+    generator and this project's caches alike. Refuses a model whose heads the format's
+    groups do not divide. Gives the dtype of the model's K/V (what codes decode to), seen in
+    the same probe: one token through a fresh cache."""
     made: Callable[[], list[Any]] = getattr(model, "make_cache", None) or (lambda: [KVCache() for _ in model.layers])
     probe = model(mx.array([[0]]), cache=(caches := made()))
     del probe
     plain = [c for c in caches if type(c) is KVCache and c.keys is not None]
     dtype: mx.Dtype = plain[0].keys.dtype if plain else mx.float32
-    if fmt is None:
-        return dtype
     for c in plain:
         dims = (c.keys.shape[-1], c.values.shape[-1])
         if not all(fmt.fits(d) for d in dims):

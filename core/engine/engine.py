@@ -204,7 +204,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 from radixchat.core.cache.rounded import install
 
                 fmt = kv_format(s.kv_bits)  # with one, every plain K/V layer's cache writes at it
-                kv_dtype = install(self.loaded.model, fmt)
+                kv_dtype = install(self.loaded.model, fmt) if fmt is not None else None
 
                 self.kv_budget = kv_budget(s)
                 if self.link is not None:  # memory may differ between machines: rank 0's counts
