@@ -103,7 +103,7 @@ class Int8(KVFormat):
 
     def encode(self, x: mx.array) -> tuple[mx.array, mx.array]:
         g = _groups(x, self.group).astype(mx.float32)
-        # at most what 127 scales can be in float16 (65,024), so no round trip overflows it
+        # capped where 127 scales stay finite in the dtype (float16: 65,024), so no round trip overflows
         most = mx.minimum(mx.max(mx.abs(g), axis=-1, keepdims=True), _MOST.get(x.dtype, 3e38))
         scale = (most / 127).astype(mx.bfloat16)
         s = mx.where(scale > 0, scale.astype(mx.float32), 1.0)  # an all-zero group: codes 0
