@@ -1,8 +1,9 @@
 """What quantized K/V costs a model's answers, format by format (issue 54's quality figures).
 
 Each format stores K/V as MLX's `mx.quantize` does (affine with a scale and a bias per group,
-or a small float format: mxfp8, mxfp4, nvfp4) or as radixchat's --kv-bits does (8:
-int8, 4: nvfp4; core.cache.kv_format; int8-pow2 was 8 before int8), and attention reads them back dequantized. The run stands in for a cache that holds them by writing each token's K and V
+or a small float format: mxfp8, mxfp4, nvfp4) or as radixchat's --kv-bits does (8: int8,
+4: nvfp4; core.cache.kv_format; int8-pow2 was 8 before int8), and attention reads them back
+dequantized. The run stands in for a cache that holds them by writing each token's K and V
 back as their quantize-then-dequantize round trip (the numbers a quantized cache attends
 over) into mlx-lm's own `KVCache`, for every layer, in the prefill and every decode step.
 

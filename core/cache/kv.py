@@ -139,8 +139,7 @@ class PrefixStore:
         self.fmt = fmt  # the precision segments hold K/V at (None: as the batch holds it)
         self.classes = [type(c) for c in make_prompt_cache(model)]
         self.trimmable = [c in (KVCache, RoundedKVCache) for c in self.classes]
-        # what codes decode to: the dtype core.cache.rounded.install saw (used only with a format)
-        self.kv_dtype = kv_dtype if kv_dtype is not None else mx.float32
+        self.kv_dtype = kv_dtype  # with a format, what codes decode to: the dtype core.cache.rounded.install saw
         self.hybrid = not all(self.trimmable)
         self.bytes_per_token = 0  # K/V bytes of one token of the running batch (its dtype), once known
         self.disk = None  # core.cache.disk.tier.DiskTier, when --cache-disk-bytes is set

@@ -2,9 +2,10 @@
 
 A file holds one node's own tokens (its K/V, `k{i}`/`v{i}` per plain K/V layer, exactly n
 long; at a --kv-bits precision their codes and scales, `k{i}`, `ks{i}`, `v{i}`, `vs{i}`),
-the snapshot of the other layers at its end if the node has one (their state's arrays, its structure in the metadata, restored into the class this model's layer has,
-never one a file names) and, in its metadata, the whole tree key up to its end: a restart
-places it under the entries that hold its prefix. Tagged tokens (a user's private
+the snapshot of the other layers at its end if the node has one (their state's arrays, its
+structure in the metadata, restored into the class this model's layer has, never one a
+file names) and, in its metadata, the whole tree key up to its end: a restart places it
+under the entries that hold its prefix. Tagged tokens (a user's private
 namespace, core/cache/scope.py) are written with the owner's name, since namespace numbers
 are this process's, and retagged through the scope when read back (`key_of`).
 
