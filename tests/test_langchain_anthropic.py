@@ -8,16 +8,19 @@ sends with its defaults (nothing refused), and a bad key raised as the SDK's exc
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-import anthropic
 import httpx
 import pytest
-from langchain_anthropic import ChatAnthropic
 
 from radixchat.core.store import Store
 from tests.support.clients import ANTHROPIC_WEATHER as WEATHER
 from tests.support.randmodel import build_random_model
 from tests.support.server import Server
+
+if TYPE_CHECKING:  # the SDKs are imported by the tests that use them: the fast tier collects
+    # this module and runs none of it, and their import is ~4 s of each xdist worker's collection
+    from langchain_anthropic import ChatAnthropic
 
 ASK = "What is the weather in Oslo?"
 
@@ -34,6 +37,8 @@ def served(tmp_path_factory):
 
 
 def chat(srv, key, **kw) -> ChatAnthropic:
+    from langchain_anthropic import ChatAnthropic
+
     return ChatAnthropic(base_url=srv.url, api_key=key, model="plain", max_retries=0, **kw)
 
 
@@ -120,6 +125,9 @@ def test_with_structured_output_json_schema_gives_a_parsed_dict(served):
 
 @pytest.mark.slow
 def test_a_bad_key_raises_the_sdks_authentication_error(served):
+    import anthropic
+    from langchain_anthropic import ChatAnthropic
+
     srv, _ = served
     with pytest.raises(anthropic.AuthenticationError):
         chat(srv, "sk-wrong", max_tokens=3).invoke(ASK)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-import anthropic
+# `anthropic` is imported by the tests that use it: the fast tier collects this module and
+# runs none of it, and the SDK's import is ~2.7 s of each xdist worker's collection
 import httpx
 import pytest
 from pydantic import BaseModel
@@ -27,6 +28,8 @@ GREEDY = {"temperature": 0}  # no longer a parameter of the SDK; older clients s
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    import anthropic
+
     folder = tmp_path_factory.mktemp("messages")
     model = build_random_model(folder / "plain", context=2048)
     with Store(folder / "m.db") as store:
@@ -126,6 +129,8 @@ class Dish(BaseModel):  # no free text: a random model's string could run past m
 def test_structured_output_through_output_config(served):
     """output_config.format (what langchain-anthropic's json_schema method sends) takes the
     grammar path of chat completions' response_format: even a random model's reply parses."""
+    import anthropic
+
     _, client, _ = served
     fmt = {"format": {"type": "json_schema", "schema": RECIPE}}
     whole = client.messages.create(model="plain", max_tokens=60, messages=ASK, output_config=fmt, extra_body=GREEDY)
@@ -152,6 +157,8 @@ def _result() -> dict:
 
 @pytest.mark.slow
 def test_claude_codes_model_names_and_errors_in_anthropics_envelope(served):
+    import anthropic
+
     srv, client, key = served
     claude = client.messages.create(model="claude-sonnet-4-5", max_tokens=3, messages=ASK, extra_body=GREEDY)
     assert claude.model == "plain"  # an unknown claude-* name: the first model
