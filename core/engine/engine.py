@@ -310,7 +310,9 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
     def _newcomer_waiting(self) -> bool:
         """Is a request waiting in the command queue whose owner has no row (one that would
         take a step of its own)? Asked by the step in flight, between pieces of its prefill
-        (core.engine.step.stepper): the commands are drained between steps, so `_arriving` counts them."""
+        (core.engine.step.stepper): the commands are drained between steps, so `_arriving` counts them.
+        (Between steps, the prefix cache's disk writes ask of the requests already drained:
+        core.engine.prefix_use's `_writes_wait`.)"""
         with self._lock:
             if not self._arriving:
                 return False

@@ -110,7 +110,9 @@ class PrefixUse(EngineParts):
         token yet): a turn's writes are the engine thread's work (K/V into a file's bytes:
         10-90 ms a turn under a flood of long prompts on the bundled model), and they came
         between a newcomer's arrival and its step. Never longer than WRITES_WAIT_S at a time,
-        so that newcomers arriving without end do not keep everything in memory."""
+        so that newcomers arriving without end do not keep everything in memory. (The step in
+        flight asks of the requests not yet drained from the command queue: the engine's
+        `_newcomer_waiting`.)"""
         busy = {a.owner for a in self._by_uid.values()}
         waiting = any(o not in busy for o in self._fair.owners()) or any(
             a.alone and a.t_first is None for a in self._by_uid.values()
