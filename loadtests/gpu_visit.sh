@@ -3,6 +3,7 @@
 # last call after ../shared/gpu's install.sh, from the project's root there, with $OUT set:
 #   sh .gpu/3/install.sh && . /tmp/gpu/env.sh && sh loadtests/gpu_visit.sh 2048x16
 # then, on the same warm machine, a second call: . /tmp/gpu/env.sh && sh loadtests/gpu_visit.sh 512x30
+# and, time left, a third for issue 54's K/V precision: . /tmp/gpu/env.sh && KV=1 sh loadtests/gpu_visit.sh 2048x16
 # (one shape a call: each part has its own timeout, and a shape's parts fit the device's 600 s a call)
 # It builds the shape's random llama in bfloat16 (the 1B-shaped 2048 x 16 or the SmolLM2-shaped
 # 512 x 30), then, each part under its own timeout and its output kept in $OUT:
@@ -10,7 +11,9 @@
 #      mlx-lm's BatchGenerator, same model, rows and prompts (1, 32, 64 rows);
 #   2. bench_host: the engine in-process at 1, 32, 64 users, --step-tokens 256 (the default,
 #      set on a 2-core CPU) and 2048 (mlx-lm's prefill step; vLLM and SGLang budget 2048-8192);
-#   3. bench_vs_mlxlm: radixchat serve against mlx_lm.server over HTTP, 32 and 64 users.
+#   3. bench_vs_mlxlm: radixchat serve against mlx_lm.server over HTTP, 32 and 64 users;
+# With KV=1, instead: bench_kv_attention (decode attention over quantized K/V against the
+# model's dtype) and bench_host at 32 users with --kv-bits 16 and 8 (issue 54's goal: >= 0.9x).
 # QUICK=1 shrinks every part to check the script itself on a CPU in a minute or two.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
@@ -46,6 +49,14 @@ build_random_model(out, dim=dim, layers=layers, context=4096, vocab_size=2048)
 weights = mx.load(str(out / "model.safetensors"))
 mx.save_safetensors(str(out / "model.safetensors"), {k: v.astype(mx.bfloat16) for k, v in weights.items()})
 EOF
+  if [ "${KV:-0}" = 1 ]; then  # issue 54's figures, then the next shape
+    run kv-attention "$T" $PY -m loadtests.bench_kv_attention --rows "$ROWS"
+    for bits in 16 8; do
+      run "host-$shape-kv$bits" "$T" $PY -m loadtests.bench_host --model "$folder" --users "${USERS%%,*}" --turns 1 \
+        --max-tokens "$TOK" --ignore-eos --set "kv_bits=$bits"
+    done
+    continue
+  fi
   run "kernels-$shape" "$T" $PY -m loadtests.bench_kernels --model "$folder" --rows "$ROWS" --speed --steps 64 --tokens "$TOK"
   for budget in 256 2048; do
     run "host-$shape-step$budget" "$T" $PY -m loadtests.bench_host --model "$folder" --users "$ROWS" --turns 1 \
@@ -54,4 +65,4 @@ EOF
   run "http-$shape" 180 $PY -m loadtests.bench_vs_mlxlm --model "$folder" --users "$USERS" --convs 1 \
     --configs defaults --out "$OUT/http-$shape"
 done
-grep -h "^|" "$OUT"/kernels-*.txt | head -40
+grep -h "^|" "$OUT"/kernels-*.txt "$OUT"/kv-attention.txt 2>/dev/null | head -40
