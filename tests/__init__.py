@@ -4,7 +4,7 @@ suite imports, in each xdist worker.
 Compiled modules are kept, whatever PYTHONDONTWRITEBYTECODE says (some images set it):
 without them every run compiles and assert-rewrites the project again in each worker, and
 each server a slow test starts compiles it again (the fast tier, 2 cores: 73-74 s against
-63-65 s with them kept; 54-62 s once the Anthropic SDK's import left its collection). __pycache__/ is ignored by git.
+63-65 s with them kept). __pycache__/ is ignored by git.
 """
 
 import os

@@ -54,6 +54,30 @@ class RoundedBatchKVCache(BatchKVCache):
         return merged  # type: ignore[return-value]
 
 
+def refusal(model: Any, fmt: KVFormat) -> str | None:
+    """Why `install` would refuse `model` at `fmt` (None: it would not), for the doctor."""
+    return _refusal(_probe(model)[1], fmt)
+
+
+def _probe(model: Any) -> tuple[Callable[[], list[Any]], list[KVCache]]:
+    """The model's cache maker, and its plain K/V layers after one token went through them."""
+    made: Callable[[], list[Any]] = getattr(model, "make_cache", None) or (lambda: [KVCache() for _ in model.layers])
+    probe = model(mx.array([[0]]), cache=(caches := made()))
+    del probe
+    return made, [c for c in caches if type(c) is KVCache and c.keys is not None]
+
+
+def _refusal(plain: list[KVCache], fmt: KVFormat) -> str | None:
+    for c in plain:
+        dims = (c.keys.shape[-1], c.values.shape[-1])
+        if not all(fmt.fits(d) for d in dims):
+            return (
+                f"kv_bits {fmt.bits}: this model's heads ({dims[0]} numbers) do not split into the "
+                f"{fmt.mode} format's groups of {fmt.group}; serve it with kv_bits 16"
+            )
+    return None
+
+
 def format_of(cache: object) -> KVFormat | None:
     """The precision `cache` writes at (None: the model's dtype)."""
     return getattr(cache, "fmt", None)
@@ -65,18 +89,10 @@ def install(model: Any, fmt: KVFormat) -> mx.Dtype:
     generator and this project's caches alike. Refuses a model whose heads the format's
     groups do not divide. Gives the dtype of the model's K/V (what codes decode to), seen in
     the same probe: one token through a fresh cache."""
-    made: Callable[[], list[Any]] = getattr(model, "make_cache", None) or (lambda: [KVCache() for _ in model.layers])
-    probe = model(mx.array([[0]]), cache=(caches := made()))
-    del probe
-    plain = [c for c in caches if type(c) is KVCache and c.keys is not None]
+    made, plain = _probe(model)
     dtype: mx.Dtype = plain[0].keys.dtype if plain else mx.float32
-    for c in plain:
-        dims = (c.keys.shape[-1], c.values.shape[-1])
-        if not all(fmt.fits(d) for d in dims):
-            raise ValueError(
-                f"kv_bits {fmt.bits}: this model's heads ({dims[0]} numbers) do not split into the "
-                f"{fmt.mode} format's groups of {fmt.group}; serve it with kv_bits 16"
-            )
+    if (why := _refusal(plain, fmt)) is not None:
+        raise ValueError(why)
 
     def make_cache() -> list[Any]:
         return [RoundedKVCache(fmt) if type(c) is KVCache else c for c in made()]

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from radixchat.core.config import DISK_AUTO, Settings
 from radixchat.core.platform.blas import (
@@ -156,13 +157,17 @@ def process_memory(weights: int, vocab_size: int, context_length: int, kv_per_to
     return bound_text(parts) + " (what goes beyond the budget and the rest: measured, loadtests/bench_memory.py)"
 
 
-def kv_precision(bits: int, bpt: int, dtype: str) -> str:
-    """What --kv-bits makes of K/V: the batch's bytes a token and the prefix cache's."""
+def kv_precision(bits: int, bpt: int, dtype: str, model: Any = None) -> str:
+    """What --kv-bits makes of K/V: the batch's bytes a token and the prefix cache's; or,
+    where `model`'s heads do not split into the format's groups, that the server refuses it."""
     from radixchat.core.cache.kv_format import kv_format
+    from radixchat.core.cache.rounded import refusal
 
     fmt = kv_format(bits)
     if fmt is None:
         return f"{dtype} everywhere (--kv-bits 16)"
+    if model is not None and (why := refusal(model, fmt)) is not None:
+        return f"refused (the server will not start): {why}"
     numbers = bpt // {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)  # K's and V's, every layer
     cached = round(fmt.bytes_per(numbers))
     return (
@@ -197,7 +202,7 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     tokens = batch_room(budget) // bpt
     per_seq = 512 + settings.max_tokens
     yield "kv budget", f"{budget / 2**30:.2f} GiB (--cache-bytes), {bpt:,} bytes per token"
-    yield "kv precision", kv_precision(settings.kv_bits, bpt, m.dtype)
+    yield "kv precision", kv_precision(settings.kv_bits, bpt, m.dtype, m.model)
     yield (
         "batch limit",
         (
