@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-# `anthropic` is imported by the tests that use it: the fast tier collects this module and
-# runs none of it, and the SDK's import is ~2.7 s of each xdist worker's collection
 import httpx
 import pytest
 from pydantic import BaseModel
@@ -28,6 +26,8 @@ GREEDY = {"temperature": 0}  # no longer a parameter of the SDK; older clients s
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    # imported here and in the tests that use it, not at the top: the fast tier collects this
+    # module and runs none of it, and the SDK's import is ~2.7 s of each xdist worker's collection
     import anthropic
 
     folder = tmp_path_factory.mktemp("messages")
