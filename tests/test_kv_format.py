@@ -148,7 +148,8 @@ def test_every_batch_layout_attends_at_the_same_precision(bits, dtype, tiny_wide
 
 def test_the_doctor_says_when_the_server_would_refuse_a_models_heads(tiny_model_dir, tiny_wide_dir):
     """`radixchat doctor --kv-bits 8` on a model whose heads (16 numbers) the format's groups
-    of 32 do not divide says the server refuses it, as the engine does at start; where they
+    of 32 do not divide says the server refuses it, as the engine does at start
+    (test_a_model_whose_heads_the_groups_do_not_divide_is_refused_at_start); where they
     divide, it says what the precision holds."""
     from mlx_lm import load
 
@@ -158,8 +159,6 @@ def test_the_doctor_says_when_the_server_would_refuse_a_models_heads(tiny_model_
     narrow, _ = load(str(tiny_model_dir))
     line = kv_precision(8, kv_bytes_per_token(narrow), "float32", narrow)
     assert line.startswith("refused") and "heads (16 numbers)" in line and "kv_bits 16" in line, line
-    with pytest.raises(ValueError, match="heads \\(16 numbers\\)"):
-        Engine(Settings(model=str(tiny_model_dir), kv_bits=8)).start(timeout=120)
     wide, _ = load(str(tiny_wide_dir))
     line = kv_precision(8, kv_bytes_per_token(wide), "float32", wide)
     assert line.startswith("int8 (--kv-bits 8)") and "refused" not in line, line
