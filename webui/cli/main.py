@@ -265,7 +265,8 @@ def serve_disk(settings: Settings, sharded: bool) -> Settings:
     return settings
 
 
-STOP_GRACE_S = 5.0  # a stop's waits: for the engines, the replies' writes, then open connections
+STOP_GRACE_S = 5  # a stop's waits (s, whole: uvicorn's timeout_graceful_shutdown is an int): for the engines,
+# the replies' writes, then open connections
 
 
 def _serving(app: FastAPI, models: Lifecycle, options: dict[str, Any], lines: list[str]) -> uvicorn.Server:
@@ -303,8 +304,7 @@ def _serving(app: FastAPI, models: Lifecycle, options: dict[str, Any], lines: li
                     await asyncio.wait_for(self.lifespan.shutdown(), 1.0)
             close_page_queue(app)  # its loops end now that no page waits on them
 
-    # uvicorn waits a float's seconds; its hint says int
-    return Serving(uvicorn.Config(quiet, **options, timeout_graceful_shutdown=STOP_GRACE_S))  # type: ignore[arg-type]
+    return Serving(uvicorn.Config(quiet, **options, timeout_graceful_shutdown=STOP_GRACE_S))
 
 
 async def _wind_down(server: uvicorn.Server, models: Lifecycle, app: FastAPI) -> None:

@@ -158,11 +158,14 @@ class OutputConfig(BaseModel):
         return v
 
 
-class MessagesRequest(BaseModel):
+class MessagesBody(BaseModel):
+    """A Messages API body, `max_tokens` optional: what `count_tokens` takes (a count has no
+    reply to bound); `MessagesRequest` narrows it to required, in the same place."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
+    max_tokens: int | None = None
     system: str | list[TextBlock] | None = None
     stop_sequences: list[Annotated[str, Field(min_length=1, max_length=1000)]] | None = Field(None, max_length=8)
     temperature: float | None = Field(None, ge=0.0, le=1.0)
@@ -192,7 +195,7 @@ class MessagesRequest(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _format_or_forced_call(self) -> MessagesRequest:
+    def _format_or_forced_call(self) -> MessagesBody:
         if (
             self.reply_schema() is not None
             and self.tool_choice is not None
@@ -209,7 +212,7 @@ class MessagesRequest(BaseModel):
         return fmt.schema_ if fmt else None
 
     @model_validator(mode="after")
-    def _ends_with_user_or_prefill(self) -> MessagesRequest:
+    def _ends_with_user_or_prefill(self) -> MessagesBody:
         """The last message is the user's, or the start of the answer (a prefill) for the
         reply to go on from: text only, after a user's message, as Anthropic's API takes it."""
         last = self.messages[-1]
@@ -276,6 +279,10 @@ class MessagesRequest(BaseModel):
         if not tools or choice is None or choice.type not in ("any", "tool") or family is None:
             return None
         return formats.grammar(family, tools, only=choice.name)
+
+
+class MessagesRequest(MessagesBody):
+    max_tokens: int = Field(ge=1)  # required for a reply (Anthropic's API requires it)
 
     def sampling(self, defaults: dict[str, float]) -> dict[str, Any]:
         """The engine's sampling fields, what the request left out from `defaults` (the model
