@@ -5,6 +5,9 @@ Compiled modules are kept, whatever PYTHONDONTWRITEBYTECODE says (some images se
 without them every run compiles and assert-rewrites the project again in each worker, and
 each server a slow test starts compiles it again (the fast tier, 2 cores: 73-74 s against
 63-65 s with them kept). __pycache__/ is ignored by git.
+
+And webui is imported before any test module imports gradio, so that gradio skips rewriting
+its stubs in the workers too, as it does in a server (webui/gradio_import.py: ~1.1 s a process).
 """
 
 import os
@@ -12,3 +15,5 @@ import sys
 
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+import radixchat.webui  # noqa: E402,F401  (after the lines above: it is compiled as they say)

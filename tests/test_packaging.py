@@ -447,3 +447,19 @@ def test_tests_edit_no_sys_path_and_import_no_test_module():
     assert REPO / "tests" / "conftest.py" in files and REPO / "tests" / "support" / "server.py" in files
     bad = {str(f.relative_to(REPO)): v for f in files if (v := _harness_violations(f.read_text()))}
     assert bad == {}, bad
+
+
+def test_gradio_writes_no_stub_beside_a_component_once_webui_is_imported(tmp_path):
+    """Gradio's metaclass rewrites a `.pyi` beside every component class it makes (~1.1 s of
+    each process's import); after webui's import it makes none (webui/gradio_import.py)."""
+    import importlib.util
+
+    import gradio  # (the suite imports webui first: tests/__init__.py)
+
+    source = tmp_path / "box.py"
+    source.write_text("import gradio\n\n\nclass Box(gradio.Textbox):\n    EVENTS = []\n")
+    spec = importlib.util.spec_from_file_location("box", source)
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert gradio.component_meta.create_or_modify_pyi.__module__ == "radixchat.webui.gradio_import"
+    assert not source.with_suffix(".pyi").exists()
