@@ -72,10 +72,12 @@ class FakeEngine:
     def stats(self) -> EngineStats:
         with self._lock:
             waiting = len(self._held)
-            return EngineStats(alive=True, running=len(self._open) - waiting, waiting=waiting, max_batch=8)
+            return EngineStats(alive=not self.stopped, running=len(self._open) - waiting, waiting=waiting, max_batch=8)
 
-    # its lifecycle (core.seam.protocol.Lifecycle), as a server would drive it
+    # its lifecycle (core.seam.protocol.Lifecycle), as a server or a model set
+    # (core.engine.models.ServedEngine) drives it
     fatal: str | None = None
+    stopped = released = False
 
     def halt(self) -> None:
         """End every open request as cancelled."""
@@ -84,8 +86,10 @@ class FakeEngine:
         for rid in open_ids:
             self.cancel(rid)
 
-    def stop(self) -> None:
+    def stop(self, release: bool = False) -> None:
+        """`release`: an idle model unloaded (its memory back), as a model set stops one."""
         self.halt()
+        self.stopped, self.released = True, release
 
     def release(self) -> None:
         """Answer every held request now."""

@@ -14,23 +14,14 @@ from radixchat.core.seam.protocol import ModelInfo
 from tests.support.fake_engine import FakeEngine
 
 
-class StoppableFake(FakeEngine):
-    """A FakeEngine a ModelSet can stop (unload)."""
-
-    stopped = False
-
-    def stop(self, release: bool = False) -> None:
-        self.stopped = True
-
-
 def fake_models(
     *folders: Path, cards: dict[str, Card] | None = None, fail: set[str] = frozenset()
-) -> tuple[ModelSet, dict[str, StoppableFake]]:
+) -> tuple[ModelSet, dict[str, FakeEngine]]:
     """A started ModelSet serving `folders` (the first loaded now, the others on first use) and
     the fakes made so far, by model id (each folder's name: tests/support/randmodel.py's)."""
-    made: dict[str, StoppableFake] = {}
+    made: dict[str, FakeEngine] = {}
 
-    def make(settings: Settings, owners) -> StoppableFake:
+    def make(settings: Settings, owners) -> FakeEngine:
         model_id = Path(settings.model).name
         if model_id in fail:
             raise OSError("no memory for it")
@@ -42,7 +33,7 @@ def fake_models(
             vocab_size=256,
             card=(cards or {}).get(model_id),
         )
-        made[model_id] = StoppableFake(f"a reply from {model_id}", info=info)
+        made[model_id] = FakeEngine(f"a reply from {model_id}", info=info)
         return made[model_id]
 
     first, *more = folders
