@@ -470,3 +470,66 @@ def test_work_for_a_client_that_hung_up_is_cancelled():
     (result, gone), took, kept = asyncio.run(run())
     assert result is None and gone and took < 1.0 and stopped == [True]
     assert kept == (7, False)
+
+
+# a forced call's parameters that require an object of their own kind: no call can finish
+ENDLESS = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+
+
+def test_a_forced_call_no_finite_json_can_finish_is_refused_on_every_api(store, alice):
+    """Its grammar would write `{"a":{"a":...` until the constraint engine ran out of depth,
+    mid-reply: a streamed client had its 200 and then a server error."""
+    engine = FakeEngine(info=dataclasses.replace(INFO, tool_format="hermes"))
+    fn = {"name": "f", "parameters": ENDLESS}
+    bodies = {
+        CHAT: {**GOOD, "tools": [{"type": "function", "function": fn}], "tool_choice": "required"},
+        RESPONSES: {
+            "model": "default",
+            "input": "hi",
+            "tools": [{"type": "function", **fn}],
+            "tool_choice": "required",
+        },
+        "/v1/messages": {
+            **GOOD,
+            "max_tokens": 8,
+            "tools": [{"name": "f", "input_schema": ENDLESS}],
+            "tool_choice": {"type": "any"},
+        },
+    }
+    with TestClient(api_app(engine, store), headers={"Authorization": f"Bearer {alice[1]}"}) as client:
+        answers = {path: client.post(path, json={**body, "stream": True}) for path, body in bodies.items()}
+    assert engine.requests == []
+    for path, r in answers.items():
+        assert r.status_code == 400, (path, r.text)
+        assert "no call of these tools can be written" in r.text, (path, r.text)
+    err = answers[CHAT].json()["error"]
+    assert err["param"] == "tools" and err["code"] == "invalid_schema", err
+    assert answers["/v1/messages"].json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_reply_its_own_grammar_failed_mid_stream_is_the_clients_error_on_every_api(store, alice):
+    """The 200 went with the first chunk; the error that ends the stream says whose fault it
+    was (it said server_error, which the SDKs raise as the server's)."""
+    from radixchat.core.seam.requests import GRAMMAR_LIMIT
+
+    bodies = {
+        CHAT: {**GOOD, "stream": True},
+        RESPONSES: {"model": "default", "input": "hi", "stream": True},
+        "/v1/messages": {**GOOD, "max_tokens": 8, "stream": True},
+    }
+    for message, theirs in ((GRAMMAR_LIMIT, True), ("the engine stopped", False)):
+        engine = FakeEngine(fail=message)
+        with TestClient(api_app(engine, store), headers={"Authorization": f"Bearer {alice[1]}"}) as client:
+            texts = {path: client.post(path, json=body).text for path, body in bodies.items()}
+        chat = [e for e in sse(texts[CHAT]) if isinstance(e, dict) and "error" in e]
+        assert chat and chat[0]["error"]["type"] == ("invalid_request_error" if theirs else "server_error"), chat
+        assert chat[0]["error"]["message"] == message
+        failed = [e for e in events(texts[RESPONSES]) if e.get("type") == "response.failed"]
+        assert failed[0]["response"]["error"]["code"] == ("invalid_prompt" if theirs else "server_error"), failed
+        errors = [e for e in events(texts["/v1/messages"]) if e.get("type") == "error"]
+        assert errors[0]["error"]["type"] == ("invalid_request_error" if theirs else "api_error"), errors
+
+
+def events(text: str) -> list[dict]:
+    """Every JSON event's data in a named-event stream (the Responses and Messages APIs')."""
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]

@@ -70,11 +70,22 @@ def test_the_engine_goes_on_after_a_grammar_failed(engine, tight_limits):
         {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
         {"allOf": [{"$ref": "#"}]},
         {"anyOf": [{"$ref": "#"}]},
+        # no finite JSON: each begins well and runs into llguidance's depth mid-reply
+        {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+        {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+        {
+            "$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}},
+            "type": "object",
+            "properties": {"head": {"$ref": "#/$defs/n"}},
+            "required": ["head"],
+        },
     ],
 )
 def test_a_schema_no_reply_can_satisfy_is_refused_before_it_is_queued(engine, schema):
     """A schema defined only by itself admits no JSON at all: its first step failed the
-    request (a 500 to a client, or a 200 and then an error event when streamed)."""
+    request (a 500 to a client, or a 200 and then an error event when streamed). One whose
+    every instance holds another of its own kind admits no finite JSON: the reply failed
+    mid-way, after a streamed client's 200."""
     from radixchat.core.engine.sample.constrain import EMPTY
     from radixchat.core.seam.requests import RequestError
 

@@ -226,7 +226,7 @@ class Finished:
 
 # A request whose grammar (its JSON schema or forced tool call) ran into a limit of the
 # constraint engine mid-reply fails with this sentence: its own input's fault, which the API
-# answers as a 400 (webui/api/generation.py), not as the server's
+# answers as a 400 (webui/api/generation.py), or streamed as a client's error, not the server's
 GRAMMAR_LIMIT = (
     "structured output could not go on: the reply's grammar ran into a limit of the "
     "constraint engine (a simpler schema may work)"
@@ -237,6 +237,11 @@ GRAMMAR_LIMIT = (
 class Failed:
     message: str
     usage: Usage = field(default_factory=Usage)
+
+    @property
+    def theirs(self) -> bool:
+        """The request's own input failed it (GRAMMAR_LIMIT), not the server."""
+        return self.message == GRAMMAR_LIMIT
 
 
 Event = TextDelta | Finished | Failed

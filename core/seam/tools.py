@@ -26,6 +26,9 @@ import json
 import re
 import uuid
 
+from radixchat.core.seam.requests import RequestError
+from radixchat.core.seam.schema_finite import finite
+
 FAMILIES = ("hermes", "llama3", "mistral", "generic")
 MARKERS = {"hermes": "<tool_call>", "llama3": "<|python_tag|>", "mistral": "[TOOL_CALLS]"}
 # the generic format's instructions, before the list of tools (worded for small models)
@@ -37,6 +40,8 @@ GENERIC_HOW = (
 )
 # an example of each tool's call, its arguments' values by type (an example helps small
 # models most: SmolLM2-135M picked the right tool for 3 of 9 questions without one, 6 with)
+# a forced call none of whose tools' parameters any finite JSON satisfies
+NO_CALL = "tools: no call of these tools can be written (the parameters admit no finite JSON)"
 _EXAMPLE = {"string": "...", "integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -115,6 +120,8 @@ def grammar(fam: str, tools: list[dict], only: str | None = None) -> str:
     chosen = [t for t in tools if only is None or t["function"]["name"] == only]
     key = "parameters" if fam == "llama3" else "arguments"
     schema = {"x-guidance": {"whitespace_flexible": False}, "anyOf": [_call_schema(t, key) for t in chosen]}
+    if not finite(schema):  # the call would run into the grammar engine's depth mid-reply
+        raise RequestError(NO_CALL, code="invalid_schema")
     call = "call: %json " + json.dumps(schema)
     if fam == "hermes":
         return 'start: "<tool_call>\\n" call "\\n</tool_call>"\n' + call

@@ -4,7 +4,9 @@ For the web layer's unit tests: the routes, the page's logic and the metrics run
 it in-process, so a request-shape refusal or a page rule is tested without a server
 process, a model or MLX (as vLLM's cpu_test files build a scheduler from a fake config).
 Each request's reply is `reply`, one word a delta, ended at once (finish reason "length"
-when the request's max_tokens cut it short, else "stop"); or the submit raises `refuse`.
+when the request's max_tokens cut it short, else "stop"); or the submit raises `refuse`; or,
+with `fail`, the reply fails with that message after its first word (mid-reply, as a grammar
+that runs into the constraint engine's limits does).
 It counts running and waiting requests as the seam says: what it was given and has not
 ended yet is running (none wait), unless `hold` keeps them all waiting until `release()`.
 """
@@ -17,14 +19,21 @@ import threading
 
 from radixchat.core.seam.handle import Outbox, RequestHandle
 from radixchat.core.seam.protocol import EngineStats, ModelInfo
-from radixchat.core.seam.requests import ChatRequest, Finished, PromptRequest, RequestError, TextDelta, Usage
+from radixchat.core.seam.requests import ChatRequest, Failed, Finished, PromptRequest, RequestError, TextDelta, Usage
 
 INFO = ModelInfo(model_id="fake-model", num_params=1_000_000, dtype="float32", context_length=512, vocab_size=256)
 
 
 class FakeEngine:
-    def __init__(self, reply: str = "a fake reply", *, info: ModelInfo = INFO, refuse: Exception | None = None):
-        self.reply, self._info, self.refuse = reply, info, refuse
+    def __init__(
+        self,
+        reply: str = "a fake reply",
+        *,
+        info: ModelInfo = INFO,
+        refuse: Exception | None = None,
+        fail: str | None = None,
+    ):
+        self.reply, self._info, self.refuse, self.fail = reply, info, refuse, fail
         self.requests: list[ChatRequest | PromptRequest] = []  # every request it accepted, in order
         self.cancelled: list[str] = []
         self.forgotten: list[str] = []  # owners whose cache entries it was told to drop, in order
@@ -122,10 +131,13 @@ class FakeEngine:
         limit = request.sampling.max_tokens
         cut = limit is not None and limit < len(words)
         words = words[:limit] if cut else words
-        for i, w in enumerate(words):
+        for i, w in enumerate(words[:1] if self.fail is not None else words):
             handle.push(TextDelta(w if i == 0 else " " + w))
         usage = Usage(prompt_tokens=handle.prompt_tokens, generated_tokens=len(words), ttft_ms=1.0, total_ms=2.0)
         with self._lock:
             self._open.pop(handle.id, None)
-        handle.push(Finished(" ".join(words), "length" if cut else "stop", usage))
+        if self.fail is not None:
+            handle.push(Failed(self.fail, usage))
+        else:
+            handle.push(Finished(" ".join(words), "length" if cut else "stop", usage))
         self._outbox.flush()

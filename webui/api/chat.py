@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from radixchat.core.seam.requests import ChatRequest, Failed, Finished, PromptRequest, TextDelta, TokenLogprob
 from radixchat.webui.api import generation, toolcalls
 from radixchat.webui.api.deps import EnginesDep, MetricsDep, StoreDep, UserDep, charged_to, engine_for, watch_of
-from radixchat.webui.api.errors import ApiError
+from radixchat.webui.api.errors import ApiError, invalid
 from radixchat.webui.api.generation import CLIENT_GONE, Ledger
 from radixchat.webui.api.shapes import replies as rp
 from radixchat.webui.api.shapes.schema import ChatCompletionRequest, CompletionRequest
@@ -39,6 +39,8 @@ async def chat_completions(
         tools, lark = toolcalls.request_side(body, family)
     except toolcalls.ToolsUnsupported as e:
         raise ApiError(400, str(e), code="tools_unsupported", param="tools") from None
+    except ValueError as e:  # a forced call no tool's parameters let finish
+        raise invalid(e, "tools") from None
     messages = [m.for_template() for m in body.messages]
     thinking = body.thinking()
     if thinking is not None and not engine.info.thinking_switch:
@@ -112,7 +114,8 @@ class _Frames:
         self.id, self.model, self.n, self.include_usage = rp.new_id(prefix), model, n, include_usage
 
     def failed(self, i: int, ev: Failed) -> list[str]:
-        error = rp.ErrorResponse(error=rp.ErrorBody(message=ev.message, type="server_error"))
+        type_, code = ("invalid_request_error", "invalid_schema") if ev.theirs else ("server_error", "engine_error")
+        error = rp.ErrorResponse(error=rp.ErrorBody(message=ev.message, type=type_, code=code))
         return [f"data: {error.model_dump_json()}\n\n"]
 
     async def closing(self, finals: list[Finished] | None) -> list[str]:

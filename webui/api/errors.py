@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixchat.core.seam.requests import RequestError
 from radixchat.webui.api import rows
 
 log = logging.getLogger("radixchat.api")
@@ -48,7 +49,8 @@ def invalid(e: ValueError, otherwise: str | None = None) -> ApiError:
     """A request's check that failed outside pydantic, as its 400: the field its message
     names first ("input: ...", see `_NAMED`) is the param, else `otherwise`."""
     named = _NAMED.match(str(e))
-    return ApiError(400, str(e), code="invalid_value", param=named[1] if named else otherwise)
+    code = e.code if isinstance(e, RequestError) else "invalid_value"  # (one that names its kind)
+    return ApiError(400, str(e), code=code, param=named[1] if named else otherwise)
 
 
 def error_response(

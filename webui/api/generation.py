@@ -32,7 +32,6 @@ from pydantic import ValidationError
 
 from radixchat.core.seam.handle import RequestHandle
 from radixchat.core.seam.requests import (
-    GRAMMAR_LIMIT,
     SEED_MAX,
     Event,
     Failed,
@@ -193,7 +192,7 @@ async def wait_for_ends(request: Request, handles: list[RequestHandle], ledger: 
             h.cancel()  # no-op once finished; frees the slot if this task was cancelled
     await ledger.committed()
     failed = next((ev for ev in finals if isinstance(ev, Failed)), None)
-    if failed is not None and failed.message == GRAMMAR_LIMIT:  # the request's own schema
+    if failed is not None and failed.theirs:  # the request's own schema
         raise ApiError(400, failed.message, "invalid_request_error", "invalid_schema")
     if failed is not None:
         raise ApiError(500, f"generation failed: {failed.message}", "server_error", "engine_error")

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from radixchat.core.seam.requests import GRAMMAR_LIMIT
+from radixchat.core.seam.schema_finite import finite
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -84,7 +85,10 @@ def grammar_for(schema: dict[str, Any] | str) -> str:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=_COMPACT)
     except (ValueError, TypeError) as e:
         raise SchemaError(f"not a usable JSON schema: {e}") from None
-    return _checked(grammar, "JSON schema")
+    grammar = _checked(grammar, "JSON schema")
+    if not finite(json.loads(text) if isinstance(schema, str) else schema):  # (it parsed above)
+        raise SchemaError(EMPTY)  # it would run into llguidance's depth mid-reply
+    return grammar
 
 
 def grammar_of_lark(lark: str) -> str:

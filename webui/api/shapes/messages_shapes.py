@@ -405,7 +405,8 @@ class MessageEvents:
         return [*out, sse("message_delta", end)]
 
     def failed(self, i: int, ev: Failed) -> list[str]:
-        return [sse("error", {"type": "error", "error": {"type": "api_error", "message": ev.message}})]
+        kind = "invalid_request_error" if ev.theirs else "api_error"
+        return [sse("error", {"type": "error", "error": {"type": kind, "message": ev.message}})]
 
     async def closing(self, finals: list[Finished] | None) -> list[str]:
         return [sse("message_stop", {"type": "message_stop"})] if finals is not None else []

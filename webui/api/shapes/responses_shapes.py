@@ -339,7 +339,8 @@ class ResponseEvents:
 
     def failed(self, i: int, ev: Failed) -> list[str]:
         resp = self._response("", "failed")
-        resp["error"] = {"code": "server_error", "message": ev.message}
+        # (the codes a Responses client knows: its input's fault is an invalid prompt)
+        resp["error"] = {"code": "invalid_prompt" if ev.theirs else "server_error", "message": ev.message}
         return [self._event("response.failed", response=resp)]
 
     async def closing(self, finals: list[Finished] | None) -> list[str]:
