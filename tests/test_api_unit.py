@@ -264,7 +264,7 @@ def test_no_auth_takes_no_key_and_has_no_owner(engine):
 
 
 def test_unknown_v1_paths_are_openais_404(http):
-    for method, path in (("GET", "/v1/nothing-here"), ("POST", "/v1/chat/complete"), ("GET", CHAT)):
+    for method, path in (("GET", "/v1/nothing-here"), ("POST", "/v1/chat/complete")):  # (a known one: 405)
         r = http.request(method, path)
         assert r.status_code == 404 and r.json()["error"] == {
             "message": f"unknown route {path}",
@@ -533,3 +533,43 @@ def test_a_reply_its_own_grammar_failed_mid_stream_is_the_clients_error_on_every
 def events(text: str) -> list[dict]:
     """Every JSON event's data in a named-event stream (the Responses and Messages APIs')."""
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def test_a_route_asked_with_another_method_says_which_it_takes(engine):
+    """A GET of /v1/chat/completions was a 404 "unknown route": the route exists."""
+    with TestClient(api_app(engine, no_auth=True)) as client:
+        got = client.get(CHAT)
+        posted = client.post("/v1/models")
+        anthropic = client.get("/v1/messages")
+        unknown = client.get("/v1/nothing")
+    assert got.status_code == 405 and got.headers["allow"] == "POST", got.text
+    assert (
+        got.json()["error"]["code"] == "method_not_allowed" and "takes POST, not GET" in got.json()["error"]["message"]
+    )
+    assert posted.status_code == 405 and posted.headers["allow"] == "GET", posted.text
+    assert anthropic.status_code == 405 and anthropic.json()["error"]["type"] == "invalid_request_error"
+    assert unknown.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"model": "default", "messages": "\xff\xfe"}', b'{"model": "default", "metadata": ' + b"[" * 100_000],
+    ids=["not_utf8", "too_deep"],
+)
+def test_a_body_json_cannot_read_at_all_is_refused_in_words(engine, body):
+    """Bytes that are not UTF-8, or nesting past Python's recursion, got FastAPI's "There was
+    an error parsing the body" with no code (counted on /metrics as reason "400")."""
+    with TestClient(api_app(engine, no_auth=True)) as client:
+        r = client.post(CHAT, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_value" and err["message"].startswith("the request body is not valid JSON"), err
+
+
+def test_a_messages_client_without_a_key_is_told_the_header_it_sends(engine, store):
+    with TestClient(api_app(engine, store)) as client:
+        anthropic = client.post("/v1/messages", json={**GOOD, "max_tokens": 8})
+        openai_ = client.post(CHAT, json=GOOD)
+    assert anthropic.status_code == openai_.status_code == 401
+    assert "x-api-key" in anthropic.json()["error"]["message"]
+    assert "Authorization: Bearer" in openai_.json()["error"]["message"]

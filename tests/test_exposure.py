@@ -230,6 +230,21 @@ def test_a_chunked_body_over_the_limit_is_a_413_in_openais_shape(http):
     assert r.json()["error"]["code"] == "body_too_large" and str(limit) in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_on_the_messages_api_is_a_413_in_anthropics_shape(http, chunked):
+    """Anthropic's SDK reads its own envelope: a body refused by its Content-Length came in
+    OpenAI's (a chunked one did not)."""
+    limit = Settings().max_body_bytes
+    body = b'{"model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "' + b"x" * limit + b'"}]}'
+    content = (body[i : i + 65536] for i in range(0, len(body), 65536)) if chunked else body
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        r = http.post(path, content=content, headers={"content-type": "application/json"})
+        assert r.status_code == 413, r.text
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "request_too_large", r.text
+        assert str(limit) in r.json()["error"]["message"]
+        content = (body[i : i + 65536] for i in range(0, len(body), 65536)) if chunked else body
+
+
 def test_the_page_refuses_a_lone_surrogate_in_words(store):
     from radixchat.webui.page.logic.chat_page import ChatPage, PageError
 

@@ -29,7 +29,7 @@ from radixchat.core.seam.requests import RequestError, owner_of
 from radixchat.core.store import Store
 from radixchat.core.store.auth import api_key_hash
 from radixchat.core.store.types import AuthFailed, Invalid, User
-from radixchat.webui.api.errors import ApiError
+from radixchat.webui.api.errors import ANTHROPIC_PATHS, ApiError
 from radixchat.webui.api.metrics import Metrics
 
 
@@ -75,10 +75,9 @@ def _key_user(request: Request, settings: Settings, store: Store | None) -> User
     scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
     key = bearer.strip() if scheme.lower() == "bearer" else ""
     key = key or request.headers.get("x-api-key", "").strip()
-    if not key:
-        raise ApiError(
-            401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error", "missing_api_key"
-        )
+    if not key:  # told in the header its own API's clients send
+        how = "x-api-key: <key>" if request.url.path.startswith(ANTHROPIC_PATHS) else "Authorization: Bearer <key>"
+        raise ApiError(401, f"missing API key: send '{how}'", "authentication_error", "missing_api_key")
     try:
         user, front_end = store.api_key_holder(key)
     except AuthFailed:

@@ -63,11 +63,14 @@ def error_response(
     path: str = "",
 ) -> JSONResponse:
     """The error in OpenAI's shape; under /v1/messages (Anthropic's API), in Anthropic's."""
+    return JSONResponse(error_body(status, message, type_, code, param, path), status_code=status, headers=headers)
+
+
+def error_body(status: int, message: str, type_: str, code: str | None, param: str | None, path: str) -> dict[str, Any]:
+    """`error_response`'s body, for middleware too (`send_error`)."""
     if path.startswith(ANTHROPIC_PATHS):
-        body = {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
-        return JSONResponse(body, status_code=status, headers=headers)
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+        return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 ANTHROPIC_PATHS = ("/v1/messages",)
@@ -77,6 +80,7 @@ ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "request_too_large",
     422: "invalid_request_error",
     429: "rate_limit_error",
@@ -184,8 +188,16 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
-        await note_refusal(request, exc.status_code, code or str(exc.status_code), str(exc.detail))
-        return error_response(exc.status_code, str(exc.detail), code=code, path=request.url.path)
+        message = str(exc.detail)
+        if exc.status_code == 400 and message == UNREAD:  # what json could not read at all
+            message, code = "the request body is not valid JSON (UTF-8 text, not nested too deep)", "invalid_value"
+        await note_refusal(request, exc.status_code, code or str(exc.status_code), message)
+        return error_response(exc.status_code, message, code=code, path=request.url.path)
+
+
+# FastAPI's words for a body the json module failed on other than by its syntax (bytes that
+# are not UTF-8, nesting past Python's recursion): its own JSONDecodeError is a validation error
+UNREAD = "There was an error parsing the body"
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -235,7 +247,7 @@ class BodyLimit:
     async def _too_large(self, scope: Scope, send: Send) -> None:
         if scope.get("app") is not None:
             count_refusal(scope["app"], scope["path"], "body_too_large")
-        await send_error(send, 413, BodyTooLarge(self.limit).detail, code="body_too_large")
+        await send_error(send, 413, BodyTooLarge(self.limit).detail, code="body_too_large", path=scope["path"])
 
 
 async def send_error(
@@ -245,10 +257,11 @@ async def send_error(
     type_: str = "invalid_request_error",
     code: str | None = None,
     headers: Iterable[tuple[bytes, bytes]] = (),
+    path: str = "",
 ) -> None:
-    """An error in OpenAI's shape from ASGI middleware, where no route (and so no
-    `error_response`) runs."""
-    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+    """An error from ASGI middleware, where no route (and so no `error_response`) runs: in
+    OpenAI's shape, or Anthropic's under its paths (`error_body`)."""
+    body = json.dumps(error_body(status, message, type_, code, None, path)).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
     await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})

@@ -91,7 +91,7 @@ class RefusalThrottle:
             self.throttled += 1
             if scope.get("app") is not None:
                 count_refusal(scope["app"], scope["path"], "too_many_refused")
-            return await self._refuse(send, math.ceil((1.0 - tokens) / self.per_s))
+            return await self._refuse(send, math.ceil((1.0 - tokens) / self.per_s), scope["path"])
         counted = user if scope["path"] in GENERATING and scope.get("method") == "POST" else None
         if counted is not None:
             if self._inflight[counted] >= self._limits.get(counted, math.inf) and (
@@ -99,7 +99,7 @@ class RefusalThrottle:
             ):
                 if scope.get("app") is not None:
                     count_refusal(scope["app"], scope["path"], "user_limit")
-                return await self._at_limit(send, self._inflight[counted])
+                return await self._at_limit(send, self._inflight[counted], scope["path"])
             self._inflight[counted] += 1
 
         def done() -> None:
@@ -197,7 +197,7 @@ class RefusalThrottle:
         while len(table) > self.max_clients:
             table.popitem(last=False)
 
-    async def _at_limit(self, send: Send, mine: int) -> None:
+    async def _at_limit(self, send: Send, mine: int, path: str) -> None:
         error = UserLimit(mine)
         await send_error(
             send,
@@ -206,9 +206,10 @@ class RefusalThrottle:
             "requests",
             error.code,
             headers=[(b"retry-after", b"2"), (b"connection", b"close")],  # its body is not read
+            path=path,
         )
 
-    async def _refuse(self, send: Send, retry_after: int) -> None:
+    async def _refuse(self, send: Send, retry_after: int, path: str) -> None:
         await send_error(
             send,
             429,
@@ -217,4 +218,5 @@ class RefusalThrottle:
             "too_many_refused",
             # its body is not read: the connection cannot be reused
             headers=[(b"retry-after", str(retry_after).encode()), (b"connection", b"close")],
+            path=path,
         )

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.routing import APIRoute
+from starlette.routing import Match
 
 from radixchat.webui.api import chat, messages, models, responses
 from radixchat.webui.api.errors import ApiError
@@ -44,7 +46,12 @@ SERVED = "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and
 
 
 @unknown_router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-def unknown(path: str) -> None:  # it only raises (NoReturn would be read as a response model)
+def unknown(request: Request, path: str) -> None:  # it only raises (NoReturn would be read as a response model)
+    for route in (r for router in OPENAI_ROUTERS for r in router.routes):  # one of ours, by another method
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] == Match.PARTIAL:
+            allowed = ", ".join(sorted(route.methods))
+            message = f"/v1/{path} takes {allowed}, not {request.method}"
+            raise ApiError(405, message, "invalid_request_error", "method_not_allowed", headers={"Allow": allowed})
     if path.split("/")[0] in NOT_SERVED:
         message = f"/v1/{path.split('/')[0]} is not served by this server (it serves {SERVED})"
         raise ApiError(404, message, "invalid_request_error", "not_served")
