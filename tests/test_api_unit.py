@@ -573,3 +573,17 @@ def test_a_messages_client_without_a_key_is_told_the_header_it_sends(engine, sto
     assert anthropic.status_code == openai_.status_code == 401
     assert "x-api-key" in anthropic.json()["error"]["message"]
     assert "Authorization: Bearer" in openai_.json()["error"]["message"]
+
+
+def test_an_engines_refusal_names_the_field_each_api_sends(store, alice):
+    """The engine's check starts with the field ("response_format: ..."): that is the param,
+    and on the Messages API it is Anthropic's name for the field (it said "response_format",
+    which Anthropic's clients never send, and the param was null)."""
+    from radixchat.core.seam.requests import RequestError
+
+    refusal = RequestError("response_format: not a usable JSON schema: no", code="invalid_schema")
+    with TestClient(api_app(FakeEngine(refuse=refusal), store), headers={"x-api-key": alice[1]}) as client:
+        chat = client.post(CHAT, json=GOOD).json()["error"]
+        anthropic = client.post("/v1/messages", json={**GOOD, "max_tokens": 8}).json()["error"]
+    assert chat["param"] == "response_format" and chat["code"] == "invalid_schema", chat
+    assert anthropic["message"] == "output_config.format: not a usable JSON schema: no", anthropic

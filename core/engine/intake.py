@@ -316,12 +316,14 @@ class Intake(EngineParts):
             )
         if sampling.top_k > m.vocab_size:
             raise RequestError(
-                f"top_k must be at most the model's vocabulary size ({m.vocab_size}), got {sampling.top_k}"
+                f"top_k: must be at most the model's vocabulary size ({m.vocab_size}), got {sampling.top_k}",
+                code="invalid_value",
             )
         if sampling.logit_bias and max(sampling.logit_bias) >= m.vocab_size:
             raise RequestError(
                 f"logit_bias: token {max(sampling.logit_bias)} is not in the model's "
-                f"vocabulary of {m.vocab_size} tokens"
+                f"vocabulary of {m.vocab_size} tokens",
+                code="invalid_value",  # (as the request's own checks of the field say)
             )
         if constraint is None and sampling.constrained:
             constraint = self.constraint(sampling, owner)

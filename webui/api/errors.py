@@ -48,9 +48,14 @@ class ApiError(Exception):
 def invalid(e: ValueError, otherwise: str | None = None) -> ApiError:
     """A request's check that failed outside pydantic, as its 400: the field its message
     names first ("input: ...", see `_NAMED`) is the param, else `otherwise`."""
-    named = _NAMED.match(str(e))
     code = e.code if isinstance(e, RequestError) else "invalid_value"  # (one that names its kind)
-    return ApiError(400, str(e), code=code, param=named[1] if named else otherwise)
+    return ApiError(400, str(e), code=code, param=named_field(str(e)) or otherwise)
+
+
+def named_field(message: str) -> str | None:
+    """The field a check's message starts with ("response_format: ..."), if it names one."""
+    named = _NAMED.match(message)
+    return named[1] if named else None
 
 
 def error_response(

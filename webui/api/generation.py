@@ -43,7 +43,7 @@ from radixchat.core.seam.requests import (
 from radixchat.core.store import Store
 from radixchat.core.store.types import RequestRecord, User
 from radixchat.webui.api import rows
-from radixchat.webui.api.errors import ApiError
+from radixchat.webui.api.errors import ApiError, named_field
 from radixchat.webui.api.metrics import Metrics
 from radixchat.webui.request_end import RequestEnd
 
@@ -137,7 +137,12 @@ async def submit(ledger: Ledger, build: Build) -> RequestHandle:
         # is a 400 (litellm: ContextWindowExceededError), a busy server a 429 "requests"
         status = 400 if e.code == "context_length_exceeded" else e.status
         type_ = {429: "requests", 503: "server_error"}.get(status, "invalid_request_error")
-        err = ApiError(status, e.message, type_, e.code, headers=headers)
+        message = e.message
+        if ledger.route == "messages" and message.startswith("response_format: "):  # (the engine's
+            # name of the field; Anthropic's clients send this one)
+            message = "output_config.format: " + message.removeprefix("response_format: ")
+        param = named_field(message) if status == 400 else None
+        err = ApiError(status, message, type_, e.code, param, headers=headers)
     else:
         # hooked before anything is awaited: the end is recorded even if the client
         # leaves before its response starts
