@@ -89,6 +89,11 @@ def test_ask_goes_to_a_server_already_running_at_its_port(keyed):
     out = run("ask", "hi", "--port", port, env={"RADIXCHAT_API_KEY": ""})
     assert out.returncode != 0 and "--api-key" in out.stderr and "--local" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+    # --max-tokens is the reply's length there too (it was ignored: 192 tokens for --max-tokens 40)
+    out = run("ask", "What is a list?", "--port", port, "--api-key", key, "--max-tokens", "3", "--step-tokens", "64")
+    assert out.returncode == 2 and "--step-tokens only sets up a model loaded here" in out.stderr, out.stderr
+    out = run("ask", "What is a list?", "--port", port, "--api-key", key, "--max-tokens", "3")
+    assert out.returncode == 0 and "generated 3 tok" in out.stderr, out.stderr
 
 
 @pytest.mark.slow

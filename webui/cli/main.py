@@ -475,6 +475,11 @@ def serve_banner(settings: Settings, n_users: int, addresses: list[str] | None =
     return lines
 
 
+# what `ask` reads of the settings' flags when a running server answers: where it is, which
+# of its models, how long a reply (the rest set up a model loaded here, and are refused)
+ASK_SERVER_READS = {"host", "port", "model", "max_tokens"}
+
+
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> None:
     from radixchat.core.seam.requests import ChatRequest, Failed, Finished, RequestError, TextDelta
 
@@ -491,8 +496,14 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> None:
 
     url = None if args.local else running_server(settings)
     if url is not None:  # its model is loaded already: it answers in a moment
+        given = [k for k in vars(args) if k in Settings.model_fields and k not in ASK_SERVER_READS]
+        if given:  # they set up a model loaded here, which this server's replaces
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            _refuse(f"the server at {url} answers, and {flags} only sets up a model loaded here: add --local")
         model = getattr(args, "model", None)
-        sampling = {"temperature": args.temperature, "seed": args.seed, "max_tokens": args.max_new_tokens}
+        given_length = settings.max_tokens if "max_tokens" in vars(args) else None  # (--max-tokens, read as a number)
+        length = args.max_new_tokens if args.max_new_tokens is not None else given_length
+        sampling = {"temperature": args.temperature, "seed": args.seed, "max_tokens": length}
         return ask_server(url, args.api_key, model[0] if model else "default", messages, sampling)
     engine = _start_engine(settings)
     try:
