@@ -283,6 +283,10 @@ def test_search_finds_ones_own_chats_by_their_messages(server):
                 sign_in(page, server.url, name)
                 ready(page)
                 new_chat(page)
+                # what a screen reader names them (it was Gradio's defaults: "Textbox", "Radio")
+                assert page.get_by_role("textbox", name="Message", exact=True).count() == 1
+                assert page.get_by_role("textbox", name="Search your chats", exact=True).count() == 1
+                assert page.get_by_role("textbox", name="Textbox", exact=True).count() == 0
             send(alice, QUOKKA)
             send(bob, "Quokka-7781 do wombats and quokkas meet?")
             for page in pages.values():

@@ -57,6 +57,7 @@ def chat_area() -> ChatArea:
         # one row that never wraps, so Send/Stop stays beside the box on a phone
         with gr.Row(elem_id="compose"):
             message = gr.Textbox(
+                label="Message",  # (hidden, but what a screen reader names it: else "Textbox")
                 placeholder="Message (Enter sends, Shift+Enter: new line)",
                 show_label=False,
                 lines=1,

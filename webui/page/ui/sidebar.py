@@ -33,15 +33,20 @@ def sidebar() -> Sidebar:
     # closed at first: OPEN_WIDE opens it beside the chat on a wide screen, a phone keeps the page
     with gr.Sidebar(open=False, width=280, elem_id="sidebar"):
         new = gr.Button("New chat", variant="primary", size="sm", elem_id="new-chat")
-        search = gr.Textbox(
-            placeholder="Search your chats", show_label=False, container=False, max_lines=1, elem_id="search"
+        search = gr.Textbox(  # labels hidden, but what a screen reader names them (else "Textbox", "Radio")
+            label="Search your chats",
+            placeholder="Search your chats",
+            show_label=False,
+            container=False,
+            max_lines=1,
+            elem_id="search",
         )
         # shown by the page's CSS (webui/page/ui/style.py) while a search is typed and lists nothing
         gr.Markdown("No chat matches this search.", elem_id="search-none")
         # and while nothing is typed and the list is empty: a first visit, before a first message
         gr.Markdown("Your chats will be listed here once you send a first message.", elem_id="chats-none")
         undo = gr.Button("Undo delete", size="sm", visible=False, elem_id="undo")
-        conv_list = gr.Radio(show_label=False, container=False, elem_id="conv-list")
+        conv_list = gr.Radio(label="Your chats", show_label=False, container=False, elem_id="conv-list")
         undo_timer = gr.Timer(UNDO_S, active=False)
         about = gr.Markdown(elem_id="side-about")
         # rendered but not shown: the browser presses the one, and the other's change is an event
