@@ -44,8 +44,9 @@ MAX_TOKENS = "600"  # a reply of many seconds on this model: it can be stopped a
 BOX = "document.querySelector('#message textarea').value"
 BUTTON = "document.querySelector('#send').innerText.trim()"
 STREAMING = f"(({LAST_BOT})()).includes('▍')"
-CHATS = "[...document.querySelectorAll('#conv-list label')].map(l => l.innerText.trim())"
-PICKED = "document.querySelector('#conv-list label.selected')?.innerText.trim() || ''"
+# (textContent: a phone's closed drawer is hidden, and innerText reads only what is shown)
+CHATS = "[...document.querySelectorAll('#conv-list label')].map(l => l.textContent.trim())"
+PICKED = "document.querySelector('#conv-list label.selected')?.textContent.trim() || ''"
 DRAFTS = "Object.keys(localStorage).filter(k => k.startsWith('radixchat.draft.')).sort()"
 USERS = {"1280": ("alice", WIDE), "390": ("bob", PHONE)}
 TOAST_TITLES = """() => new MutationObserver(() => document.querySelectorAll('.toast-title')

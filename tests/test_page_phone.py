@@ -77,6 +77,9 @@ def test_header_is_one_line_and_the_box_and_send_are_on_screen_at_load(server, b
         assert name <= line, (name, line)
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
         if size["width"] <= 768:
+            # closed, the drawer's controls are off-screen and out of the tab order (they were
+            # tabbed to, at x -370 to -32)
+            assert not page.locator("#new-chat").is_visible() and not page.locator("#search input").is_visible()
             # the drawer holds what the header's one line had no room for
             page.locator("#sidebar .toggle-button").click()
             page.wait_for_function("document.querySelector('#sidebar').classList.contains('open')")
@@ -84,6 +87,7 @@ def test_header_is_one_line_and_the_box_and_send_are_on_screen_at_load(server, b
             about = page.locator("#side-about")
             assert about.is_visible() and "bob signed in" in about.inner_text()
             assert "Llama-3.2-3B-Instruct-long-name-4bit-mlx" in about.inner_text()
+            assert page.locator("#new-chat").is_visible()
             shots(page, f"drawer-{size['width']}")
     finally:
         page.context.close()

@@ -41,6 +41,9 @@ CSS = """
 /* the Server tab's row names break between words, not inside them, on a phone */
 :is(#server-summary, #your-usage) :is(th, td) { overflow-wrap: normal; word-break: normal; }
 #side-about { display: none; }
+/* a closed drawer's controls, off-screen, leave the tab order and what a screen reader reads
+   (once it has slid out: visibility waits the slide's 0.3 s; opening shows them at once) */
+#sidebar:not(.open) .sidebar-content { visibility: hidden; transition: visibility 0s linear 0.3s; }
 /* a search that lists nothing says so: the box holds text and the list has no chat in it */
 #search-none, #chats-none { display: none; }
 #sidebar:has(#search :is(textarea, input):not(:placeholder-shown)):not(:has(#conv-list label)) #search-none
