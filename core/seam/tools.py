@@ -38,10 +38,10 @@ GENERIC_HOW = (
     'Rome" output {"name": "get_weather", "arguments": {"city": "Rome"}}. Otherwise reply in '
     "text.\nTools:"
 )
-# an example of each tool's call, its arguments' values by type (an example helps small
-# models most: SmolLM2-135M picked the right tool for 3 of 9 questions without one, 6 with)
 # a forced call none of whose tools' parameters any finite JSON satisfies
 NO_CALL = "tools: no call of these tools can be written (the parameters admit no finite JSON)"
+# an example of each tool's call, its arguments' values by type (an example helps small
+# models most: SmolLM2-135M picked the right tool for 3 of 9 questions without one, 6 with)
 _EXAMPLE = {"string": "...", "integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
