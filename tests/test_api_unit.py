@@ -587,3 +587,24 @@ def test_an_engines_refusal_names_the_field_each_api_sends(store, alice):
         anthropic = client.post("/v1/messages", json={**GOOD, "max_tokens": 8}).json()["error"]
     assert chat["param"] == "response_format" and chat["code"] == "invalid_schema", chat
     assert anthropic["message"] == "output_config.format: not a usable JSON schema: no", anthropic
+
+
+def test_an_assistant_message_as_the_openai_sdk_dumps_it_is_taken(http):
+    """`message.model_dump()` holds `"function_call": null` (and, from `parse`, `parsed`): an
+    agent that sends its SDK's reply back got a 400 at every later turn. A legacy call that is
+    set is still refused."""
+    dumped = {
+        "role": "assistant",
+        "content": '{"a": 1}',
+        "function_call": None,
+        "tool_calls": None,
+        "refusal": None,
+        "annotations": [],
+        "audio": None,
+        "parsed": {"a": 1},
+    }
+    turns = [{"role": "user", "content": "hi"}, dumped, {"role": "user", "content": "and?"}]
+    assert http.post(CHAT, json={**GOOD, "messages": turns}).status_code == 200
+    legacy = {**dumped, "function_call": {"name": "f", "arguments": "{}"}}
+    r = http.post(CHAT, json={**GOOD, "messages": [turns[0], legacy, turns[2]]})
+    assert r.status_code == 400 and "legacy function-calling" in r.json()["error"]["message"], r.text

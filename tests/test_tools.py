@@ -164,6 +164,13 @@ def test_a_required_call_round_trip_through_the_official_client(tool_server):
         model="default", messages=follow, tools=[WEATHER, TIME], max_tokens=5, temperature=0
     )
     assert after.usage.prompt_tokens > out.usage.prompt_tokens + 10
+    # as an agent sends it back: the SDK's whole dump of the reply (its "function_call": null
+    # was refused, a 400 for every later turn)
+    dumped = msgs + [choice.message.model_dump(), follow[-1]]
+    again = c.chat.completions.create(
+        model="default", messages=dumped, tools=[WEATHER, TIME], max_tokens=5, temperature=0
+    )
+    assert again.usage.prompt_tokens == after.usage.prompt_tokens
 
 
 def _responses_tool(tool: dict) -> dict:

@@ -51,6 +51,9 @@ class ToolCall(BaseModel):
     function: CalledFunction
 
 
+INFORMATIONAL = ("refusal", "annotations", "audio", "parsed")  # of a message: accepted, cannot change the reply
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -72,8 +75,11 @@ class Message(BaseModel):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind in ("image_url", "input_image", "input_audio", "file", "image", "audio"):
                     raise ValueError(f"content: this model takes text only (got a {kind} part)")
-        # informational fields of a message; anything else is refused by extra="forbid"
-        return {k: v for k, v in data.items() if k not in ("refusal", "annotations", "audio")}
+        # informational fields of a message (an assistant's as the openai SDK dumps it: `parsed`
+        # is its parse of the content), and the legacy call's field in its off value (the SDK's
+        # `model_dump()` of any reply holds `"function_call": null`); anything else is refused by
+        # extra="forbid"
+        return {k: v for k, v in data.items() if k not in INFORMATIONAL and not (k == "function_call" and v is None)}
 
     @model_validator(mode="after")
     def _has_content(self) -> Message:
