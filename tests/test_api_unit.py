@@ -608,3 +608,24 @@ def test_an_assistant_message_as_the_openai_sdk_dumps_it_is_taken(http):
     legacy = {**dumped, "function_call": {"name": "f", "arguments": "{}"}}
     r = http.post(CHAT, json={**GOOD, "messages": [turns[0], legacy, turns[2]]})
     assert r.status_code == 400 and "legacy function-calling" in r.json()["error"]["message"], r.text
+
+
+def test_a_refusal_says_what_is_wrong_and_where(store, alice):
+    """A Messages request forcing a tool it does not list was told no call could be written;
+    a chat ending with the assistant's message said "None: Value error, ..." with no param."""
+    engine = FakeEngine(info=dataclasses.replace(INFO, tool_format="hermes"))
+    with TestClient(api_app(engine, store), headers={"x-api-key": alice[1]}) as client:
+        forced = client.post(
+            "/v1/messages",
+            json={
+                **GOOD,
+                "max_tokens": 8,
+                "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                "tool_choice": {"type": "tool", "name": "nope"},
+            },
+        )
+        last = client.post(CHAT, json={**GOOD, "messages": [*GOOD["messages"], {"role": "assistant", "content": "x"}]})
+    assert forced.status_code == 400 and "names a tool that is not in tools" in forced.text, forced.text
+    err = last.json()["error"]
+    assert last.status_code == 400 and err["param"] == "messages", err
+    assert err["message"].startswith("messages: the last message must come from the user"), err

@@ -171,9 +171,9 @@ class ChatRequest(BaseModel):
         last = self.messages[-1]
         if not self.continue_final:
             if last.role == "assistant":
-                raise ValueError("the last message must come from the user or system, not the assistant")
+                raise ValueError("messages: the last message must come from the user or system, not the assistant")
         elif last.role != "assistant" or last.tool_calls or len(self.messages) < 2:
-            raise ValueError("continuing needs an assistant's text after another message to go on from")
+            raise ValueError("messages: continuing needs an assistant's text after another message to go on from")
         return self
 
 

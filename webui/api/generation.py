@@ -129,8 +129,12 @@ async def submit(ledger: Ledger, build: Build) -> RequestHandle:
         handle = await build()
     except ValidationError as e:
         first = e.errors()[0]
-        field_ = ".".join(map(str, first["loc"])) or None
-        err = ApiError(400, f"{field_}: {first['msg']}", code="invalid_value", param=field_)
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        field_ = ".".join(map(str, first["loc"])) or named_field(msg)  # (a check of the whole
+        # request names its field itself: "messages: ...")
+        err = ApiError(
+            400, msg if msg.startswith(f"{field_}: ") else f"{field_}: {msg}", code="invalid_value", param=field_
+        )
     except RequestError as e:
         headers = {"Retry-After": "2"} if e.status in (429, 503) else None
         # OpenAI's statuses and types, which clients map to their exceptions: an overflow

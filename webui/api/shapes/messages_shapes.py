@@ -195,6 +195,15 @@ class MessagesBody(BaseModel):
         return data
 
     @model_validator(mode="after")
+    def _choice_in_tools(self) -> MessagesBody:
+        choice = self.tool_choice
+        if choice is not None and choice.type == "tool" and choice.name not in {t.name for t in self.tools or []}:
+            raise ValueError("tool_choice.name: names a tool that is not in tools")
+        if choice is not None and choice.type == "any" and not self.tools:
+            raise ValueError("tool_choice: any needs tools")
+        return self
+
+    @model_validator(mode="after")
     def _format_or_forced_call(self) -> MessagesBody:
         if (
             self.reply_schema() is not None
