@@ -86,6 +86,21 @@ def test_users_create_and_authenticate(store, alice):
     assert [u.name for u in store.list_users()] == ["alice"]
 
 
+def test_an_account_cannot_take_a_front_ends_end_user_name(store):
+    """`a/b` names front end `a`'s end user `b`: an account of that name (with a password)
+    took over what the front end said of `b` once `a` became a front end."""
+    with pytest.raises(Invalid, match="'/' is kept for a front end's end users"):
+        store.create_user("webui/dave", "dave-password")
+    front = store.create_user("webui", "webui-password")
+    assert store.end_user(front, "dave").name == "webui/dave"  # the front end's own requests make them
+
+
+def test_a_keys_label_is_one_line(store, alice):
+    with pytest.raises(Invalid, match="one line"):
+        store.create_api_key(alice, "multi\nline")
+    assert store.create_api_key(alice, "laptop – ünïcode")[0].label == "laptop – ünïcode"
+
+
 def test_remove_user_takes_their_data_and_keeps_metrics(store, alice, bob):
     conv = store.create_conversation(alice, "mine")
     store.append_reply(alice, conv.id, "hi", RequestRecord(prompt_tokens=3, generated_tokens=1))

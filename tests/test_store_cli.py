@@ -67,6 +67,8 @@ def test_users_keys_lifecycle(db, pwfile):
     assert out.returncode == 0 and "revoked" in out.stdout, out.stderr
     with Store(db, scrypt=CHEAP) as store, pytest.raises(AuthFailed, match="revoked"):
         store.verify_api_key(key)
+    again = run("keys", "revoke", key[:10], "--db", db)  # it said "revoked" again
+    assert again.returncode == 0 and "was revoked already" in again.stdout, again.stdout
     assert refused(run("keys", "revoke", "rc-nothere", "--db", db), "not found")
     assert refused(run("keys", "create", "nobody", "--db", db), "user 'nobody' not found")
 
@@ -99,8 +101,14 @@ def test_users_admin_makes_an_admin_and_off_ends_it_but_never_the_last(db, pwfil
     assert out.returncode == 0 and out.stdout.strip() == "alice is no longer an admin", out.stderr
     assert refused(run("users", "admin", "bob", "--off", "--db", db), "bob is the last admin")
     assert refused(run("users", "admin", "nobody", "--db", db), "user 'nobody' not found")
+    assert run("users", "admin", "bob", "--db", db).stdout.strip() == "bob is already an admin"
     with Store(db, scrypt=CHEAP) as store:
         assert [(a.name, a.admin) for a in store.accounts()] == [("alice", False), ("bob", True)]
+    # the last admin may go (the next account made is one), and the command says so
+    out = run("users", "remove", "bob", "--db", db)
+    assert out.returncode == 0 and "no admin is left: the next account added will be one" in out.stdout, out.stdout
+    # a front end's end user's name is not an account's, refused before the password is asked
+    assert refused(run("users", "add", "webui/dave", "--db", db), "'/' is kept for a front end's end users")
 
 
 @pytest.mark.slow

@@ -40,6 +40,7 @@ from radixchat.core.store.types import (
     NotFound,
     User,
     as_id,
+    check_account_name,
     check_name,
     check_password,
     check_text,
@@ -86,8 +87,13 @@ class AccountsMixin(StoreBase):
     def create_user(self, name: str, password: str, *, admin: bool = False, account: bool = True) -> User:
         """A new user; an admin if `admin`, and always the first account made while no user is
         an admin (someone must be). `account=False`: a user nobody signs in as (--no-auth's one
-        local user, a front end's end users), never an admin, and no first account either."""
-        check_name(name)
+        local user, a front end's end users), never an admin, and no first account either. An
+        account's name has no '/': FRONT/USER names a front end's end user, whom only that front
+        end's requests make (an account `a/b` took over what front end `a` said of user `b`)."""
+        if account:
+            check_account_name(name)
+        else:
+            check_name(name)
         check_password(password)
         taken = "SELECT 1 FROM users WHERE name = ?"
         with self._tx(write=False) as db:  # a quick refusal, before the slow hash
@@ -185,7 +191,8 @@ class AccountsMixin(StoreBase):
 
     def remove_user(self, name: str) -> int:
         """Delete a user with their conversations, messages and keys; their request metrics
-        stay, unlinked. Returns how many conversations went with them."""
+        stay, unlinked. Returns how many conversations went with them. (The last admin may
+        go: the next account made is then an admin, `create_user`.)"""
         with self._tx(write=True) as db:
             row = db.execute("SELECT id, cache_key FROM users WHERE name = ?", [name]).fetchone()
             if row is None:
@@ -294,6 +301,8 @@ class AccountsMixin(StoreBase):
         `front_end`: a trusted front end's key, whose requests may name their end user."""
         uid = user_id(user)
         label = check_text(label, "label", MAX_LABEL_CHARS, allow_empty=True).strip()
+        if not label.isprintable():  # a key's listing is a line a key
+            raise Invalid("label: one line of printable text")
         key = auth.new_api_key()
         now = time.time()
         with self._tx(write=True) as db:

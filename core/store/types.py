@@ -243,6 +243,15 @@ def check_name(name: Any) -> str:
     return name
 
 
+def check_account_name(name: Any) -> str:
+    """`check_name`, for an account someone signs in as: no '/', which is kept for a front
+    end's end users (FRONT/USER), whom only that front end's requests make."""
+    check_name(name)
+    if "/" in name:
+        raise Invalid(f"bad user name {name!r}: '/' is kept for a front end's end users (FRONT/USER)")
+    return name
+
+
 def check_password(password: Any) -> str:
     check_text(password, "password", MAX_PASSWORD_CHARS, allow_empty=True)
     if len(password) < MIN_PASSWORD_CHARS:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -41,7 +42,9 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="read the password from the first line of this file ('-' for stdin) instead of asking",
     )
 
-    users = sub.add_parser("users", help="add, list or remove users").add_subparsers(dest="action", required=True)
+    users = sub.add_parser(
+        "users", help="add, list, remove users; set a password; make or unmake an admin"
+    ).add_subparsers(dest="action", required=True)
     p = users.add_parser("add", parents=[db, pw], help="add a user")
     p.add_argument("name")
     p.add_argument(
@@ -150,9 +153,9 @@ def _when(ts: float | None) -> str:
 
 
 def cmd_users_add(args: argparse.Namespace) -> int:
-    from radixchat.core.store import check_name, check_password
+    from radixchat.core.store import check_account_name, check_password
 
-    check_name(args.name)  # before asking for a password that would be refused anyway
+    check_account_name(args.name)  # before asking for a password that would be refused anyway
     password = _read_password(args)
     check_password(password)
     with _open(args) as store:
@@ -175,8 +178,12 @@ def cmd_users_list(args: argparse.Namespace) -> int:
 
 def cmd_users_remove(args: argparse.Namespace) -> int:
     with _open(args) as store:
+        was_admin = store.is_admin(args.name)
         n = store.remove_user(args.name)
+        admins = was_admin and any(a.admin and a.disabled is None for a in store.accounts())
     print(f"removed user {args.name} and {n} conversation{'s' * (n != 1)}")
+    if was_admin and not admins:  # (the store's rule: someone must be, and can then be made one)
+        print("no admin is left: the next account added will be one (or: radixchat users admin NAME)")
     print("their page sessions end, and a running server drops their cached prompts within seconds")
     return 0
 
@@ -194,8 +201,12 @@ def cmd_users_passwd(args: argparse.Namespace) -> int:
 
 def cmd_users_admin(args: argparse.Namespace) -> int:
     with _open(args) as store:
+        was = store.is_admin(args.name)
         store.set_admin(args.name, not args.off)
-    print(f"{args.name} is {'no longer' if args.off else 'now'} an admin")
+    if was == (not args.off):
+        print(f"{args.name} {'was not' if args.off else 'is already'} an admin")
+    else:
+        print(f"{args.name} is {'no longer' if args.off else 'now'} an admin")
     return 0
 
 
@@ -218,9 +229,13 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    asked = time.time()
     with _open(args) as store:
         k = store.revoke_api_key(args.key)
-    print(f"revoked API key {k.visible}... of {k.owner_name}")
+    if k.revoked is not None and k.revoked < asked:
+        print(f"API key {k.visible}... of {k.owner_name} was revoked already, {_when(k.revoked)}")
+    else:
+        print(f"revoked API key {k.visible}... of {k.owner_name}")
     return 0
 
 
