@@ -132,6 +132,11 @@ def test_export_json_and_markdown(db):
     assert "## Assistant\n\nA sequence." in out.stdout
     assert refused(run("export", "bob", str(conv.id), "--db", db), f"conversation {conv.id} not found")
     assert refused(run("export", "carol", str(conv.id), "--db", db), "user 'carol' not found")
+    # without an id, the ids there are (nothing listed them: USERS.md's `export alice 12` was a guess)
+    listed = run("export", "alice", "--db", db)
+    assert listed.returncode == 0 and listed.stdout.split()[0] == str(conv.id) and "Lists" in listed.stdout
+    none = run("export", "bob", "--db", db)
+    assert none.returncode == 0 and none.stdout == "" and "bob has no conversations" in none.stderr
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@
     radixchat users admin NAME [--off]              # an admin, or no longer one (never the last)
     radixchat keys create NAME [--label L] [--front-end]  # prints the key, once
     radixchat keys list [NAME] | keys revoke KEY    # KEY: the whole key or its listed start
-    radixchat export NAME ID [--format json|md] [--output FILE]
+    radixchat export NAME [ID] [--format json|md] [--output FILE]   (no ID: the ids, listed)
 
 Each takes `--db PATH` (default: the `db` setting, RADIXCHAT_DB or the per-user data folder).
 They need neither MLX nor a running server, so webui.cli.main dispatches them before loading
@@ -84,9 +84,9 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("key")
     p.set_defaults(admin=cmd_keys_revoke)
 
-    p = sub.add_parser("export", parents=[db], help="print one of a user's conversations")
+    p = sub.add_parser("export", parents=[db], help="print one of a user's conversations (without ID: list them)")
     p.add_argument("name", help="the user who owns the conversation")
-    p.add_argument("id", help="conversation id")
+    p.add_argument("id", nargs="?", default=None, help="conversation id (left out: their conversations, listed)")
     p.add_argument("--format", choices=("json", "md"), default="json")
     p.add_argument("--output", "-o", type=Path, default=None, help="write here instead of stdout")
     p.set_defaults(admin=cmd_export)
@@ -240,6 +240,15 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.id is None:  # which ids there are: the newest first, archived ones too
+        with _open(args) as store:
+            convs = store.list_conversations(store.get_user(args.name), archived=None, limit=10_000)
+        for c in convs:
+            state = "  archived" if c.archived else ""
+            print(f"{c.id:>6}  {_when(c.updated)}  {c.title}{state}")
+        if not convs:
+            print(f"{args.name} has no conversations", file=sys.stderr)
+        return 0
     with _open(args) as store:
         text = store.export_conversation(store.get_user(args.name), args.id, args.format)
     if args.output is None:
