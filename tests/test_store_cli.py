@@ -151,8 +151,11 @@ def test_bad_input_is_one_line(db, pwfile, tmp_path):
     # no terminal to ask on (own session, stdin closed): told to use --password-file
     out = run("users", "add", "carol", "--db", db, stdin=subprocess.DEVNULL, start_new_session=True)
     assert refused(out, "--password-file")
-    out = run("users", "list", "--db", db)
-    assert out.returncode == 0 and out.stdout == ""  # nothing was added by the refusals
+    # nothing was made by the refusals, not even the database; a command that only reads
+    # makes none (a mistyped --db made an empty one and said there were no users)
+    assert refused(run("users", "list", "--db", db), "no database at")
+    assert refused(run("keys", "list", "--db", str(tmp_path / "typo" / "x.db")), "no database at")
+    assert not (tmp_path / "typo").exists()
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not a database" * 100)
     assert refused(run("users", "list", "--db", str(junk)), "cannot open")

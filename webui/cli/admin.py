@@ -107,7 +107,9 @@ def run_admin(args: argparse.Namespace) -> int:
         return 130
 
 
-def _open(args: argparse.Namespace) -> Store:
+def _open(args: argparse.Namespace, make: bool = False) -> Store:
+    """The store at --db (or the settings' default). Only `make` (a user's adding) may create
+    it: any other command on a mistyped path made an empty database and said there were no users."""
     from pydantic import ValidationError
 
     from radixchat.core.config import Settings, settings_error_line
@@ -119,6 +121,8 @@ def _open(args: argparse.Namespace) -> Store:
             path = Settings().db
         except ValidationError as e:
             raise SystemExit(f"radixchat: {settings_error_line(e)}") from None
+    if not make and not Path(path).exists():
+        raise SystemExit(f"radixchat: no database at {path} (adding a user or starting the server makes one)")
     return Store(path)
 
 
@@ -158,7 +162,7 @@ def cmd_users_add(args: argparse.Namespace) -> int:
     check_account_name(args.name)  # before asking for a password that would be refused anyway
     password = _read_password(args)
     check_password(password)
-    with _open(args) as store:
+    with _open(args, make=True) as store:
         user = store.create_user(args.name, password, admin=args.make_admin)
         admin = store.is_admin(user.name)
     print(f"added user {user.name}{' (admin)' * admin}")
