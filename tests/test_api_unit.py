@@ -629,3 +629,19 @@ def test_a_refusal_says_what_is_wrong_and_where(store, alice):
     err = last.json()["error"]
     assert last.status_code == 400 and err["param"] == "messages", err
     assert err["message"].startswith("messages: the last message must come from the user"), err
+
+
+def test_a_response_says_back_the_tools_and_settings_it_was_asked_with(store, alice):
+    """It said `tools: []` and `tool_choice: "none"` whatever the request sent."""
+    call = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    engine = FakeEngine(call, info=dataclasses.replace(INFO, tool_format="hermes"))
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    body = {"model": "default", "input": "hi", "tools": [tool], "tool_choice": "required", "temperature": 0.3}
+    with TestClient(api_app(engine, store), headers={"Authorization": f"Bearer {alice[1]}"}) as client:
+        whole = client.post(RESPONSES, json=body).json()
+        streamed = events(client.post(RESPONSES, json={**body, "stream": True}).text)
+        plain = client.post(RESPONSES, json={"model": "default", "input": "hi"}).json()
+    done = next(e["response"] for e in streamed if e.get("type") == "response.completed")
+    for r in (whole, done):
+        assert r["tools"] == [tool] and r["tool_choice"] == "required" and r["temperature"] == 0.3, r
+    assert plain["tools"] == [] and plain["tool_choice"] == "auto" and plain["temperature"] is None

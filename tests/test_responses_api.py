@@ -121,6 +121,8 @@ def test_a_kept_response_reads_back_and_is_nobody_elses(keyed):
     read = httpx.get(server.url + f"/v1/responses/{posted['id']}", headers=auth, timeout=30).json()
     assert set(read) == set(posted) and read["usage"] is None
     assert read["output"][0]["content"] == posted["output"][0]["content"]
+    # made when it was asked, both ways (the POST said when its reply ended: 2 s later)
+    assert abs(read["created_at"] - posted["created_at"]) <= 1 and abs(got.created_at - made.created_at) <= 1
     with Store(db) as store:
         bob = store.create_user("bob-reads", "bob-password-1")
         _, bob_key = store.create_api_key(bob, "bob")

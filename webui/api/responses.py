@@ -108,6 +108,7 @@ async def create_response(
         ),
     )
     rid, previous = new_response_id(), body.previous_response_id
+    created = time.time()  # (as a kept turn's, read back later, says: its input is kept now)
     if keep:
         assert store is not None and user is not None  # what `keep` needs
         try:
@@ -121,7 +122,9 @@ async def create_response(
             await asyncio.to_thread(store.append_message, user, conv, "assistant", text)
 
     if body.stream:
-        events = ResponseEvents(rid, model, previous, keep_reply, output_id(rid), family, body.forced())
+        events = ResponseEvents(
+            rid, model, previous, keep_reply, output_id(rid), family, body.forced(), body.echoed(), created
+        )
         return generation.stream([handle], events, ledger)
     (final,), gone = await generation.wait_for_ends(request, [handle], ledger)
     await keep_reply(final.text)  # kept even when the client left: the page shows it
@@ -131,7 +134,7 @@ async def create_response(
     status, why = ended(final)
     return JSONResponse(
         response_object(
-            rid, model, content or "", status, final.usage, previous, output_id(rid), time.time(), calls, why
+            rid, model, content or "", status, final.usage, previous, output_id(rid), created, calls, why, body.echoed()
         )
     )
 

@@ -76,6 +76,20 @@ class ResponsesRequest(BaseModel):
             raise ValueError("tool_choice: required needs tools")
         return self
 
+    def echoed(self) -> dict[str, Any]:
+        """What a Response object says back of the request (it said no tools and tool_choice
+        "none" whatever was sent): its tools, choice and sampling as given, OpenAI's defaults
+        where left out."""
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedFunction) else self.tool_choice
+        return {
+            "instructions": self.instructions,
+            "tools": [t.model_dump(exclude_none=True) for t in self.tools or []],
+            "tool_choice": choice or "auto",
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_output_tokens": self.max_output_tokens,
+        }
+
     def calls_tools(self) -> bool:
         """Are tools given to the model (tool_choice "none" keeps them away)?"""
         return bool(self.tools) and self.tool_choice != "none"
@@ -219,10 +233,12 @@ def response_object(
     created: float,
     calls: list[dict[str, Any]] | None = None,
     why: str | None = None,
+    echo: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """OpenAI's Response object; `usage` is the engine's (None: not known); `calls` the
     function calls parsed out of the reply (an output item each, after the message, which is
-    left out when the reply is calls only); `why` an incomplete one's reason."""
+    left out when the reply is calls only); `why` an incomplete one's reason; `echo` what it
+    says back of the request (`ResponsesRequest.echoed`; none for a kept one read back)."""
     out: list[dict[str, Any]] = []
     if status != "in_progress":
         item_status = "incomplete" if why else "completed"
@@ -245,8 +261,10 @@ def response_object(
         "tools": [],
         "temperature": None,
         "top_p": None,
+        "max_output_tokens": None,
         "text": {"format": {"type": "text"}},
         "usage": None,
+        **(echo or {}),
     }
     if usage is not None:
         body["usage"] = {
@@ -285,10 +303,13 @@ class ResponseEvents:
         msg: str,
         family: str | None = None,
         forced: bool = False,
+        echo: dict[str, Any] | None = None,
+        created: float | None = None,
     ) -> None:
         self.rid, self.model, self.previous, self.keep = rid, model, previous, keep
         self.msg = msg  # the output message's id
-        self.created = time.time()
+        self.echo = echo
+        self.created = time.time() if created is None else created
         self.n = 0
         self.stream = toolcalls.Stream(family, forced) if family else None
         self.opened = False  # the message item's added events went out
@@ -307,7 +328,7 @@ class ResponseEvents:
         why: str | None = None,
     ) -> dict[str, Any]:
         return response_object(
-            self.rid, self.model, text, status, usage, self.previous, self.msg, self.created, calls, why
+            self.rid, self.model, text, status, usage, self.previous, self.msg, self.created, calls, why, self.echo
         )
 
     def _open(self) -> list[str]:
