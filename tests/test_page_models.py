@@ -32,7 +32,7 @@ from tests.support.randmodel import build_random_model
 from tests.support.server import CHEAP, page_server, stop_clean
 
 FIRST, SECOND = "tiny-random", "second-random"  # the models' ids: their folders' names
-SECOND_CARD = Card(name=SECOND, size="2M parameters", license="MIT", sampling={"top_p": 0.5})
+SECOND_CARD = Card(name=SECOND, size="2M parameters", license="MIT", sampling={"temperature": 0.7, "top_p": 0.5})
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,8 @@ def test_a_new_chat_takes_the_model_picked_for_it_and_a_chat_in_view_shows_its_o
 
     loaded = h.on_load(view, None)[1:]  # a first visit: a new chat, the first model
     assert loaded[at["model"]] == FIRST and "loaded" in loaded[at["model_note"]].lower()
-    assert "loads on its first message" in h.model_picked(SECOND, None, view, None)
+    note, slider = h.model_picked(SECOND, None, view, None)
+    assert "loads on its first message" in note and slider.label == "Temperature"  # its card not known yet
     assert view.model == SECOND and store.list_conversations(page.user(None)) == []  # nothing made yet
 
     async def scripted_send():  # `respond`: a client that sends no picker value
@@ -167,9 +168,13 @@ def test_a_new_chat_takes_the_model_picked_for_it_and_a_chat_in_view_shows_its_o
     other = page.new_chat(page.user(None))
     shown = h.switch(other.id, view.epoch + 1, "", view, None)
     assert shown[at["model"]] == FIRST and shown[at["current"]] == other.id
+    assert shown[at["temperature"]].label == "Temperature"  # the first has no card
     shown = h.switch(conv.id, view.epoch + 1, "", view, None)
     assert shown[at["model"]] == SECOND and shown[at["model_note"]] == "2M parameters, MIT · loaded"
-    h.model_picked(FIRST, conv.id, view, None)  # picked with a chat in view: stored on it
+    # the temperature's label is the chat's model's card's (it kept the first model's)
+    assert shown[at["temperature"]].label == "Temperature (model card: 0.7; top-p 0.5)"
+    note, slider = h.model_picked(FIRST, conv.id, view, None)  # picked with a chat in view: stored on it
+    assert slider.label == "Temperature"
     assert page.conversation(page.user(None), conv.id).model == FIRST and view.model is None
     # "New chat": the first model again, whatever the chat before had
     h.model_picked(SECOND, None, view, None)

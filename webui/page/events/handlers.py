@@ -158,15 +158,16 @@ class ChatHandlers(PageView):
 
     # ---- the model ----
 
-    @notices(1)
-    def model_picked(self, name: str, conv_id: int | None, view: View, request: gr.Request) -> str:
+    @notices(2)
+    def model_picked(self, name: str, conv_id: int | None, view: View, request: gr.Request) -> tuple[str, gr.Slider]:
         """A model picked: the chat in view's next replies are its; a new chat's first message
-        makes a conversation that chats with it. The line under the picker says what it is."""
+        makes a conversation that chats with it. The line under the picker says what it is,
+        and the temperature's label what its card recommends (it kept the first model's)."""
         if conv_id is None:
             model = view.model = self.chat.picked(name)
         else:
             model = self.chat.set_model(self.who(request), int(conv_id), name)
-        return self.note_of(model)
+        return self.note_of(model), self.slider_of(model)
 
     def model_shown(self, name: str | None) -> str:
         """The line under the picker again after a send: the model may have loaded for it."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 import gradio as gr
 
 from radixchat.webui.page.logic.errors import PageError
-from radixchat.webui.page.logic.model_card import pick_note
+from radixchat.webui.page.logic.model_card import pick_note, temperature_label
 from radixchat.webui.page.routes.shared import link as shared_link
 
 log = logging.getLogger("radixchat.page")
@@ -56,9 +56,10 @@ SHOWN = (
     "edit_bar",
     "model",
     "model_note",
+    "temperature",
 )
 # its values' types, in that order
-Shown = tuple[int | None, gr.Radio, list[dict[str, Any]], str, str, str, gr.Button, str, gr.Row, str, str]
+Shown = tuple[int | None, gr.Radio, list[dict[str, Any]], str, str, str, gr.Button, str, gr.Row, str, str, gr.Slider]
 
 
 @dataclass
@@ -170,6 +171,10 @@ class PageView:
         """The line under the model picker for the served model `model`."""
         return pick_note(self.chat.loaded_info(model))
 
+    def slider_of(self, model: str) -> gr.Slider:
+        """The temperature slider's label for `model` (its value is the user's, kept as it is)."""
+        return gr.Slider(label=temperature_label(self.chat.loaded_info(model)))
+
     def shown(self, user: User, conv_id: int | None, query: str, view: View, request: gr.Request) -> Shown:
         """Everything that changes when a chat comes into view (`SHOWN`); an edit ends, and a
         new chat's pick."""
@@ -188,6 +193,7 @@ class PageView:
                 gr.Row(visible=False),
                 first,
                 self.note_of(first),
+                self.slider_of(first),
             )
         conv = self.chat.conversation(user, conv_id)
         model = self.chat.model_of(conv)
@@ -204,4 +210,5 @@ class PageView:
             gr.Row(visible=False),
             model,
             self.note_of(model),
+            self.slider_of(model),
         )

@@ -185,7 +185,11 @@ def wire_model(p: Parts, h: Handlers) -> None:
     panel = p.settings
     # `input`, not `change`: a chat coming into view sets the picker too, and must not store it
     panel.model.input(
-        h.model_picked, [panel.model, p.current, p.view], [panel.model_note], show_progress="hidden", **PRIVATE
+        h.model_picked,
+        [panel.model, p.current, p.view],
+        [panel.model_note, panel.temperature],
+        show_progress="hidden",
+        **PRIVATE,
     )
 
 

@@ -66,9 +66,10 @@ def recommended(model: ModelInfo) -> dict[str, float]:
     return dict(model.card.sampling) if model.card else {}
 
 
-def temperature_label(model: ModelInfo) -> str:
-    """The temperature slider's label, with the card's recommendation when there is one."""
-    sampling = recommended(model)
+def temperature_label(model: ModelInfo | None) -> str:
+    """The temperature slider's label, with the card's recommendation when there is one (None:
+    a model not loaded yet, whose card is not known here)."""
+    sampling = recommended(model) if model is not None else {}
     return "Temperature" + (
         f" (model card: {sampling['temperature']:g}"
         + (f"; top-p {sampling['top_p']:g}" if "top_p" in sampling else "")
