@@ -49,7 +49,7 @@ SERVED = "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and
 def unknown(request: Request, path: str) -> None:  # it only raises (NoReturn would be read as a response model)
     for route in (r for router in OPENAI_ROUTERS for r in router.routes):  # one of ours, by another method
         if isinstance(route, APIRoute) and route.matches(request.scope)[0] == Match.PARTIAL:
-            allowed = ", ".join(sorted(route.methods))
+            allowed = ", ".join(sorted(route.methods or ()))
             message = f"/v1/{path} takes {allowed}, not {request.method}"
             raise ApiError(405, message, "invalid_request_error", "method_not_allowed", headers={"Allow": allowed})
     if path.split("/")[0] in NOT_SERVED:
