@@ -391,12 +391,12 @@ class AccountsMixin(StoreBase):
     def end_user(self, front: User, name: str) -> User:
         """The user FRONT/NAME that a front end's request names, made on first sight with a
         password nobody knows (they never sign in here: the front end vouches for them).
-        Invalid for a name that is not one part of letters, digits, '.', '_', '-', and for
+        Invalid for a name that is not one part of ASCII letters, digits, '.', '_', '-', and for
         an end user an admin disabled (the front end vouches for them, but not past that)."""
         if "/" in front.name:
             raise Invalid("an end user cannot vouch for others")
         if not is_valid_part(name):
-            raise Invalid(f"bad end user name {name[:80]!r}: use {NAME_RULE.split(' (')[0]}")
+            raise Invalid(f"bad end user name {name[:80]!r}: use {NAME_RULE}")
         full = f"{front.name}/{name}"
         with self._tx(write=False) as db:
             found = db.execute("SELECT disabled FROM users WHERE name = ?", [full]).fetchone()

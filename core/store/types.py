@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_NAME_CHARS = 64
-NAME_RULE = "1-64 characters: letters, digits, '.', '_' and '-' (a front end's users: FRONT/USER)"
+NAME_RULE = "1-64 characters: ASCII letters, digits, '.', '_' and '-'"
 _PART = rf"[A-Za-z0-9._-]{{1,{MAX_NAME_CHARS}}}"
 # one '/' at most: a front end's end user (webui/api/deps.py), never an ordinary user's name
 _NAME_RE = re.compile(rf"{_PART}(?:/{_PART})?", re.ASCII)
@@ -239,17 +239,18 @@ def check_name(name: Any) -> str:
     if isinstance(name, str) and not name:
         raise Invalid("user name is empty")
     if not is_valid_name(name):
-        raise Invalid(f"bad user name {name!r}: use {NAME_RULE}")
+        raise Invalid(f"bad user name {name!r}: use {NAME_RULE} (a front end's users: FRONT/USER)")
     return name
 
 
 def check_account_name(name: Any) -> str:
     """`check_name`, for an account someone signs in as: no '/', which is kept for a front
     end's end users (FRONT/USER), whom only that front end's requests make."""
-    check_name(name)
-    if "/" in name:
+    if is_valid_name(name) and "/" in name:
         raise Invalid(f"bad user name {name!r}: '/' is kept for a front end's end users (FRONT/USER)")
-    return name
+    if isinstance(name, str) and name and not is_valid_part(name):
+        raise Invalid(f"bad user name {name!r}: use {NAME_RULE}")
+    return check_name(name)
 
 
 def check_password(password: Any) -> str:
