@@ -246,11 +246,10 @@ def check_name(name: Any) -> str:
 def check_account_name(name: Any) -> str:
     """`check_name`, for an account someone signs in as: no '/', which is kept for a front
     end's end users (FRONT/USER), whom only that front end's requests make."""
-    if is_valid_name(name) and "/" in name:
-        raise Invalid(f"bad user name {name!r}: '/' is kept for a front end's end users (FRONT/USER)")
     if isinstance(name, str) and name and not is_valid_part(name):
-        raise Invalid(f"bad user name {name!r}: use {NAME_RULE}")
-    return check_name(name)
+        why = "'/' is kept for a front end's end users (FRONT/USER)" if is_valid_name(name) else f"use {NAME_RULE}"
+        raise Invalid(f"bad user name {name!r}: {why}")
+    return check_name(name)  # (an empty name, or not text)
 
 
 def check_password(password: Any) -> str:

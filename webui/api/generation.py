@@ -132,9 +132,8 @@ async def submit(ledger: Ledger, build: Build) -> RequestHandle:
         msg = str(first["msg"]).removeprefix("Value error, ")
         field_ = ".".join(map(str, first["loc"])) or named_field(msg)  # (a check of the whole
         # request names its field itself: "messages: ...")
-        err = ApiError(
-            400, msg if msg.startswith(f"{field_}: ") else f"{field_}: {msg}", code="invalid_value", param=field_
-        )
+        named = field_ is None or msg.startswith(f"{field_}: ")  # (the message says where, or nothing can)
+        err = ApiError(400, msg if named else f"{field_}: {msg}", code="invalid_value", param=field_)
     except RequestError as e:
         headers = {"Retry-After": "2"} if e.status in (429, 503) else None
         # OpenAI's statuses and types, which clients map to their exceptions: an overflow

@@ -244,9 +244,11 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from radixchat.core.store import MAX_LIST
+
     if args.id is None:  # which ids there are: the newest first, archived ones too
         with _open(args) as store:
-            convs = store.list_conversations(store.get_user(args.name), archived=None, limit=10_000)
+            convs = store.list_conversations(store.get_user(args.name), archived=None, limit=MAX_LIST)
         for c in convs:
             state = "  archived" if c.archived else ""
             print(f"{c.id:>6}  {_when(c.updated)}  {c.title}{state}")

@@ -86,8 +86,9 @@ def grammar_for(schema: dict[str, Any] | str) -> str:
     except (ValueError, TypeError) as e:
         raise SchemaError(f"not a usable JSON schema: {e}") from None
     grammar = _checked(grammar, "JSON schema")
-    if not finite(json.loads(text) if isinstance(schema, str) else schema):  # (it parsed above)
-        raise SchemaError(EMPTY)  # it would run into llguidance's depth mid-reply
+    # after llguidance's own checks, whose refusals say more; it ran into the depth mid-reply
+    if not finite(json.loads(text) if isinstance(schema, str) else schema):
+        raise SchemaError(EMPTY)
     return grammar
 
 
