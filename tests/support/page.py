@@ -36,22 +36,6 @@ def ready(page, timeout: float = 30_000) -> None:
     )
 
 
-def reload(page) -> None:
-    """Load the page again and wait until it is ready. The page may be loading itself again
-    already: after a server restart its script's check of a refused call can (webui/page/
-    signed_out.py), and a reload racing that navigation is aborted (net::ERR_ABORTED), with
-    the page's own load going on."""
-    from playwright.sync_api import Error
-
-    try:
-        page.reload()
-    except Error as e:
-        if "ERR_ABORTED" not in str(e):
-            raise
-        page.wait_for_load_state("load")
-    ready(page)
-
-
 def set_number(page, elem_id: str, value) -> None:
     box = page.locator(f"#{elem_id} input[type=number]")
     box.fill(str(value))
@@ -95,14 +79,17 @@ def say(page, text: str, timeout: float = 60_000) -> str:
     return answered(page, text.split()[0], timeout)
 
 
-def restarted(srv, model, *flags: str):
+def restarted(srv, model, *flags: str, while_down=None):
     """`srv` stopped cleanly and a new server started on the same port and database (the same
-    origin, so the browser's storage and cookies apply to it); the new server."""
+    origin, so the browser's storage and cookies apply to it); the new server. `while_down`,
+    if given, is called between the two."""
     from unittest import mock
 
     from tests.support import server as servers
 
     servers.stop_clean(srv)
+    if while_down is not None:
+        while_down()
     with mock.patch.object(servers, "free_port", return_value=srv.port):
         again = servers.Server(model, srv.db, *flags)
     again.db = srv.db
