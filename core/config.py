@@ -138,7 +138,14 @@ class Settings(BaseSettings):
         description="Precision of the K/V every cache attends over: 16 = the model's own dtype; 8 = signed "
         "bytes with a bfloat16 scale per 32 numbers; 4 = MLX's nvfp4 format. The prefix cache and its disk "
         "tier hold K/V at that size (about 0.53x or 0.28x of 16-bit K/V: more conversations stay cached in the "
-        "same budget), the decoding batch at the model's dtype (a --models file sets it per model)",
+        "same budget), the decoding batch as --kv-batch says (a --models file sets it per model)",
+    )
+    kv_batch: Literal["auto", "codes", "values"] = Field(
+        "auto",
+        description="What the decoding batch holds at --kv-bits 8 or 4: codes = the format's codes, "
+        "read by MLX's quantized attention (the batch's K/V at about the prefix cache's size); values = their "
+        "round trip at the model's dtype; auto = codes on a GPU, values on a CPU (where quantized "
+        "attention is the slower)",
     )
     cache_sharing: Literal["system", "all", "user"] = Field(
         "system",

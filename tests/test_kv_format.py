@@ -91,6 +91,8 @@ def test_a_models_file_sets_it_per_model(tmp_path):
     f.write_text('[[model]]\npath = "tiny"\nkv_bits = 8\n\n[[model]]\npath = "default"\n')
     first, second = specs(Settings(models=str(f)))
     assert first.overrides["kv_bits"] == 8 and "kv_bits" not in second.overrides
+    f.write_text('[[model]]\npath = "tiny"\nkv_bits = 8\nkv_batch = "codes"\n')
+    assert specs(Settings(models=str(f)))[0].overrides == {"kv_bits": 8, "kv_batch": "codes"}
     f.write_text('[[model]]\npath = "tiny"\nkv_bits = 5\n')
     with pytest.raises(ValueError, match="kv_bits"):
         specs(Settings(models=str(f)))
@@ -102,11 +104,12 @@ def test_a_model_whose_heads_the_groups_do_not_divide_is_refused_at_start(tiny_m
         Engine(Settings(model=str(tiny_model_dir), kv_bits=8)).start(timeout=120)
 
 
-def test_the_engine_says_its_precision_and_the_server_tab_shows_it(tiny_wide_dir, store):
+@pytest.mark.parametrize("kv_batch", ["values", "codes"])
+def test_the_engine_says_its_precision_and_the_server_tab_shows_it(kv_batch, tiny_wide_dir, store):
     from radixchat.core.seam.requests import Finished, Sampling
     from radixchat.webui.page.logic.dashboard import Presence, summary_table
 
-    eng = Engine(Settings(model=str(tiny_wide_dir), kv_bits=4)).start(timeout=120)
+    eng = Engine(Settings(model=str(tiny_wide_dir), kv_bits=4, kv_batch=kv_batch)).start(timeout=120)
     try:
         assert isinstance(eng.submit_tokens(list(range(5, 80)), Sampling(max_tokens=4)).result(), Finished)
         tree = eng.stats().prefix_cache
@@ -114,8 +117,13 @@ def test_the_engine_says_its_precision_and_the_server_tab_shows_it(tiny_wide_dir
     finally:
         eng.stop()
     assert eng.info.kv_bits == 4 and "K/V at 4 bits" in line
-    # the tree holds a token at 4 bits a number and 8 bits of scale per 16, against float32's 32
-    assert tree.cached_tokens > 0 and tree.bytes == tree.cached_tokens * eng.kv_bytes_per_token * (4 + 8 / 16) // 32
+    assert (
+        eng.info.kv_batch_codes == ("the prefix cache and the decoding batch hold it" in line) == (kv_batch == "codes")
+    )
+    # the tree holds a token at 4 bits a number and 8 bits of scale per 16, against float32's 32;
+    # a batch that holds codes, as many
+    per_token = eng.kv_bytes_per_token * (4 + 8 / 16) // 32 if kv_batch == "values" else eng.kv_bytes_per_token
+    assert tree.cached_tokens > 0 and tree.bytes == tree.cached_tokens * per_token
 
 
 @pytest.mark.parametrize(("bits", "dtype"), [(8, "float32"), (8, "bfloat16"), (4, "float32")])
@@ -163,3 +171,7 @@ def test_the_doctor_says_when_the_server_would_refuse_a_models_heads(tiny_model_
     line = kv_precision(8, kv_bytes_per_token(wide), "float32", wide)
     assert line.startswith("int8 (--kv-bits 8)") and "refused" not in line, line
     assert kv_precision(4, kv_bytes_per_token(wide), "float32", wide).startswith("nvfp4")
+    bpt = kv_bytes_per_token(wide)
+    assert "decoding batch holds it as float32" in kv_precision(8, bpt, "float32", wide, kv_batch="values")
+    line = kv_precision(8, bpt, "float32", wide, kv_batch="codes")
+    assert f"decoding batch holds it as codes ({bpt * 40 // 128:,} bytes a token, 0.31x" in line, line

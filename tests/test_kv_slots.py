@@ -84,19 +84,19 @@ def test_a_join_and_a_leave_write_only_the_rows_that_move():
     rng = random.Random(0)
     slot = SlotKVCache.merge([single(rng, 300) for _ in range(8)])
     slot.extend(BatchKVCache.merge([single(rng, 10)]))  # room for more rows now
-    cap = slot._k.shape[0]
+    cap = slot._k[0].shape[0]
     assert cap > 10
-    buffer = slot._k
+    buffer = slot._k[0]
     before = buffer + 0  # a copy to compare against
     mx.eval(before)
     slot.extend(BatchKVCache.merge([single(rng, 20)]))
-    assert slot._k is buffer, "a join that fits re-laid the buffer"
-    changed = mx.any(slot._k != before, axis=(1, 2, 3)).tolist()
+    assert slot._k[0] is buffer, "a join that fits re-laid the buffer"
+    changed = mx.any(slot._k[0] != before, axis=(1, 2, 3)).tolist()
     assert changed == [i == 9 for i in range(cap)]
-    before = slot._k + 0
+    before = slot._k[0] + 0
     mx.eval(before)
     slot.filter(swap_order([0, 1, 3, 4, 5, 6, 7, 8, 9]))
-    changed = mx.any(slot._k != before, axis=(1, 2, 3)).tolist()
+    changed = mx.any(slot._k[0] != before, axis=(1, 2, 3)).tolist()
     assert changed == [i == 2 for i in range(cap)]
 
 
@@ -107,10 +107,10 @@ def test_a_re_lay_leaves_room_before_the_window_for_the_next_longer_row():
     rng = random.Random(2)
     slot = SlotKVCache.merge([single(rng, 100) for _ in range(8)])
     slot.extend(BatchKVCache.merge([single(rng, 160)]))  # longer than the window: a re-lay
-    buffer = slot._k
+    buffer = slot._k[0]
     for n in (170, 180):  # a little longer each time: room is already there
         slot.extend(BatchKVCache.merge([single(rng, n)]))
-        assert slot._k is buffer, f"a row of {n} re-laid the buffers"
+        assert slot._k[0] is buffer, f"a row of {n} re-laid the buffers"
     assert slot._idx == 180 and slot.left_padding.tolist() == [80] * 8 + [20, 10, 0]
 
 
@@ -129,7 +129,7 @@ def test_a_batch_filling_up_in_bursts_never_holds_rows_past_its_limit(monkeypatc
         joiners = [single(rng, rng.randint(20, 50)) for _ in range(burst)]
         lib.extend(BatchKVCache.merge(joiners))
         slot.extend(BatchKVCache.merge(joiners))
-        assert slot._k.shape[0] <= 32 and slot._k.shape[0] <= 2 * slot._rows
+        assert slot._k[0].shape[0] <= 32 and slot._k[0].shape[0] <= 2 * slot._rows
     assert slot._rows == 32 and rows(lib) == rows(slot)
     assert len(relays) <= 9, relays  # adopt, then 8 of the 10 bursts
     k = mx.array([[[[rng.random() for _ in range(D)]] for _ in range(H)] for _ in range(32)])
@@ -140,12 +140,12 @@ def test_rows_that_leave_give_their_memory_back_and_attention_is_unchanged():
     rng = random.Random(1)
     first = [single(rng, 600) for _ in range(8)] + [single(rng, 2000)]
     lib, slot = BatchKVCache.merge(first), SlotKVCache.merge(first)
-    peak = slot._k.shape[0] * slot._k.shape[2]
+    peak = slot._k[0].shape[0] * slot._k[0].shape[2]
     for keep in ([0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2], [0]):  # the long row leaves, then most others
         order = swap_order(keep)
         lib.filter(mx.array(order))
         slot.filter(order)
-        held = slot._k.shape[0] * slot._k.shape[2]  # token slots of the buffers, spare room and all
+        held = slot._k[0].shape[0] * slot._k[0].shape[2]  # token slots of the buffers, spare room and all
         assert held <= spare_bound(layout_tokens(len(keep), slot._idx), len(keep)), (keep, held)
         assert rows(lib) == rows(slot)
         k = mx.array([[[[rng.random() for _ in range(D)]] for _ in range(H)] for _ in range(len(keep))])

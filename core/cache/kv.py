@@ -24,7 +24,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from radixchat.core.cache.kv_format import KVFormat
 from radixchat.core.cache.radix import Match, RadixCache
-from radixchat.core.cache.rounded import RoundedKVCache
+from radixchat.core.cache.rounded import RoundedKVCache, format_of
 
 log = logging.getLogger("radixchat.prefix")
 
@@ -226,15 +226,21 @@ class PrefixStore:
         return out  # lazy: the batch merge that consumes it evaluates it
 
 
-def kv_bytes_per_token(model) -> int:
+def kv_bytes_per_token(model, codes: KVFormat | None = None) -> int:
     """K/V bytes one more token of one sequence costs, over every layer that keeps K/V (one
-    token through a fresh cache, then the size of one position). Layers whose state does not
-    grow with the sequence (SSM state) cost nothing per token."""
+    token through a fresh cache, then the size of one position); with `codes`, its plain
+    K/V layers at that format's planes (a decoding batch that holds codes:
+    core.cache.batch.coded). Layers whose state does not grow with the sequence (SSM state)
+    cost nothing per token."""
     caches = make_prompt_cache(model)
     model(mx.array([[0]]), cache=caches)
     total = 0
     for c in caches:
         keys, values = getattr(c, "keys", None), getattr(c, "values", None)
         if isinstance(keys, mx.array) and isinstance(values, mx.array) and keys.ndim == 4:
-            total += keys[..., :1, :].nbytes + values[..., :1, :].nbytes
+            k, v = keys[..., :1, :], values[..., :1, :]
+            if codes is not None and format_of(c) is not None:
+                total += sum(p.nbytes for p in (*codes.planes(k), *codes.planes(v)))
+            else:
+                total += k.nbytes + v.nbytes
     return max(1, total)

@@ -55,6 +55,21 @@ class KVFormat:
         """Bytes one head's vector of `head_dim` takes: its codes and its scales."""
         return head_dim * self.bits / 8 + head_dim // self.group * self.scale_bytes
 
+    # The decoding batch's codes (core.cache.batch.coded): `x` in the form MLX's quantized
+    # matmul reads in `attend_mode`, and back. For MLX's own formats that is `encode`'s.
+    @property
+    def attend_mode(self) -> str:
+        return self.mode
+
+    def planes(self, x: mx.array) -> tuple[mx.array, ...]:
+        """`x` as the arrays `mx.quantized_matmul(..., mode=attend_mode)` takes after it (its
+        codes, scales and, where the mode has them, biases), each keeping `x`'s leading axes."""
+        return self.encode(x)
+
+    def from_planes(self, planes: tuple[mx.array, ...], dtype: mx.Dtype) -> mx.array:
+        """What `planes` hold, in `dtype`: exactly `round_trip` of what they were made from."""
+        return self.decode(planes[0], planes[1], dtype)
+
 
 @dataclass(frozen=True)
 class Pow2Int8(KVFormat):
@@ -114,6 +129,27 @@ class Int8(KVFormat):
     def decode(self, codes: mx.array, scales: mx.array, dtype: mx.Dtype) -> mx.array:
         g = _groups(codes, self.group).astype(mx.float32) * scales.astype(mx.float32)[..., None]
         return g.reshape(codes.shape).astype(dtype)
+
+    # No quantized matmul reads signed bytes, but MLX's affine 8 bits holds them exactly: an
+    # unsigned code c + 128 with the scale s and the bias -128 s (a power of two times s: exact
+    # in the scale's dtype) reads back s (c + 128) - 128 s = s c, the round trip, wherever the
+    # product is formed in float32 (MLX's kernels accumulate there; its `dequantize` of
+    # bfloat16 does not, hence `from_planes`' own arithmetic). The scale is kept in the K/V's
+    # dtype, as the matmul wants it: exact for float32 and bfloat16 (a bfloat16 scale), which
+    # are the dtypes the batch keeps codes for (core.cache.batch.coded.holds_codes).
+    @property
+    def attend_mode(self) -> str:
+        return "affine"
+
+    def planes(self, x: mx.array) -> tuple[mx.array, ...]:
+        codes, scale = self.encode(x)
+        unsigned = (codes.astype(mx.int16) + 128).astype(mx.uint8).view(mx.uint32)
+        s = scale.astype(mx.float32)
+        return unsigned, s.astype(x.dtype), (-128 * s).astype(x.dtype)
+
+    def from_planes(self, planes: tuple[mx.array, ...], dtype: mx.Dtype) -> mx.array:
+        codes = planes[0].view(mx.uint8).astype(mx.int16) - 128
+        return self.decode(codes, planes[1], dtype)
 
 
 _MOST = {mx.float16: 65000.0}

@@ -109,6 +109,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self.scope = CacheScope("all")  # replaced from the settings when the cache is made
         self.kv_budget = 0  # bytes of K/V the running batch and the prefix cache share
         self.kv_bytes_per_token = 0  # what one more token of one sequence costs, measured at start
+        self.batch_codes = False  # the decoding batch holds --kv-bits codes (core.engine.step.coded_attention)
         self._token_texts: dict[int, str] = {}  # token id -> its text alone (for logprobs)
         # the prefix cache's disk tier (core.cache.disk.tier) opens in the engine thread's first
         # turn, which this wake-up makes come at once; warm prompts start from there too
@@ -205,14 +206,24 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
 
                 fmt = kv_format(s.kv_bits)  # with one, every plain K/V layer's cache writes at it
                 kv_dtype = install(self.loaded.model, fmt) if fmt is not None else None
+                from radixchat.core.engine.step import coded_attention
+
+                slots = s.kv_slots and bool(s.step_tokens) and self.link is None  # (not under mlx.launch yet)
+                routed = fmt is not None and slots and coded_attention.install(self.loaded.model)
+                self.batch_codes = coded_attention.holds_codes(s.kv_batch, fmt, kv_dtype, slots, routed)
+                if s.kv_batch == "codes" and fmt is not None and not self.batch_codes:
+                    log.warning("--kv-batch codes: %s", coded_attention.why_values(fmt, kv_dtype, slots, routed))
 
                 self.kv_budget = kv_budget(s)
                 if self.link is not None:  # memory may differ between machines: rank 0's counts
                     self.kv_budget = self.link.share(self.kv_budget)
                 self.memory = MlxMemory(mx, s, self.kv_budget, self.loaded.vocab_size)  # sets MLX's cache limit
-                self.kv_bytes_per_token = kv_bytes_per_token(self.loaded.model)
+                # the batch's: at codes' size where it holds them
+                self.kv_bytes_per_token = kv_bytes_per_token(self.loaded.model, fmt if self.batch_codes else None)
                 if s.prefix_cache:
                     self.prefix = PrefixStore(self.loaded.model, self.kv_budget, fmt, kv_dtype)
+                    if self.batch_codes:  # (else it measures the batch's rows as it stores the first)
+                        self.prefix.bytes_per_token = self.kv_bytes_per_token
                     self.scope = CacheScope(s.cache_sharing)
                 # a stream of this thread's own, so a later engine in the same process
                 # never touches one that was cleared (see below)
@@ -300,7 +311,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         settings = self.settings
         if self._sharded:  # every rank cuts its chunks alike: not by its own timings
             settings = settings.model_copy(update={"prefill_s": 0.0})
-        gen = make_generator(loaded.model, settings, self._mx_stream, self._on_prompt, speculate)
+        gen = make_generator(loaded.model, settings, self._mx_stream, self._on_prompt, speculate, self.batch_codes)
         if gen.batch_sampler is not None:  # a row's sampling is its request's
             gen.batch_sampler.request = self._by_uid.get
         if settings.prefill_s:

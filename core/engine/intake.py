@@ -16,7 +16,7 @@ No MLX here beyond what the tokenizer and the grammar compiler do.
 
 Uses of the engine's fields: `settings`, `loaded`, `prefix` (whether the model is hybrid,
 whether the cache is on, its figures), `link`, `in_step`, `steps`, `started_at`,
-`kv_budget`, `kv_bytes_per_token`, `batch_room`, `alive`, `_gen` (its speculator's
+`kv_budget`, `kv_bytes_per_token`, `batch_codes`, `batch_room`, `alive`, `_gen` (its speculator's
 counters), `_cmds`, `_outbox`, `_lock`, `_tok_lock`, `_inflight`, `_arriving`, `owners`,
 `_ids`, `_by_uid` (its length), `_ready`, `_stopping`, `_closed`, `fatal`, `_info`,
 `_fail_all`, `_grammars` (core.engine.sample.grammar_cache).
@@ -91,6 +91,7 @@ class Intake(EngineParts):
             sharded=sharded,
             weights_bytes=m.weights_bytes,
             kv_bits=self.settings.kv_bits,
+            kv_batch_codes=self.batch_codes,
         )
 
     def stats(self) -> EngineStats:

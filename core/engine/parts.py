@@ -51,6 +51,7 @@ class EngineParts:
     scope: CacheScope  # who may reuse what in it
     kv_budget: int  # bytes of K/V the running batch and the prefix cache share
     kv_bytes_per_token: int  # what one more token of one sequence costs
+    batch_codes: bool  # the decoding batch holds --kv-bits codes (core.engine.step.coded_attention)
     _gen: Generator | None  # the batch generator, once the model has loaded
     # the callers' side and the engine thread (core.engine.intake)
     _info: ModelInfo | None  # what the seam tells of the model, once started

@@ -9,6 +9,7 @@ A models file is TOML, one `[[model]]` table per model, the first the default:
     pinned = true               # never unloaded (the first model always is)
     context_length = 4096       # the model's context, shorter than its config's
     kv_bits = 8                 # K/V precision (--kv-bits): 16, 8 or 4
+    kv_batch = "codes"          # what its decoding batch holds at 8 or 4 (--kv-batch)
     temperature = 0.3           # sampling for requests that leave it out (else its card's);
     top_p = 0.9                 # presence_, frequency_ and repetition_penalty too
 
@@ -50,6 +51,7 @@ class _Entry(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
     kv_bits: Literal[16, 8, 4] | None = None
+    kv_batch: Literal["auto", "codes", "values"] | None = None
 
     def spec(self) -> ModelSpec:
         overrides: dict = {}
@@ -57,6 +59,8 @@ class _Entry(BaseModel):
             overrides["context_length"] = self.context_length
         if self.kv_bits is not None:
             overrides["kv_bits"] = self.kv_bits
+        if self.kv_batch is not None:
+            overrides["kv_batch"] = self.kv_batch
         sampling = {k: v for k in SAMPLING_DEFAULTS if (v := getattr(self, k)) is not None}
         if sampling:
             overrides["sampling_defaults"] = sampling

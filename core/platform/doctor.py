@@ -157,22 +157,33 @@ def process_memory(weights: int, vocab_size: int, context_length: int, kv_per_to
     return bound_text(parts) + " (what goes beyond the budget and the rest: measured, loadtests/bench_memory.py)"
 
 
-def kv_precision(bits: int, bpt: int, dtype: str, model: Any = None) -> str:
-    """What --kv-bits makes of K/V: the batch's bytes a token and the prefix cache's; or,
-    where `model`'s heads do not split into the format's groups, that the server refuses it."""
+def kv_precision(bits: int, bpt: int, dtype: str, model: Any = None, kv_batch: str = "auto", slots: bool = True) -> str:
+    """What --kv-bits makes of K/V: the batch's bytes a token (codes or values: --kv-batch)
+    and the prefix cache's; or, where `model`'s heads do not split into the format's groups,
+    that the server refuses it."""
+    import mlx.core as mx
+
     from radixchat.core.cache.kv_format import kv_format
     from radixchat.core.cache.rounded import refusal
+    from radixchat.core.engine.step.coded_attention import holds_codes
 
     fmt = kv_format(bits)
     if fmt is None:
         return f"{dtype} everywhere (--kv-bits 16)"
     if model is not None and (why := refusal(model, fmt)) is not None:
         return f"refused (the server will not start): {why}"
-    numbers = bpt // {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)  # K's and V's, every layer
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)
+    numbers = bpt // size  # K's and V's, every layer
     cached = round(fmt.bytes_per(numbers))
+    held = f"{dtype} ({bpt:,} bytes a token)"
+    mxdtype = getattr(mx, dtype, mx.float32)
+    if holds_codes(kv_batch, fmt, mxdtype, slots, routed=True):  # (the model's attention: assumed routable)
+        vector = sum(p.nbytes for p in fmt.planes(mx.zeros((1, 1, 1, 64), mxdtype)))
+        coded = bpt * vector // (64 * size)
+        held = f"codes ({coded:,} bytes a token, {coded / bpt:.2f}x; --kv-batch {kv_batch})"
     return (
         f"{fmt.mode} (--kv-bits {bits}): every step attends over it; the decoding batch holds it as "
-        f"{dtype} ({bpt:,} bytes a token), the prefix cache and its disk tier as {fmt.mode} "
+        f"{held}, the prefix cache and its disk tier as {fmt.mode} "
         f"({cached:,} bytes a token, {cached / bpt:.2f}x)"
     )
 
@@ -202,7 +213,8 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     tokens = batch_room(budget) // bpt
     per_seq = 512 + settings.max_tokens
     yield "kv budget", f"{budget / 2**30:.2f} GiB (--cache-bytes), {bpt:,} bytes per token"
-    yield "kv precision", kv_precision(settings.kv_bits, bpt, m.dtype, m.model)
+    slots = settings.kv_slots and bool(settings.step_tokens)
+    yield "kv precision", kv_precision(settings.kv_bits, bpt, m.dtype, m.model, settings.kv_batch, slots)
     yield (
         "batch limit",
         (

@@ -49,6 +49,7 @@ class ModelInfo:
     sharded: str = ""  # under mlx.launch: one line on the group (size, backend, ranks); else ""
     weights_bytes: int = 0  # what its weights take in memory here
     kv_bits: int = 16  # the precision its K/V is attended over and cached at (--kv-bits; 16: its dtype's)
+    kv_batch_codes: bool = False  # its decoding batch holds K/V at that precision too (--kv-batch)
 
     @property
     def sampling_defaults(self) -> dict[str, float]:

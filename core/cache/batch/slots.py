@@ -44,7 +44,10 @@ RoPE position of its next token) counts only what it kept. Holes cost columns, n
 correctness: `extract` gathers a row's live columns only, and `compact` (run when holes
 pile up, and before a trim) re-lays every row right-aligned without them.
 Only plain `BatchKVCache` layers of the decoding batch are adopted (`adopt`); prompt
-batches, rotating and hybrid caches stay the library's. `offset` is always rebound, never
+batches, rotating and hybrid caches stay the library's. The buffers are *planes*: one array
+each for K and V, or, when the batch holds --kv-bits codes (`codes`, core.cache.batch.coded),
+the codes, scales and biases MLX's quantized matmul reads, which every copy here moves
+together (they share the row, head and time axes). `offset` is always rebound, never
 changed in place (shared/seeds/004). Runs in the engine thread only.
 """
 
@@ -60,6 +63,17 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from radixchat.core.cache.batch.layout import GRAIN, growth
 from radixchat.core.cache.kv_format import KVFormat
 from radixchat.core.cache.rounded import format_of
+
+Planes = tuple[mx.array, ...]  # a buffer, or a view of one: K (or V) as one array, or as codes
+
+
+def _put(buf: Planes, index, src: Planes) -> None:
+    for b, x in zip(buf, src):
+        b[index] = x
+
+
+def _at(buf: Planes, index) -> Planes:
+    return tuple(b[index] for b in buf)
 
 
 def swap_order(keep: list[int]) -> list[int]:
@@ -99,10 +113,16 @@ class SlotKVCache(BatchKVCache):
     _pending: list | None = None  # row writes deferred to the end of a `one_eval` block
     _room_due = False  # `_spare_room` waits for those writes
     fmt: KVFormat | None = None  # --kv-bits: K and V written as their round trip (core.cache.rounded)
+    codes = False  # the buffers hold `fmt`'s codes, not its round trip (core.cache.batch.coded)
+    dtype: mx.Dtype | None = None  # the K/V's (what codes read back as)
+    _k: Planes | None
+    _v: Planes | None
 
     def __init__(self, left_padding: list[int], most_rows: int = 0):
         super().__init__(left_padding)
-        self._k = self._v = None  # buffers; keys/values are the live views
+        self._k = self._v = None  # buffers; keys/values are the live views (as the model takes them)
+        self._kw: Planes = ()
+        self._vw: Planes = ()  # the live views as planes
         self._rows = len(left_padding)
         self.most_rows = most_rows  # the batch's row limit (0: none known): no room beyond it
         self.t0 = self._end = 0
@@ -128,9 +148,9 @@ class SlotKVCache(BatchKVCache):
 
     @classmethod
     def adopt(cls, c: BatchKVCache, most_rows: int = 0, stagger: int = 0) -> SlotKVCache:
-        """The same rows, K/V and padding as a library cache, in a buffer with spare room
-        (rows up to `most_rows`, the batch's limit, when it is known). `stagger`: the layer's
-        place in the model (see `update_and_fetch`)."""
+        """The same rows, K/V and padding as a library cache (or another slot cache), in a
+        buffer with spare room (rows up to `most_rows`, the batch's limit, when it is known).
+        `stagger`: the layer's place in the model (see `update_and_fetch`)."""
         s = cls.__new__(cls)
         s.most_rows, s.stagger = most_rows, stagger
         s.fmt = format_of(c)
@@ -139,24 +159,56 @@ class SlotKVCache(BatchKVCache):
         s._right_padding = None
         s.t0 = s._end = 0
         s._k = s._v = None
+        s._kw = s._vw = ()
         s.keys = s.values = None
         s._holes = {}
         if c.keys is not None:
             room = growth(c._idx)
-            s._relay(rows=s._rows, left=room, extra=room, src=(c.keys[..., : c._idx, :], c.values[..., : c._idx, :]))
+            s._relay(rows=s._rows, left=room, extra=room, src=s._planes_of(c))
         return s
 
     @classmethod
     def merge(cls, caches):
         return cls.adopt(caches[0].merge(caches))  # (a prompt's cache merges as its class does: rounded or not)
 
+    # -- what the buffers hold --------------------------------------------------------
+
+    def _held(self, x: mx.array) -> Planes:
+        """K or V as the buffers hold it (already at the cache's precision, when it has one)."""
+        if self.dtype is None:
+            self.dtype = x.dtype
+        return (x,)
+
+    def _read(self, p: Planes) -> mx.array:
+        """What planes hold, as K or V in the model's dtype."""
+        return p[0]
+
+    def _face(self, p: Planes):
+        """Planes as the model's attention takes them."""
+        return p[0]
+
+    def _planes_of(self, c) -> tuple[Planes, Planes]:
+        """The first `_idx` columns of another cache's K and V, as these buffers hold them."""
+        if isinstance(c, SlotKVCache):
+            if type(c) is type(self) and c.fmt == self.fmt:
+                return c._kw, c._vw
+            k, v = c._read(c._kw), c._read(c._vw)
+        else:
+            k, v = c.keys[..., : c._idx, :], c.values[..., : c._idx, :]
+        return self._held(k), self._held(v)
+
     # -- layout ---------------------------------------------------------------------
 
     def _views(self) -> None:
-        self.keys = self._k[: self._rows, :, self.t0 : self._end, :]
-        self.values = self._v[: self._rows, :, self.t0 : self._end, :]
+        window = (slice(0, self._rows), slice(None), slice(self.t0, self._end))
+        self._kw, self._vw = _at(self._k, window), _at(self._v, window)
+        self.keys, self.values = self._face(self._kw), self._face(self._vw)
 
-    def _write(self, index, k: mx.array, v: mx.array) -> None:
+    def _drop_views(self) -> None:
+        self.keys = self.values = None
+        self._kw = self._vw = ()
+
+    def _write(self, index, k: Planes, v: Planes) -> None:
         """Write into the buffers in place. MLX reuses a buffer only when nothing unevaluated
         still reads it: a pending view of it (or a source read from it) makes the write copy
         the whole buffer, so the views are dropped first and the sources are evaluated (in
@@ -164,32 +216,31 @@ class SlotKVCache(BatchKVCache):
         if self._pending is not None:
             self._pending.append((index, k, v))
             return
-        self.keys = self.values = None
+        self._drop_views()
         mx.eval(k, v)
-        self._k[index] = k
-        self._v[index] = v
+        _put(self._k, index, k)
+        _put(self._v, index, v)
 
     def _flush(self) -> None:
         """The end of a `one_eval` block: its writes (sources evaluated), then the room check."""
         pending, self._pending = self._pending or [], None
         if pending:
-            self.keys = self.values = None
+            self._drop_views()
             for index, k, v in pending:
-                self._k[index] = k
-                self._v[index] = v
+                _put(self._k, index, k)
+                _put(self._v, index, v)
             self._views()
         if self._room_due:
             self._room_due = False
             self._spare_room()
 
-    def _relay(self, rows: int, left: int, extra: int, src=None) -> None:
+    def _relay(self, rows: int, left: int, extra: int, src: tuple[Planes, Planes] | None = None) -> None:
         """New buffers with room for `rows` rows, `left` dead columns before the window and
         `extra` after it, rounded up to `GRAIN`; the live window is copied across."""
         assert not self._pending, "a re-lay would copy rows whose writes are still pending"
-        k, v = src if src is not None else (self.keys, self.values)
-        b, h, _, dk = k.shape
-        dv = v.shape[3]
-        cap_rows = self._k.shape[0] if src is None else b
+        k, v = src if src is not None else (self._kw, self._vw)
+        b = k[0].shape[0]
+        cap_rows = self._k[0].shape[0] if src is None else b
         if rows > cap_rows:  # half again: a batch filling up re-lays its rows a few times only,
             cap_rows = max(rows, cap_rows * 3 // 2, 2)
             if self.most_rows:  # and never past the batch's limit
@@ -197,9 +248,9 @@ class SlotKVCache(BatchKVCache):
         elif 2 * rows <= cap_rows:  # half empty after a burst: give the memory back
             cap_rows = max(rows * 3 // 2, 2)
         width = -(-(left + self._idx + extra) // GRAIN) * GRAIN
-        self.keys = self.values = None  # (k and v still hold the old window)
-        self._k = mx.zeros((cap_rows, h, width, dk), k.dtype)
-        self._v = mx.zeros((cap_rows, h, width, dv), v.dtype)
+        self._drop_views()  # (k and v still hold the old window)
+        self._k = tuple(mx.zeros((cap_rows, p.shape[1], width, p.shape[3]), p.dtype) for p in k)
+        self._v = tuple(mx.zeros((cap_rows, p.shape[1], width, p.shape[3]), p.dtype) for p in v)
         shift = left - self.t0  # the window moves to column `left`, its holes with it
         self._holes = {r: [c + shift for c in cols] for r, cols in self._holes.items()}
         if self._idx:
@@ -208,8 +259,8 @@ class SlotKVCache(BatchKVCache):
             # and evaluated now, so this layer's old buffers go before the next layer's are
             # re-laid: left to the step's eval, every layer's old and new buffers were alive at once
             window = (slice(0, b), slice(None), slice(left, left + self._idx))
-            self._k[window] = k
-            self._v[window] = v
+            _put(self._k, window, k)
+            _put(self._v, window, v)
             del k, v
             mx.eval(self._k, self._v)
         self.t0, self._end = left, left + self._idx
@@ -218,14 +269,14 @@ class SlotKVCache(BatchKVCache):
     # -- the library's contract -----------------------------------------------------
 
     def update_and_fetch(self, keys, values):
-        if self.fmt is not None:
+        if self.fmt is not None and not self.codes:
             keys, values = self.fmt.round_trip(keys), self.fmt.round_trip(values)
         n = keys.shape[2]
+        k, v = self._held(keys), self._held(values)
         if self._k is None:
-            b, h, _, dk = keys.shape
-            self._k = mx.zeros((b, h, 0, dk), keys.dtype)
-            self._v = mx.zeros((b, h, 0, values.shape[3]), values.dtype)
-            self._rows = b
+            self._rows = keys.shape[0]
+            self._k = tuple(mx.zeros((*p.shape[:2], 0, p.shape[3]), p.dtype) for p in k)
+            self._v = tuple(mx.zeros((*p.shape[:2], 0, p.shape[3]), p.dtype) for p in v)
             self._views()
         # A re-lay copies every row's K/V of its layer: at 32 rows of ~1,500 tokens 0.2 s a layer
         # on the bundled model here, all of a model's layers in one step. Each layer re-lays its
@@ -234,12 +285,13 @@ class SlotKVCache(BatchKVCache):
         # The new layout is the one this layer would take `early` steps from now, so the layers
         # keep their places: each still re-lays its stagger's columns before the next one.
         early = min(self.stagger, growth(self._idx + n) // 2)
-        if self._end + n + early > self._k.shape[2]:
+        if self._end + n + early > self._k[0].shape[2]:
             room = growth(self._idx + n + early)
             self._relay(rows=self._rows, left=room, extra=n + room + early)
-        self.keys = self.values = None  # see _write; keys and values are the model's, not views of ours
-        self._k[: self._rows, :, self._end : self._end + n, :] = keys
-        self._v[: self._rows, :, self._end : self._end + n, :] = values
+        self._drop_views()  # see _write; keys and values are the model's, not views of ours
+        at = (slice(0, self._rows), slice(None), slice(self._end, self._end + n))
+        _put(self._k, at, k)
+        _put(self._v, at, v)
         self._end += n
         self._idx += n
         self.offset = self.offset + n
@@ -278,7 +330,13 @@ class SlotKVCache(BatchKVCache):
         if self._k is not None:
             moves = [(dst, src) for dst, src in enumerate(keep) if dst != src]
             # a row at a time: slice writes reuse the buffer, an indexed scatter copied it
-            sources = [(mx.contiguous(self._k[s : s + 1]), mx.contiguous(self._v[s : s + 1])) for _, s in moves]
+            sources = [
+                (
+                    tuple(mx.contiguous(p[s : s + 1]) for p in self._k),
+                    tuple(mx.contiguous(p[s : s + 1]) for p in self._v),
+                )
+                for _, s in moves
+            ]
             for (dst, _), (k, v) in zip(moves, sources):
                 self._write(slice(dst, dst + 1), k, v)
         self._rows = len(keep)
@@ -303,7 +361,7 @@ class SlotKVCache(BatchKVCache):
         re-lay, so the copies stay a constant share of the work, as the growth's do."""
         if not self._rows:
             return
-        cap = self._k.shape[0]
+        cap = self._k[0].shape[0]
         if (cap > 2 and 2 * self._rows <= cap) or self.t0 > self._idx + GRAIN:
             self._relay(rows=self._rows, left=growth(self._idx), extra=growth(self._idx))
 
@@ -323,21 +381,21 @@ class SlotKVCache(BatchKVCache):
                 raise ValueError("cannot join rows with K/V to a batch whose rows have none")
             self.__dict__.update(self.adopt(other, self.most_rows).__dict__)
             return
-        ok, ov = other.keys[..., : other._idx, :], other.values[..., : other._idx, :]
+        ok, ov = self._planes_of(other)
         grow = max(0, other._idx - self._idx)
         if grow:
-            if self.t0 < grow or self._rows + b > self._k.shape[0]:
+            if self.t0 < grow or self._rows + b > self._k[0].shape[0]:
                 room = growth(self._idx + grow)
                 self._relay(rows=self._rows + b, left=grow + room, extra=room)
             self.t0 -= grow
             self._idx += grow
             self.left_padding = [p + grow for p in self._pads]
-        elif self._rows + b > self._k.shape[0]:
-            self._relay(rows=self._rows + b, left=self.t0, extra=self._k.shape[2] - self._end)
+        elif self._rows + b > self._k[0].shape[0]:
+            self._relay(rows=self._rows + b, left=self.t0, extra=self._k[0].shape[2] - self._end)
         pad = self._idx - other._idx
         if pad:
-            ok = mx.pad(ok, [(0, 0), (0, 0), (pad, 0), (0, 0)])
-            ov = mx.pad(ov, [(0, 0), (0, 0), (pad, 0), (0, 0)])
+            ok = tuple(mx.pad(p, [(0, 0), (0, 0), (pad, 0), (0, 0)]) for p in ok)
+            ov = tuple(mx.pad(p, [(0, 0), (0, 0), (pad, 0), (0, 0)]) for p in ov)
         self._write((slice(self._rows, self._rows + b), slice(None), slice(self.t0, self._end)), ok, ov)
         self.offset = mx.concatenate([self.offset, other.offset])
         self.left_padding = self._pads + [p + pad for p in _pads_of(other)]
@@ -347,21 +405,20 @@ class SlotKVCache(BatchKVCache):
     def extract(self, idx):
         """Row `idx`'s tokens as a plain cache: its live columns, without padding or holes.
 
-        Views, not copies: its one consumer, the prefix cache, copies the part it lacks
-        (core.cache.kv's segments): a prompt's uncached tail at its end, a reply at its
-        finish. A copy of the whole row first took four times as long. The engine drops the
-        views within its step, before the next write into the buffers (which would copy
-        them whole to keep the views valid)."""
+        Views, not copies (of a batch that holds codes, what they read back as): its one
+        consumer, the prefix cache, copies the part it lacks (core.cache.kv's segments): a
+        prompt's uncached tail at its end, a reply at its finish. A copy of the whole row
+        first took four times as long. The engine drops the views within its step, before the
+        next write into the buffers (which would copy them whole to keep the views valid)."""
         cache = KVCache()
         padding = self._pads[idx]
-        keys, values = self.keys[idx : idx + 1, :, padding:, :], self.values[idx : idx + 1, :, padding:, :]
+        row = (slice(idx, idx + 1), slice(None), slice(padding, None))
+        keys, values = _at(self._kw, row), _at(self._vw, row)
         if self._holes.get(idx):
             cols = mx.array(self._live(idx, padding))
-            keys, values = (
-                mx.take(self.keys[idx : idx + 1], cols, axis=2),
-                mx.take(self.values[idx : idx + 1], cols, axis=2),
-            )
-        cache.keys, cache.values = keys, values
+            keys = tuple(mx.take(p[idx : idx + 1], cols, axis=2) for p in self._kw)
+            values = tuple(mx.take(p[idx : idx + 1], cols, axis=2) for p in self._vw)
+        cache.keys, cache.values = self._read(keys), self._read(values)
         cache.offset = cache.keys.shape[2]
         return cache
 
@@ -404,11 +461,13 @@ class SlotKVCache(BatchKVCache):
         live = [self._live(r, pads[r]) for r in range(self._rows)]
         width = max(len(cols) for cols in live)
         index = mx.array([[0] * (width - len(cols)) + cols for cols in live])  # padding reads column 0
-        k, v = self.keys, self.values
-        b, h = k.shape[:2]
-        k = mx.take_along_axis(k, mx.broadcast_to(index[:, None, :, None], (b, h, width, k.shape[3])), axis=2)
-        v = mx.take_along_axis(v, mx.broadcast_to(index[:, None, :, None], (b, h, width, v.shape[3])), axis=2)
-        self._write((slice(0, b), slice(None), slice(0, width)), k, v)
+
+        def gather(p: mx.array) -> mx.array:
+            b, h = p.shape[:2]
+            return mx.take_along_axis(p, mx.broadcast_to(index[:, None, :, None], (b, h, width, p.shape[3])), axis=2)
+
+        k, v = tuple(gather(p) for p in self._kw), tuple(gather(p) for p in self._vw)
+        self._write((slice(0, self._rows), slice(None), slice(0, width)), k, v)
         self.t0, self._end, self._idx = 0, width, width
         self.left_padding = [width - len(cols) for cols in live]
         self._holes = {}
@@ -422,4 +481,4 @@ class SlotKVCache(BatchKVCache):
 
     @property
     def nbytes(self):
-        return 0 if self._k is None else self._k.nbytes + self._v.nbytes
+        return 0 if self._k is None else sum(p.nbytes for p in (*self._k, *self._v))

@@ -205,7 +205,7 @@ class SharedRoPE(nn.RoPE):
         return x * cos + mx.roll(x, self.dims // 2, axis=-1) * sin  # type: ignore[call-arg]  # (MLX's stub: positional)
 
 
-def _modules_of(model: nn.Module) -> set[str]:
+def modules_of(model: nn.Module) -> set[str]:
     """The modules whose classes make up this model (a model may nest another's layers)."""
     # (MLX leaves named_modules unannotated)
     return {type(m).__module__ for _, m in model.named_modules()} | {type(model).__module__}  # type: ignore[no-untyped-call]
@@ -216,7 +216,7 @@ def install(model: nn.Module) -> list[str]:
     modules) and make its plain RoPE layers `SharedRoPE`. Idempotent; a model whose modules
     use neither name is left as it is."""
     done = []
-    for name in sorted(_modules_of(model)):
+    for name in sorted(modules_of(model)):
         module = sys.modules.get(name)
         if module is None or not name.startswith("mlx_lm.models."):
             continue
@@ -226,7 +226,7 @@ def install(model: nn.Module) -> list[str]:
                 setattr(module, attr, wrap(fn))
         if any(hasattr(getattr(module, attr, None), "library") for attr in _NAMES):
             done.append(name)
-    for _, m in model.named_modules():  # type: ignore[no-untyped-call]  # (as in _modules_of)
+    for _, m in model.named_modules():  # type: ignore[no-untyped-call]  # (as in modules_of)
         if type(m) is nn.RoPE:
             m.__class__ = SharedRoPE
     return done
@@ -234,12 +234,12 @@ def install(model: nn.Module) -> list[str]:
 
 def uninstall(model: nn.Module) -> None:
     """Put the library's functions and RoPE back."""
-    for name in _modules_of(model):
+    for name in modules_of(model):
         module = sys.modules.get(name)
         for attr in _NAMES:
             fn: Any = getattr(module, attr, None) if module else None
             if hasattr(fn, "library"):
                 setattr(module, attr, fn.library)
-    for _, m in model.named_modules():  # type: ignore[no-untyped-call]  # (as in _modules_of)
+    for _, m in model.named_modules():  # type: ignore[no-untyped-call]  # (as in modules_of)
         if type(m) is SharedRoPE:
             m.__class__ = nn.RoPE  # type: ignore[assignment]  # (back to the library's class: the point)

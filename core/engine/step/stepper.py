@@ -62,9 +62,10 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch, StopSequences, TokenBuffer
 from mlx_lm.models.cache import BatchKVCache
 
+from radixchat.core.cache.batch.coded import CodedSlotKVCache
 from radixchat.core.cache.batch.layout import over_cap
 from radixchat.core.cache.batch.slots import SlotKVCache, swap_order
-from radixchat.core.cache.rounded import RoundedBatchKVCache
+from radixchat.core.cache.rounded import RoundedBatchKVCache, format_of
 from radixchat.core.engine.sample.batch_sampler import BatchSampler
 from radixchat.core.engine.step.decode_batch import DecodingBatch
 from radixchat.core.engine.step.generator import Generator, LibraryGenerator
@@ -142,6 +143,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         step_tokens: int,
         on_prompt: OnPrompt,
         slots: bool = True,
+        codes: bool = False,
         speculate: int = 0,
         prefill_s: float = 0.0,
         **kwargs: Any,
@@ -152,6 +154,7 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._token_s = 0.0  # seconds a prompt token took in the latest chunks (a moving average)
         self.on_prompt = on_prompt
         self.slots = slots
+        self.codes = codes  # the slots of --kv-bits layers hold codes (core.cache.batch.coded)
         # drafts need the slot cache's holes (core.engine.step.speculate)
         self.speculator = Speculator(speculate) if speculate and slots else None
         self._plain = 0  # plain steps taken while speculating (some are timed)
@@ -333,10 +336,13 @@ class BudgetedBatchGenerator(BatchGenerator):
             # the first rows of a decoding batch: from here on, joins write into their slots
             most = self.completion_batch_size
             batch.prompt_cache = [  # each layer re-lays at a step of its own (SlotKVCache.stagger)
-                SlotKVCache.adopt(c, most, stagger=i) if type(c) in ADOPTED else c
+                self._slots_of(c).adopt(c, most, stagger=i) if type(c) in ADOPTED else c
                 for i, c in enumerate(batch.prompt_cache)
             ]
         self._generation_batch.extend(batch)
+
+    def _slots_of(self, c: BatchKVCache) -> type[SlotKVCache]:
+        return CodedSlotKVCache if self.codes and format_of(c) is not None else SlotKVCache
 
     def _timed(self, room: int) -> int:
         """The shared prefill's room, cut to what fits `prefill_s` at the latest chunks' cost
@@ -509,7 +515,7 @@ class BudgetedBatchGenerator(BatchGenerator):
 
 
 def make_generator(
-    model: nn.Module, settings: Settings, stream: mx.Stream, on_prompt: OnPrompt, speculate: int
+    model: nn.Module, settings: Settings, stream: mx.Stream, on_prompt: OnPrompt, speculate: int, codes: bool = False
 ) -> Generator:
     """The engine's batch generator: this module's budgeted one (--step-tokens), or mlx-lm's
     own where the installed BatchGenerator is not the one it reorders. The budgeted one has a
@@ -530,6 +536,7 @@ def make_generator(
             step_tokens=s.step_tokens,
             on_prompt=on_prompt,
             slots=s.kv_slots,
+            codes=codes,
             speculate=speculate,
             prefill_s=s.prefill_s,
             sampler=sampler,

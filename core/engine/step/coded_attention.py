@@ -1,0 +1,80 @@
+"""Whether the decoding batch holds --kv-bits codes (core.cache.batch.coded), and the model's
+attention routed to them.
+
+`--kv-batch codes` makes the decoding batch's slots hold the codes, `values` their round trip
+at the model's dtype, `auto` (the default) codes where MLX runs on a GPU and values on a CPU.
+Why: attention over codes is a quantized matmul, which on this project's CPU (MLX's CPU
+backend, 2 cores) took 1.9x-6.3x the time of attention over float32 K/V
+(loadtests/bench_kv_attention.py), while on a GPU MLX's quantized kernels read fewer bytes,
+which is what a decode step's attention waits on. `holds_codes` also keeps values where codes
+cannot be had: no --kv-bits, no slots (`--no-kv-slots`), a dtype whose scale the affine
+planes would not hold exactly (float16), or a model whose attention does not go through
+mlx-lm's `scaled_dot_product_attention` by name (`install` could not route it).
+
+`install` rebinds that name in the modules the model's layers come from to a wrapper that
+sends a `CodedSlotKVCache` to its own `attend` and anything else to what was there (the
+library's function, or core.engine.step.cpu_ops' wrapper of it). Runs in the engine thread
+(model loading and every forward).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from radixchat.core.cache.batch.coded import CodedSlotKVCache
+from radixchat.core.cache.kv_format import KVFormat
+from radixchat.core.engine.step.cpu_ops import modules_of
+
+KVBatch = Literal["auto", "codes", "values"]
+NAME = "scaled_dot_product_attention"
+
+
+def _routed(inner: Callable[..., mx.array]) -> Callable[..., mx.array]:
+    def scaled_dot_product_attention(
+        queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any = None
+    ) -> mx.array:
+        if isinstance(cache, CodedSlotKVCache) and sinks is None:
+            return cache.attend(queries, keys, values, scale, mask)
+        return inner(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+    scaled_dot_product_attention.coded_inner = inner  # type: ignore[attr-defined]  # (how `install` knows its own)
+    return scaled_dot_product_attention
+
+
+def install(model: nn.Module) -> bool:
+    """Route the model's attention over coded caches to them; False where some module of its
+    layers has no attention of that name to route (such a model's batch keeps values)."""
+    found = False
+    for name in sorted(modules_of(model)):
+        module = sys.modules.get(name)
+        if module is None or not name.startswith("mlx_lm.models."):
+            continue
+        fn = getattr(module, NAME, None)
+        if callable(fn):
+            found = True
+            if not hasattr(fn, "coded_inner"):
+                setattr(module, NAME, _routed(fn))
+    return found
+
+
+def why_values(fmt: KVFormat | None, dtype: mx.Dtype | None, slots: bool, routed: bool) -> str:
+    """Why a batch asked for codes holds values (for the log)."""
+    if fmt is None:
+        return "no --kv-bits precision (16): the batch holds the model's dtype"
+    if not slots:
+        return "the batch is mlx-lm's BatchKVCache here (--no-kv-slots, --step-tokens 0 or mlx.launch): it holds values"
+    if dtype not in (mx.float32, mx.bfloat16):
+        return f"the model's K/V is {str(dtype).removeprefix('mlx.core.')}, whose scales the codes would not hold exactly: the batch holds values"
+    return "this model's attention is not mlx-lm's scaled_dot_product_attention: the batch holds values"
+
+
+def holds_codes(setting: KVBatch, fmt: KVFormat | None, dtype: mx.Dtype | None, slots: bool, routed: bool) -> bool:
+    """Whether the decoding batch holds codes (see the module's docstring)."""
+    if fmt is None or not slots or not routed or dtype not in (mx.float32, mx.bfloat16) or setting == "values":
+        return False
+    return setting == "codes" or mx.default_device() == mx.gpu
