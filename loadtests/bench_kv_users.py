@@ -11,16 +11,17 @@ until fewer than --keep of the conversations stay cached, then the gap is halved
 sixteenth. Printed per precision: each run's share and the tree's bytes per cached token;
 then the most users with at least --keep of them cached.
 
-The running batch shares the budget (up to 3/4 of it) and holds its rows at the model's
-dtype whatever --kv-bits says (core.cache.kv_format), so many users waiting for replies at
-once leave less of it to the tree at every precision: --concurrent says how many.
+The running batch shares the budget (up to 3/4 of it), so many users waiting for replies at
+once leave less of it to the tree at every precision: --concurrent says how many. At 8 or 4
+bits it holds its rows as --kv-batch says: values (their round trip at the model's dtype) or
+codes (core.cache.batch.coded); `auto`, the server's default, is values on a CPU.
 
 The baseline is 16 bits: --dtype bfloat16 by default (the model's weights and its K/V in
 bfloat16, as on a GPU); on this CPU the server's own default is float32, whose K/V takes
 twice the bytes (`--dtype float32` to see it).
 
     python -m loadtests.bench_kv_users [--model tiny] [--cache-bytes 32MiB] [--bits 16,8,4]
-        [--start 8] [--concurrent 4] [--turns 2] [--reply 48] [--keep 0.9]
+        [--start 8] [--concurrent 4] [--turns 2] [--reply 48] [--keep 0.9] [--kv-batch auto]
 
 In this process, no server; no network.
 """
@@ -87,6 +88,7 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--reply", type=int, default=48, help="tokens in each reply")
     p.add_argument("--keep", type=float, default=0.9, help="the share that must stay cached")
+    p.add_argument("--kv-batch", default="auto", choices=["auto", "codes", "values"])
     args = p.parse_args()
     reexec_with_openblas()
     from radixchat.core.config import Settings
@@ -96,7 +98,7 @@ def main() -> None:
     started = time.perf_counter()
     print(
         f"model {path}; --cache-bytes {args.cache_bytes}; --dtype {args.dtype}; {args.turns} turns of "
-        f"{args.reply} tokens, {args.concurrent} users waiting for a reply at once"
+        f"{args.reply} tokens, {args.concurrent} users waiting for a reply at once; --kv-batch {args.kv_batch}"
     )
 
     def share(bits: int, users: int) -> float:
@@ -104,6 +106,7 @@ def main() -> None:
             model=path,
             dtype=args.dtype,
             kv_bits=bits,
+            kv_batch=args.kv_batch,
             cache_bytes=args.cache_bytes,
             max_queue=1024,
             cache_sharing="system",

@@ -82,14 +82,27 @@ def test_tree_holds_live_tokens_only_and_pins_no_buffer(tiny):
 
 
 @pytest.mark.parametrize(
-    ("kind", "kv_bits"), [("plain", 16), ("hybrid", 16), ("sliding", 16), ("plain", 8), ("plain", 4), ("sliding", 8)]
+    ("kind", "kv_bits", "kv_batch"),
+    [
+        ("plain", 16, "values"),
+        ("hybrid", 16, "values"),
+        ("sliding", 16, "values"),
+        ("plain", 8, "values"),
+        ("plain", 4, "values"),
+        ("sliding", 8, "values"),
+        ("plain", 8, "codes"),
+        ("plain", 4, "codes"),
+        ("sliding", 8, "codes"),
+    ],
 )
-def test_cache_is_transparent(kind, kv_bits, request):
+def test_cache_is_transparent(kind, kv_bits, kv_batch, request):
     """Greedy answers are the same with the cache on and off. "sliding" prompts are all
     longer than the window, so the rotating caches restored from snapshots have wrapped.
     The reference runs mlx-lm's own step order; the cached engine prefills in small chunks
     under a step budget (core.engine.step.stepper), so chunk ends fall inside messages.
-    At 8 or 4 bits both attend over K/V at that precision, and the tree holds its codes."""
+    At 8 or 4 bits both attend over K/V at that precision, and the tree holds its codes; with
+    `codes` the cached engine's decoding batch holds them too (in float32 its attention reads
+    the numbers the reference's does)."""
     fixture = {"plain": "tiny_model_dir", "hybrid": "tiny_hybrid_dir", "sliding": "tiny_sliding_dir"}
     if kv_bits != 16:  # the formats' groups need heads of 32 numbers at least
         fixture = {"plain": "tiny_wide_dir", "sliding": "tiny_wide_sliding_dir"}
@@ -101,13 +114,15 @@ def test_cache_is_transparent(kind, kv_bits, request):
     finally:
         off.stop()
     assert not any(no_hits.values())
-    on = engine_for(model_dir, prefix=True, step_tokens=40, kv_bits=kv_bits)
+    on = engine_for(model_dir, prefix=True, step_tokens=40, kv_bits=kv_bits, kv_batch=kv_batch)
     try:
         got, hits = run_users(on, plan, seed=2)
         got_again, hits_again = run_users(on, plan, seed=3)  # a warm cache, other order
         summary = on.prefix.tree.summary()
+        codes = on.batch_codes
     finally:
         on.stop()
+    assert codes == (kv_batch == "codes")
     assert got == expected and got_again == expected
     later_turns = [hits[k] for k in hits if k[1] > 0]
     assert sum(1 for h in later_turns if h > 0) == len(later_turns), "every later turn should hit"
