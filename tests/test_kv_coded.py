@@ -148,3 +148,23 @@ def test_a_batch_asked_for_codes_that_cannot_hold_them_says_why(tiny_wide_dir, c
         eng.stop()
     assert not eng.batch_codes
     assert "--kv-batch codes: the model's K/V is float16, whose scales" in caplog.text
+
+
+def test_a_device_that_cannot_read_the_codes_is_found_out_at_start(tiny_wide_dir, caplog, monkeypatch):
+    """A backend whose quantized matmul lacks a format's mode (or batched weights) would fail
+    in the first decode step; the engine tries it at start and keeps values, saying why."""
+    from radixchat.core.engine.step import coded_attention
+
+    assert (
+        coded_attention.probe(FORMATS[8], mx.float32) is None and coded_attention.probe(FORMATS[4], mx.bfloat16) is None
+    )
+
+    def refused(*a, **kw):
+        raise ValueError("[quantized_matmul] mode not supported here")
+
+    monkeypatch.setattr(mx, "quantized_matmul", refused)
+    with caplog.at_level("WARNING", logger="radixchat.engine"):
+        eng = Engine(Settings(model=str(tiny_wide_dir), kv_bits=8, kv_batch="codes")).start(timeout=120)
+        eng.stop()
+    assert not eng.batch_codes
+    assert "cannot read affine codes ([quantized_matmul] mode not supported here)" in caplog.text

@@ -70,6 +70,21 @@ class KVFormat:
         """What `planes` hold, in `dtype`: exactly `round_trip` of what they were made from."""
         return self.decode(planes[0], planes[1], dtype)
 
+    def matmul(self, x: mx.array, planes: tuple[mx.array, ...], transpose: bool) -> mx.array:
+        """`x` times what `planes` hold (transposed: against each of their vectors, as scores
+        are made from K), by MLX's quantized matmul, which reads the codes where they are."""
+        biases = planes[2] if len(planes) > 2 else None
+        return mx.quantized_matmul(
+            x,
+            planes[0],
+            planes[1],
+            biases,
+            transpose=transpose,
+            group_size=self.group,
+            bits=self.bits,
+            mode=self.attend_mode,
+        )
+
 
 @dataclass(frozen=True)
 class Pow2Int8(KVFormat):

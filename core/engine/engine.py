@@ -209,10 +209,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 from radixchat.core.engine.step import coded_attention
 
                 slots = s.kv_slots and bool(s.step_tokens) and self.link is None  # (not under mlx.launch yet)
-                routed = fmt is not None and slots and coded_attention.install(self.loaded.model)
-                self.batch_codes = coded_attention.holds_codes(s.kv_batch, fmt, kv_dtype, slots, routed)
-                if s.kv_batch == "codes" and fmt is not None and not self.batch_codes:
-                    log.warning("--kv-batch codes: %s", coded_attention.why_values(fmt, kv_dtype, slots, routed))
+                self.batch_codes = coded_attention.choose(s.kv_batch, fmt, kv_dtype, slots, self.loaded.model)
 
                 self.kv_budget = kv_budget(s)
                 if self.link is not None:  # memory may differ between machines: rank 0's counts

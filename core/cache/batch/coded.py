@@ -66,12 +66,11 @@ class CodedSlotKVCache(SlotKVCache):
         to (B, H, L, T))."""
         fmt = self.fmt
         assert fmt is not None
-        kw = dict(group_size=fmt.group, bits=fmt.bits, mode=fmt.attend_mode)
         B, H, L, D = queries.shape
         kv_heads, T = keys[0].shape[1], keys[0].shape[2]
         r = H // kv_heads
         q = (queries * scale).reshape(B, kv_heads, r * L, D)
-        s = mx.quantized_matmul(q, *keys, transpose=True, **kw).reshape(B, kv_heads, r, L, T)
+        s = fmt.matmul(q, keys, transpose=True).reshape(B, kv_heads, r, L, T)
         lowest = mx.array(mx.finfo(s.dtype).min, s.dtype)  # as the library's: never NaN
         if isinstance(mask, str):
             if L > 1:  # "causal": query i sits at position T - L + i
@@ -86,5 +85,5 @@ class CodedSlotKVCache(SlotKVCache):
                 )
             s = mx.where(m, s, lowest) if m.dtype == mx.bool_ else s + m
         p = mx.softmax(s, axis=-1, precise=True).reshape(B, kv_heads, r * L, T)
-        out = mx.quantized_matmul(p, *values, transpose=False, **kw)
+        out = fmt.matmul(p, values, transpose=False)
         return out.reshape(B, H, L, D)

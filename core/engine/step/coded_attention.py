@@ -11,6 +11,10 @@ cannot be had: no --kv-bits, no slots (`--no-kv-slots`), a dtype whose scale the
 planes would not hold exactly (float16), or a model whose attention does not go through
 mlx-lm's `scaled_dot_product_attention` by name (`install` could not route it).
 
+`choose` decides it for an engine at start: `holds_codes`, then `probe`, which tries the
+device's quantized matmul on the format's codes (a backend that cannot read them keeps
+values, and the log says why, rather than failing the first decode step).
+
 `install` rebinds that name in the modules the model's layers come from to a wrapper that
 sends a `CodedSlotKVCache` to its own `attend` and anything else to what was there (the
 library's function, or core.engine.step.cpu_ops' wrapper of it). Runs in the engine thread
@@ -19,6 +23,7 @@ library's function, or core.engine.step.cpu_ops' wrapper of it). Runs in the eng
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, Literal
@@ -30,6 +35,7 @@ from radixchat.core.cache.batch.coded import CodedSlotKVCache
 from radixchat.core.cache.kv_format import KVFormat
 from radixchat.core.engine.step.cpu_ops import modules_of
 
+log = logging.getLogger("radixchat.engine")
 KVBatch = Literal["auto", "codes", "values"]
 NAME = "scaled_dot_product_attention"
 
@@ -60,6 +66,34 @@ def install(model: nn.Module) -> bool:
             if not hasattr(fn, "coded_inner"):
                 setattr(module, NAME, _routed(fn))
     return found
+
+
+def choose(setting: KVBatch, fmt: KVFormat | None, dtype: mx.Dtype | None, slots: bool, model: nn.Module) -> bool:
+    """Whether this engine's decoding batch holds codes: `holds_codes`, with the model's
+    attention routed (`install`) and the device tried (`probe`); a batch asked for codes that
+    holds values says why in the log."""
+    routed = fmt is not None and slots and install(model)
+    codes = holds_codes(setting, fmt, dtype, slots, routed)
+    if setting == "codes" and fmt is not None and not codes:
+        log.warning("--kv-batch codes: %s", why_values(fmt, dtype, slots, routed))
+    if codes and fmt is not None and dtype is not None and (why := probe(fmt, dtype)) is not None:
+        log.warning("--kv-batch %s: %s", setting, why)
+        return False
+    return codes
+
+
+def probe(fmt: KVFormat, dtype: mx.Dtype) -> str | None:
+    """Why this device cannot attend over `fmt`'s codes in `dtype` (None: it can), tried on two
+    rows of a few positions as a decode step would: a backend whose quantized matmul lacks the
+    mode (or batched weights) says so here, at start, not in the first step."""
+    try:
+        x = mx.ones((2, 2, 4, 64), dtype)
+        k = fmt.planes(x)
+        s = fmt.matmul(x[:, :, :1], k, transpose=True)
+        mx.eval(fmt.matmul(mx.softmax(s, axis=-1), k, transpose=False))
+    except (RuntimeError, ValueError, TypeError) as e:
+        return f"this device's quantized matmul cannot read {fmt.attend_mode} codes ({e}): the batch holds values"
+    return None
 
 
 def why_values(fmt: KVFormat | None, dtype: mx.Dtype | None, slots: bool, routed: bool) -> str:
