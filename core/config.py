@@ -78,6 +78,9 @@ SIZES_HELP = f"; sizes: {SIZE_FORMS}, any case"
 SAMPLING_DEFAULTS = {"temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
 
 
+KVBatch = Literal["auto", "codes", "values"]  # what the decoding batch holds at --kv-bits 8 or 4
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RADIXCHAT_", extra="forbid", validate_default=True)
 
@@ -140,7 +143,7 @@ class Settings(BaseSettings):
         "tier hold K/V at that size (about 0.53x or 0.28x of 16-bit K/V: more conversations stay cached in the "
         "same budget), the decoding batch as --kv-batch says (a --models file sets it per model)",
     )
-    kv_batch: Literal["auto", "codes", "values"] = Field(
+    kv_batch: KVBatch = Field(
         "auto",
         description="What the decoding batch holds at --kv-bits 8 or 4: codes = the format's codes, "
         "read by MLX's quantized attention (the batch's K/V at about the prefix cache's size); values = their "

@@ -168,3 +168,23 @@ def test_a_device_that_cannot_read_the_codes_is_found_out_at_start(tiny_wide_dir
         eng.stop()
     assert not eng.batch_codes
     assert "cannot read affine codes ([quantized_matmul] mode not supported here)" in caplog.text
+
+
+def test_the_doctor_counts_a_batch_that_holds_codes_at_their_size(tiny_wide_dir):
+    """Its batch limit is the budget over the codes' bytes a token, as the engine's admission
+    counts them (a batch of values: over the dtype's)."""
+    from radixchat.core.models.model import load_model
+    from radixchat.core.platform.doctor import _batch_limit
+
+    m = load_model(str(tiny_wide_dir), "float32")
+
+    def lines(**kw) -> dict[str, str]:
+        return dict(_batch_limit(m, Settings(model=str(tiny_wide_dir), kv_bits=8, cache_bytes="64MiB", **kw)))
+
+    values, codes = lines(kv_batch="values"), lines(kv_batch="codes")
+    eng = Engine(Settings(model=str(tiny_wide_dir), kv_bits=8, kv_batch="codes")).start(timeout=120)
+    eng.stop()
+    assert f"{eng.kv_bytes_per_token:,} bytes per token of the batch" in codes["kv budget"], codes
+    assert "holds it as codes" in codes["kv precision"] and "holds it as float32" in values["kv precision"]
+    room = [int(x["batch limit"].split(" tokens")[0].replace(",", "")) for x in (values, codes)]
+    assert room[1] == room[0] * 128 // 40, room  # float32 K/V against int8 codes with a float32 scale and bias

@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixchat.core.config import SAMPLING_DEFAULTS, Settings
+from radixchat.core.config import SAMPLING_DEFAULTS, KVBatch, Settings
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class _Entry(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
     kv_bits: Literal[16, 8, 4] | None = None
-    kv_batch: Literal["auto", "codes", "values"] | None = None
+    kv_batch: KVBatch | None = None
 
     def spec(self) -> ModelSpec:
         overrides: dict = {}

@@ -26,17 +26,17 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from radixchat.core.cache.batch.coded import CodedSlotKVCache
 from radixchat.core.cache.kv_format import KVFormat
+from radixchat.core.config import KVBatch
 from radixchat.core.engine.step.cpu_ops import modules_of
 
 log = logging.getLogger("radixchat.engine")
-KVBatch = Literal["auto", "codes", "values"]
 NAME = "scaled_dot_product_attention"
 
 
