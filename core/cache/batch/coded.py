@@ -5,8 +5,8 @@ With `--kv-bits 8` or `4` the radix tree and the disk tier hold codes, and so do
 prompts' caches' round trips; a `SlotKVCache` of the decoding batch holds that round trip at
 the model's dtype (2 or 4 bytes a number). `CodedSlotKVCache` holds the codes instead
 (`KVFormat.planes`: MLX's affine 8 bits for `Int8`, which holds its signed bytes exactly;
-nvfp4 as it is), about 0.53x or 0.28x of 16-bit K/V, so the running batch takes that much
-less of the K/V budget too. Its K and V, as the model's attention gets them, are tuples of
+nvfp4 as it is), 0.56x or 0.28x of bfloat16 K/V (the 8-bit planes' bias is their extra over
+the tree's 0.53x), so the running batch takes that much less of the K/V budget too. Its K and V, as the model's attention gets them, are tuples of
 planes; `attend` is that attention (one quantized matmul for the scores and one for the
 values, the query heads of a group folded into the query axis), which
 core.engine.step.coded_attention routes the model's attention to for these caches.

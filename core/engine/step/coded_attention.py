@@ -53,8 +53,8 @@ def _routed(inner: Callable[..., mx.array]) -> Callable[..., mx.array]:
 
 
 def install(model: nn.Module) -> bool:
-    """Route the model's attention over coded caches to them; False where some module of its
-    layers has no attention of that name to route (such a model's batch keeps values)."""
+    """Route the model's attention over coded caches to them; False where no module of its
+    layers has an attention of that name to route (such a model's batch keeps values)."""
     found = False
     for name in sorted(modules_of(model)):
         module = sys.modules.get(name)
@@ -75,7 +75,7 @@ def choose(setting: KVBatch, fmt: KVFormat | None, dtype: mx.Dtype | None, slots
     routed = fmt is not None and slots and install(model)
     codes = holds_codes(setting, fmt, dtype, slots, routed)
     if setting == "codes" and fmt is not None and not codes:
-        log.warning("--kv-batch codes: %s", why_values(fmt, dtype, slots, routed))
+        log.warning("--kv-batch codes: %s", why_values(dtype, slots))
     if codes and fmt is not None and dtype is not None and (why := probe(fmt, dtype)) is not None:
         log.warning("--kv-batch %s: %s", setting, why)
         return False
@@ -96,10 +96,8 @@ def probe(fmt: KVFormat, dtype: mx.Dtype) -> str | None:
     return None
 
 
-def why_values(fmt: KVFormat | None, dtype: mx.Dtype | None, slots: bool, routed: bool) -> str:
-    """Why a batch asked for codes holds values (for the log)."""
-    if fmt is None:
-        return "no --kv-bits precision (16): the batch holds the model's dtype"
+def why_values(dtype: mx.Dtype | None, slots: bool) -> str:
+    """Why a batch asked for codes at a --kv-bits precision holds values (for the log)."""
     if not slots:
         return "the batch is mlx-lm's BatchKVCache here (--no-kv-slots, --step-tokens 0 or mlx.launch): it holds values"
     if dtype not in (mx.float32, mx.bfloat16):
