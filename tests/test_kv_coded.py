@@ -19,7 +19,7 @@ from radixchat.core.cache.kv_format import FORMATS
 from radixchat.core.cache.rounded import RoundedBatchKVCache, RoundedKVCache
 from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
-from radixchat.core.engine.step.coded_attention import holds_codes
+from radixchat.core.engine.step.coded_attention import attend, holds_codes
 
 H, D = 2, 32
 
@@ -73,7 +73,7 @@ def test_codes_attend_as_their_round_trip_through_joins_leaves_and_decodes(bits,
             want = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.5, mask=mask)
             mask = coded.make_mask(1)
             keys, values = coded.update_and_fetch(k, k + 1)
-            got = coded.attend(q, keys, values, 0.5, mask)
+            got = attend(q, keys, values, fmt, 0.5, mask)
             assert mx.allclose(want, got, atol=1e-4).item(), (step, mx.abs(want - got).max().item())
         assert lib._idx == coded._idx and lib.left_padding.tolist() == coded.left_padding.tolist()
         assert rows(lib) == rows(coded), step  # read back: the round trip, exactly

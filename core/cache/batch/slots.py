@@ -76,6 +76,11 @@ def _at(buf: Planes, index) -> Planes:
     return tuple(b[index] for b in buf)
 
 
+def _zeros(like: Planes, rows: int, width: int) -> Planes:
+    """Buffers of `rows` rows and `width` columns for planes shaped as `like`'s."""
+    return tuple(mx.zeros((rows, p.shape[1], width, p.shape[3]), p.dtype) for p in like)
+
+
 def swap_order(keep: list[int]) -> list[int]:
     """A survivor order that moves fewest rows: each hole below the new size takes a
     survivor from above it; everyone else stays where they are."""
@@ -249,8 +254,7 @@ class SlotKVCache(BatchKVCache):
             cap_rows = max(rows * 3 // 2, 2)
         width = -(-(left + self._idx + extra) // GRAIN) * GRAIN
         self._drop_views()  # (k and v still hold the old window)
-        self._k = tuple(mx.zeros((cap_rows, p.shape[1], width, p.shape[3]), p.dtype) for p in k)
-        self._v = tuple(mx.zeros((cap_rows, p.shape[1], width, p.shape[3]), p.dtype) for p in v)
+        self._k, self._v = _zeros(k, cap_rows, width), _zeros(v, cap_rows, width)
         shift = left - self.t0  # the window moves to column `left`, its holes with it
         self._holes = {r: [c + shift for c in cols] for r, cols in self._holes.items()}
         if self._idx:
@@ -275,8 +279,7 @@ class SlotKVCache(BatchKVCache):
         k, v = self._held(keys), self._held(values)
         if self._k is None:
             self._rows = keys.shape[0]
-            self._k = tuple(mx.zeros((*p.shape[:2], 0, p.shape[3]), p.dtype) for p in k)
-            self._v = tuple(mx.zeros((*p.shape[:2], 0, p.shape[3]), p.dtype) for p in v)
+            self._k, self._v = _zeros(k, self._rows, 0), _zeros(v, self._rows, 0)
             self._views()
         # A re-lay copies every row's K/V of its layer: at 32 rows of ~1,500 tokens 0.2 s a layer
         # on the bundled model here, all of a model's layers in one step. Each layer re-lays its

@@ -16,7 +16,7 @@ device's quantized matmul on the format's codes (a backend that cannot read them
 values, and the log says why, rather than failing the first decode step).
 
 `install` rebinds that name in the modules the model's layers come from to a wrapper that
-sends a `CodedSlotKVCache` to its own `attend` and anything else to what was there (the
+sends a `CodedSlotKVCache` to `attend` (attention over its codes) and anything else to what was there (the
 library's function, or core.engine.step.cpu_ops' wrapper of it). Runs in the engine thread
 (model loading and every forward).
 """
@@ -32,9 +32,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from radixchat.core.cache.batch.coded import CodedSlotKVCache
+from radixchat.core.cache.batch.slots import Planes
 from radixchat.core.cache.kv_format import KVFormat
 from radixchat.core.config import KVBatch
-from radixchat.core.engine.step.cpu_ops import modules_of
+from radixchat.core.engine.step.cpu_ops import masked, modules_of
 
 log = logging.getLogger("radixchat.engine")
 NAME = "scaled_dot_product_attention"
@@ -44,12 +45,25 @@ def _routed(inner: Callable[..., mx.array]) -> Callable[..., mx.array]:
     def scaled_dot_product_attention(
         queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any = None
     ) -> mx.array:
-        if isinstance(cache, CodedSlotKVCache) and sinks is None:
-            return cache.attend(queries, keys, values, scale, mask)
+        if isinstance(cache, CodedSlotKVCache) and sinks is None and cache.fmt is not None:
+            return attend(queries, keys, values, cache.fmt, scale, mask)
         return inner(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
     scaled_dot_product_attention.coded_inner = inner  # type: ignore[attr-defined]  # (how `install` knows its own)
     return scaled_dot_product_attention
+
+
+def attend(queries: mx.array, keys: Planes, values: Planes, fmt: KVFormat, scale: float, mask: Any) -> mx.array:
+    """softmax(q k^T * scale + mask) v over K and V held as `fmt`'s codes (planes), for
+    queries (B, H, L, D): one quantized matmul for the scores and one for the values, the
+    query heads of a group folded into the query axis (as cpu_ops.attention does)."""
+    B, H, L, D = queries.shape
+    kv_heads, T = keys[0].shape[1], keys[0].shape[2]
+    r = H // kv_heads
+    q = (queries * scale).reshape(B, kv_heads, r * L, D)
+    s = masked(fmt.matmul(q, keys, transpose=True).reshape(B, kv_heads, r, L, T), mask)
+    p = mx.softmax(s, axis=-1, precise=True).reshape(B, kv_heads, r * L, T)
+    return fmt.matmul(p, values, transpose=False).reshape(B, H, L, D)
 
 
 def install(model: nn.Module) -> bool:

@@ -82,7 +82,19 @@ def attention(
     kv_heads, T = keys.shape[1], keys.shape[2]
     r = H // kv_heads
     q = (queries * (scale * LOG2E)).reshape(B, kv_heads, r * L, D)
-    s = (q @ keys.swapaxes(-1, -2)).reshape(B, kv_heads, r, L, T)
+    s = masked((q @ keys.swapaxes(-1, -2)).reshape(B, kv_heads, r, L, T), mask, LOG2E)
+    p = softmax2(s)
+    out = p.reshape(B, kv_heads, r * L, T) @ values
+    return out.reshape(B, H, L, D)
+
+
+def masked(s: mx.array, mask: str | mx.array | None, additive: float = 1.0) -> mx.array:
+    """Scores `s` grouped as (B, kv_heads, r, L, T) (the query heads of a K/V head together)
+    with `mask` as mlx-lm passes it applied: None, "causal" (the last L of T positions), a
+    boolean array (True = attend) or an additive one (times `additive`: the scores' base),
+    broadcastable to (B, H, L, T)."""
+    kv_heads, r, L, T = s.shape[1:]
+    H = kv_heads * r
     # a masked score is the dtype's lowest, not -inf, as the library's: a row masked whole
     # then attends evenly instead of turning into NaN
     lowest = mx.array(mx.finfo(s.dtype).min, s.dtype)
@@ -97,10 +109,8 @@ def attention(
         if m.dtype == mx.bool_:
             s = mx.where(m, s, lowest)
         else:
-            s = s + m * LOG2E
-    p = softmax2(s)
-    out = p.reshape(B, kv_heads, r * L, T) @ values
-    return out.reshape(B, H, L, D)
+            s = s + m * additive
+    return s
 
 
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
