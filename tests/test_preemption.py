@@ -211,7 +211,7 @@ def test_a_users_slow_grammar_masks_are_paid_from_their_share_of_a_step(tiny_mod
                     peak[0] = max(peak[0], len(rows))
                 time.sleep(0.001)
 
-        sampling = Sampling(max_tokens=24, json_schema=schema)
+        sampling = Sampling(max_tokens=12, json_schema=schema)
         theirs = [eng.submit_tokens(p, sampling, owner="mallory") for p in PROMPTS]
         deadline = time.time() + 30
         while sum(a.prefilled for a in list(eng._by_uid.values())) < 4 and time.time() < deadline:
