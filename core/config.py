@@ -18,7 +18,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -79,6 +87,21 @@ SAMPLING_DEFAULTS = {"temperature", "top_p", "presence_penalty", "frequency_pena
 
 
 KVBatch = Literal["auto", "codes", "values"]  # what the decoding batch holds at --kv-bits 8 or 4
+# --kv-group-size: numbers per scale at 8 bits (what MLX's affine matmul, which reads a batch
+# that holds codes, takes); at 4 bits nvfp4's groups are 16 by the format's definition
+KV_GROUP_SIZES = (32, 64, 128)
+
+
+def kv_group_refusal(bits: int, group: int | None) -> str | None:
+    """Why --kv-group-size `group` cannot go with --kv-bits `bits` (None: it can)."""
+    if group is None:
+        return None
+    why = f"kv_group_size {group}: at kv_bits 8, one of {', '.join(map(str, KV_GROUP_SIZES))}"
+    if bits == 16:
+        return f"{why}; at kv_bits 16 K/V keeps the model's dtype, without groups"
+    if bits != 8:
+        return f"{why}; at kv_bits {bits} the format's groups are fixed by its definition"
+    return None if group in KV_GROUP_SIZES else why
 
 
 class Settings(BaseSettings):
@@ -139,9 +162,15 @@ class Settings(BaseSettings):
     kv_bits: Literal[16, 8, 4] = Field(
         16,
         description="Precision of the K/V every cache attends over: 16 = the model's own dtype; 8 = signed "
-        "bytes with a bfloat16 scale per 32 numbers; 4 = MLX's nvfp4 format. The prefix cache and its disk "
+        "bytes with a bfloat16 scale per 32 numbers (--kv-group-size); 4 = MLX's nvfp4 format. The prefix cache and its disk "
         "tier hold K/V at that size (about 0.53x or 0.28x of 16-bit K/V: more conversations stay cached in the "
         "same budget), the decoding batch as --kv-batch says (a --models file sets it per model)",
+    )
+    kv_group_size: int | None = Field(
+        None,
+        description="Numbers per scale at --kv-bits 8: 32 (the default), 64 or 128 (a coarser scale, in "
+        "fewer bytes: about 0.52x or 0.51x of 16-bit K/V against 0.53x). Refused at 16 and at 4 bits "
+        "(nvfp4's groups are 16 by its definition)",
     )
     kv_batch: KVBatch = Field(
         "auto",
@@ -325,10 +354,19 @@ class Settings(BaseSettings):
         "with none idle, is refused at once",
     )
 
-    @field_validator("kv_bits", mode="before")
+    @field_validator("kv_bits", "kv_group_size", mode="before")
     @classmethod
     def _bits_as_written(cls, v: object) -> object:
         return int(v) if isinstance(v, str) and v.strip().isdigit() else v  # the command line's "8"
+
+    @field_validator("kv_group_size")
+    @classmethod
+    def _group_of_its_bits(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if "kv_bits" not in info.data:  # refused itself: said once, there
+            return v
+        if (why := kv_group_refusal(info.data["kv_bits"], v)) is not None:
+            raise ValueError(why)
+        return v
 
     @field_validator("cache_disk_bytes", mode="before")
     @classmethod

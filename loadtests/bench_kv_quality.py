@@ -24,7 +24,7 @@ is a 16-bit cache's own cost), or against a format's cache with --reference (bfl
   round trip is idempotent can be cached from what a batch holds and read back exactly).
 
     python -m loadtests.bench_kv_quality [--model default | --model tiny | --random-dim 2048 --random-layers 16]
-        [--replies 64] [--tokens 128] [--free 8] [--formats bfloat16,affine8,affine4,mxfp8,int8,int8-pow2,mxfp4,nvfp4]
+        [--replies 64] [--tokens 128] [--free 8] [--formats bfloat16,affine8,affine4,mxfp8,int8,int8-g64,int8-pow2,mxfp4,nvfp4]
         [--reference own | --reference bfloat16] [--refs FILE]
 
 Runs in this process on the CPU (or MLX's default device), no server. No network.
@@ -48,6 +48,8 @@ FORMATS = {
     "affine4": ("affine", 4, 64),
     "mxfp8": "mxfp8",
     "int8": "int8",
+    "int8-g64": "int8-g64",  # --kv-group-size 64 (128 needs heads of 128 numbers)
+    "int8-g128": "int8-g128",
     "int8-pow2": "int8-pow2",
     "int8-pow2-g16": "int8-pow2-g16",
     "mxfp4": "mxfp4",
@@ -57,13 +59,15 @@ FORMATS = {
 
 def _spec(fmt):
     from radixchat.core.cache.kv_format import FORMATS as OFFERED
-    from radixchat.core.cache.kv_format import MXFP4, MXFP8, POW2_INT8, Pow2Int8
+    from radixchat.core.cache.kv_format import MXFP4, MXFP8, POW2_INT8, Pow2Int8, kv_format
 
     POW2_G16 = Pow2Int8(mode="int8-pow2-g16", group=16)
+    groups = [kv_format(8, g) for g in (64, 128)]
 
     spec = FORMATS[fmt]
     if isinstance(spec, str):
-        return next(f for f in (*OFFERED.values(), MXFP8, MXFP4, POW2_INT8, POW2_G16) if f.mode == spec)
+        known = (*OFFERED.values(), *groups, MXFP8, MXFP4, POW2_INT8, POW2_G16)
+        return next(f for f in known if spec in (f.name, f.mode))
     return spec
 
 
@@ -206,6 +210,10 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for fmt in formats:
+        spec = _spec(fmt)
+        if spec is not None and not isinstance(spec, tuple) and not spec.fits(head_dim):
+            print(f"| {fmt} | (its groups of {spec.group} do not divide heads of {head_dim}: not measured) |")
+            continue
         per_token = round(2 * layers * stored_bytes(mx, kv, fmt) / kv.shape[2])
         once = round_trip(mx, kv, fmt)
         idem = bool(mx.array_equal(once, round_trip(mx, once, fmt)).item())

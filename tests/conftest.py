@@ -99,6 +99,12 @@ def tiny_wide_dir(tmp_path_factory) -> Path:
     return build_random_model(tmp_path_factory.mktemp("wide") / "tiny-wide", dim=128)
 
 
+@pytest.fixture(scope="session")
+def tiny_wider_dir(tmp_path_factory) -> Path:
+    """Heads of 64 numbers: what --kv-group-size 64 needs."""
+    return build_random_model(tmp_path_factory.mktemp("wider") / "tiny-wider", dim=256)
+
+
 @pytest.fixture(scope="module")
 def tiny_wide_sliding_dir(tmp_path_factory) -> Path:
     """gemma3-style with heads of 32 numbers."""

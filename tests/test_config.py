@@ -4,6 +4,7 @@ never by the text of the host), and limits that must agree with each other."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -160,3 +161,22 @@ def test_the_service_key_comes_from_a_file_and_never_from_two_places(tmp_path, c
     assert "shows in every process list" in capsys.readouterr().err
     load_settings(_parser().parse_args(["worker", "--service-key-file", str(key)]))
     assert capsys.readouterr().err == ""
+
+
+def test_the_settings_page_has_one_row_for_each_flag_and_its_variable():
+    """docs/SETTINGS.md's table names every flag `serve` takes (the flags come from Settings'
+    fields: webui.cli.main), each with its environment variable, and no flag that is not
+    one: a setting added, renamed or removed fails here until the page says so."""
+    import argparse
+    import re
+
+    from radixchat.webui.cli.main import _add_settings_flags
+
+    parser = argparse.ArgumentParser()
+    _add_settings_flags(parser)
+    flags = {a.option_strings[0]: a.dest for a in parser._actions if a.option_strings and a.option_strings[0] != "-h"}
+    page = (Path(__file__).resolve().parents[1] / "docs" / "SETTINGS.md").read_text()
+    rows = dict(re.findall(r"^\| `(--[a-z0-9-]+)`[^|]*\| `(RADIXCHAT_[A-Z0-9_]+)`", page, re.M))
+    assert set(rows) == set(flags), (set(flags) - set(rows), set(rows) - set(flags))
+    for flag, dest in flags.items():
+        assert rows[flag] == "RADIXCHAT_" + dest.upper(), flag

@@ -121,6 +121,26 @@ def test_files_at_one_kv_precision_are_never_read_at_another(tiny_wide_dir, tmp_
         assert (disk.adopted > 0) == found and (again.usage.cached_tokens > 0) == found, (bits, disk)
 
 
+def test_files_at_one_group_size_are_never_read_at_another(tiny_wider_dir, tmp_path):
+    """--kv-group-size 64 is another precision than 8 bits' own 32: a server at the default
+    group finds none of its files, one at 64 again all of them."""
+    eng = disk_engine(tiny_wider_dir, tmp_path, forced=False, kv_bits=8, kv_group_size=64)
+    try:
+        ask(eng, SYSTEMS[0], "What is a tuple?")
+        assert wait_disk_idle(eng)
+    finally:
+        eng.stop()
+    assert files_of(tmp_path)
+    for group, found in ((None, False), (64, True)):
+        eng = disk_engine(tiny_wider_dir, tmp_path, forced=False, kv_bits=8, kv_group_size=group)
+        try:
+            again = ask(eng, SYSTEMS[0], "What is a tuple?")
+            disk = eng.stats().disk_cache
+        finally:
+            eng.stop()
+        assert (disk.adopted > 0) == found and (again.usage.cached_tokens > 0) == found, (group, disk)
+
+
 def test_restart_keeps_hits_privately_and_files_are_private(tiny_model_dir, tmp_path):
     """A second engine over the same folder serves the first one's prefixes from disk,
     each owner's conversation to that owner only, in another namespace numbering."""

@@ -14,12 +14,13 @@ from radixchat.core.engine.engine import Engine
 from radixchat.core.models.models_file import specs
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(("bits", "group"), [(8, None), (8, 64), (8, 128), (4, None)])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
-def test_a_round_trip_of_a_round_trip_is_itself(bits, dtype):
-    fmt = FORMATS[bits]
+def test_a_round_trip_of_a_round_trip_is_itself(bits, group, dtype):
+    fmt = kv_format(bits, group)
+    assert fmt.group == (group or FORMATS[bits].group)
     mx.random.seed(3)
-    x = (mx.random.normal((2, 3, 40, 64)) * 4).astype(dtype)
+    x = (mx.random.normal((2, 3, 40, 128)) * 4).astype(dtype)
     once = fmt.round_trip(x)
     assert once.dtype == dtype
     assert mx.array_equal(fmt.round_trip(once), once).item()
@@ -69,9 +70,9 @@ def test_mlxs_affine_format_is_not_idempotent_which_is_why_it_is_not_offered():
     assert not mx.array_equal(once, twice).item()
 
 
-@pytest.mark.parametrize(("bits", "most"), [(8, 0.54), (4, 0.29)])
-def test_bytes_a_number_against_sixteen_bits(bits, most):
-    fmt = FORMATS[bits]
+@pytest.mark.parametrize(("bits", "group", "most"), [(8, None, 0.54), (8, 64, 0.52), (8, 128, 0.51), (4, None, 0.29)])
+def test_bytes_a_number_against_sixteen_bits(bits, group, most):
+    fmt = kv_format(bits, group)
     x = mx.zeros((1, 4, 10, 128), dtype=mx.bfloat16)
     stored = sum(a.nbytes for a in fmt.encode(x))
     assert stored == 4 * 10 * fmt.bytes_per(128)
@@ -86,6 +87,26 @@ def test_what_is_refused():
         Settings(kv_bits=6)
 
 
+@pytest.mark.parametrize(
+    ("bits", "group", "says"),
+    [
+        (16, 64, "at kv_bits 16 K/V keeps the model's dtype"),
+        (4, 32, "at kv_bits 4 the format's groups are fixed"),
+        (4, 16, "at kv_bits 4 the format's groups are fixed"),
+        (8, 48, "at kv_bits 8, one of 32, 64, 128"),
+        (8, 256, "at kv_bits 8, one of 32, 64, 128"),
+    ],
+)
+def test_a_group_size_is_refused_where_it_is_not_one(bits, group, says):
+    """--kv-group-size is 8 bits' alone: at 16 there are no groups, nvfp4's are its own."""
+    with pytest.raises(ValidationError, match=f"kv_group_size {group}: .*{says}"):
+        Settings(kv_bits=bits, kv_group_size=group)
+    with pytest.raises(ValueError, match=says):
+        kv_format(bits, group)
+    assert Settings(kv_bits="8", kv_group_size="64").kv_group_size == 64  # as the command line writes them
+    assert kv_format(8, 64).name == "int8-g64" and kv_format(8, 32).name == kv_format(8).name == "int8"
+
+
 def test_a_models_file_sets_it_per_model(tmp_path):
     f = tmp_path / "models.toml"
     f.write_text('[[model]]\npath = "tiny"\nkv_bits = 8\n\n[[model]]\npath = "default"\n')
@@ -96,12 +117,59 @@ def test_a_models_file_sets_it_per_model(tmp_path):
     f.write_text('[[model]]\npath = "tiny"\nkv_bits = 5\n')
     with pytest.raises(ValueError, match="kv_bits"):
         specs(Settings(models=str(f)))
+    f.write_text('[[model]]\npath = "tiny"\nkv_bits = 8\nkv_group_size = 64\n')
+    assert specs(Settings(models=str(f)))[0].overrides == {"kv_bits": 8, "kv_group_size": 64}
+    # a model's own precision against the server's group, and a group without 8 bits
+    f.write_text('[[model]]\npath = "tiny"\nkv_bits = 4\n')
+    with pytest.raises(ValueError, match=r"number 1: kv_group_size 64: .* kv_bits 4"):
+        specs(Settings(models=str(f), kv_bits=8, kv_group_size=64))
+    f.write_text('[[model]]\npath = "tiny"\n\n[[model]]\npath = "default"\nkv_group_size = 128\n')
+    with pytest.raises(ValueError, match=r"number 2: kv_group_size 128: .* kv_bits 16"):
+        specs(Settings(models=str(f)))
 
 
-def test_a_model_whose_heads_the_groups_do_not_divide_is_refused_at_start(tiny_model_dir):
-    """The tiny random model's heads hold 16 numbers: the formats' scales cover 32."""
+def test_a_model_whose_heads_the_groups_do_not_divide_is_refused_at_start(tiny_model_dir, tiny_wide_dir):
+    """The tiny random model's heads hold 16 numbers: the formats' scales cover 32. The wide
+    one's hold 32: a group of 64 does not divide them, and the refusal says what would."""
     with pytest.raises(ValueError, match="groups of 32"):
         Engine(Settings(model=str(tiny_model_dir), kv_bits=8)).start(timeout=120)
+    with pytest.raises(ValueError, match=r"groups of 64; .* or a kv_group_size that divides its heads"):
+        Engine(Settings(model=str(tiny_wide_dir), kv_bits=8, kv_group_size=64)).start(timeout=120)
+
+
+@pytest.mark.parametrize("kv_batch", ["values", "codes"])
+def test_a_larger_group_holds_a_token_in_fewer_bytes(kv_batch, tiny_wider_dir):
+    """Heads of 64 numbers at --kv-group-size 64: a bfloat16 scale per 64 codes in the tree
+    (and in a batch that holds codes, its scale and bias planes), where the engine, the
+    doctor and the tree agree; a cached prefix gives the reply it gave computed afresh."""
+    from mlx_lm import load
+
+    from radixchat.core.cache.kv import kv_bytes_per_token
+    from radixchat.core.platform.doctor import batch_bytes_per_token, kv_precision
+    from radixchat.core.seam.requests import Sampling
+
+    prompts = [list(range(5, 60)) * 2, list(range(7, 90))]
+
+    def run(group):
+        s = Settings(model=str(tiny_wider_dir), kv_bits=8, kv_group_size=group, kv_batch=kv_batch, dtype="float32")
+        eng = Engine(s).start(timeout=120)
+        try:
+            texts = [eng.submit_tokens(p, Sampling(max_tokens=24, ignore_eos=True)).result().text for p in prompts]
+            again = [eng.submit_tokens(p, Sampling(max_tokens=24, ignore_eos=True)).result().text for p in prompts]
+            return texts, again, eng.stats().prefix_cache, eng.kv_bytes_per_token
+        finally:
+            eng.stop()
+
+    texts, again, tree, batch_bpt = run(64)
+    assert again == texts  # from the prefix cache: transparent at this group too
+    model, _ = load(str(tiny_wider_dir))
+    bpt = kv_bytes_per_token(model)  # float32, every layer's K and V
+    assert tree.cached_tokens > 0 and tree.bytes == tree.cached_tokens * bpt * (8 + 16 / 64) // 32
+    # codes: 8 bits a number, and a float32 scale and bias per 64 (MLX's affine planes)
+    assert batch_bpt == (bpt * (8 + 2 * 32 / 64) // 32 if kv_batch == "codes" else bpt)
+    assert batch_bpt == (batch_bytes_per_token(kv_format(8, 64), bpt, "float32", kv_batch) or bpt)
+    line = kv_precision(kv_format(8, 64), bpt, "float32", model, kv_batch)
+    assert line.startswith("int8-g64 (--kv-bits 8, 64 numbers a scale)"), line
 
 
 @pytest.mark.parametrize("kv_batch", ["values", "codes"])
@@ -165,13 +233,13 @@ def test_the_doctor_says_when_the_server_would_refuse_a_models_heads(tiny_model_
     from radixchat.core.platform.doctor import kv_precision
 
     narrow, _ = load(str(tiny_model_dir))
-    line = kv_precision(8, kv_bytes_per_token(narrow), "float32", narrow)
+    line = kv_precision(kv_format(8), kv_bytes_per_token(narrow), "float32", narrow)
     assert line.startswith("refused") and "heads (16 numbers)" in line and "kv_bits 16" in line, line
     wide, _ = load(str(tiny_wide_dir))
-    line = kv_precision(8, kv_bytes_per_token(wide), "float32", wide)
-    assert line.startswith("int8 (--kv-bits 8)") and "refused" not in line, line
-    assert kv_precision(4, kv_bytes_per_token(wide), "float32", wide).startswith("nvfp4")
+    line = kv_precision(kv_format(8), kv_bytes_per_token(wide), "float32", wide)
+    assert line.startswith("int8 (--kv-bits 8, 32 numbers a scale)") and "refused" not in line, line
+    assert kv_precision(kv_format(4), kv_bytes_per_token(wide), "float32", wide).startswith("nvfp4")
     bpt = kv_bytes_per_token(wide)
-    assert "decoding batch holds it as float32" in kv_precision(8, bpt, "float32", wide, kv_batch="values")
-    line = kv_precision(8, bpt, "float32", wide, kv_batch="codes")
+    assert "decoding batch holds it as float32" in kv_precision(kv_format(8), bpt, "float32", wide, kv_batch="values")
+    line = kv_precision(kv_format(8), bpt, "float32", wide, kv_batch="codes")
     assert f"decoding batch holds it as codes ({bpt * 40 // 128:,} bytes a token, 0.31x" in line, line

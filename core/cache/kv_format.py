@@ -1,8 +1,8 @@
 """The precision K/V is kept at (`--kv-bits`): what a quantized token is, in bytes and numbers.
 
 At 8 bits K and V are stored as signed bytes with a bfloat16 scale per 32 numbers along the
-head dimension (`Int8`); at 4 bits as MLX's nvfp4 format (`mx.quantize`: a 4-bit float a
-number, an 8-bit float scale per 16). Every cache attends over their round trip
+head dimension (`Int8`; 64 or 128 with --kv-group-size); at 4 bits as MLX's nvfp4 format
+(`mx.quantize`: a 4-bit float a number, an 8-bit float scale per 16). Every cache attends over their round trip
 (`round_trip`: quantized, then dequantized). The decoding batch holds that round trip at the
 model's dtype; the radix tree and the disk tier hold the codes (`encode`), and give back
 exactly the numbers the batch held (`decode`), because these formats' round trip is
@@ -18,9 +18,11 @@ thread (and whoever measures).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, replace
 
 import mlx.core as mx
+
+from radixchat.core.config import kv_group_refusal
 
 BITS = (16, 8, 4)  # what --kv-bits takes; 16: the model's own dtype, nothing quantized
 
@@ -33,6 +35,13 @@ class KVFormat:
     bits: int
     group: int  # numbers per scale, along the head dimension
     scale_bytes: int = 1
+
+    @property
+    def name(self) -> str:
+        """What logs, the doctor and the disk tier's fingerprint call it: the mode, and the
+        group where --kv-group-size made it other than the format's own."""
+        own = type(self).__dataclass_fields__["group"].default
+        return self.mode if self.group == own or own is MISSING else f"{self.mode}-g{self.group}"
 
     def fits(self, head_dim: int) -> bool:
         return head_dim % self.group == 0
@@ -115,7 +124,8 @@ class Pow2Int8(KVFormat):
 
 @dataclass(frozen=True)
 class Int8(KVFormat):
-    """Signed 8-bit integers with one bfloat16 scale per 32 numbers: the scale is the group's
+    """Signed 8-bit integers with one bfloat16 scale per 32 numbers (a group; 64 or 128 where
+    --kv-group-size says, the argument below the same for any): the scale is the group's
     largest magnitude over 127, rounded to bfloat16, and that magnitude is coded 127 whatever
     the rounding (so it moves by at most a quarter of a step; the others by half a step at
     most). Why the round trip of a round trip is itself: the round trip's largest magnitude is
@@ -181,8 +191,14 @@ FORMATS: dict[int, KVFormat] = {8: Int8(), 4: KVFormat("nvfp4", 4, 16)}
 MXFP8, MXFP4, POW2_INT8 = KVFormat("mxfp8", 8, 32), KVFormat("mxfp4", 4, 32), Pow2Int8()
 
 
-def kv_format(bits: int) -> KVFormat | None:
-    """The format of --kv-bits `bits` (None: 16, the model's own dtype)."""
+def kv_format(bits: int, group: int | None = None) -> KVFormat | None:
+    """The format of --kv-bits `bits` (None: 16, the model's own dtype), with `group`
+    numbers per scale (--kv-group-size; None: the format's own)."""
     if bits not in BITS:
         raise ValueError(f"kv_bits: one of {', '.join(map(str, BITS))} (got {bits})")
-    return FORMATS.get(bits)
+    fmt = FORMATS.get(bits)
+    if group is None:
+        return fmt
+    if (why := kv_group_refusal(bits, group)) is not None:
+        raise ValueError(why)
+    return replace(fmt, group=group)

@@ -74,6 +74,7 @@ def _refusal(plain: list[KVCache], fmt: KVFormat) -> str | None:
             return (
                 f"kv_bits {fmt.bits}: this model's heads ({dims[0]} numbers) do not split into the "
                 f"{fmt.mode} format's groups of {fmt.group}; serve it with kv_bits 16"
+                + (" or a kv_group_size that divides its heads" if fmt.name != fmt.mode else "")
             )
     return None
 

@@ -204,7 +204,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 from radixchat.core.cache.kv_format import kv_format
                 from radixchat.core.cache.rounded import install
 
-                fmt = kv_format(s.kv_bits)  # with one, every plain K/V layer's cache writes at it
+                fmt = kv_format(s.kv_bits, s.kv_group_size)  # with one, every plain K/V layer's cache writes at it
                 kv_dtype = install(self.loaded.model, fmt) if fmt is not None else None
                 from radixchat.core.engine.step import coded_attention
 

@@ -9,6 +9,7 @@ A models file is TOML, one `[[model]]` table per model, the first the default:
     pinned = true               # never unloaded (the first model always is)
     context_length = 4096       # the model's context, shorter than its config's
     kv_bits = 8                 # K/V precision (--kv-bits): 16, 8 or 4
+    kv_group_size = 64          # numbers per scale at 8 bits (--kv-group-size): 32, 64 or 128
     kv_batch = "codes"          # what its decoding batch holds at 8 or 4 (--kv-batch)
     temperature = 0.3           # sampling for requests that leave it out (else its card's);
     top_p = 0.9                 # presence_, frequency_ and repetition_penalty too
@@ -26,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixchat.core.config import SAMPLING_DEFAULTS, KVBatch, Settings
+from radixchat.core.config import SAMPLING_DEFAULTS, KVBatch, Settings, kv_group_refusal
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class _Entry(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
     kv_bits: Literal[16, 8, 4] | None = None
+    kv_group_size: int | None = None
     kv_batch: KVBatch | None = None
 
     def spec(self) -> ModelSpec:
@@ -59,6 +61,8 @@ class _Entry(BaseModel):
             overrides["context_length"] = self.context_length
         if self.kv_bits is not None:
             overrides["kv_bits"] = self.kv_bits
+        if self.kv_group_size is not None:
+            overrides["kv_group_size"] = self.kv_group_size
         if self.kv_batch is not None:
             overrides["kv_batch"] = self.kv_batch
         sampling = {k: v for k in SAMPLING_DEFAULTS if (v := getattr(self, k)) is not None}
@@ -80,7 +84,12 @@ def specs(settings: Settings) -> list[ModelSpec]:
     if settings.models is None:
         first = ModelSpec(settings.model, settings.served_model_name, pinned=True)
         return [first, *(ModelSpec(name) for name in settings.extra_models)]
-    return read(settings.models)
+    out = read(settings.models)
+    for n, spec in enumerate(out, start=1):  # a model's own kv_bits against the server's group, or the reverse
+        own = {k: spec.overrides.get(k, getattr(settings, k)) for k in ("kv_bits", "kv_group_size")}
+        if (why := kv_group_refusal(own["kv_bits"], own["kv_group_size"])) is not None:
+            raise ValueError(f"--models {settings.models}: [[model]] number {n}: {why}")
+    return out
 
 
 def read(path: Path) -> list[ModelSpec]:

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixchat.core.config import DISK_AUTO, KVBatch, Settings
 from radixchat.core.platform.blas import (
@@ -29,6 +29,9 @@ from radixchat.core.platform.blas import (
     openblas_core,
     openblas_env,
 )
+
+if TYPE_CHECKING:  # (the doctor imports MLX only where it measures)
+    from radixchat.core.cache.kv_format import KVFormat
 
 _CHILD = "from radixchat.core.platform.blas import matmul_gflops; print(matmul_gflops())"
 
@@ -161,33 +164,30 @@ _SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def batch_bytes_per_token(
-    bits: int, bpt: int, dtype: str, kv_batch: KVBatch = "auto", slots: bool = True
+    fmt: KVFormat | None, bpt: int, dtype: str, kv_batch: KVBatch = "auto", slots: bool = True
 ) -> int | None:
-    """A decoding batch's bytes a token where it would hold --kv-bits codes here (`bpt`: at
+    """A decoding batch's bytes a token where it would hold `fmt`'s codes here (`bpt`: at
     the model's `dtype`); None where it would hold values. (The model's attention is taken to
     be routable, as every mlx-lm model's built on its `scaled_dot_product_attention` is.)"""
     import mlx.core as mx
 
-    from radixchat.core.cache.kv_format import kv_format
     from radixchat.core.engine.step.coded_attention import holds_codes
 
-    fmt, mxdtype = kv_format(bits), getattr(mx, dtype, mx.float32)
+    mxdtype = getattr(mx, dtype, mx.float32)
     if fmt is None or not holds_codes(kv_batch, fmt, mxdtype, slots, routed=True):
         return None
-    vector = sum(p.nbytes for p in fmt.planes(mx.zeros((1, 1, 1, 64), mxdtype)))
-    return bpt * vector // (64 * _SIZES.get(dtype, 4))
+    vector = sum(p.nbytes for p in fmt.planes(mx.zeros((1, 1, 1, 128), mxdtype)))  # 128: every group divides it
+    return bpt * vector // (128 * _SIZES.get(dtype, 4))
 
 
 def kv_precision(
-    bits: int, bpt: int, dtype: str, model: Any = None, kv_batch: KVBatch = "auto", slots: bool = True
+    fmt: KVFormat | None, bpt: int, dtype: str, model: Any = None, kv_batch: KVBatch = "auto", slots: bool = True
 ) -> str:
-    """What --kv-bits makes of K/V: the batch's bytes a token (codes or values: --kv-batch)
-    and the prefix cache's; or, where `model`'s heads do not split into the format's groups,
-    that the server refuses it."""
-    from radixchat.core.cache.kv_format import kv_format
+    """What --kv-bits (and --kv-group-size: `fmt`) makes of K/V: the batch's bytes a token
+    (codes or values: --kv-batch) and the prefix cache's; or, where `model`'s heads do not
+    split into the format's groups, that the server refuses it."""
     from radixchat.core.cache.rounded import refusal
 
-    fmt = kv_format(bits)
     if fmt is None:
         return f"{dtype} everywhere (--kv-bits 16)"
     if model is not None and (why := refusal(model, fmt)) is not None:
@@ -195,11 +195,11 @@ def kv_precision(
     numbers = bpt // _SIZES.get(dtype, 4)  # K's and V's, every layer
     cached = round(fmt.bytes_per(numbers))
     held = f"{dtype} ({bpt:,} bytes a token)"
-    if (coded := batch_bytes_per_token(bits, bpt, dtype, kv_batch, slots)) is not None:
+    if (coded := batch_bytes_per_token(fmt, bpt, dtype, kv_batch, slots)) is not None:
         held = f"codes ({coded:,} bytes a token, {coded / bpt:.2f}x; --kv-batch {kv_batch})"
     return (
-        f"{fmt.mode} (--kv-bits {bits}): every step attends over it; the decoding batch holds it as "
-        f"{held}, the prefix cache and its disk tier as {fmt.mode} "
+        f"{fmt.name} (--kv-bits {fmt.bits}, {fmt.group} numbers a scale): every step attends over it; the "
+        f"decoding batch holds it as {held}, the prefix cache and its disk tier as {fmt.name} "
         f"({cached:,} bytes a token, {cached / bpt:.2f}x)"
     )
 
@@ -223,15 +223,17 @@ def _batch_limit(m, settings: Settings) -> Iterator[tuple[str, str]]:
     """What the K/V budget lets the engine run at once (its working batch limit)."""
     from radixchat.core.cache.batch.layout import batch_room
     from radixchat.core.cache.kv import kv_bytes_per_token
+    from radixchat.core.cache.kv_format import kv_format
     from radixchat.core.config import kv_budget
 
     budget, bpt = kv_budget(settings), kv_bytes_per_token(m.model)
     slots = settings.kv_slots and bool(settings.step_tokens)
-    batch_bpt = batch_bytes_per_token(settings.kv_bits, bpt, m.dtype, settings.kv_batch, slots) or bpt
+    fmt = kv_format(settings.kv_bits, settings.kv_group_size)
+    batch_bpt = batch_bytes_per_token(fmt, bpt, m.dtype, settings.kv_batch, slots) or bpt
     tokens = batch_room(budget) // batch_bpt
     per_seq = 512 + settings.max_tokens
     yield "kv budget", f"{budget / 2**30:.2f} GiB (--cache-bytes), {batch_bpt:,} bytes per token of the batch"
-    yield "kv precision", kv_precision(settings.kv_bits, bpt, m.dtype, m.model, settings.kv_batch, slots)
+    yield "kv precision", kv_precision(fmt, bpt, m.dtype, m.model, settings.kv_batch, slots)
     yield (
         "batch limit",
         (

@@ -402,7 +402,7 @@ def open_tier(
             "runs_as": loaded.runs_as,
             "context_length": loaded.context_length,
             "layers": [c.__name__ for c in prefix.classes],
-            "kv_format": prefix.fmt.mode if prefix.fmt is not None else None,  # never read at another precision
+            "kv_format": prefix.fmt.name if prefix.fmt is not None else None,  # never read at another precision
         },
     )
     root = cache_folder(settings)
