@@ -198,12 +198,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> None:
 
     place = launched()
     settings = serve_disk(settings, sharded=place is not None)
-    if place is not None and (
-        settings.cache_disk_bytes or settings.warm_prompts or settings.speculate or settings.kv_bits != 16
-    ):
+    if place is not None and (settings.cache_disk_bytes or settings.warm_prompts or settings.speculate):
         sys.exit(
-            "radixchat: --cache-disk-bytes, --warm-prompts, --speculate and --kv-bits do not run sharded "
-            "(under mlx.launch) yet"
+            "radixchat: --cache-disk-bytes, --warm-prompts and --speculate do not run sharded (under mlx.launch) yet"
         )
     if place is not None and place[0] != 0:  # mlx.launch: rank 0 serves, the others follow it
         from radixchat.core.engine.shard.follower import follow
