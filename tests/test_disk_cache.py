@@ -102,43 +102,39 @@ def test_files_at_one_kv_precision_are_never_read_at_another(tiny_wide_dir, tmp_
     none of it, and one at 8 again finds all of it. In memory, the tree holds a token at
     about a quarter of the model's float32 K/V: a code of 8 bits a number, a 16-bit scale
     per 32 numbers."""
-    eng = disk_engine(tiny_wide_dir, tmp_path, forced=False, kv_bits=8)
+    readers = [({"kv_bits": 16}, False), ({"kv_bits": 4}, False), ({"kv_bits": 8}, True)]
+    tree, bpt = written_then_read(tiny_wide_dir, tmp_path, {"kv_bits": 8}, readers)
+    assert tree.cached_tokens > 0 and tree.bytes == tree.cached_tokens * bpt * (8 + 16 / 32) // 32
+
+
+def test_files_at_one_group_size_are_never_read_at_another(tiny_wider_dir, tmp_path):
+    """--kv-group-size 64 is another precision than 8 bits' own 32: a server at the default
+    group finds none of its files, one at 64 again all of them."""
+    wrote = {"kv_bits": 8, "kv_group_size": 64}
+    written_then_read(tiny_wider_dir, tmp_path, wrote, [({"kv_bits": 8}, False), (wrote, True)])
+
+
+def written_then_read(model_dir, tmp_path, wrote: dict, readers: list[tuple[dict, bool]]):
+    """An engine with `wrote`'s settings caches a prompt on disk; then an engine with each
+    reader's finds its files (True) or none of them (False). The writer's tree and bytes a
+    token."""
+    eng = disk_engine(model_dir, tmp_path, forced=False, **wrote)
     try:
         ask(eng, SYSTEMS[0], "What is a tuple?")
         assert wait_disk_idle(eng)
         tree, bpt = eng.stats().prefix_cache, eng.kv_bytes_per_token
     finally:
         eng.stop()
-    assert tree.cached_tokens > 0 and tree.bytes == tree.cached_tokens * bpt * (8 + 16 / 32) // 32
     assert files_of(tmp_path)
-    for bits, found in ((16, False), (4, False), (8, True)):
-        eng = disk_engine(tiny_wide_dir, tmp_path, forced=False, kv_bits=bits)
+    for settings, found in readers:
+        eng = disk_engine(model_dir, tmp_path, forced=False, **settings)
         try:
             again = ask(eng, SYSTEMS[0], "What is a tuple?")
             disk = eng.stats().disk_cache
         finally:
             eng.stop()
-        assert (disk.adopted > 0) == found and (again.usage.cached_tokens > 0) == found, (bits, disk)
-
-
-def test_files_at_one_group_size_are_never_read_at_another(tiny_wider_dir, tmp_path):
-    """--kv-group-size 64 is another precision than 8 bits' own 32: a server at the default
-    group finds none of its files, one at 64 again all of them."""
-    eng = disk_engine(tiny_wider_dir, tmp_path, forced=False, kv_bits=8, kv_group_size=64)
-    try:
-        ask(eng, SYSTEMS[0], "What is a tuple?")
-        assert wait_disk_idle(eng)
-    finally:
-        eng.stop()
-    assert files_of(tmp_path)
-    for group, found in ((None, False), (64, True)):
-        eng = disk_engine(tiny_wider_dir, tmp_path, forced=False, kv_bits=8, kv_group_size=group)
-        try:
-            again = ask(eng, SYSTEMS[0], "What is a tuple?")
-            disk = eng.stats().disk_cache
-        finally:
-            eng.stop()
-        assert (disk.adopted > 0) == found and (again.usage.cached_tokens > 0) == found, (group, disk)
+        assert (disk.adopted > 0) == found and (again.usage.cached_tokens > 0) == found, (settings, disk)
+    return tree, bpt
 
 
 def test_restart_keeps_hits_privately_and_files_are_private(tiny_model_dir, tmp_path):
