@@ -18,36 +18,24 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter
 from fastapi.testclient import TestClient
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.models import as_engines
 from radixchat.core.seam.requests import ChatRequest, QueueFull, Sampling, owner_of
 from radixchat.webui.api import generation
 from radixchat.webui.api.chat import ChatFrames
-from radixchat.webui.api.errors import install_error_handlers
 from radixchat.webui.api.metrics import Metrics
-from radixchat.webui.api.routes import include_api
 from radixchat.webui.api.shapes import fields
 from radixchat.webui.api.shapes.schema import ChatCompletionRequest, CompletionRequest
 from radixchat.webui.server import build_app
+from tests.support.api_app import api_app
 from tests.support.fake_engine import INFO, FakeEngine
 from tests.support.metrics import metric_value
 
 GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 API_DOC = Path(__file__).resolve().parents[1] / "docs" / "API.md"
-
-
-def api_app(engine, store=None, *, no_auth=False, extra=()) -> FastAPI:
-    """The API routers alone on an app holding the state their dependencies read."""
-    app = FastAPI()
-    app.state.engines, app.state.settings, app.state.store = as_engines(engine), Settings(no_auth=no_auth), store
-    app.state.metrics = Metrics(engine)
-    install_error_handlers(app)
-    include_api(app, extra)
-    return app
 
 
 @pytest.fixture

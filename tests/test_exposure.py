@@ -18,18 +18,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from radixchat.core.config import Settings
-from radixchat.core.engine.models import as_engines
 from radixchat.core.store import NotFound, Store
 from radixchat.core.store import schema as store_schema
-from radixchat.webui.api.errors import BodyLimit, install_error_handlers
-from radixchat.webui.api.metrics import Metrics
-from radixchat.webui.api.routes import include_api
 from radixchat.webui.server import build_app
+from tests.support.api_app import api_app
 from tests.support.fake_engine import FakeEngine
 
 GOOD = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
@@ -48,20 +44,11 @@ def alice_key(store):
     return store.create_api_key(user, "tests")[1]
 
 
-def api_app(engine, store) -> FastAPI:
-    """The API routers behind the body limit, as build_app has them, without the page."""
-    app = FastAPI()
-    app.state.engines, app.state.settings, app.state.store = as_engines(engine), Settings(), store
-    app.state.metrics = Metrics(engine)
-    install_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=Settings().max_body_bytes)
-    include_api(app)
-    return app
-
-
 @pytest.fixture
 def http(store, alice_key):
-    with TestClient(api_app(FakeEngine(), store), headers={"Authorization": f"Bearer {alice_key}"}) as client:
+    with TestClient(
+        api_app(FakeEngine(), store, body_limit=True), headers={"Authorization": f"Bearer {alice_key}"}
+    ) as client:
         yield client
 
 

@@ -67,7 +67,11 @@ class RequestEnd(Generic[T]):
         reader: bool = False,
         model: str | None = None,
     ):
-        self._metrics, self._write, self._executor = metrics, write, executor
+        self._metrics, self._executor = metrics, executor
+        # dropped once it has run: a write usually closes over what holds this end (the API's
+        # Ledger keeps its ends), and kept, every request would be a reference cycle that
+        # waits for Python's cyclic collector, whose pauses stall every thread
+        self._write: Callable[[Finished | Failed, str], T] | None = write
         self._model = model  # the label its metrics go under (None: the first model)
         self._lock = threading.Lock()
         self._final: Finished | Failed | None = None
@@ -119,6 +123,7 @@ class RequestEnd(Generic[T]):
                 return
             self._started = True
         if not self._keep:
+            self._write = None
             self._done.set_result(None)
         elif self._executor is None:
             self._record()
@@ -126,10 +131,11 @@ class RequestEnd(Generic[T]):
             self._executor.submit(self._record)
 
     def _record(self) -> None:
+        write, self._write = self._write, None
         try:
             final = self._final
-            assert final is not None  # `_go` records only an ended request
-            self._done.set_result(self._write(final, self._text))
+            assert final is not None and write is not None  # `_go` records an ended request, once
+            self._done.set_result(write(final, self._text))
         except Exception as e:  # a waiter, if any, gets it too; the log is for when none is left
             log.exception("could not record the end of a request")
             self._done.set_exception(e)

@@ -189,9 +189,15 @@ async def _events(handle: RequestHandle) -> AsyncIterator[bytes]:
         task.cancel()
 
 
-def serve_worker(settings: Settings, start: Callable[[Settings], EngineClient], options: dict[str, Any]) -> None:
-    """Load the engine (`start`), serve it with uvicorn `options` until a signal, stop it.
-    Refuses (SystemExit 2, one line) to serve without a service key unless --no-auth."""
+def serve_worker(
+    settings: Settings,
+    start: Callable[[Settings], EngineClient],
+    options: dict[str, Any],
+    started: Callable[[], None] = lambda: None,
+) -> None:
+    """Load the engine (`start`), serve it with uvicorn `options` until a signal (`started`
+    once it listens), stop it. Refuses (SystemExit 2, one line) to serve without a service
+    key unless --no-auth."""
     import signal
     import sys
 
@@ -216,6 +222,7 @@ def serve_worker(settings: Settings, start: Callable[[Settings], EngineClient], 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started:
+                started()
                 print(line, flush=True)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

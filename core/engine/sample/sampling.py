@@ -14,6 +14,7 @@ does not normalize them), so whatever needs probabilities normalizes the row its
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -100,18 +101,23 @@ def make_request_sampler(s: Sampling, constraint: Constraint | None = None) -> S
 
 def guarded(a: Active, sampler: Sampler | None) -> Sampler | None:
     """Wrap request `a`'s sampler so its failure ends that request (noted in `a.error`),
-    not the batch: the step goes on with the argmax for that row."""
+    not the batch: the step goes on with the argmax for that row. The sampler is kept on `a`
+    (`a.sampler`), so it refers back to `a` weakly: a strong reference would make every such
+    request a reference cycle, freed only by Python's cyclic collector, whose pauses stall
+    every thread (the engine's steps among them)."""
     if sampler is None or isinstance(sampler, Draw):
         return sampler  # (a Draw runs no code of its own that could fail for one request)
     if isinstance(sampler, Constrained):
-        sampler.request = a  # (the batch sampler masks its rows together: it notes failures there)
+        sampler.request = weakref.proxy(a)  # (the batch sampler masks its rows together: it notes failures there)
         return sampler
+    ref = weakref.ref(a)
 
     def guarded_sampler(logprobs: mx.array) -> mx.array:
         try:
             return sampler(logprobs)
         except Exception as e:
-            a.error = e
+            if (request := ref()) is not None:
+                request.error = e
             return mx.argmax(logprobs, axis=-1)
 
     guarded_sampler.rewind = getattr(sampler, "rewind", None)  # type: ignore[attr-defined]  # (as above)
