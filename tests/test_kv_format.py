@@ -138,7 +138,7 @@ def test_a_model_whose_heads_the_groups_do_not_divide_is_refused_at_start(tiny_m
 
 
 @pytest.mark.parametrize("kv_batch", ["values", "codes"])
-def test_a_larger_group_holds_a_token_in_fewer_bytes(kv_batch, tiny_wider_dir):
+def test_a_larger_group_holds_a_token_in_fewer_bytes(kv_batch, tiny_wider_dir, store):
     """Heads of 64 numbers at --kv-group-size 64: a bfloat16 scale per 64 codes in the tree
     (and in a batch that holds codes, its scale and bias planes), where the engine, the
     doctor and the tree agree; a cached prefix gives the reply it gave computed afresh."""
@@ -147,6 +147,7 @@ def test_a_larger_group_holds_a_token_in_fewer_bytes(kv_batch, tiny_wider_dir):
     from radixchat.core.cache.kv import kv_bytes_per_token
     from radixchat.core.platform.doctor import batch_bytes_per_token, kv_precision
     from radixchat.core.seam.requests import Sampling
+    from radixchat.webui.page.logic.dashboard import Presence, summary_table
 
     prompts = [list(range(5, 60)) * 2, list(range(7, 90))]
 
@@ -156,11 +157,12 @@ def test_a_larger_group_holds_a_token_in_fewer_bytes(kv_batch, tiny_wider_dir):
         try:
             texts = [eng.submit_tokens(p, Sampling(max_tokens=24, ignore_eos=True)).result().text for p in prompts]
             again = [eng.submit_tokens(p, Sampling(max_tokens=24, ignore_eos=True)).result().text for p in prompts]
-            return texts, again, eng.stats().prefix_cache, eng.kv_bytes_per_token
+            tab = summary_table(eng, store, Presence())
+            return texts, again, eng.stats().prefix_cache, eng.kv_bytes_per_token, (eng.info, tab)
         finally:
             eng.stop()
 
-    texts, again, tree, batch_bpt = run(64)
+    texts, again, tree, batch_bpt, info = run(64)
     assert again == texts  # from the prefix cache: transparent at this group too
     model, _ = load(str(tiny_wider_dir))
     bpt = kv_bytes_per_token(model)  # float32, every layer's K and V
@@ -170,6 +172,7 @@ def test_a_larger_group_holds_a_token_in_fewer_bytes(kv_batch, tiny_wider_dir):
     assert batch_bpt == (batch_bytes_per_token(kv_format(8, 64), bpt, "float32", kv_batch) or bpt)
     line = kv_precision(kv_format(8, 64), bpt, "float32", model, kv_batch)
     assert line.startswith("int8-g64 (--kv-bits 8, 64 numbers a scale)"), line
+    assert info[0].kv_group == 64 and "K/V at 8 bits, a scale per 64 numbers" in info[1]  # the Server tab
 
 
 @pytest.mark.parametrize("kv_batch", ["values", "codes"])

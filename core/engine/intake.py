@@ -32,6 +32,7 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from radixchat.core.cache.kv_format import kv_format
 from radixchat.core.engine import prepare
 from radixchat.core.engine.active import Active, Cancel, Submit, Templated
 from radixchat.core.engine.parts import EngineParts
@@ -92,6 +93,7 @@ class Intake(EngineParts):
             weights_bytes=m.weights_bytes,
             kv_bits=self.settings.kv_bits,
             kv_batch_codes=self.batch_codes,
+            kv_group=fmt.group if (fmt := kv_format(self.settings.kv_bits, self.settings.kv_group_size)) else 0,
         )
 
     def stats(self) -> EngineStats:

@@ -50,6 +50,7 @@ class ModelInfo:
     weights_bytes: int = 0  # what its weights take in memory here
     kv_bits: int = 16  # the precision its K/V is attended over and cached at (--kv-bits; 16: its dtype's)
     kv_batch_codes: bool = False  # its decoding batch holds K/V at that precision too (--kv-batch)
+    kv_group: int = 0  # numbers per scale at that precision (--kv-group-size at 8 bits; 0 at 16)
 
     @property
     def sampling_defaults(self) -> dict[str, float]:

@@ -177,7 +177,7 @@ def summary_table(engine: Engines | EngineClient, store: Store, presence: Presen
     m = engine.info
     lines.append(
         f"| Model | `{m.model_id}`: {m.num_params / 1e6:,.1f}M parameters, {m.dtype}, "
-        f"context {m.context_length:,} tokens{_kv_bits(m.kv_bits, m.kv_batch_codes)} |"
+        f"context {m.context_length:,} tokens{_kv_bits(m.kv_bits, m.kv_batch_codes, m.kv_group)} |"
     )
     # the same two counts as /health and /metrics (core.seam.protocol.EngineStats)
     lines.append(
@@ -215,9 +215,10 @@ def summary_table(engine: Engines | EngineClient, store: Store, presence: Presen
     return "\n".join(lines)
 
 
-def _kv_bits(bits: int, batch_too: bool) -> str:
+def _kv_bits(bits: int, batch_too: bool, group: int) -> str:
     holders = "the prefix cache and the decoding batch hold" if batch_too else "the prefix cache holds"
-    return "" if bits == 16 else f"; K/V at {bits} bits (--kv-bits: {holders} it at that size)"
+    scale = f", a scale per {group} numbers" if group else ""
+    return "" if bits == 16 else f"; K/V at {bits} bits{scale} (--kv-bits: {holders} it at that size)"
 
 
 def memory_line(engines: Engines, mem: MlxMemoryStats) -> str:
