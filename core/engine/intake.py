@@ -32,7 +32,6 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from radixchat.core.cache.kv_format import kv_format
 from radixchat.core.engine import prepare
 from radixchat.core.engine.active import Active, Cancel, Submit, Templated
 from radixchat.core.engine.parts import EngineParts
@@ -67,6 +66,8 @@ class Intake(EngineParts):
         return self._info
 
     def _describe(self) -> ModelInfo:
+        from radixchat.core.cache.kv_format import kv_format  # (MLX: the serving side imports this module)
+
         m, link = self.loaded, self.link
         assert m is not None  # `start` describes the model it has loaded
         sharded = ""
