@@ -65,6 +65,7 @@ if TYPE_CHECKING:  # they import MLX, which only the engine thread may load
     from mlx_lm.generate import PromptProcessingBatch
 
     from radixchat.core.cache.kv import PrefixStore
+    from radixchat.core.cache.kv_format import KVFormat
     from radixchat.core.cache.radix import Node
     from radixchat.core.engine.step.generator import Generator
     from radixchat.core.models.model import LoadedModel
@@ -110,6 +111,7 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
         self.kv_budget = 0  # bytes of K/V the running batch and the prefix cache share
         self.kv_bytes_per_token = 0  # what one more token of one sequence costs, measured at start
         self.batch_codes = False  # the decoding batch holds --kv-bits codes (core.engine.step.coded_attention)
+        self.kv_fmt: KVFormat | None = None  # the precision K/V is kept at, set at start
         self._token_texts: dict[int, str] = {}  # token id -> its text alone (for logprobs)
         # the prefix cache's disk tier (core.cache.disk.tier) opens in the engine thread's first
         # turn, which this wake-up makes come at once; warm prompts start from there too
@@ -204,7 +206,9 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 from radixchat.core.cache.kv_format import kv_format
                 from radixchat.core.cache.rounded import install
 
-                fmt = kv_format(s.kv_bits, s.kv_group_size)  # with one, every plain K/V layer's cache writes at it
+                self.kv_fmt = fmt = kv_format(
+                    s.kv_bits, s.kv_group_size
+                )  # with one, every plain K/V layer's cache writes at it
                 kv_dtype = install(self.loaded.model, fmt) if fmt is not None else None
                 from radixchat.core.engine.step import coded_attention
 

@@ -66,8 +66,6 @@ class Intake(EngineParts):
         return self._info
 
     def _describe(self) -> ModelInfo:
-        from radixchat.core.cache.kv_format import kv_format  # (MLX: the serving side imports this module)
-
         m, link = self.loaded, self.link
         assert m is not None  # `start` describes the model it has loaded
         sharded = ""
@@ -94,7 +92,7 @@ class Intake(EngineParts):
             weights_bytes=m.weights_bytes,
             kv_bits=self.settings.kv_bits,
             kv_batch_codes=self.batch_codes,
-            kv_group=fmt.group if (fmt := kv_format(self.settings.kv_bits, self.settings.kv_group_size)) else 0,
+            kv_group=self.kv_fmt.group if self.kv_fmt is not None else 0,
         )
 
     def stats(self) -> EngineStats:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from radixchat.core.cache.kv import PrefixStore
+    from radixchat.core.cache.kv_format import KVFormat
     from radixchat.core.cache.radix import Node
     from radixchat.core.cache.scope import CacheScope
     from radixchat.core.config import Settings
@@ -52,6 +53,7 @@ class EngineParts:
     kv_budget: int  # bytes of K/V the running batch and the prefix cache share
     kv_bytes_per_token: int  # what one more token of one sequence costs
     batch_codes: bool  # the decoding batch holds --kv-bits codes (core.engine.step.coded_attention)
+    kv_fmt: KVFormat | None  # the precision K/V is kept at (--kv-bits, --kv-group-size; None: the model's dtype)
     _gen: Generator | None  # the batch generator, once the model has loaded
     # the callers' side and the engine thread (core.engine.intake)
     _info: ModelInfo | None  # what the seam tells of the model, once started

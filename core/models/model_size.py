@@ -19,7 +19,7 @@ from pathlib import Path
 
 from radixchat.core.models.catalog import resolve
 
-_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # a number's bytes, by dtype name
 
 
 def weights_bytes(name: str, dtype: str = "auto") -> int:
@@ -27,7 +27,7 @@ def weights_bytes(name: str, dtype: str = "auto") -> int:
     `dtype` ("auto": float32 except on a Mac, where they run as stored); 0 when its files
     are not here to read (a hub id not downloaded yet)."""
     local = Path(resolve(name).path).expanduser()
-    per = _BYTES.get(dtype) or (None if sys.platform == "darwin" else 4)  # None: as stored
+    per = DTYPE_BYTES.get(dtype) or (None if sys.platform == "darwin" else 4)  # None: as stored
     if local.is_file():
         from radixchat.core.models.gguf_file import GGUFError, read_header
 
@@ -45,4 +45,4 @@ def weights_bytes(name: str, dtype: str = "auto") -> int:
         return stored
     if per is None or "quantization" in config:  # packed weights stay packed
         return stored
-    return stored * per // _BYTES.get(str(config.get("torch_dtype")), per)
+    return stored * per // DTYPE_BYTES.get(str(config.get("torch_dtype")), per)

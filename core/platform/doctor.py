@@ -21,6 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from radixchat.core.config import DISK_AUTO, KVBatch, Settings
+from radixchat.core.models.model_size import DTYPE_BYTES
 from radixchat.core.platform.blas import (
     REEXEC_MARK,
     active_blas,
@@ -160,9 +161,6 @@ def process_memory(weights: int, vocab_size: int, context_length: int, kv_per_to
     return bound_text(parts) + " (what goes beyond the budget and the rest: measured, loadtests/bench_memory.py)"
 
 
-_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
 def batch_bytes_per_token(
     fmt: KVFormat | None, bpt: int, dtype: str, kv_batch: KVBatch = "auto", slots: bool = True
 ) -> int | None:
@@ -177,7 +175,7 @@ def batch_bytes_per_token(
     if fmt is None or not holds_codes(kv_batch, fmt, mxdtype, slots, routed=True):
         return None
     vector = sum(p.nbytes for p in fmt.planes(mx.zeros((1, 1, 1, 128), mxdtype)))  # 128: every group divides it
-    return bpt * vector // (128 * _SIZES.get(dtype, 4))
+    return bpt * vector // (128 * DTYPE_BYTES.get(dtype, 4))
 
 
 def kv_precision(
@@ -192,7 +190,7 @@ def kv_precision(
         return f"{dtype} everywhere (--kv-bits 16)"
     if model is not None and (why := refusal(model, fmt)) is not None:
         return f"refused (the server will not start): {why}"
-    numbers = bpt // _SIZES.get(dtype, 4)  # K's and V's, every layer
+    numbers = bpt // DTYPE_BYTES.get(dtype, 4)  # K's and V's, every layer
     cached = round(fmt.bytes_per(numbers))
     held = f"{dtype} ({bpt:,} bytes a token)"
     if (coded := batch_bytes_per_token(fmt, bpt, dtype, kv_batch, slots)) is not None:
