@@ -151,18 +151,15 @@ def test_a_larger_group_holds_a_token_in_fewer_bytes(kv_batch, tiny_wider_dir, s
 
     prompts = [list(range(5, 60)) * 2, list(range(7, 90))]
 
-    def run(group):
-        s = Settings(model=str(tiny_wider_dir), kv_bits=8, kv_group_size=group, kv_batch=kv_batch, dtype="float32")
-        eng = Engine(s).start(timeout=120)
-        try:
-            texts = [eng.submit_tokens(p, Sampling(max_tokens=24, ignore_eos=True)).result().text for p in prompts]
-            again = [eng.submit_tokens(p, Sampling(max_tokens=24, ignore_eos=True)).result().text for p in prompts]
-            tab = summary_table(eng, store, Presence())
-            return texts, again, eng.stats().prefix_cache, eng.kv_bytes_per_token, (eng.info, tab)
-        finally:
-            eng.stop()
-
-    texts, again, tree, batch_bpt, info = run(64)
+    s = Settings(model=str(tiny_wider_dir), kv_bits=8, kv_group_size=64, kv_batch=kv_batch, dtype="float32")
+    eng = Engine(s).start(timeout=120)
+    try:
+        texts = [eng.submit_tokens(p, Sampling(max_tokens=24, ignore_eos=True)).result().text for p in prompts]
+        again = [eng.submit_tokens(p, Sampling(max_tokens=24, ignore_eos=True)).result().text for p in prompts]
+        tab = summary_table(eng, store, Presence())
+        tree, batch_bpt, info = eng.stats().prefix_cache, eng.kv_bytes_per_token, eng.info
+    finally:
+        eng.stop()
     assert again == texts  # from the prefix cache: transparent at this group too
     model, _ = load(str(tiny_wider_dir))
     bpt = kv_bytes_per_token(model)  # float32, every layer's K and V
@@ -172,7 +169,7 @@ def test_a_larger_group_holds_a_token_in_fewer_bytes(kv_batch, tiny_wider_dir, s
     assert batch_bpt == (batch_bytes_per_token(kv_format(8, 64), bpt, "float32", kv_batch) or bpt)
     line = kv_precision(kv_format(8, 64), bpt, "float32", model, kv_batch)
     assert line.startswith("int8-g64 (--kv-bits 8, 64 numbers a scale)"), line
-    assert info[0].kv_group == 64 and "K/V at 8 bits, a scale per 64 numbers" in info[1]  # the Server tab
+    assert info.kv_group == 64 and "K/V at 8 bits, a scale per 64 numbers" in tab  # the Server tab
 
 
 @pytest.mark.parametrize("kv_batch", ["values", "codes"])
