@@ -1,9 +1,10 @@
 """A fair share of the engine: waiting requests are admitted least-served owner first, and
-one owner can hold only so many requests at once."""
+one owner can hold only so many requests at once, nor compile without pause beside others."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -16,6 +17,7 @@ from radixchat.core.config import Settings
 from radixchat.core.engine.engine import Engine
 from radixchat.core.engine.prepare import FairPool
 from radixchat.core.engine.sched.fairness import PREFER_AMONG, FairQueue, Wait
+from radixchat.core.engine.sched.owners import OwnerCounts
 from radixchat.core.seam.requests import ChatRequest, Finished, RequestError
 
 
@@ -568,3 +570,50 @@ def test_heavy_jobs_leave_a_core_and_a_newcomers_compile_still_starts():
         f.result(10)
     assert light.result(10) == "templated"
     assert most["mallory"] == 1
+
+
+def _timed_compiles(pool: FairPool, owner: str, n: int, seconds: float) -> list[tuple[float, float]]:
+    """`n` heavy jobs of `owner`, each `seconds` long, queued at once: each one's (start, end)."""
+    spans: list[tuple[float, float]] = []
+
+    def compile_():
+        start = time.monotonic()
+        time.sleep(seconds)
+        spans.append((start, time.monotonic()))
+
+    for f in [pool.submit(owner, compile_, heavy=True) for _ in range(n)]:
+        f.result(10)
+    return spans
+
+
+def test_a_users_compiles_rest_twice_their_length_while_anyone_else_is_at_work():
+    """Beside other programs there is no spare core for mallory's compiles: while alice is at
+    work, each of them is followed by a rest of twice its length, and alice's own compile
+    does not wait for mallory's rest. Alone, mallory's run back to back."""
+    alice_at_work = threading.Event()
+    pool = FairPool(2, heavy=1, others=lambda owner: owner != "alice" and alice_at_work.is_set())
+    alone = _timed_compiles(pool, "mallory", 3, 0.1)
+    assert all(b[0] - a[1] < 0.1 for a, b in itertools.pairwise(alone)), alone
+
+    alice_at_work.set()
+    paced = _timed_compiles(pool, "mallory", 3, 0.1)
+    assert all(b[0] - a[1] >= 2 * (a[1] - a[0]) for a, b in itertools.pairwise(paced)), paced
+
+    flood = [pool.submit("mallory", time.sleep, 0.1, heavy=True) for _ in range(2)]
+    time.sleep(0.05)  # mallory's first is running: the next rests after it
+    asked = time.monotonic()
+    [(start, _)] = _timed_compiles(pool, "alice", 1, 0.01)
+    assert start - asked < 0.2  # beside mallory's one (her own heavy slot), never behind her rest
+    for f in flood:
+        f.result(10)
+
+
+def test_a_user_counts_as_at_work_between_two_turns_and_not_after():
+    owners = OwnerCounts()
+    assert not owners.others_at_work("mallory")
+    owners.take("alice", 4)
+    assert owners.others_at_work("mallory") and not owners.others_at_work("alice")
+    owners.give("alice")
+    assert owners.others_at_work("mallory", linger_s=10)  # reading the reply, typing the next
+    time.sleep(0.02)
+    assert not owners.others_at_work("mallory", linger_s=0.01)

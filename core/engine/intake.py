@@ -182,7 +182,8 @@ class Intake(EngineParts):
         if pool is None:
             with self._lock:  # made once, by whichever caller comes first
                 if self._prep is None:
-                    self._prep = prepare.FairPool(self.settings.prepare_threads)
+                    # a user's compiles are paced while anyone else, on any model, is at work
+                    self._prep = prepare.FairPool(self.settings.prepare_threads, others=self.owners.others_at_work)
                 pool = self._prep
         return pool
 

@@ -17,7 +17,13 @@ of slow preparations waits for none of them. Jobs marked `serial`
 on that lock holding a job while another owner's job could run. Jobs marked `heavy`
 (grammar compiles, each a core's work for tens of milliseconds) run at most one fewer at
 once than there are cores, but for one of each owner with none running, so a flood's
-compiles leave the engine's forward a core.
+compiles leave the engine's forward a core. And while anyone else is at work (`others`:
+core.engine.sched.owners), an owner's heavy jobs fill at most `HEAVY_SHARE` of the time: after
+one that took d seconds, their next starts no sooner than 2d after it ended. A spare core is
+not there when other programs hold the machine's cores, and a compile beside another user's
+step then slows that step, however short it is (under a flood of distinct 64 KB regex schemas
+with two CPU-bound processes beside the server, a compile ran in every one of alice's slow
+first steps; BENCHMARKS.md, Fairness). The user who sends them waits for their own compiles.
 
 Left to others: what a job does (core.engine.intake templates, tokenizes and compiles), the
 per-user and queue limits (Intake counts a request before it reaches this pool).
@@ -34,6 +40,7 @@ import itertools
 import json
 import os
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -43,6 +50,7 @@ from typing import Any, TypeVar, TypeVarTuple
 from radixchat.core.seam.requests import ChatRequest, PromptRequest, RequestError
 
 IDLE_S = 5.0  # a worker with nothing to do for this long ends (the next job starts one)
+HEAVY_SHARE = 1 / 3  # of the time, what an owner's heavy jobs may fill while others are at work
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -73,8 +81,16 @@ class FairPool:
     while away, as the engine's fair queue does it), and wins ties with owners already
     served, so a newcomer's job is next once a worker is free."""
 
-    def __init__(self, workers: int, name: str = "radixchat-prepare", heavy: int | None = None):
+    def __init__(
+        self,
+        workers: int,
+        name: str = "radixchat-prepare",
+        heavy: int | None = None,
+        others: Callable[[Hashable], bool] | None = None,
+    ):
         self.workers = workers
+        self._others = others  # is anyone but this owner at work? (None: never paced)
+        self._rest: dict[Hashable, float] = {}  # owner -> when their next heavy job may start (monotonic s)
         # heavy jobs (grammar compiles: a core each, GIL released) at once: all cores but one,
         # which the engine's forward keeps (`_may_compile`)
         self.heavy = max(1, (os.cpu_count() or 2) - 1) if heavy is None else heavy
@@ -127,7 +143,7 @@ class FairPool:
                 o
                 for o, jobs in self._queues.items()
                 if not (jobs[0].serial and self._serial_busy)
-                and not (jobs[0].heavy and not self._may_compile(o))
+                and not (jobs[0].heavy and not (self._may_compile(o) and self._rested(o)))
                 and self._may_start(o)
             ]
             if not ready:
@@ -162,6 +178,18 @@ class FairPool:
         (alice's first token p95 0.19-0.30 s against 0.16-0.23 s)."""
         return _room_for(self._heavy, owner, self.heavy)
 
+    def _rested(self, owner: Hashable) -> bool:
+        """Is `owner`'s rest after their last heavy job over, or nobody else at work (the
+        lock held)? Kept when the owner goes idle: a flood that sends its next request the
+        moment one ends would otherwise never rest."""
+        until = self._rest.get(owner)
+        if until is None:
+            return True
+        if time.monotonic() >= until:
+            del self._rest[owner]
+            return True
+        return self._others is None or not self._others(owner)
+
     def _forget_if_idle(self, owner: Hashable) -> None:
         if owner not in self._queues and not self._running[owner]:
             del self._served[owner], self._last[owner], self._running[owner], self._heavy[owner]
@@ -170,7 +198,10 @@ class FairPool:
         """Wait for a job this worker may run; None when it should end (idle too long)."""
         with self._cond:
             while (job := self._take()) is None:
-                if not self._cond.wait(IDLE_S) and not self._queues:
+                # a heavy job resting wakes a worker when its rest ends
+                resting = [self._rest[o] for o in self._queues if o in self._rest]
+                wait = min(resting, default=time.monotonic() + IDLE_S) - time.monotonic()
+                if not self._cond.wait(max(wait, 0.001)) and not self._queues:
                     # ended under the lock: a job queued after this sees one thread fewer
                     self._threads -= 1
                     return None
@@ -178,12 +209,19 @@ class FairPool:
 
     def _work(self) -> None:
         while (job := self._next()) is not None:
+            started = time.monotonic()
             try:
                 job.future.set_result(job.fn(*job.args))
             except BaseException as e:  # the caller's to handle: it waits on the future
                 job.future.set_exception(e)
             finally:
                 with self._cond:
+                    if job.heavy:  # the rest is charged whatever the job came to (a refused schema too)
+                        now = time.monotonic()
+                        rest = now + (now - started) * (1 / HEAVY_SHARE - 1)
+                        self._rest[job.owner] = max(self._rest.get(job.owner, 0.0), rest)
+                        for o in [o for o, t in self._rest.items() if t <= now]:
+                            del self._rest[o]
                     self._running[job.owner] -= 1
                     self._heavy[job.owner] -= job.heavy
                     self._forget_if_idle(job.owner)

@@ -33,11 +33,11 @@ from collections.abc import Hashable, Iterable
 
 from radixchat.core.engine.active import Active
 from radixchat.core.engine.parts import EngineParts
+from radixchat.core.engine.sched.owners import LINGER_S
 
 MASK_FLOOR_S = 0.02  # per step, what one owner's masks may always take
 EMA = 0.2  # weight of the latest step in the step time's moving average
 RESUME = 0.8  # of the share: what an owner's masks may come to with a newly admitted row
-LINGER_S = 2.0  # an owner still counts for the share this long after their work ended
 
 
 class MaskShare(EngineParts):
