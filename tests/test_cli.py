@@ -13,6 +13,8 @@ import urllib.request
 import pytest
 
 from radixchat.core.platform.blas import REEXEC_MARK, coretype_for_cpu, find_openblas
+from radixchat.core.seam.protocol import ModelInfo
+from radixchat.webui.cli.main import model_line
 from tests.support.procs import RADIXCHAT, free_port
 
 
@@ -163,6 +165,15 @@ def test_the_banner_comes_once_the_socket_listens(tiny_model_dir, tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
+
+
+def test_the_start_up_line_names_the_k_v_precision_where_it_is_not_the_models_dtype():
+    plain = ModelInfo("m", num_params=135_000_000, dtype="float32", context_length=8192, vocab_size=10)
+    assert model_line(plain) == "m (135.0M params, float32, context 8192)"
+    at8 = ModelInfo("m", 135_000_000, "float32", 8192, 10, kv_bits=8, kv_group=64)
+    assert model_line(at8) == "m (135.0M params, float32, context 8192, K/V at 8 bits (a scale per 64 numbers))"
+    at4 = ModelInfo("m", 135_000_000, "float32", 8192, 10, kv_bits=4)
+    assert model_line(at4).endswith("context 8192, K/V at 4 bits)")
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # each is imported where it is used, so that `radixchat users
     from radixchat.core.engine.engine import Engine
     from radixchat.core.engine.models import ModelSet
     from radixchat.core.engine.sched.owners import OwnerCounts
-    from radixchat.core.seam.protocol import Lifecycle
+    from radixchat.core.seam.protocol import Lifecycle, ModelInfo
     from radixchat.webui.remote.remote_engines import RemoteEngines
 
 
@@ -234,10 +234,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> None:
     engine = models.default
     removals = RemovalWatch(store, models).start()  # `users remove` runs in another process
     m = engine.info
-    lines = [
-        f"radixchat: {m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, "
-        f"context {m.context_length}) on http://{settings.host}:{settings.port}"
-    ]
+    lines = [f"radixchat: {model_line(m)} on http://{settings.host}:{settings.port}"]
     more = [s.model_id for s in models.served()[1:]]
     lines += [f"radixchat: also serving {', '.join(more)} (each loaded when first asked for)"] if more else []
     lines += [f"radixchat: {m.sharded}"] if m.sharded else []
@@ -277,6 +274,16 @@ def serve_disk(settings: Settings, sharded: bool) -> Settings:
 
 STOP_GRACE_S = 5  # a stop's waits (s, whole: uvicorn's timeout_graceful_shutdown is an int): for the engines,
 # the replies' writes, then open connections
+
+
+def model_line(m: ModelInfo) -> str:
+    """The served model in a few words: its size, dtype, context and, where it is not its
+    dtype's, the precision its K/V is cached at (a memory figure a reader would otherwise
+    look for in the Server tab)."""
+    kv = ""
+    if m.kv_bits != 16:
+        kv = f", K/V at {m.kv_bits} bits" + (f" (a scale per {m.kv_group} numbers)" if m.kv_group else "")
+    return f"{m.model_id} ({m.num_params / 1e6:.1f}M params, {m.dtype}, context {m.context_length}{kv})"
 
 
 def _serving(app: FastAPI, models: Lifecycle, options: dict[str, Any], lines: list[str]) -> uvicorn.Server:
