@@ -23,6 +23,13 @@ as soon as the last one ends; whether it streams. Kinds (`KINDS` is the default 
                    against the user's limit)
   short            the earlier benchmark's flood: short prompts, --flood-max-tokens
                    tokens, not streamed (not in the default set)
+  one_token        short prompts, max_tokens 1, streamed: a request arriving at every step
+                   (not in the default set, nor are the two below)
+  extras           short prompts whose rows cost more than plain ones: 4 stop strings of
+                   250 characters, top-20 logprobs, a 300-entry logit_bias and both
+                   penalties, --flood-max-tokens tokens, ignore_eos
+  count_tokens     /v1/messages/count_tokens with ~100,000 characters of content: templated
+                   and tokenized, never generated
 
 The child (`run_flood`, started with multiprocessing's spawn) runs the workers in one event
 loop, so the flood's client work never holds the GIL of the process that times alice. A
@@ -51,7 +58,8 @@ from loadtests.bench_prepare import body_of, schema_of
 from radixchat.core.store.accounts import MAX_LIVE_KEYS
 
 KINDS = ("long", "bodies", "schemas", "regex", "long_max_tokens", "n16")
-MORE = ("short", "bodies_keys")
+MORE = ("short", "bodies_keys", "one_token", "extras", "count_tokens")
+COUNT_CHARS = 100_000
 TAG = "@@N@@"
 LONG_PROMPT_TOKENS = 1590
 LONG_MAX_TOKENS = 20
@@ -164,6 +172,24 @@ def plan(kind: str, server: Server, question: str, flood: int, flood_max_tokens:
         body = {**base, "max_tokens": flood_max_tokens, "ignore_eos": True, "messages": _user(question)}
         note = f"short prompts, max_tokens {flood_max_tokens}, ignore_eos, not streamed"
         return _flood(kind, flood, body, False, min(flood, limit), note)
+    if kind == "one_token":
+        body = {**base, **stream, "max_tokens": 1, "messages": _user(question)}
+        return _flood(kind, flood, body, True, 0, "short prompts, max_tokens 1, streamed")
+    if kind == "extras":
+        body = {**base, **stream, "max_tokens": flood_max_tokens, "ignore_eos": True, "messages": _user(question)}
+        body |= {"stop": [f"{k}" * 250 for k in "wxyz"], "logprobs": True, "top_logprobs": 20}
+        body |= {"logit_bias": {str(t): 0.5 for t in range(300)}, "frequency_penalty": 0.5, "presence_penalty": 0.5}
+        note = (
+            f"max_tokens {flood_max_tokens}, ignore_eos, 4 stop strings of 250 characters, top-20 logprobs, "
+            "a 300-entry logit_bias, frequency and presence penalties"
+        )
+        return _flood(kind, flood, body, True, min(flood, limit), note)
+    if kind == "count_tokens":
+        body = {"model": server.model, "messages": _user(body_of(COUNT_CHARS))}
+        note = f"/v1/messages/count_tokens of {COUNT_CHARS:,} characters"
+        return Flood(
+            kind, min(flood, limit), json.dumps(body).encode(), False, 0, note, path="/v1/messages/count_tokens"
+        )
     raise ValueError(f"unknown kind of flood: {kind}")
 
 
