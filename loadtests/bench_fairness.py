@@ -19,6 +19,9 @@ separated; default: the first six; loadtests/floods.py says what each sends):
   long_max_tokens  max_tokens = the model's context minus the prompt, ignore_eos
   n16              n=16 (a 400 here would mean the server refuses n > 1)
   short            the earlier flood: short prompts, 64-token replies, not streamed
+  one_token        short prompts, max_tokens 1, streamed, back to back
+  extras           rows with 4 long stop strings, top-20 logprobs, logit_bias, penalties
+  count_tokens     100,000-character /v1/messages/count_tokens (never generated)
 
 The floods are sized from the server: its context from its own context_length_exceeded
 answer (else the model's config.json), the long prompt's length from its usage counts,
