@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from radixchat.core.config import Settings
+from radixchat.core.engine import prepare
 from radixchat.core.engine.engine import Engine
 from radixchat.core.engine.prepare import FairPool
 from radixchat.core.engine.sched.fairness import PREFER_AMONG, FairQueue, Wait
@@ -304,6 +305,21 @@ def test_a_refused_request_costs_no_templating(small_batch, monkeypatch):
         h.cancel()
     for h in held:
         assert isinstance(h.result(), Finished)
+
+
+def test_a_long_texts_templating_is_a_heavy_job_and_a_short_ones_is_not(small_batch, monkeypatch):
+    """Counting the tokens of a long text holds the tokenizer's lock, which everyone's templating
+    needs, for tens of milliseconds: heavy, so that a flood of them rests while others work."""
+    monkeypatch.setattr(prepare, "HEAVY_TEXT_CHARS", 1_000)  # within this engine's context of 512 tokens
+    heavy: list[bool] = []
+    pool = small_batch._pool()
+    real = pool.submit
+    monkeypatch.setattr(pool, "submit", lambda *a, **kw: heavy.append(kw.get("heavy", False)) or real(*a, **kw))
+    asyncio.run(small_batch.count_tokens(req("ivy", "hello world " * 100)))
+    asyncio.run(small_batch.count_tokens(req("ivy", "a short question")))
+    assert heavy == [True, False]
+    small_batch.submit(req("ivy", "a long world " * 100, n=1)).result()
+    assert heavy[-1] is True
 
 
 def test_the_engine_starts_a_users_cached_request_before_an_uncached_one(tiny_model_dir):

@@ -171,7 +171,9 @@ class Intake(EngineParts):
         self._check_bounds(request)
         self._take_slot(request.owner, request.owner_limit)
         try:
-            job = self._pool().submit(request.owner, self.template, request, serial=True)
+            job = self._pool().submit(
+                request.owner, self.template, request, serial=True, heavy=prepare.long_text(request)
+            )
             [templated] = await prepare.await_all([job])
         finally:
             self._give_slot(request.owner)
@@ -205,9 +207,11 @@ class Intake(EngineParts):
         if request.sampling.constrained:
             jobs.append(pool.submit(owner, self.constraint, request.sampling, owner, heavy=True))
         if isinstance(request, PromptRequest):  # both hold the tokenizer's lock: serial
-            jobs.insert(0, pool.submit(owner, self.tokenize, request.prompt, serial=True))
+            jobs.insert(
+                0, pool.submit(owner, self.tokenize, request.prompt, serial=True, heavy=prepare.long_text(request))
+            )
         else:
-            jobs.insert(0, pool.submit(owner, self.template, request, serial=True))
+            jobs.insert(0, pool.submit(owner, self.template, request, serial=True, heavy=prepare.long_text(request)))
         return jobs
 
     def _queue_prepared(

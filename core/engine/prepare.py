@@ -15,7 +15,8 @@ thread beyond them (`_may_start`): a user whose request arrives behind another u
 of slow preparations waits for none of them. Jobs marked `serial`
 (those that hold the tokenizer's lock) run one at a time, so a worker never sits blocked
 on that lock holding a job while another owner's job could run. Jobs marked `heavy`
-(grammar compiles, each a core's work for tens of milliseconds) run at most one fewer at
+(grammar compiles, and the templating or tokenizing of a text of `HEAVY_TEXT_CHARS` or more:
+each a core's work for tens of milliseconds) run at most one fewer at
 once than there are cores, but for one of each owner with none running, so a flood's
 compiles leave the engine's forward a core. And while anyone else is at work (`others`:
 core.engine.sched.owners), an owner's heavy jobs fill at most `HEAVY_SHARE` of the time: after
@@ -24,6 +25,8 @@ not there when other programs hold the machine's cores, and a compile beside ano
 step then slows that step, however short it is (under a flood of distinct 64 KB regex schemas
 with two CPU-bound processes beside the server, a compile ran in every one of alice's slow
 first steps; BENCHMARKS.md, Fairness). The user who sends them waits for their own compiles.
+A long text's job also holds the tokenizer's lock, which every other user's templating
+needs: paced, it holds it at most a third of the time.
 
 Left to others: what a job does (core.engine.intake templates, tokenizes and compiles), the
 per-user and queue limits (Intake counts a request before it reaches this pool).
@@ -51,6 +54,9 @@ from radixchat.core.seam.requests import ChatRequest, PromptRequest, RequestErro
 
 IDLE_S = 5.0  # a worker with nothing to do for this long ends (the next job starts one)
 HEAVY_SHARE = 1 / 3  # of the time, what an owner's heavy jobs may fill while others are at work
+# characters of text whose templating or tokenizing is a heavy job (SmolLM2's tokenizer: ~1 us
+# a character; 100,000-character /v1/messages/count_tokens floods held its lock back to back)
+HEAVY_TEXT_CHARS = 20_000
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -267,6 +273,11 @@ def text_chars(request: ChatRequest | PromptRequest) -> int:
     if request.tools:
         structured.append(request.tools)
     return n + (len(json.dumps(structured, separators=(",", ":"))) if structured else 0)
+
+
+def long_text(request: ChatRequest | PromptRequest) -> bool:
+    """Is templating or tokenizing `request` a heavy job (its text `HEAVY_TEXT_CHARS` or more)?"""
+    return text_chars(request) >= HEAVY_TEXT_CHARS
 
 
 def check_bounds(
