@@ -184,7 +184,7 @@ class Intake(EngineParts):
         if pool is None:
             with self._lock:  # made once, by whichever caller comes first
                 if self._prep is None:
-                    # a user's compiles are paced while anyone else, on any model, is at work
+                    # a user's heavy jobs are paced while anyone else, on any model, is at work
                     self._prep = prepare.FairPool(self.settings.prepare_threads, others=self.owners.others_at_work)
                 pool = self._prep
         return pool

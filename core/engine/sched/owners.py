@@ -5,8 +5,8 @@ models (core.engine.models) share one, so a user's requests count on every model
 and ten models do not give anyone ten times the limit. A request counts from the moment it
 arrives (core.engine.intake) until it ends (the engine thread gives it back). It also says
 whether anyone else is at work (`others_at_work`), for the preparation pool's pacing of a
-user's grammar compiles (core.engine.prepare), counting a user between two turns as at work
-for `LINGER_S`.
+user's heavy jobs (core.engine.prepare: grammar compiles, long texts), counting a user between
+two turns as at work for `LINGER_S`.
 Any thread; the lock is its own, always taken inside an engine's `_lock` or the preparation
 pool's when both are.
 """
