@@ -206,9 +206,8 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
                 from radixchat.core.cache.kv_format import kv_format
                 from radixchat.core.cache.rounded import install
 
-                self.kv_fmt = fmt = kv_format(
-                    s.kv_bits, s.kv_group_size
-                )  # with one, every plain K/V layer's cache writes at it
+                # with one, every plain K/V layer's cache writes at it
+                self.kv_fmt = fmt = kv_format(s.kv_bits, s.kv_group_size)
                 kv_dtype = install(self.loaded.model, fmt) if fmt is not None else None
                 from radixchat.core.engine.step import coded_attention
 
