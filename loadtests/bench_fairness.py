@@ -40,7 +40,8 @@ tokens while alice was timed (p50/p95: what a preemption costs the preempted, fo
 long_max_tokens above all), and the preemptions (and the tokens the preempted held)
 counted during the flood where the server's /metrics has vLLM's num_preemptions, and the
 server's CPU (all its threads, of one core) while alice was timed, alone and under each. Alice
-is timed in this process's main thread; mallory's event loop runs in a child process.
+is timed in this process's main thread (its garbage collector off during a turn); mallory's
+event loop runs in a child process.
 Traffic to 127.0.0.1 only, bounded by --turns and --duration per phase: the default run
 on the tiny model takes about 10 minutes, --quick under 2.
 
@@ -66,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -274,7 +276,10 @@ def b_turn(http: httpx.Client, messages, max_tokens: int, cap: float) -> dict:
 
 def b_turns(http: httpx.Client, phase: str, args, rng: random.Random, on_think=None) -> list[dict]:
     """Alice's turns, one at a time, for --turns or --duration: each a fresh conversation
-    tagged with `phase`."""
+    tagged with `phase`. This process's cyclic garbage collector is off during a turn: a full
+    collection of its heap took 60-160 ms on two busy cores, and one that fell in the first
+    turn under the one_token flood made 123 ms of that turn's 131 (2026-12-07), counted as
+    the server's. Collections run in the think time instead."""
     out, deadline = [], time.perf_counter() + args.duration
     for i in range(args.turns):
         left = deadline - time.perf_counter()
@@ -284,7 +289,11 @@ def b_turns(http: httpx.Client, phase: str, args, rng: random.Random, on_think=N
             {"role": "system", "content": SYSTEMS[0]},
             {"role": "user", "content": f"[B {phase} {i}] {rng.choice(QUESTIONS)}"},
         ]
-        out.append(b_turn(http, msgs, args.max_tokens, max(left, 2.0)))
+        gc.disable()  # a collection of this process's heap is not the server's latency
+        try:
+            out.append(b_turn(http, msgs, args.max_tokens, max(left, 2.0)))
+        finally:
+            gc.enable()
         if on_think is not None:
             on_think()
         time.sleep(args.think)
@@ -612,6 +621,8 @@ def main() -> None:
                 if args.messages:
                     plans[kind] = over_messages(plans[kind])
             cpu = server_cpu(server.pid)
+            gc.collect()  # what the set-up made, out of the collector's reach (less for it to walk)
+            gc.freeze()
             t0, c0 = time.time(), cpu()
             alone = summary(b_turns(http, "alone", args, rng))
             alone["cpu"] = (cpu() - c0) / max(time.time() - t0, 1e-9)
