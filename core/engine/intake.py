@@ -144,10 +144,10 @@ class Intake(EngineParts):
         """Check, count, prepare (template or tokenize, compile any grammar) and queue a
         request. Raises RequestError when refused. The caller's thread waits while the
         preparation pool does the work, in turn with other users' (core.engine.prepare)."""
-        self._check_bounds(request)
+        chars = self._check_bounds(request)
         self._take_slot(request.owner, request.owner_limit)
         try:
-            return self._queue_prepared(request, *prepare.wait(self._prepare(request)))
+            return self._queue_prepared(request, *prepare.wait(self._prepare(request, chars)))
         except BaseException:
             self._give_slot(request.owner)
             raise
@@ -155,10 +155,10 @@ class Intake(EngineParts):
     async def asubmit(self, request: ChatRequest | PromptRequest) -> RequestHandle:
         """`submit` for asyncio callers: the loop is free while the request is prepared, and
         the handle delivers its events to the calling loop."""
-        self._check_bounds(request)
+        chars = self._check_bounds(request)
         self._take_slot(request.owner, request.owner_limit)  # a flood's refusals cost no templating
         try:
-            return self._queue_prepared(request, *await prepare.await_all(self._prepare(request)))
+            return self._queue_prepared(request, *await prepare.await_all(self._prepare(request, chars)))
         except BaseException:
             self._give_slot(request.owner)  # refused, failed, or its caller gave up
             raise
@@ -168,11 +168,11 @@ class Intake(EngineParts):
         templated in the preparation pool in its owner's turn, queued nowhere. It counts
         against the queue and its owner's limit while it runs, as a request does: a flood of
         counts is refused at the limit like any other."""
-        self._check_bounds(request)
+        chars = self._check_bounds(request)
         self._take_slot(request.owner, request.owner_limit)
         try:
             job = self._pool().submit(
-                request.owner, self.template, request, serial=True, heavy=prepare.long_text(request)
+                request.owner, self.template, request, serial=True, heavy=prepare.long_text(chars)
             )
             [templated] = await prepare.await_all([job])
         finally:
@@ -189,29 +189,31 @@ class Intake(EngineParts):
                 pool = self._prep
         return pool
 
-    def _check_bounds(self, request: ChatRequest | PromptRequest) -> None:
-        """What can be refused from sizes alone, before the request counts or costs anything."""
+    def _check_bounds(self, request: ChatRequest | PromptRequest) -> int:
+        """What can be refused from sizes alone, before the request counts or costs anything.
+        Returns the characters of its text (`prepare.text_chars`), counted once a request."""
         if not isinstance(request, (ChatRequest, PromptRequest)):
             raise TypeError("submit takes a ChatRequest or a PromptRequest")
         if self.loaded is None or not self._ready.is_set() or self._stopping or self._closed:
             raise RequestError("the engine is not running", 503, "engine_unavailable")
-        m = self.loaded
-        prepare.check_bounds(request, m.context_length, m.max_token_chars, self.settings.max_schema_bytes)
+        m, chars = self.loaded, prepare.text_chars(request)
+        prepare.check_bounds(request, chars, m.context_length, m.max_token_chars, self.settings.max_schema_bytes)
+        return chars
 
-    def _prepare(self, request: ChatRequest | PromptRequest) -> list[Future[Any]]:
+    def _prepare(self, request: ChatRequest | PromptRequest, chars: int) -> list[Future[Any]]:
         """Futures of the request's prompt (Templated, or tokens) and of its grammar's matcher
         when it has one, from the preparation pool: the grammar first, so a bad one is refused
-        before any templating, and the two may run side by side."""
+        before any templating, and the two may run side by side. `chars`: its text's
+        characters (`_check_bounds`)."""
         pool, owner = self._pool(), request.owner
         jobs: list[Future[Any]] = []
         if request.sampling.constrained:
             jobs.append(pool.submit(owner, self.constraint, request.sampling, owner, heavy=True))
+        heavy = prepare.long_text(chars)
         if isinstance(request, PromptRequest):  # both hold the tokenizer's lock: serial
-            jobs.insert(
-                0, pool.submit(owner, self.tokenize, request.prompt, serial=True, heavy=prepare.long_text(request))
-            )
+            jobs.insert(0, pool.submit(owner, self.tokenize, request.prompt, serial=True, heavy=heavy))
         else:
-            jobs.insert(0, pool.submit(owner, self.template, request, serial=True, heavy=prepare.long_text(request)))
+            jobs.insert(0, pool.submit(owner, self.template, request, serial=True, heavy=heavy))
         return jobs
 
     def _queue_prepared(

@@ -275,20 +275,20 @@ def text_chars(request: ChatRequest | PromptRequest) -> int:
     return n + (len(json.dumps(structured, separators=(",", ":"))) if structured else 0)
 
 
-def long_text(request: ChatRequest | PromptRequest) -> bool:
-    """Is templating or tokenizing `request` a heavy job (its text `HEAVY_TEXT_CHARS` or more)?"""
-    return text_chars(request) >= HEAVY_TEXT_CHARS
+def long_text(chars: int) -> bool:
+    """Is templating or tokenizing a text of `chars` characters (`text_chars`) a heavy job?"""
+    return chars >= HEAVY_TEXT_CHARS
 
 
 def check_bounds(
-    request: ChatRequest | PromptRequest, context_length: int, max_token_chars: int, max_schema_bytes: int
+    request: ChatRequest | PromptRequest, chars: int, context_length: int, max_token_chars: int, max_schema_bytes: int
 ) -> None:
-    """Refuse, from sizes alone (no tokenizer, no compiler), a request whose text is longer
-    than `context_length` tokens of at most `max_token_chars` characters each could be, or
-    whose grammar is over `max_schema_bytes`. Raises RequestError."""
+    """Refuse, from sizes alone (no tokenizer, no compiler), a request whose text (`chars`
+    characters: `text_chars`) is longer than `context_length` tokens of at most
+    `max_token_chars` characters each could be, or whose grammar is over `max_schema_bytes`.
+    Raises RequestError."""
     if max_token_chars > 0:
         most = context_length * max_token_chars
-        chars = text_chars(request)
         if chars > most:
             # OpenAI's wording, as for a count of tokens: clients recognise an overflow by it
             raise RequestError(
