@@ -195,6 +195,14 @@ class Settings(BaseSettings):
         "Default: auto for `radixchat serve` (off under mlx.launch), 0 for `ask` and "
         "engines built in-process" + SIZES_HELP,
     )
+    cache_disk_writes: Literal["reused", "all"] = Field(
+        "reused",
+        description="What the disk tier writes: `reused` = a node once another request's "
+        "sequence has gone through it (a conversation from its second turn on, a shared "
+        "system message from its second user on; what was stored once and never reused is "
+        "dropped when evicted, and recomputed after a restart); `all` = every stored "
+        "sequence as it is stored",
+    )
     shard_timeout_s: float = Field(
         60.0,
         gt=0,

@@ -32,6 +32,9 @@ GiB = 1 << 30
 
 
 def forced_engine(model_dir, tmp: Path, budget: int, **kw):
+    # every node is evicted as it is stored, so nothing is ever reused in memory: the tier
+    # writes all (its write policy has its own tests, test_disk_cache.py)
+    kw.setdefault("cache_disk_writes", "all")
     eng = engine_for(model_dir, prefix=True, db=tmp / "radixchat.db", warm_presets=False, cache_disk_bytes=budget, **kw)
     eng.prefix.tree.budget = 0
     assert wait_disk_idle(eng), "the disk tier did not open"
@@ -277,6 +280,8 @@ def test_serve_has_the_tier_on_unless_told_otherwise(tiny_model_dir, tmp_path):
             assert "radixchat:prefix_cache_disk_refused_total " in httpx.get(srv.url + "/metrics").text
             r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
             cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+            if len(cached) == 1:  # reused once, it is worth a file (--cache-disk-writes reused)
+                httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).raise_for_status()
             deadline = time.time() + 30
             while srv.metric("radixchat:prefix_cache_disk_backlog_bytes") or not srv.metric(
                 "radixchat:prefix_cache_disk_files"

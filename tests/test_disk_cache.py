@@ -28,7 +28,11 @@ PLAN = conversations(seed=5, users=4, turns=3)
 
 
 def disk_engine(model_dir, tmp: Path, forced: bool = True, **kw):
+    """An engine with the disk tier on. `forced`: the tree's own budget is 0, so every node
+    is spilled as it is stored. The tier writes every stored sequence unless told otherwise:
+    these tests are about files, and the write policy (`reused`, the default) has its own."""
     kw.setdefault("cache_disk_bytes", DISK)
+    kw.setdefault("cache_disk_writes", "all")
     eng = engine_for(model_dir, prefix=True, db=tmp / "radixchat.db", warm_presets=False, **kw)
     if forced:
         eng.prefix.tree.budget = 0  # the tree's own budget; the batch keeps --cache-bytes
@@ -141,10 +145,11 @@ def test_restart_keeps_hits_privately_and_files_are_private(tiny_model_dir, tmp_
     """A second engine over the same folder serves the first one's prefixes from disk,
     each owner's conversation to that owner only, in another namespace numbering."""
     system, question = SYSTEMS[2], "What does yield do?"
-    first = disk_engine(tiny_model_dir, tmp_path, forced=False)
+    first = disk_engine(tiny_model_dir, tmp_path, forced=False, cache_disk_writes="reused")
     try:
         a1 = ask(first, system, question, owner="alice")  # alice takes namespace 1 here
-        ask(first, system, question, owner="carol")
+        ask(first, system, question, owner="alice")  # reused: now worth a file
+        ask(first, system, question, owner="carol")  # stored once: only the system message
         assert wait_disk_idle(first)
     finally:
         first.stop()
@@ -155,18 +160,62 @@ def test_restart_keeps_hits_privately_and_files_are_private(tiny_model_dir, tmp_
     for f in files:
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
 
-    second = disk_engine(tiny_model_dir, tmp_path, forced=False)
+    second = disk_engine(tiny_model_dir, tmp_path, forced=False, cache_disk_writes="reused")
     try:
         assert second.stats().disk_cache.adopted == len(files)
         b = ask(second, system, question, owner="bob")  # first here: alice's old number
         a2 = ask(second, system, question, owner="alice")
+        c2 = ask(second, system, question, owner="carol")
         disk = second.stats().disk_cache
         shared = len(second.loaded.tokenizer.apply_chat_template([{"role": "system", "content": system}]))
     finally:
         second.stop()
     assert b.usage.cached_tokens == shared, "bob may reuse the system message, nothing of alice's"
     assert a2.usage.cached_tokens > shared and a2.text == a1.text
+    assert c2.usage.cached_tokens == shared, "carol's question was stored once: never written"
     assert disk.loads > 0
+
+
+def test_only_what_was_reused_is_written(tiny_model_dir, tmp_path):
+    """--cache-disk-writes reused (the default): a prompt stored once costs no disk work
+    (a flood of distinct prompts writes nothing); the conversation's next turn, which goes
+    through it, writes it, but not its own new tail; evicted, a node never reused is
+    dropped, a reused one spilled and read back."""
+    system, q1 = SYSTEMS[1], "What is a tuple?"
+    eng = disk_engine(tiny_model_dir, tmp_path, forced=False, cache_disk_writes="reused")
+    try:
+        first = ask(eng, system, q1, owner="alice")
+        assert wait_disk_idle(eng)
+        assert eng.stats().disk_cache.writes == 0 and not files_of(tmp_path)
+        for q in ("Why is the sky blue?", "Name a prime.", "Count to three."):
+            ask(eng, system, q, owner="mallory")  # the system message is reused, her prompts not
+
+        turn2 = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": q1},
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "And a list?"},
+        ]
+        again = eng.submit(ChatRequest(messages=turn2, owner="alice")).result()
+        assert isinstance(again, Finished) and again.usage.cached_tokens > 0
+        assert wait_disk_idle(eng)
+        unwritten = [n for n in _nodes(eng.prefix.tree) if n.disk is None]
+        assert len(files_of(tmp_path)) == eng.stats().disk_cache.writes > 0
+        assert len(unwritten) >= 4  # mallory's three prompts and alice's second turn's tail
+
+        eng.prefix.tree.budget = 0  # the next store evicts everything unlocked
+        ask(eng, "Another system message entirely.", "Hello?", owner="bob")
+        assert wait_disk_idle(eng)
+        tree, disk = eng.stats().prefix_cache, eng.stats().disk_cache
+        assert tree.spills > 0 and disk.unwritten >= 4
+        eng.prefix.tree.budget = 1 << 30
+        third = eng.submit(ChatRequest(messages=turn2, owner="alice")).result()
+        disk = eng.stats().disk_cache
+    finally:
+        eng.stop()
+    assert isinstance(third, Finished) and third.text == again.text
+    # what her second turn reused came back from disk; its own tail was recomputed
+    assert third.usage.cached_tokens >= again.usage.cached_tokens and disk.loads > 0
 
 
 KILL_CHILD = r"""
@@ -176,7 +225,7 @@ from radixchat.core.engine.engine import Engine
 from tests.support.conversations import conversations, run_users
 model, db = sys.argv[1], sys.argv[2]
 eng = Engine(Settings(model=model, db=db, max_batch=8, max_prefill_batch=4, max_tokens=12,
-                      cache_disk_bytes=1 << 30, warm_presets=False)).start(timeout=120)
+                      cache_disk_bytes=1 << 30, cache_disk_writes="all", warm_presets=False)).start(timeout=120)
 eng.prefix.tree.budget = 0
 print("ready", flush=True)
 seed = 0

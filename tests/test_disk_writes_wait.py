@@ -83,12 +83,12 @@ def test_writes_wait_no_longer_than_their_bound(clock):
 def test_a_tick_without_writes_keeps_what_waits_and_says_nothing_is_ready():
     tier = DiskTier.__new__(DiskTier)  # the write loop's state only: no folder, no threads
     written: list[object] = []
-    tier.todo = deque(["a path's end", "another"])
+    tier.todo = deque([("a path's end", False), ("another", True)])
     tier.backlog = 0
     tier._done = queue.Queue()
     tier._drain = lambda: 0
     tier._fit = lambda: None
-    tier._write_path = lambda end: written.append(end) or 1 << 20
+    tier._write_path = lambda end, keep: written.append(end) or 1 << 20
     assert tier.tick(write=False) is False  # nothing to do at once: no wake-up spin
     assert written == [] and len(tier.todo) == 2
     tier.tick()

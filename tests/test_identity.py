@@ -90,6 +90,7 @@ def disk_engine(model_dir, tmp: Path, cache_owners=None):
         max_prefill_batch=4,
         max_tokens=8,
         cache_disk_bytes=1 << 30,
+        cache_disk_writes="all",  # each owner's one question has files to forget
         db=tmp / "radixchat.db",
         warm_presets=False,
     )

@@ -232,3 +232,23 @@ def test_an_edge_that_matches_whole_is_compared_in_one_slice():
     key = Key(range(CHUNK * 8))
     assert common_prefix(key, list(range(CHUNK * 8 + 5))) == CHUNK * 8
     assert Key.slices == 1
+
+
+def test_a_node_counts_the_other_requests_that_went_through_it():
+    """`hits`: what the disk tier writes (core/cache/disk/tier.py). A request's own second
+    store (its prompt, then its whole sequence) is not a reuse; another request's is, and a
+    split leaves both halves the count the node had, the half it goes through one more."""
+    tree = RadixCache(1 << 30)
+
+    def put(tokens, by):
+        return tree.insert(tokens, lambda s, e: SimSeg(tokens[s:e]), None, by)
+
+    prompt = put([1, 2, 3, 4], "a")
+    assert put([1, 2, 3, 4, 5, 6], "a").parent is prompt and prompt.hits == 0
+    other = put([1, 2, 9], "b")  # splits a's prompt after [1, 2]
+    upper = other.parent
+    assert upper.key == (1, 2) and upper.hits == 1 and prompt.key == (3, 4) and prompt.hits == 0
+    assert other.hits == 0
+    put([1, 2, 3, 4, 5, 6, 7], "c")
+    assert (upper.hits, prompt.hits, other.hits) == (2, 1, 0)
+    assert prompt.children[5].hits == 1  # a's reply: reused by c

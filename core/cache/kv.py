@@ -12,7 +12,8 @@ tree must never hold; see shared/seeds/000).
 length (the physical trim by construction: nothing is ever trimmed by moving an offset).
 `PrefixStore.store` inserts a finished or prefilled sequence. The tree logic is core.cache.radix;
 with a disk tier (core.cache.disk.tier, `PrefixStore.disk`) a lookup uses the part of the match
-in memory and every stored sequence is queued for writing. Runs MLX: engine thread only.
+in memory and every stored sequence is handed to it (it writes what was reused). Runs MLX:
+engine thread only.
 """
 
 from __future__ import annotations
@@ -182,9 +183,10 @@ class PrefixStore:
         if m is not None and m.node is not None:
             self.tree.unlock(m.node)
 
-    def store(self, tokens: list[int], caches) -> bool:
+    def store(self, tokens: list[int], caches, by: object = None, keep: bool = False) -> bool:
         """Insert `tokens` (a tree key: see core.cache.scope) whose K/V (and states) are in
-        `caches` (one request's, batch 1)."""
+        `caches` (one request's, batch 1), stored by request `by` (see RadixCache.insert).
+        `keep`: the disk tier writes all of it, reused or not (the warm-up's prompts)."""
         live = [c.offset for c, t in zip(caches, self.trimmable) if t]
         if any(n != len(tokens) for n in live) or not tokens:
             log.warning("not caching a sequence of %d tokens whose cache holds %s", len(tokens), live[:1])
@@ -193,10 +195,10 @@ class PrefixStore:
             self.bytes_per_token = sum(2 * c.keys[..., :1, :].nbytes for c, t in zip(caches, self.trimmable) if t)
         snapshot = Snapshot(caches, self.trimmable) if self.hybrid else None
         node = self.tree.insert(
-            tokens, lambda s, e: KVSegment.from_caches(caches, self.trimmable, s, e, self.fmt), snapshot
+            tokens, lambda s, e: KVSegment.from_caches(caches, self.trimmable, s, e, self.fmt), snapshot, by
         )
         if self.disk is not None:
-            self.disk.persist(node)
+            self.disk.persist(node, keep)
         return True
 
     def _restore(self, m: Match) -> list:

@@ -14,7 +14,8 @@ Two tiers (core/cache/disk/tier.py): a node may also hold a `disk` reference (op
 Evicting a node that has one only drops its K/V from memory ("spills" it): its key stays,
 so matches still walk it, and the disk tier reads it back (`attach`). A node without one
 is dropped as before, with any spilled nodes below it. Disk eviction (`fit_disk`) drops
-disk references of unlocked leaves, least recently used first.
+disk references of unlocked leaves, least recently used first. A node counts the stores of
+other requests that went through it (`hits`): the disk tier writes only what was reused.
 
 Invariants (asserted in `check`):
 - a node's segment covers exactly its edge tokens; bytes counted = the sum of the live
@@ -41,7 +42,19 @@ _clock = itertools.count()
 
 
 class Node:
-    __slots__ = ("children", "disk", "key", "last_access", "lock_ref", "mem_children", "parent", "seg", "snapshot")
+    __slots__ = (
+        "by",
+        "children",
+        "disk",
+        "hits",
+        "key",
+        "last_access",
+        "lock_ref",
+        "mem_children",
+        "parent",
+        "seg",
+        "snapshot",
+    )
 
     def __init__(self, key: tuple[int, ...], seg: Any, parent: Node | None):
         self.key = key
@@ -53,6 +66,8 @@ class Node:
         self.last_access = next(_clock)
         self.disk: Any = None  # its K/V's copy on disk (core.cache.disk.tier.DiskRef), if any
         self.mem_children = 0  # children not spilled (kept, so no refresh enumerates children)
+        self.by: object = None  # the request whose stored sequence made it (see `insert`)
+        self.hits = 0  # stores by other requests that went through it: has it been reused?
 
     @property
     def spilled(self) -> bool:
@@ -165,18 +180,24 @@ class RadixCache:
         n = sum(self._walk(tokens).path_lengths)
         return n if n >= min_length else 0
 
-    def insert(self, tokens: list[int], make_seg: Callable[[int, int], Any], snapshot: Any = None) -> Node:
+    def insert(
+        self, tokens: list[int], make_seg: Callable[[int, int], Any], snapshot: Any = None, by: object = None
+    ) -> Node:
         """Store `tokens`; `make_seg(start, end)` supplies the segment of a new edge.
 
         Splits a node where `tokens` leaves its edge. Attaches `snapshot` (if given) to
         the node ending at len(tokens). Then evicts to fit the budget (older entries first,
         the new one last). Returns that node, which may have been evicted if nothing else could.
+        `by` names the request storing (a request stores its prompt, then its whole
+        sequence): every node it goes through that another request made counts a hit, so
+        the disk tier can tell a reused node from one stored once (None: always another).
         """
         node, i = self.root, 0
         while i < len(tokens):
             child = node.children.get(tokens[i])
             if child is None:
                 new = Node(tuple(tokens[i:]), make_seg(i, len(tokens)), node)
+                new.by = by
                 node.children[tokens[i]] = new
                 node.mem_children += 1
                 self._account(new, +1)
@@ -188,6 +209,8 @@ class RadixCache:
             n = common_prefix(child.key, tokens, i)
             if n < len(child.key):
                 child = self._split(child, n)
+            if by is None or child.by != by:
+                child.hits += 1
             if child.spilled:  # its K/V is at hand again: no read from disk next time
                 self.attach(child, make_seg(i, i + n))
             node, i = child, i + n
@@ -411,6 +434,7 @@ class RadixCache:
         upper = Node(child.key[:k], left, child.parent)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        upper.by, upper.hits = child.by, child.hits
         child.parent.children[child.key[0]] = upper
         child.key, child.seg, child.parent = child.key[k:], right, upper
         upper.children[child.key[0]] = child

@@ -77,7 +77,8 @@ class PrefixUse(EngineParts):
         self.prefix.reserve(live * self.prefix.bytes_per_token)
         if self.prefix.disk is not None:  # its files name the owner, not this process's number
             self.prefix.disk.note_owner(self.scope.tag(a.owner), a.owner)
-        self.prefix.store(self.scope.key(list(tokens), a.shared_len, a.owner), caches)
+        key = self.scope.key(list(tokens), a.shared_len, a.owner)
+        self.prefix.store(key, caches, by=a.handle.id, keep=a.owner == WARM_OWNER)
         return live
 
     def _disk_turn(self) -> None:

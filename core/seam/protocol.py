@@ -103,6 +103,7 @@ class DiskCacheStats:
     read_s: float = 0.0
     load_s: float = 0.0
     dropped: int = 0  # corrupt, unreadable, or a failed write
+    unwritten: int = 0  # nodes the memory tier evicted without a file: stored once, never reused
     evicted: int = 0
     refused: int = 0  # entries not written: larger than the limit or their owner's share, or no room
     open_s: float = 0.0

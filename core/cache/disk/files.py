@@ -78,6 +78,7 @@ class DiskStats:
     read_s: float = 0.0  # the reader thread's time (read, checksum, parse)
     load_s: float = 0.0  # the engine thread's (bytes into MLX arrays)
     dropped: int = 0  # entries lost: corrupt, unreadable, or a failed write
+    unwritten: int = 0  # nodes the memory tier evicted without a file: stored once, never reused
     evicted: int = 0  # files deleted to keep the disk budget (or no longer referred to)
     open_s: float = 0.0  # rebuilding the tree's keys from the files
     fingerprint_s: float = 0.0  # hashing the model (core/cache/disk/identity.py)

@@ -1,8 +1,12 @@
 """The disk tier of the prefix cache: tree nodes whose K/V lives in files, read back on demand.
 
-Owns: writing entries (the path of every inserted sequence, a bounded number of bytes per
-engine turn, and at once when the memory tier evicts a node that has no copy yet: it is
-spilled, not dropped), reading them back for a waiting request (`want`), placing the files
+Owns: writing entries (of each inserted sequence's path, the nodes another request's
+sequence has gone through too, a bounded number of bytes per engine turn, and at once when
+the memory tier evicts such a node that has no copy yet: it is spilled, not dropped; a node
+stored once and never reused is not written, and evicted it is dropped: what a flood of
+distinct prompts stores costs no disk work, as SGLang's HiCache's default,
+`write_through_selective`, writes only what was hit; `writes="all"` writes every node, as
+before), reading them back for a waiting request (`want`), placing the files
 a start finds in the tree (`open`: the tree's keys come back, K/V stays on disk until a
 hit; one whose prefix is gone is an orphan and deleted, as is a removed user's), keeping
 the bytes its files hold within the limit core/cache/disk/budget.py decides (least recently
@@ -57,10 +61,19 @@ MAX_BACKLOG = 256 << 20  # bytes waiting for the writer; past it, entries wait i
 
 class DiskTier:
     def __init__(
-        self, folder: Path, budget: int, fingerprint: str, sharing: str, store: PrefixStore, wake: Callable[[], None]
+        self,
+        folder: Path,
+        budget: int,
+        fingerprint: str,
+        sharing: str,
+        store: PrefixStore,
+        wake: Callable[[], None],
+        writes: str = "reused",
     ):
-        """`budget`: --cache-disk-bytes (core.config.DISK_AUTO for auto)."""
+        """`budget`: --cache-disk-bytes (core.config.DISK_AUTO for auto); `writes`:
+        --cache-disk-writes, "reused" (nodes another request went through) or "all"."""
         make_private_dir(folder)
+        self.write_all = writes == "all"
         self.folder = folder
         self.format = EntryFormat(fingerprint, sharing, store.trimmable, store.classes, store.fmt is not None)
         self.tree: RadixCache | None = None
@@ -68,7 +81,7 @@ class DiskTier:
         self.bytes = 0  # of files on disk or being written
         self.backlog = 0  # bytes handed to the writer, not written yet
         self.deleting = 0  # deletes handed to the writer, not done yet
-        self.todo: deque[Node] = deque()  # ends of inserted sequences, to write their paths
+        self.todo: deque[tuple[Node, bool]] = deque()  # ends of inserted sequences (and `keep`), to write their paths
         self.loading: set[DiskFile] = set()
         self.owners: dict[int, str] = {}  # namespace tag (this process's) -> owner name
         self.stats = DiskStats()
@@ -134,10 +147,11 @@ class DiskTier:
     def note_owner(self, tag: int, owner: str | None) -> None:
         self.owners[tag >> TAG_SHIFT] = owner or ""
 
-    def persist(self, node: Node) -> None:
-        """`node` ends a sequence just inserted: write what of its path has no file yet
-        (in the engine's next turn, which the wake-up brings even to an idle engine)."""
-        self.todo.append(node)
+    def persist(self, node: Node, keep: bool = False) -> None:
+        """`node` ends a sequence just inserted: write what of its path has no file yet and
+        was reused (all of it with `keep`), in the engine's next turn, which the wake-up
+        brings even to an idle engine."""
+        self.todo.append((node, keep or self.write_all))
         if len(self.todo) == 1:
             self._wake()
 
@@ -148,7 +162,7 @@ class DiskTier:
         converted = self._drain()
         budget = WRITE_BYTES_PER_TURN if write else 0
         while self.todo and budget > 0 and self.backlog < MAX_BACKLOG:
-            budget -= self._write_path(self.todo[0])
+            budget -= self._write_path(*self.todo[0])
             self.todo.popleft()  # only now: `summary` (other threads) never sees it in neither
         self._fit()
         return (write and bool(self.todo) and self.backlog < MAX_BACKLOG) or (
@@ -197,12 +211,16 @@ class DiskTier:
     # ---- writing -----------------------------------------------------------------------
 
     def _spill(self, node: Node) -> None:
-        """The memory tier evicts `node`, which has no file yet: write it now."""
+        """The memory tier evicts `node`, which has no file yet: write it now, if it was
+        reused (else it is dropped)."""
+        if not (node.hits or self.write_all):
+            self.stats.unwritten += 1
+            return
         prefix = self._prefix_of(node)
         if prefix is not None:
             self._write(node, prefix)
 
-    def _write_path(self, end: Node) -> int:
+    def _write_path(self, end: Node, keep: bool) -> int:
         path, n = [], end
         while n.parent is not None:
             if n.parent.children.get(n.key[0]) is not n:
@@ -212,7 +230,8 @@ class DiskTier:
         cost, prefix = 0, []
         for n in reversed(path):
             if n.disk is None and n.seg is not None:
-                wrote = self._write(n, prefix)
+                # a node's hits are at most its parent's: the reused part is the top of the path
+                wrote = self._write(n, prefix) if keep or n.hits else None
                 if wrote is None:  # what follows would be an orphan on disk
                     break
                 cost += wrote
@@ -407,7 +426,15 @@ def open_tier(
     )
     root = cache_folder(settings)
     make_private_dir(root, ours=settings.cache_dir is None)
-    tier = DiskTier(root / fp[:32], settings.cache_disk_bytes, fp, settings.cache_sharing, prefix, wake)
+    tier = DiskTier(
+        root / fp[:32],
+        settings.cache_disk_bytes,
+        fp,
+        settings.cache_sharing,
+        prefix,
+        wake,
+        settings.cache_disk_writes,
+    )
     tier.stats.fingerprint_s = time.perf_counter() - t0
     tier.open(prefix.tree, lambda owner: scope.tag(owner or None) & ~TOKEN_MASK if adopts(owner) else None)
     prefix.attach_disk(tier)
