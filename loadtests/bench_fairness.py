@@ -146,17 +146,26 @@ def scrape(http: httpx.Client) -> str:
     return r.text if r.status_code == 200 else ""
 
 
+def counter(text: str, stem: str) -> float | None:
+    """The counter named `stem` (under whatever prefix, with or without `_total`) in a
+    /metrics `text`, or None where there is none."""
+    names = {m.group(1) for m in re.finditer(rf"^([\w:]*{stem}(?:_total)?)[{{ ]", text, re.M)}
+    return sum(metric(text, n) or 0.0 for n in names) if names else None
+
+
 def preemptions(http: httpx.Client) -> tuple[float, float | None] | None:
     """(vLLM's num_preemptions, and the tokens the preempted held where the server says)
     under whatever prefix, or None if the server does not count preemptions."""
     text = scrape(http)
+    count = counter(text, "num_preemptions")
+    return None if count is None else (count, counter(text, "num_preempted_tokens"))
 
-    def counter(stem: str) -> float | None:
-        names = {m.group(1) for m in re.finditer(rf"^([\w:]*{stem}(?:_total)?)[{{ ]", text, re.M)}
-        return sum(metric(text, n) or 0.0 for n in names) if names else None
 
-    count = counter("num_preemptions")
-    return None if count is None else (count, counter("num_preempted_tokens"))
+def disk_writes(http: httpx.Client) -> tuple[float, float] | None:
+    """(entries, bytes) the prefix cache's disk tier has written, or None without one."""
+    text = scrape(http)
+    n, nbytes = counter(text, "prefix_cache_disk_writes"), counter(text, "prefix_cache_disk_write_bytes")
+    return None if n is None or nbytes is None else (n, nbytes)
 
 
 def in_flight(http: httpx.Client) -> int:
@@ -330,7 +339,7 @@ def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: r
     """Mallory's `flood` from a child process while alice's turns are timed; the figures."""
     stop, results, sent, timed = ctx.Event(), ctx.Queue(), ctx.Value("i", 0), ctx.Value("d", 0.0)
     limit_s = 3 * args.duration + args.settle + 120
-    before = preemptions(http)
+    before, wrote = preemptions(http), disk_writes(http)
     child = ctx.Process(
         target=run_flood,
         daemon=True,
@@ -356,7 +365,7 @@ def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: r
         stop.set()
         if child.is_alive():
             child.terminate()
-    after = preemptions(http)
+    after, written = preemptions(http), disk_writes(http)
     t_idle = time.perf_counter()
     while time.perf_counter() - t_idle < max(20.0, args.duration) and in_flight(http) > 0:
         time.sleep(0.2)
@@ -370,6 +379,7 @@ def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: r
         "reached": reached,
         "samples": samples,
         "preempted": None if before is None or after is None else (after[0] - before[0], _less(after[1], before[1])),
+        "disk": None if wrote is None or written is None else (written[0] - wrote[0], written[1] - wrote[1]),
         "flood_s": time.time() - t_flood,
         "drain": (time.perf_counter() - t_idle, idle),
     }
@@ -475,6 +485,8 @@ def report(alone: dict, floods: dict, plans: dict) -> None:
                 f"  {count:g} preemptions during the flood"
                 + (f", {held:,.0f} tokens held by the preempted (restored or recomputed on resuming)." if held else ".")
             )
+        if f["disk"] is not None:
+            print(f"  The disk tier wrote {f['disk'][0]:g} entries ({f['disk'][1] / 1e6:.1f} MB) during the flood.")
         print(
             f"  Flood {f['flood_s']:.0f} s; at the engine {f['reached']} when alice started; "
             + (f"idle {drained:.1f} s after the stop." if idle else f"still busy {drained:.0f} s after the stop.")
