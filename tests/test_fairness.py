@@ -554,6 +554,49 @@ def test_only_a_newcomer_beside_others_work_takes_a_step_of_its_own(tiny_model_d
         eng.stop()
 
 
+def test_a_newcomer_admitted_beside_another_owners_first_rows_takes_a_step_of_its_own(tiny_model_dir):
+    """The engine idle, mallory's request (four rows) and alice's arrive in the same turn:
+    nobody is decoding yet, but mallory's rows join alice's. Alice's first token comes from
+    a step of her own (before, only mallory's first row was marked for one: alice went into
+    the shared prefill behind it, under the tiny model's n=16 flood her slowest turns)."""
+    from radixchat.core.engine.active import Wake
+
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=16, max_tokens=32)).start(timeout=120)
+    alone: list[str] = []
+    first_alone = eng._gen._first_alone
+
+    def spy(k, room):  # the engine thread's
+        responses = first_alone(k, room)
+        alone.extend(eng._by_uid[r.uid].owner for r in responses or [] if r.uid in eng._by_uid)
+        return responses
+
+    eng._gen._first_alone = spy
+    parked, go = threading.Event(), threading.Event()
+    drain = eng._drain_commands
+
+    def gated(block: bool) -> None:  # the engine thread's: wait before draining, once
+        if not go.is_set():
+            parked.set()
+            go.wait(30)
+        drain(block)
+
+    try:
+        warm = eng.submit(req("carol", "warm up", n=2)).result()
+        assert isinstance(warm, Finished)
+        eng._drain_commands = gated
+        eng._cmds.put(Wake())  # one more turn, so the next one parks at the gate
+        assert parked.wait(30)
+        theirs = [eng.submit(req("mallory", f"row {i} of hers", n=24)) for i in range(4)]
+        ask = eng.submit(req("alice", "hello there", n=4))
+        go.set()
+        assert isinstance(ask.result(), Finished)
+        assert all(isinstance(h.result(), Finished) for h in theirs)
+    finally:
+        go.set()
+        eng.stop()
+    assert "alice" in alone, alone
+
+
 def test_heavy_jobs_leave_a_core_and_a_newcomers_compile_still_starts():
     """One heavy job at a time (a 2-core machine's all but one): mallory's grammar compiles
     run one after another beside the engine's forward, while another user's compile and

@@ -52,7 +52,7 @@ class Active:
     hit: int = 0  # tokens restored from the prefix cache at its latest admission
     joined: int = 0  # the engine step of its latest admission (the latest joined is preempted first)
     hurry: bool = False  # its owner had no prompt in prefill when it was admitted
-    alone: bool = False  # and no row at all, while others had: its first token comes from a step of its own
+    alone: bool = False  # and no row at all, while others had or joined: its first token from a step of its own
     preempted: int = 0  # times it left the batch to make room (core.engine.sched.preempt)
     sampler: object | None = None  # kept across a preemption: a seeded stream goes on where it was
     penalty: object | None = (

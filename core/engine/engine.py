@@ -419,10 +419,13 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             return ok
         prefilling = {b.owner for b in self._by_uid.values() if not b.prefilled}
         busy = {b.owner for b in self._by_uid.values()}
+        joining = {a.owner for a in ok}
         for a in ok:  # an owner's first prompt in prefill starts at once (core.engine.sched.admission)
             a.hurry = a.owner not in prefilling
-            # a newcomer beside others' work: its first token from a step of its own (core.engine.step.stepper)
-            a.alone = a.hurry and a.owner not in busy and bool(busy)
+            # a newcomer beside others' work, running or joining in this turn (an idle engine's
+            # next turn can admit a flood's rows with it): its first token from a step of its
+            # own (core.engine.step.stepper)
+            a.alone = a.hurry and a.owner not in busy and bool(busy | (joining - {a.owner}))
             prefilling.add(a.owner)
             busy.add(a.owner)
         self._insert(ok, [a.sampler for a in ok])

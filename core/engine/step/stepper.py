@@ -28,8 +28,8 @@ token returns that token as mlx-lm returns every input; `_next` drops it, and th
 count and stop matcher are set so that it neither counts nor stops there.
 
 Two things keep a newcomer's first token from waiting on others' work:
-- an owner's first prompt (the engine hurries it) when that owner has no row and others have
-  (the engine marks it `alone`) takes a step of its own (`_first_alone`: its prefill, its
+- an owner's first prompt (the engine hurries it) when that owner has no row and others have,
+  or join in the same turn (the engine marks it `alone`), takes a step of its own (`_first_alone`: its prefill, its
   last token's forward and one step of its small batch, no one else's rows), which returns
   its first token; it joins the decoding batch at the next call. Its first token then costs
   the step in flight and its own work, not a step of a flood's rows (their grammars' masks)
@@ -365,16 +365,19 @@ class BudgetedBatchGenerator(BatchGenerator):
         next call (`_merge`); its own step waits one short step.
 
         Only for prompts the engine marked `alone` (their owner had no row beside others'
-        rows: one user's own stream of requests keeps the ordinary, batched order), when
-        others have work (a decoding batch, a prefill part-way), and never twice in a row: one
+        rows, or others' joining with it: one user's own stream of requests keeps the
+        ordinary, batched order), when others have work (a decoding batch, a prefill
+        part-way, prompts waiting that are not alone), and never twice in a row: one
         ordinary step runs between two such, so a stream of newcomers (a flood of one-token
         requests, each its owner's first in prefill) cannot stall the batch.
         The hurried prompts that do not fit stay hurried for the next step. Returns the
         responses, or None when this call is an ordinary one."""
         gen = self._generation_batch
-        if self._was_alone or not (len(gen) or self._currently_processing):
-            return None
         waiting = self._unprocessed_sequences
+        if self._was_alone or not (
+            len(gen) or self._currently_processing or any(seq[0] not in self._alone for seq in waiting)
+        ):
+            return None
         alone: list[Any]  # mlx-lm's waiting sequences (tuples it leaves untyped)
         rest: list[Any]
         free, tokens, alone, rest = self.completion_batch_size - len(gen), 0, [], []
