@@ -597,6 +597,50 @@ def test_a_newcomer_admitted_beside_another_owners_first_rows_takes_a_step_of_it
     assert "alice" in alone, alone
 
 
+def test_a_step_alone_waits_for_the_first_token_of_a_user_prefilled_before(tiny_model_dir):
+    """Alice alone on the engine: her prompt is prefilled the ordinary way and her first
+    token is due from the next step. Mallory's request comes in between (her first, beside
+    alice's row: a newcomer for a step of her own). The next step returns alice's token; a
+    step alone for mallory first held it back a step (under the n=16 flood, after mallory's
+    rows had all ended, alice's slowest turns)."""
+    from radixchat.core.engine.active import Wake
+
+    eng = Engine(Settings(model=str(tiny_model_dir), max_batch=16, max_tokens=32)).start(timeout=120)
+    alone: list[str] = []
+    first_alone, on_prompt, drain = eng._gen._first_alone, eng._gen.on_prompt, eng._drain_commands
+    prefilled, parked, go = threading.Event(), threading.Event(), threading.Event()
+
+    def spy(k, room):  # the engine thread's
+        responses = first_alone(k, room)
+        alone.extend(eng._by_uid[r.uid].owner for r in responses or [] if r.uid in eng._by_uid)
+        return responses
+
+    def seen(responses) -> None:  # the engine thread's
+        on_prompt(responses)
+        if any(r.end_of_prompt and eng._by_uid[r.uid].owner == "alice" for r in responses if r.uid in eng._by_uid):
+            prefilled.set()
+
+    def gated(block: bool) -> None:  # the engine thread's: once alice is prefilled, wait before draining
+        if prefilled.is_set() and not go.is_set():
+            parked.set()
+            go.wait(30)
+        drain(block)
+
+    try:
+        assert isinstance(eng.submit(req("carol", "warm up", n=2)).result(), Finished)
+        eng._gen._first_alone, eng._gen.on_prompt, eng._drain_commands = spy, seen, gated
+        ask = eng.submit(req("alice", "hello there", n=4))
+        assert parked.wait(30)
+        theirs = eng.submit(req("mallory", "a question of hers", n=8))
+        go.set()
+        eng._cmds.put(Wake())
+        assert isinstance(ask.result(), Finished) and isinstance(theirs.result(), Finished)
+    finally:
+        go.set()
+        eng.stop()
+    assert alone == [], alone
+
+
 def test_heavy_jobs_leave_a_core_and_a_newcomers_compile_still_starts():
     """One heavy job at a time (a 2-core machine's all but one): mallory's grammar compiles
     run one after another beside the engine's forward, while another user's compile and

@@ -316,7 +316,18 @@ class Engine(Intake, Recorder, PrefixUse, Preempt, MaskShare, Emit):
             gen.batch_sampler.request = self._by_uid.get
         if settings.prefill_s:
             gen.newcomer = self._newcomer_waiting
+        if not self._sharded:  # (a follower emits no tokens: the ranks would not agree)
+            gen.first_due = self._first_token_due
         return gen
+
+    def _first_token_due(self) -> bool:
+        """Does the decoding batch owe a first token to a row that is its owner's only one
+        (a user's turn prefilled the ordinary way, the engine idle when it came)? Asked by
+        the stepper before it gives another newcomer a step of its own, which would hold
+        that token back a step (core.engine.step.stepper `_first_alone`)."""
+        rows = list(self._by_uid.values())
+        owners = Counter(a.owner for a in rows)
+        return any(a.prefilled and a.t_first is None and owners[a.owner] == 1 for a in rows)
 
     def _newcomer_waiting(self) -> bool:
         """Is a request waiting in the command queue whose owner has no row (one that would

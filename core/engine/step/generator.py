@@ -29,6 +29,7 @@ class Generator(Protocol):
     speculator: Speculator | None  # None: no drafts
     batch_sampler: BatchSampler | None  # None: each row's own sampler
     newcomer: Callable[[], bool] | None  # the engine's: is a newcomer waiting for a step alone?
+    first_due: Callable[[], bool] | None  # the engine's: is a lone row's first token due from the batch?
 
     # mlx-lm's keywords; a row's cache and sampler may be None, which its annotations leave out
     def insert_segments(
@@ -62,6 +63,7 @@ class LibraryGenerator(BatchGenerator):
     speculator: Speculator | None = None
     batch_sampler: BatchSampler | None = None
     newcomer: Callable[[], bool] | None = None  # never asked: it has no step alone
+    first_due: Callable[[], bool] | None = None  # (nor this)
 
     def hurry(self, uids: list[int], alone: list[int] | None = None) -> None:
         pass

@@ -164,6 +164,8 @@ class BudgetedBatchGenerator(BatchGenerator):
         self._was_alone = False  # the last call was a step of newcomers alone (`_first_alone`)
         # is a newcomer waiting who would take a step alone? (the engine's; None: never asked)
         self.newcomer: Callable[[], bool] | None = None
+        # is a row's first token due from the decoding batch, its owner's only row? (the engine's)
+        self.first_due: Callable[[], bool] | None = None
         self._side: GenerationBatch | None = None  # that step's rows, until they join the decoding batch
         self.batch_sampler: BatchSampler | None = None  # every row's sampler, once make_generator has set it
         # the decoding batch keeps a step's logits whole (core.engine.step.decode_batch)
@@ -367,7 +369,10 @@ class BudgetedBatchGenerator(BatchGenerator):
         Only for prompts the engine marked `alone` (their owner had no row beside others'
         rows, or others' joining with it: one user's own stream of requests keeps the
         ordinary, batched order), when others have work (a decoding batch, a prefill
-        part-way, prompts waiting that are not alone), and never twice in a row: one
+        part-way, prompts waiting that are not alone), not while the decoding batch owes a
+        first token to a user with that one row (prefilled the ordinary way, on an engine that
+        was idle when it came: another newcomer's step alone would hold it back a step), and
+        never twice in a row: one
         ordinary step runs between two such, so a stream of newcomers (a flood of one-token
         requests, each its owner's first in prefill) cannot stall the batch.
         The hurried prompts that do not fit stay hurried for the next step. Returns the
@@ -378,6 +383,8 @@ class BudgetedBatchGenerator(BatchGenerator):
             len(gen) or self._currently_processing or any(seq[0] not in self._alone for seq in waiting)
         ):
             return None
+        if self.first_due is not None and self.first_due():
+            return None  # a user's one row came first: the ordinary step returns its first token
         alone: list[Any]  # mlx-lm's waiting sequences (tuples it leaves untyped)
         rest: list[Any]
         free, tokens, alone, rest = self.completion_batch_size - len(gen), 0, [], []
