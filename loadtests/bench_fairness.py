@@ -153,17 +153,16 @@ def counter(text: str, stem: str) -> float | None:
     return sum(metric(text, n) or 0.0 for n in names) if names else None
 
 
-def preemptions(http: httpx.Client) -> tuple[float, float | None] | None:
+def preemptions(text: str) -> tuple[float, float | None] | None:
     """(vLLM's num_preemptions, and the tokens the preempted held where the server says)
-    under whatever prefix, or None if the server does not count preemptions."""
-    text = scrape(http)
+    under whatever prefix in a /metrics `text`, or None if the server does not count them."""
     count = counter(text, "num_preemptions")
     return None if count is None else (count, counter(text, "num_preempted_tokens"))
 
 
-def disk_writes(http: httpx.Client) -> tuple[float, float] | None:
-    """(entries, bytes) the prefix cache's disk tier has written, or None without one."""
-    text = scrape(http)
+def disk_writes(text: str) -> tuple[float, float] | None:
+    """(entries, bytes) the prefix cache's disk tier has written, in a /metrics `text`, or
+    None without one."""
     n, nbytes = counter(text, "prefix_cache_disk_writes"), counter(text, "prefix_cache_disk_write_bytes")
     return None if n is None or nbytes is None else (n, nbytes)
 
@@ -339,7 +338,8 @@ def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: r
     """Mallory's `flood` from a child process while alice's turns are timed; the figures."""
     stop, results, sent, timed = ctx.Event(), ctx.Queue(), ctx.Value("i", 0), ctx.Value("d", 0.0)
     limit_s = 3 * args.duration + args.settle + 120
-    before, wrote = preemptions(http), disk_writes(http)
+    text = scrape(http)
+    before, wrote = preemptions(text), disk_writes(text)
     child = ctx.Process(
         target=run_flood,
         daemon=True,
@@ -365,7 +365,8 @@ def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: r
         stop.set()
         if child.is_alive():
             child.terminate()
-    after, written = preemptions(http), disk_writes(http)
+    text = scrape(http)
+    after, written = preemptions(text), disk_writes(text)
     t_idle = time.perf_counter()
     while time.perf_counter() - t_idle < max(20.0, args.duration) and in_flight(http) > 0:
         time.sleep(0.2)
@@ -622,7 +623,8 @@ def main() -> None:
             server_facts, notes = learn(mallory, args.flood_model or model, args, served)
             notes.append(kv_room(http, server_facts.context, server_facts.limit))
             notes.append(
-                "preemptions: " + ("counted" if preemptions(http) is not None else "no num_preemptions on /metrics")
+                "preemptions: "
+                + ("counted" if preemptions(scrape(http)) is not None else "no num_preemptions on /metrics")
             )
             for line in notes:
                 print(f"  {line}")

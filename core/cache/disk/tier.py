@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Literal
 
 import mlx.core as mx
 
@@ -68,7 +69,7 @@ class DiskTier:
         sharing: str,
         store: PrefixStore,
         wake: Callable[[], None],
-        writes: str = "reused",
+        writes: Literal["reused", "all"] = "reused",
     ):
         """`budget`: --cache-disk-bytes (core.config.DISK_AUTO for auto); `writes`:
         --cache-disk-writes, "reused" (nodes another request went through) or "all"."""
