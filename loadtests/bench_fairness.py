@@ -61,6 +61,10 @@ beside the server for the whole run (alone included), as other programs do on a 
 With --front-end, alice and mallory are two end users of one front end's key (Open WebUI's
 X-OpenWebUI-User-Id header names each), each a user of their own to the server. With
 --messages, mallory's floods go through Anthropic's Messages API (alice stays on OpenAI's).
+With --mallory-alone, alice sends only the warm-up: each flood is timed for --duration
+seconds with nobody else on the server, and only mallory's table is printed; --server PATH
+serves with another checkout's `radixchat` (its own virtual environment's), so that what
+mallory gets alone can be set against an earlier server under the same clients.
 """
 
 from __future__ import annotations
@@ -122,7 +126,7 @@ def start_server(model: str, db: Path, port: int, args, log: Path) -> subprocess
         flags += ["--cache-bytes", str(args.cache_bytes)]
     if args.max_schema_bytes is not None:
         flags += ["--max-schema-bytes", str(args.max_schema_bytes)]
-    return start_radixchat(model, db, port, log, *flags)
+    return start_radixchat(model, db, port, log, *flags, exe=args.server)
 
 
 # ---- what the server is ------------------------------------------------------------------
@@ -356,7 +360,13 @@ def one_flood(flood, url: str, keys: list[str], http: httpx.Client, args, rng: r
         samples: list[int] = []
         t0 = timed.value = time.time()
         c0 = cpu()
-        rows = b_turns(http, flood.kind, args, rng, on_think=lambda: samples.append(in_flight(http)))
+        if args.mallory_alone:  # nobody else: her flood is timed as alice's turns would be
+            rows, end = [], time.perf_counter() + args.duration
+            while time.perf_counter() < end:
+                time.sleep(args.think)
+                samples.append(in_flight(http))
+        else:
+            rows = b_turns(http, flood.kind, args, rng, on_think=lambda: samples.append(in_flight(http)))
         t1, c1 = time.time(), cpu()
         stop.set()
         a = results.get(timeout=120)
@@ -427,7 +437,13 @@ def stalls(streams: list[dict], stop: float, t0: float) -> str:
     return line
 
 
-def report(alone: dict, floods: dict, plans: dict) -> None:
+def report(alone: dict | None, floods: dict, plans: dict) -> None:
+    if alone is not None:
+        alice_table(alone, floods)
+    mallory_table(alone, floods, plans)
+
+
+def alice_table(alone: dict, floods: dict) -> None:
     print(
         f"\n{'alice: time to first token, s':<32} {'turns':>5} {'err':>4} {'p50':>9} {'p95':>9} {'p95/alone':>10} "
         f"{'TPOT p50':>9}"
@@ -454,6 +470,8 @@ def report(alone: dict, floods: dict, plans: dict) -> None:
         + (f"; not under {', '.join(missed)}" if missed else "")
     )
 
+
+def mallory_table(alone: dict | None, floods: dict, plans: dict) -> None:
     print(
         f"\n{'mallory':<16} {'wants':>5} {'sent':>6} {'accepted':>8} {'429':>6} {'400':>6} {'413':>5} {'other':>5} "
         f"{'at engine':>9} {'tok/s':>7} {'preempt':>7} {'srv CPU':>7}"
@@ -471,7 +489,7 @@ def report(alone: dict, floods: dict, plans: dict) -> None:
         )
     print("\n(at engine: running and waiting requests, all users', median between alice's turns; tok/s while")
     print(" alice was timed; preempt: num_preemptions during the flood, n/a where /metrics has none; srv CPU:")
-    print(f" the server's CPU while alice was timed, of one core; alone {alone['cpu']:.0%})")
+    print(" the server's CPU while alice was timed, of one core" + (f"; alone {alone['cpu']:.0%})" if alone else ")"))
     for kind, f in floods.items():
         a = f["a"]
         codes = ", ".join(f"{n} x {label}" for label, n in sorted(a["outcomes"].items()))
@@ -558,6 +576,18 @@ def main() -> None:
         action="store_true",
         help="mallory floods through Anthropic's Messages API (/v1/messages), without ignore_eos; not the n16 kind",
     )
+    p.add_argument(
+        "--mallory-alone",
+        action="store_true",
+        help="no alice: each flood timed for --duration s with nobody else on the server (what mallory gets "
+        "alone: issue 51 wants it within 20%% of the issue's own code; see --server)",
+    )
+    p.add_argument(
+        "--server",
+        default=None,
+        help="the radixchat executable to serve with (default: this environment's); another checkout's "
+        "compares its server under the same clients",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     if args.quick:
@@ -638,16 +668,19 @@ def main() -> None:
             gc.collect()  # what the set-up made, out of the collector's reach (less for it to walk)
             gc.freeze()
             t0, c0 = time.time(), cpu()
-            alone = summary(b_turns(http, "alone", args, rng))
-            alone["cpu"] = (cpu() - c0) / max(time.time() - t0, 1e-9)
-            print(f"  alone: TTFT p50 {alone['p50']:.3f} / p95 {alone['p95']:.3f} s")
+            alone = None
+            if not args.mallory_alone:
+                alone = summary(b_turns(http, "alone", args, rng))
+                alone["cpu"] = (cpu() - c0) / max(time.time() - t0, 1e-9)
+                print(f"  alone: TTFT p50 {alone['p50']:.3f} / p95 {alone['p95']:.3f} s")
             for kind in kinds:
                 floods[kind] = f = one_flood(plans[kind], url, more_keys, http, args, rng, ctx, cpu)
-                print(
-                    f"  under {kind}: TTFT p50 {f['b']['at_least']}{f['b']['p50']:.3f} / "
-                    f"p95 {f['b']['at_least']}{f['b']['p95']:.3f} s",
-                    flush=True,
-                )
+                if not args.mallory_alone:
+                    print(
+                        f"  under {kind}: TTFT p50 {f['b']['at_least']}{f['b']['p50']:.3f} / "
+                        f"p95 {f['b']['at_least']}{f['b']['p95']:.3f} s",
+                        flush=True,
+                    )
     finally:
         stop_process(server)
         for b in busy:

@@ -182,10 +182,13 @@ def peak_rss_mb(pid: int) -> float:
     return int(m.group(1)) / 1024 if m else float("nan")
 
 
-def start_radixchat(model: str, db: Path, port: int, log: Path, *flags: str, timeout: float = 300) -> subprocess.Popen:
-    """`radixchat serve` of this environment on 127.0.0.1:`port`, once /health answers."""
+def start_radixchat(
+    model: str, db: Path, port: int, log: Path, *flags: str, timeout: float = 300, exe: str | None = None
+) -> subprocess.Popen:
+    """`radixchat serve` of this environment (or the executable `exe`) on 127.0.0.1:`port`,
+    once /health answers."""
     cmd = [
-        str(Path(sys.executable).with_name("radixchat")),
+        exe or str(Path(sys.executable).with_name("radixchat")),
         "serve",
         "--model",
         model,
