@@ -242,3 +242,30 @@ def test_simultaneous_arrivals_share_one_prefill(tiny_model_dir):
     assert [f.text for f in finals] == expected
     sys_len = finals[0].usage.prompt_tokens - 12  # roughly: all but the question and template
     assert sum(f.usage.cached_tokens >= sys_len for f in finals) == len(reqs) - 1
+
+
+def test_one_prompt_sent_several_times_at_once_is_prefilled_once(tiny_model_dir):
+    """An n>1 request's choices are requests of the same prompt (webui/api submits each), and
+    a short one too: prefilled side by side, a flood's n=16 made the step that admitted it
+    4x the others (docs/BENCHMARKS-LOG.md, "The rare misses, in a series"). One is prefilled;
+    the others read it from the cache, each prefilling only its last token."""
+    req = ChatRequest(
+        messages=[{"role": "user", "content": "Name one use of a Python set."}], sampling={"max_tokens": 4}
+    )
+    off = engine_for(tiny_model_dir, prefix=False)
+    try:
+        expected = off.submit(req).result().text
+    finally:
+        off.stop()
+    on = engine_for(tiny_model_dir, prefix=True)
+    busy = ChatRequest(messages=[{"role": "user", "content": "Tell me about tuples."}], sampling={"max_tokens": 40})
+    try:
+        first = on.submit(busy)  # the four arrive while its steps run: drained in one turn
+        finals = [h.result() for h in [on.submit(req) for _ in range(4)]]
+        first.result()
+    finally:
+        on.stop()
+    assert [f.text for f in finals] == [expected] * 4
+    prompt = finals[0].usage.prompt_tokens
+    assert prompt < 64  # under MIN_SHARED_PREFIX: the wait for a long shared prefix does not cover it
+    assert sorted(f.usage.cached_tokens for f in finals)[1:] == [prompt - 1] * 3

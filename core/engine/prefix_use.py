@@ -1,8 +1,8 @@
 """How the engine uses the prefix cache and its disk tier (core/cache): the glue, in one place.
 
 `PrefixUse` is a part of `Engine` (a mixin) that runs in the engine thread: it decides
-whether a request should wait for another that is prefilling the same long prefix
-(`_should_wait`), caches a request's tokens under its owner's scope (`_store`), gives the
+whether a request should wait for another that is prefilling the same long prefix, or
+its whole prompt (`_should_wait`), caches a request's tokens under its owner's scope (`_store`), gives the
 disk tier its share of each turn (`_disk_turn`: opened at the first, then a bounded amount
 of writing and reading back), holds a request's path while its prefix is read from disk
 (`_disk_wait`, `_unprefetch`), starts the warm-up of system prompts, and forgets an owner
@@ -46,12 +46,17 @@ class PrefixUse(EngineParts):
     _writes_waiting_since = 0.0
 
     def _should_wait(self, a: Active, admitting: list[Active]) -> bool:
-        """Should `a` wait for a request that is prefilling a long prefix `a` shares?
+        """Should `a` wait for a request that is prefilling a long prefix `a` shares, or
+        the whole of `a`'s prompt however short?
 
         Computing a shared prefix (a system prompt several users send at once) once and
         restoring it beats prefilling it side by side: on a compute-bound device the
         batched prefill costs about the sum of its rows. The wait ends when that request's
-        prompt is in the cache (or it ends), at most one prefill later.
+        prompt is in the cache (or it ends), at most one prefill later. A prompt someone is
+        prefilling whole is an n>1 request's other choices (each its own request) or a
+        client sending one twice: prefilled side by side, a flood's n=16 of a 22-token
+        prompt made the step that admitted it ~4x the others, the step a newcomer's first
+        token waited behind.
         """
         if self.prefix is None:
             return False
@@ -63,7 +68,8 @@ class PrefixUse(EngineParts):
         shared = max((common_prefix(head, k) for k in others), default=0)
         if shared < least:  # a part of someone else's system message: it would be a miss
             return False
-        return shared - self.prefix.tree.peek(head, least) >= MIN_SHARED_PREFIX
+        cached = self.prefix.tree.peek(head, least)
+        return shared - cached >= MIN_SHARED_PREFIX or shared == len(head) > cached
 
     def _store(self, a: Active, tokens: list[int], caches: list[Any], live: int | None = None) -> int | None:
         """Cache a request's tokens; returns the running batch's tokens it counted (which a
