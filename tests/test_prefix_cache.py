@@ -12,6 +12,7 @@ from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
 from radixchat.core.cache.kv import PrefixStore
+from radixchat.core.engine.sched.admission import MIN_SHARED_PREFIX
 from radixchat.core.seam.requests import ChatRequest
 from tests.support.conversations import SYSTEMS, conversations, engine_for, run_users
 from tests.support.randmodel import SLIDING_WINDOW
@@ -267,5 +268,5 @@ def test_one_prompt_sent_several_times_at_once_is_prefilled_once(tiny_model_dir)
         on.stop()
     assert [f.text for f in finals] == [expected] * 4
     prompt = finals[0].usage.prompt_tokens
-    assert prompt < 64  # under MIN_SHARED_PREFIX: the wait for a long shared prefix does not cover it
+    assert prompt < MIN_SHARED_PREFIX  # the wait for a long shared prefix does not cover it
     assert sorted(f.usage.cached_tokens for f in finals)[1:] == [prompt - 1] * 3

@@ -1,10 +1,10 @@
 """How the engine uses the prefix cache and its disk tier (core/cache): the glue, in one place.
 
 `PrefixUse` is a part of `Engine` (a mixin) that runs in the engine thread: it decides
-whether a request should wait for another that is prefilling the same long prefix, or
-its whole prompt (`_should_wait`), caches a request's tokens under its owner's scope (`_store`), gives the
-disk tier its share of each turn (`_disk_turn`: opened at the first, then a bounded amount
-of writing and reading back), holds a request's path while its prefix is read from disk
+whether a request should wait for another that is prefilling the same long prefix, or its
+whole prompt (`_should_wait`), caches a request's tokens under its owner's scope
+(`_store`), gives the disk tier its share of each turn (`_disk_turn`: opened at the first,
+then a bounded amount of writing and reading back), holds a request's path while its prefix is read from disk
 (`_disk_wait`, `_unprefetch`), starts the warm-up of system prompts, and forgets an owner
 (`forget`, the seam's method, any thread: a `Forget` command; `_forget` in the engine
 thread drops their namespace, in memory and on disk, and keeps them out of the cache for
