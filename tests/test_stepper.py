@@ -165,6 +165,53 @@ def test_a_prompt_cached_but_for_its_last_token_needs_no_forward_of_its_own(mode
     assert forwards[None][0] == forwards[None][1] + 1  # mlx-lm's own order: and the one-token forward
 
 
+def test_prompts_restored_from_the_cache_prefill_without_growing_their_buffers(model, monkeypatch):
+    """A batch of prompts merged from the prefix cache is as wide as what it holds: mlx-lm's
+    cache grew it in the first chunk by 256 zeroed columns and a copy of each layer's buffer,
+    a cost every step of a flood of short cached prompts paid. It gets room for the prompts
+    once (`make_room`), for a step alone's decode too, and the replies stay mlx-lm's."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    grown = []
+    update = BatchKVCache.update_and_fetch
+
+    def watched(self, keys, values):
+        before = None if self.keys is None else self.keys.shape[2]
+        out = update(self, keys, values)
+        if type(self) is BatchKVCache and before is not None and self.keys.shape[2] != before:
+            grown.append((before, self.keys.shape[2]))
+        return out
+
+    monkeypatch.setattr(BatchKVCache, "update_and_fetch", watched)
+    heads = [[40 + i] + ids(8) for i in range(3)]
+    tails = [[90 + i] + ids(13) for i in range(3)]
+
+    def run(budget):
+        gen = make(model, budget)
+        uids = gen.insert(
+            tails,
+            max_tokens=[5] * 3,
+            caches=[restored(model, h) for h in heads],
+            all_tokens=heads,
+            stop_sequences=[StopSequences()] * 3,
+        )
+        return gen, uids
+
+    reference, uids = run(None)
+    expected = replies(reference, uids)
+    reference.close()
+    grown.clear()  # mlx-lm's own order grows them: the reference, not the subject
+    gen, uids = run(256)
+    gen.hurry(uids[:1])  # the first takes a step alone: its first decode in these buffers
+    alone, steps_alone = gen._first_alone, []
+    monkeypatch.setattr(gen, "_first_alone", lambda *a: steps_alone.append(alone(*a)) or steps_alone[-1])
+    got = replies(gen, uids)
+    gen.close()
+    assert got == expected and all(end == "length" for _, end in got.values()), (got, expected)
+    assert any(r is not None for r in steps_alone)
+    assert grown == [], grown
+
+
 def test_a_step_prefills_only_what_the_budget_leaves(model):
     budget, decoding = 64, 4
     seen: list = []
