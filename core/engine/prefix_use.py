@@ -2,15 +2,15 @@
 
 `PrefixUse` is a part of `Engine` (a mixin) that runs in the engine thread: it decides
 whether a request should wait for another that is prefilling the same long prefix, or its
-whole prompt (`_should_wait`), caches a request's tokens under its owner's scope
-(`_store`), gives the disk tier its share of each turn (`_disk_turn`: opened at the first,
-then a bounded amount of writing and reading back), holds a request's path while its prefix is read from disk
-(`_disk_wait`, `_unprefetch`), starts the warm-up of system prompts, and forgets an owner
-(`forget`, the seam's method, any thread: a `Forget` command; `_forget` in the engine
-thread drops their namespace, in memory and on disk, and keeps them out of the cache for
-good; the disk tier adopts, at start-up, only the files of owners `cache_owners` knows) or
-a deleted conversation (`forget_conversation`: what is cached below its first turn).
-The tree, its K/V and the files are core.cache's; who may share what is core.cache.scope's.
+whole prompt (`_should_wait`), caches a request's tokens under its owner's scope (`_store`),
+gives the disk tier its share of each turn (`_disk_turn`: opened at the first, then a
+bounded amount of writing and reading back), holds a request's path while its prefix is read
+from disk (`_disk_wait`, `_unprefetch`), starts the warm-up of system prompts, and forgets
+an owner (`forget`, the seam's method, any thread: a `Forget` command; `_forget` in the
+engine thread drops their namespace, in memory and on disk, and keeps them out of the cache
+for good; the disk tier adopts, at start-up, only the files of owners `cache_owners` knows)
+or a deleted conversation (`forget_conversation`: what is cached below its first turn). The
+tree, its K/V and the files are core.cache's; who may share what is core.cache.scope's.
 
 Uses of the engine's fields: `settings`, `loaded`, `prefix`, `scope`, `_active`,
 `_by_uid`, `_cmds`, `_disk_first`, `_prefetch`, `_forgotten`, `cache_owners`, `alive`,
